@@ -1,1 +1,29 @@
-"""llm_gym.chat."""
+"""Chat data model: conversations, chat templates and the containers policies exchange."""
+
+from llm_gym.chat.containers import ChatHistory, LogProbs, Masks, Response, Text, Tokens
+from llm_gym.chat.history import History, Message
+from llm_gym.chat.templates import (
+    CHAT_TEMPLATES,
+    CHATML_TEMPLATE,
+    LLAMA_TEMPLATE,
+    QWEN_TEMPLATE,
+    get_chat_template,
+    resolve_chat_template,
+)
+
+__all__ = [
+    "History",
+    "Message",
+    "Response",
+    "Text",
+    "Tokens",
+    "Masks",
+    "LogProbs",
+    "ChatHistory",
+    "CHAT_TEMPLATES",
+    "CHATML_TEMPLATE",
+    "QWEN_TEMPLATE",
+    "LLAMA_TEMPLATE",
+    "get_chat_template",
+    "resolve_chat_template",
+]

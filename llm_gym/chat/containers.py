@@ -1,0 +1,170 @@
+"""Plain containers for what a policy sees and produces: TorchRL's Text, Tokens, Masks,
+LogProbs and ChatHistory, without TensorDict, plus the ``Response`` an action can carry.
+
+Each has ``prompt``, ``response`` and ``full`` fields (``full`` = prompt + response), holding
+strings, ``History`` objects or 1-D numpy arrays. Conversions go one way, history → text →
+tokens, through the tokenizer's chat template, never by re-tokenizing sampled text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from llm_gym.chat.history import History
+
+__all__ = ["Response", "Text", "Tokens", "Masks", "LogProbs", "ChatHistory"]
+
+
+def _int_array(name: str, value: Any) -> np.ndarray | None:
+    if value is None:
+        return None
+    array = np.asarray(value)
+    if array.ndim != 1 or (array.size and not np.issubdtype(array.dtype, np.integer)):
+        raise TypeError(
+            f"{name} must be a 1-D array of integer token ids, got dtype {array.dtype} "
+            f"with shape {array.shape}"
+        )
+    return array.astype(np.int64, copy=True)
+
+
+@dataclass(frozen=True)
+class Response:
+    """The assistant's turn as a policy produced it.
+
+    ``tokens`` are the exact ids that were sampled, so no one downstream has to re-tokenize
+    ``text``; ``log_probs`` holds log π(token | prefix), one per token.
+
+    >>> r = Response("Paris", tokens=[40313], log_probs=[-0.5])
+    >>> r.tokens.dtype, r.log_probs.dtype
+    (dtype('int64'), dtype('float32'))
+    """
+
+    text: str
+    tokens: np.ndarray | None = None
+    log_probs: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.text, str):
+            raise TypeError(f"Response.text must be a str, got {type(self.text).__name__}")
+        tokens = _int_array("Response.tokens", self.tokens)
+        log_probs = None
+        if self.log_probs is not None:
+            log_probs = np.asarray(self.log_probs, dtype=np.float32).reshape(-1).copy()
+            if tokens is None:
+                raise ValueError("Response.log_probs were given without Response.tokens")
+            if len(log_probs) != len(tokens):
+                raise ValueError(
+                    f"Response.log_probs must have one value per token: got {len(log_probs)} "
+                    f"log-probs for {len(tokens)} tokens"
+                )
+        object.__setattr__(self, "tokens", tokens)
+        object.__setattr__(self, "log_probs", log_probs)
+
+    @classmethod
+    def from_mapping(cls, action: dict[str, Any]) -> Response:
+        """A Response from a dict with a ``"text"`` key (and optional tokens/log_probs)."""
+        if "text" not in action:
+            raise TypeError(
+                f"a dict action must have a 'text' key (like Response), got keys {sorted(action)}"
+            )
+        return cls(action["text"], action.get("tokens"), action.get("log_probs"))
+
+
+@dataclass
+class Text:
+    """Rendered chat text: the prompt (with its generation prompt), the response, the whole."""
+
+    prompt: str | None = None
+    response: str | None = None
+    full: str | None = None
+
+    def to_tokens(self, tokenizer: Any) -> Tokens:
+        """Tokenize prompt and full; the response tokens are what full adds to the prompt."""
+
+        def encode(text: str | None) -> np.ndarray | None:
+            if text is None:
+                return None
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            return np.asarray(ids, dtype=np.int64)
+
+        prompt, full = encode(self.prompt), encode(self.full)
+        response = None
+        if prompt is not None and full is not None and np.array_equal(full[: len(prompt)], prompt):
+            response = full[len(prompt) :]
+        elif self.response is not None:
+            response = encode(self.response)
+        return Tokens(prompt=prompt, response=response, full=full)
+
+
+@dataclass
+class Tokens:
+    """Token ids (``int64``, unpadded) of the prompt, the response and the whole."""
+
+    prompt: np.ndarray | None = None
+    response: np.ndarray | None = None
+    full: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        self.prompt = _int_array("Tokens.prompt", self.prompt)
+        self.response = _int_array("Tokens.response", self.response)
+        self.full = _int_array("Tokens.full", self.full)
+        if self.full is None and self.prompt is not None and self.response is not None:
+            self.full = np.concatenate([self.prompt, self.response])
+
+    def to_text(self, tokenizer: Any, skip_special_tokens: bool = False) -> Text:
+        def decode(ids: np.ndarray | None) -> str | None:
+            if ids is None:
+                return None
+            return tokenizer.decode(ids.tolist(), skip_special_tokens=skip_special_tokens)
+
+        return Text(decode(self.prompt), decode(self.response), decode(self.full))
+
+
+@dataclass
+class Masks:
+    """Which tokens of ``full`` are real (attention) and which are the assistant's output."""
+
+    all_attention_mask: np.ndarray | None = None
+    all_assistant_mask: np.ndarray | None = None
+
+
+@dataclass
+class LogProbs:
+    """Per-token log-probabilities over prompt, response and full (``float32``)."""
+
+    prompt: np.ndarray | None = None
+    response: np.ndarray | None = None
+    full: np.ndarray | None = None
+
+
+@dataclass
+class ChatHistory:
+    """Conversations: the prompt so far, the response turn(s), and the two together."""
+
+    prompt: History | None = None
+    response: History | None = None
+    full: History | None = None
+
+    def __post_init__(self) -> None:
+        if self.full is None and self.prompt is not None and self.response is not None:
+            self.full = self.prompt.copy().extend(self.response)
+
+    def to_text(self, tokenizer: Any = None, **template_kwargs: Any) -> Text:
+        """Render with the chat template: the prompt gets the generation prompt."""
+        prompt = full = None
+        if self.prompt is not None:
+            prompt = self.prompt.apply_chat_template(
+                tokenizer, add_generation_prompt=True, **template_kwargs
+            )
+        if self.full is not None:
+            full = self.full.apply_chat_template(tokenizer, **template_kwargs)
+        response = None
+        if prompt is not None and full is not None and full.startswith(prompt):
+            response = full[len(prompt) :]
+        return Text(prompt=prompt, response=response, full=full)
+
+    def to_tokens(self, tokenizer: Any, **template_kwargs: Any) -> Tokens:
+        return self.to_text(tokenizer, **template_kwargs).to_tokens(tokenizer)

@@ -1,0 +1,242 @@
+"""``History``: one conversation as a list of ``{"role", "content"}`` messages."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from transformers.utils.chat_template_utils import render_jinja_template
+
+from llm_gym.chat.templates import (
+    CHAT_FORMATS,
+    format_for_template,
+    get_chat_template,
+    has_generation_markers,
+    resolve_chat_template,
+)
+
+__all__ = ["History", "Message"]
+
+Message = dict[str, Any]
+
+# Stands in for an unterminated last message so the template renders its header, then the
+# text is cut where the sentinel starts: no template needs to know about incomplete turns.
+_SENTINEL = "\x00llm_gym-incomplete\x00"
+
+
+def _as_message(message: Any) -> Message:
+    if not isinstance(message, Mapping):
+        raise TypeError(
+            f"message must be a mapping with 'role' and 'content', got {type(message).__name__}"
+        )
+    role, content = message.get("role"), message.get("content")
+    if not isinstance(role, str) or not isinstance(content, str):
+        raise TypeError(
+            "message must have str 'role' and 'content', got "
+            f"role={type(role).__name__}, content={type(content).__name__}"
+        )
+    out: Message = {"role": role, "content": content}
+    if message.get("is_complete", True) is False:
+        out["is_complete"] = False
+    return out
+
+
+class History:
+    """One conversation: an ordered list of messages, each ``{"role": str, "content": str}``.
+
+    A message may also carry ``"is_complete": False`` when it was read from text that ends
+    before its end-of-turn marker (a response cut off mid-generation).
+
+    >>> h = History.from_chats([{"role": "user", "content": "hi"}])
+    >>> h.append({"role": "assistant", "content": "hello"}).roles
+    ['user', 'assistant']
+    >>> [m["content"] for m in h]
+    ['hi', 'hello']
+    """
+
+    def __init__(self, messages: Iterable[Mapping[str, Any]] = ()) -> None:
+        self._messages: list[Message] = [_as_message(m) for m in messages]
+
+    @classmethod
+    def from_chats(
+        cls, chats: Sequence[Mapping[str, Any]] | Sequence[Sequence[Mapping[str, Any]]]
+    ) -> History | list[History]:
+        """A History from a list of message dicts, or a list of Histories from a list of lists."""
+        if len(chats) > 0 and not isinstance(chats[0], Mapping):
+            return [cls(chat) for chat in chats]
+        return cls(chats)
+
+    def append(self, message: Mapping[str, Any]) -> History:
+        """Append one message in place and return ``self``, so calls chain."""
+        self._messages.append(_as_message(message))
+        return self
+
+    def extend(self, messages: Iterable[Mapping[str, Any]]) -> History:
+        """Append several messages (or another History) in place and return ``self``."""
+        self._messages.extend(_as_message(m) for m in messages)
+        return self
+
+    def copy(self) -> History:
+        return History(self._messages)
+
+    def __iter__(self) -> Iterator[Message]:
+        return (dict(m) for m in self._messages)
+
+    def __len__(self) -> int:
+        return len(self._messages)
+
+    def __getitem__(self, index: int | slice) -> Message | History:
+        if isinstance(index, slice):
+            return History(self._messages[index])
+        return dict(self._messages[index])
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, History) and self._messages == other._messages
+
+    def __repr__(self) -> str:
+        return f"History({self._messages!r})"
+
+    @property
+    def roles(self) -> list[str]:
+        return [m["role"] for m in self._messages]
+
+    @property
+    def contents(self) -> list[str]:
+        return [m["content"] for m in self._messages]
+
+    @property
+    def is_complete(self) -> bool:
+        """False when the last message was cut off before its end-of-turn marker."""
+        return not self._messages or self._messages[-1].get("is_complete", True)
+
+    def to_chats(self) -> tuple[dict[str, str], ...]:
+        """Fresh ``{"role", "content"}`` dicts: the form of a ``"history"`` observation."""
+        return tuple({"role": m["role"], "content": m["content"]} for m in self._messages)
+
+    def apply_chat_template(
+        self,
+        tokenizer: Any = None,
+        *,
+        add_generation_prompt: bool = False,
+        tokenize: bool = False,
+        return_assistant_tokens_mask: bool = False,
+        chat_template_name: str | None = None,
+        chat_template: str | None = None,
+        **template_kwargs: Any,
+    ) -> str | np.ndarray | dict[str, np.ndarray]:
+        """Render the conversation with a chat template.
+
+        Returns the text; with ``tokenize=True`` its token ids (``int64``); with
+        ``return_assistant_tokens_mask=True`` a dict of ``input_ids``, ``attention_mask`` and
+        ``assistant_masks`` (bool, True on the assistant's content and end-of-turn tokens).
+        A template without ``{% generation %}`` markers gets its assistant mask from the
+        character offsets of each assistant message's content.
+
+        >>> h = History.from_chats([{"role": "user", "content": "2+2?"}])
+        >>> h.apply_chat_template(chat_template_name="chatml_format", add_generation_prompt=True)
+        '<|im_start|>user\\n2+2?<|im_end|>\\n<|im_start|>assistant\\n'
+        """
+        if (tokenize or return_assistant_tokens_mask) and tokenizer is None:
+            raise ValueError("tokenizer is required to tokenize a History, got None")
+        template = resolve_chat_template(tokenizer, chat_template_name, chat_template)
+        text, spans = self._render(template, add_generation_prompt, tokenizer, template_kwargs)
+        if not tokenize and not return_assistant_tokens_mask:
+            return text
+        enc = tokenizer(
+            text, add_special_tokens=False, return_offsets_mapping=return_assistant_tokens_mask
+        )
+        ids = np.asarray(enc["input_ids"], dtype=np.int64)
+        if not return_assistant_tokens_mask:
+            return ids
+        offsets = np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(-1, 2)
+        mask = np.zeros(len(ids), dtype=bool)
+        for start, end in spans:
+            mask |= (offsets[:, 0] < end) & (offsets[:, 1] > start)
+        return {
+            "input_ids": ids,
+            "attention_mask": np.ones(len(ids), dtype=np.int64),
+            "assistant_masks": mask,
+        }
+
+    def _render(
+        self,
+        template: str,
+        add_generation_prompt: bool,
+        tokenizer: Any,
+        template_kwargs: Mapping[str, Any],
+    ) -> tuple[str, list[tuple[int, int]]]:
+        """Render to text, with the character spans of the assistant's output."""
+        messages = [{"role": m["role"], "content": m["content"]} for m in self._messages]
+        cut = None
+        if messages and not self.is_complete:
+            cut = messages[-1]["content"]
+            messages[-1]["content"] = _SENTINEL
+            add_generation_prompt = False
+        kwargs = dict(getattr(tokenizer, "special_tokens_map", None) or {})
+        kwargs.update(template_kwargs)
+        marked = has_generation_markers(template)
+        rendered, indices = render_jinja_template(
+            conversations=[messages],
+            chat_template=template,
+            add_generation_prompt=add_generation_prompt,
+            return_assistant_tokens_mask=marked,
+            **kwargs,
+        )
+        text = rendered[0]
+        spans = [tuple(s) for s in indices[0]] if marked else self._content_spans(text)
+        if cut is not None:
+            at = text.index(_SENTINEL)
+            text = text[:at] + cut
+            spans = [(s, min(e, len(text))) for s, e in spans if s <= at]
+        return text, spans
+
+    def _content_spans(self, text: str) -> list[tuple[int, int]]:
+        """Where each assistant message's content sits in ``text``, found left to right."""
+        spans, pos = [], 0
+        for message in self._messages:
+            at = text.find(message["content"], pos)
+            if at < 0:
+                continue
+            pos = at + len(message["content"])
+            if message["role"] == "assistant":
+                spans.append((at, pos))
+        return spans
+
+    @classmethod
+    def from_text(
+        cls,
+        text: str,
+        chat_template_name: str | None = "chatml_format",
+        chat_template: str | None = None,
+    ) -> History:
+        """Parse a rendered conversation back into a History.
+
+        A last message with no end-of-turn marker (text cut off mid-generation, or a bare
+        generation prompt) is kept with ``is_complete=False``.
+
+        >>> h = History.from_text("<|im_start|>user\\nhi<|im_end|>\\n<|im_start|>assistant\\nHel")
+        >>> h.roles, h.contents, h.is_complete
+        (['user', 'assistant'], ['hi', 'Hel'], False)
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        if chat_template is not None:
+            fmt = format_for_template(chat_template)
+        else:
+            get_chat_template(chat_template_name)  # validates the name
+            fmt = CHAT_FORMATS[chat_template_name]
+        if fmt is None:
+            raise ValueError(
+                "from_text knows the chatml, qwen and llama formats; chat_template matches none"
+            )
+        if fmt.prefix and text.startswith(fmt.prefix):
+            text = text[len(fmt.prefix) :]
+        messages = []
+        for match in fmt.message.finditer(text):
+            role, content, end = match.groups()
+            message: Message = {"role": role, "content": content}
+            if end != fmt.end_of_turn:
+                message["is_complete"] = False
+            messages.append(message)
+        return cls(messages)

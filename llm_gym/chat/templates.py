@@ -1,0 +1,165 @@
+"""Built-in chat templates with ``{% generation %}`` markers, and how one is chosen.
+
+transformers computes an assistant-token mask only for templates that wrap the assistant's
+text in ``{% generation %}...{% endgeneration %}``. Few hub templates do, so llm_gym ships its
+own for the common formats (as TorchRL does). The marked span is the assistant's content plus
+its end-of-turn token: the policy must learn to stop, and the role header is not its output.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "CHATML_TEMPLATE",
+    "QWEN_TEMPLATE",
+    "LLAMA_TEMPLATE",
+    "CHAT_TEMPLATES",
+    "ChatFormat",
+    "CHAT_FORMATS",
+    "has_generation_markers",
+    "get_chat_template",
+    "resolve_chat_template",
+    "template_name_for",
+]
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' }}"
+    "{% if message['role'] == 'assistant' %}"
+    "{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}{{ '\\n' }}"
+    "{% else %}{{ message['content'] + '<|im_end|>' + '\\n' }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+# Qwen2.5: ChatML plus the default system prompt Qwen inserts when none is given.
+QWEN_TEMPLATE = (
+    "{% if messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. "
+    "You are a helpful assistant.<|im_end|>\\n' }}"
+    "{% endif %}" + CHATML_TEMPLATE
+)
+
+LLAMA_TEMPLATE = (
+    "{{ '<|begin_of_text|>' }}"
+    "{% for message in messages %}"
+    "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' }}"
+    "{% if message['role'] == 'assistant' %}"
+    "{% generation %}{{ message['content'] + '<|eot_id|>' }}{% endgeneration %}"
+    "{% else %}{{ message['content'] + '<|eot_id|>' }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}"
+    "{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}"
+)
+
+CHAT_TEMPLATES: dict[str, str] = {
+    "chatml_format": CHATML_TEMPLATE,
+    "chatml": CHATML_TEMPLATE,
+    "qwen": QWEN_TEMPLATE,
+    "llama": LLAMA_TEMPLATE,
+}
+
+
+@dataclass(frozen=True)
+class ChatFormat:
+    """How to read a rendered conversation back: one regex per message, one end marker."""
+
+    message: re.Pattern[str]
+    end_of_turn: str
+    prefix: str = ""
+
+
+_CHATML = ChatFormat(
+    re.compile(r"<\|im_start\|>(\w+)\n(.*?)(<\|im_end\|>|(?=<\|im_start\|>)|\Z)", re.DOTALL),
+    "<|im_end|>",
+)
+_LLAMA = ChatFormat(
+    re.compile(
+        r"<\|start_header_id\|>(\w+)<\|end_header_id\|>\n\n(.*?)"
+        r"(<\|eot_id\|>|(?=<\|start_header_id\|>)|\Z)",
+        re.DOTALL,
+    ),
+    "<|eot_id|>",
+    prefix="<|begin_of_text|>",
+)
+CHAT_FORMATS: dict[str, ChatFormat] = {
+    "chatml_format": _CHATML,
+    "chatml": _CHATML,
+    "qwen": _CHATML,
+    "llama": _LLAMA,
+}
+
+_GENERATION_RE = re.compile(r"\{%-?\s*generation\s*-?%\}")
+
+
+def has_generation_markers(template: str | None) -> bool:
+    """Whether ``template`` marks assistant text with ``{% generation %}``.
+
+    >>> has_generation_markers(CHATML_TEMPLATE)
+    True
+    >>> has_generation_markers("{{ messages[0]['content'] }}")
+    False
+    """
+    return bool(template) and _GENERATION_RE.search(template) is not None
+
+
+def get_chat_template(name: str) -> str:
+    """Return the built-in template called ``name`` (``chatml_format``, ``qwen`` or ``llama``)."""
+    try:
+        return CHAT_TEMPLATES[name]
+    except KeyError:
+        raise ValueError(
+            f"chat_template_name must be one of {sorted(CHAT_TEMPLATES)}, got {name!r}"
+        ) from None
+
+
+def template_name_for(tokenizer: Any) -> str | None:
+    """Guess the built-in template for a tokenizer's model family, as TorchRL does by name."""
+    name = str(getattr(tokenizer, "name_or_path", "") or "").lower()
+    if "qwen" in name:
+        return "qwen"
+    if "llama" in name:
+        return "llama"
+    own = getattr(tokenizer, "chat_template", None)
+    if isinstance(own, str) and "<|im_start|>" in own:
+        return "chatml_format"
+    return None
+
+
+def resolve_chat_template(
+    tokenizer: Any = None, chat_template_name: str | None = None, chat_template: str | None = None
+) -> str:
+    """Choose the template to render with.
+
+    Order: an explicit ``chat_template``; a built-in by ``chat_template_name``; the tokenizer's
+    own template when it already has generation markers; the built-in for the tokenizer's
+    model family; the tokenizer's own template (assistant masks then come from character
+    offsets); ChatML.
+    """
+    if chat_template is not None:
+        if not isinstance(chat_template, str):
+            raise TypeError(f"chat_template must be a str, got {type(chat_template).__name__}")
+        return chat_template
+    if chat_template_name is not None:
+        return get_chat_template(chat_template_name)
+    own = getattr(tokenizer, "chat_template", None)
+    if isinstance(own, str) and has_generation_markers(own):
+        return own
+    family = template_name_for(tokenizer) if tokenizer is not None else None
+    if family is not None:
+        return CHAT_TEMPLATES[family]
+    if isinstance(own, str) and own:
+        return own
+    return CHATML_TEMPLATE
+
+
+def format_for_template(template: str) -> ChatFormat | None:
+    """The parser that reads back text rendered by ``template``, when one is known."""
+    if "<|start_header_id|>" in template:
+        return _LLAMA
+    if "<|im_start|>" in template:
+        return _CHATML
+    return None

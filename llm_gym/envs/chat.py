@@ -1,0 +1,326 @@
+"""``ChatEnv``: a conversation with a language-model policy as a Gymnasium environment."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from llm_gym.chat.containers import Response
+from llm_gym.chat.history import History
+from llm_gym.spaces import MAX_TEXT_LENGTH, UnicodeText, history_space, token_space
+
+__all__ = ["ChatEnv", "INPUT_MODES"]
+
+INPUT_MODES = ("history", "text", "tokens")
+# End-of-turn strings a sampled response may end with; they belong to the template's
+# closing of the turn, not to the message content.
+_END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "</s>")
+
+
+class ChatEnv(gym.Env):
+    """A chat between a user query and the policy, one assistant turn per step.
+
+    ## Description
+
+    The Gymnasium form of TorchRL's ``ChatEnv``. Each episode starts from a user query
+    (optionally after a system prompt); each action is the assistant's reply, which is appended
+    to the conversation, and the conversation so far becomes the next prompt. ``ChatEnv`` gives
+    no reward itself: tasks subclass it (see ``DatasetChatEnv``) or wrappers add one.
+
+    ## Action Space
+
+    The assistant's turn: a ``str`` in ``"history"``/``"text"`` modes
+    (``UnicodeText(max_text_length)``) or a 1-D ``int64`` array of token ids in ``"tokens"``
+    mode (``Sequence(Discrete(vocab), stack=True)``). A ``Response`` carrying ``text``,
+    ``tokens`` and ``log_probs`` (what the policy adapters return) or a dict with a ``"text"``
+    key is accepted in every mode. Token ids are appended to the prompt exactly as given,
+    never decoded and re-tokenized.
+
+    ## Observation Space
+
+    A ``Dict`` keyed by ``observation_keys`` (default: just ``input_mode``):
+
+    | key         | value                                                           |
+    |-------------|-----------------------------------------------------------------|
+    | ``history`` | tuple of ``{"role", "content"}`` dicts, the conversation so far |
+    | ``text``    | the prompt rendered with the chat template and generation prompt |
+    | ``tokens``  | ``int64`` token ids of that prompt                              |
+
+    ## Rewards
+
+    Always ``0.0``; subclasses score the response.
+
+    ## Starting State
+
+    ``[system_prompt?, user query]``. The query comes from ``reset(options={"query": ...})``,
+    otherwise from the ``query=`` argument; ``options={"history": [...]}`` starts from a given
+    conversation instead.
+
+    ## Episode End
+
+    With ``max_turns=None`` (default) the episode never ends by itself. With ``max_turns=1``
+    the single turn ends it with ``terminated=True`` (the conversation is over); with
+    ``max_turns > 1`` reaching the limit returns ``truncated=True``.
+
+    ## Arguments
+
+    - ``input_mode``: ``"history"`` (default), ``"text"`` or ``"tokens"``.
+    - ``query``: default user query for ``reset``.
+    - ``system_prompt``: optional first message, with role ``system_role``.
+    - ``system_role`` / ``user_role`` / ``policy_role``: role names (``"system"``, ``"user"``,
+      ``"assistant"``).
+    - ``tokenizer``: a transformers tokenizer; required for ``"text"`` and ``"tokens"``.
+    - ``template_kwargs``: passed to ``History.apply_chat_template`` (e.g.
+      ``chat_template_name="qwen"``, ``chat_template=...``).
+    - ``max_turns``: assistant turns per episode, or ``None`` for no limit.
+    - ``observation_keys``: which of history/text/tokens to expose (text/tokens need a tokenizer).
+    - ``max_text_length``: length limit of the text spaces.
+
+    ## Version History
+
+    - v0: Initial version.
+
+    ## Example
+
+    >>> import gymnasium as gym, llm_gym
+    >>> env = gym.make("LLMChat-v0", query="What is 2+2?", system_prompt="Be brief.")
+    >>> obs, info = env.reset(seed=0)
+    >>> [m["role"] for m in obs["history"]]
+    ['system', 'user']
+    >>> obs, reward, terminated, truncated, info = env.step("4")
+    >>> obs["history"][-1], reward, terminated, truncated
+    ({'role': 'assistant', 'content': '4'}, 0.0, False, False)
+    """
+
+    metadata = {"render_modes": ["ansi", "human"], "render_fps": 1}
+
+    def __init__(
+        self,
+        input_mode: str = "history",
+        *,
+        query: str | None = None,
+        system_prompt: str | None = None,
+        system_role: str = "system",
+        user_role: str = "user",
+        policy_role: str = "assistant",
+        tokenizer: Any = None,
+        template_kwargs: Mapping[str, Any] | None = None,
+        max_turns: int | None = None,
+        observation_keys: tuple[str, ...] | list[str] | None = None,
+        max_text_length: int = MAX_TEXT_LENGTH,
+        render_mode: str | None = None,
+    ) -> None:
+        if input_mode not in INPUT_MODES:
+            raise ValueError(f"input_mode must be one of {INPUT_MODES}, got {input_mode!r}")
+        keys = tuple(observation_keys) if observation_keys is not None else (input_mode,)
+        for key in keys:
+            if key not in INPUT_MODES:
+                raise ValueError(f"observation_keys must be among {INPUT_MODES}, got {key!r}")
+        if tokenizer is None and any(key != "history" for key in keys):
+            mode = next(key for key in keys if key != "history")
+            raise ValueError(
+                f"input_mode {mode!r} needs tokenizer= (a transformers tokenizer, to render "
+                "the chat template and tokenize), got tokenizer=None"
+            )
+        if max_turns is not None and (not isinstance(max_turns, int) or max_turns < 1):
+            raise ValueError(f"max_turns must be None or an int >= 1, got {max_turns!r}")
+        if query is not None and not isinstance(query, str):
+            raise TypeError(f"query must be a str or None, got {type(query).__name__}")
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(
+                f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}"
+            )
+        self.input_mode = input_mode
+        self.observation_keys = keys
+        self.query = query
+        self.system_prompt = system_prompt
+        self.system_role, self.user_role, self.policy_role = system_role, user_role, policy_role
+        self.tokenizer = tokenizer
+        self.template_kwargs = dict(template_kwargs or {})
+        self.max_turns = max_turns
+        self.render_mode = render_mode
+
+        key_spaces: dict[str, spaces.Space] = {
+            "history": history_space(max_text_length),
+            "text": UnicodeText(max_text_length),
+        }
+        if tokenizer is not None:
+            key_spaces["tokens"] = token_space(len(tokenizer))
+        self.observation_space = spaces.Dict({key: key_spaces[key] for key in keys})
+        self.action_space = (
+            key_spaces["tokens"] if input_mode == "tokens" else UnicodeText(max_text_length)
+        )
+
+        self._history: History | None = None
+        self._rendered: str | None = None  # the chat template's rendering of _history
+        self._text: str | None = None
+        self._tokens: np.ndarray | None = None
+        self._turn = 0
+
+    # -- episode -----------------------------------------------------------------------
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        super().reset(seed=seed)
+        history, info = self._initial_history(options or {})
+        self._set_prompt(history)
+        self._turn = 0
+        return self._observation(), info
+
+    def step(
+        self, action: str | np.ndarray | Response | Mapping[str, Any]
+    ) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
+        if self._history is None:
+            raise gym.error.ResetNeeded("Cannot call ChatEnv.step before reset")
+        response = self._as_response(action)
+        content = _strip_end_of_turn(response.text)
+        self._append_response(content, response.tokens)
+        self._turn += 1
+        reward, terminated, info = self._score(content)
+        truncated = False
+        if self.max_turns is not None and self._turn >= self.max_turns and not terminated:
+            if self.max_turns == 1:
+                terminated = True
+            else:
+                truncated = True
+        if self.render_mode == "human":
+            self.render()
+        return self._observation(), float(reward), bool(terminated), bool(truncated), info
+
+    def render(self) -> str | None:
+        """``"ansi"``: the conversation as text; ``"human"``: print it."""
+        if self._history is None or self.render_mode is None:
+            return None
+        text = "\n".join(f"[{m['role']}] {m['content']}" for m in self._history)
+        if self.render_mode == "human":
+            print(text)
+            return None
+        return text
+
+    @property
+    def history(self) -> History | None:
+        """A copy of the conversation so far (None before the first reset)."""
+        return None if self._history is None else self._history.copy()
+
+    # -- hooks for subclasses ------------------------------------------------------------
+
+    def _initial_history(self, options: Mapping[str, Any]) -> tuple[History, dict[str, Any]]:
+        """The conversation an episode starts from, and the reset ``info``."""
+        if "history" in options:
+            return History(options["history"]), {}
+        query = options.get("query", self.query)
+        if query is None:
+            raise ValueError(
+                "reset needs a user query: pass options={'query': '...'} or ChatEnv(query=...)"
+            )
+        if not isinstance(query, str):
+            raise TypeError(f"options['query'] must be a str, got {type(query).__name__}")
+        return self._history_for(query), {}
+
+    def _history_for(self, query: str) -> History:
+        history = History()
+        if self.system_prompt is not None:
+            history.append({"role": self.system_role, "content": self.system_prompt})
+        return history.append({"role": self.user_role, "content": query})
+
+    def _score(self, response: str) -> tuple[float, bool, dict[str, Any]]:
+        """Reward, whether the task is over, and step info for this response."""
+        return 0.0, False, {}
+
+    # -- state ---------------------------------------------------------------------------
+
+    def _needs_render(self) -> bool:
+        return any(key != "history" for key in self.observation_keys)
+
+    def _render(self, history: History) -> str:
+        return history.apply_chat_template(
+            self.tokenizer, add_generation_prompt=True, **self.template_kwargs
+        )
+
+    def _encode(self, text: str) -> np.ndarray:
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return np.asarray(ids, dtype=np.int64)
+
+    def _set_prompt(self, history: History) -> None:
+        rendered = self._render(history) if self._needs_render() else None
+        self._history, self._rendered, self._text = history, rendered, rendered
+        self._tokens = self._encode(rendered) if "tokens" in self.observation_keys else None
+
+    def _append_response(self, content: str, tokens: np.ndarray | None) -> None:
+        history = self._history.copy().append({"role": self.policy_role, "content": content})
+        if not self._needs_render():
+            self._history = history
+            return
+        rendered = self._render(history)
+        body = self._rendered + content
+        # The template closes the turn (and opens the next); that text is all the prompt
+        # gains beyond the response itself, so the response is never re-tokenized.
+        if rendered.startswith(body):
+            closing = rendered[len(body) :]
+            self._text = self._text + content + closing
+        else:  # a template that rewrites earlier turns: only the full rendering is right
+            closing, self._text = None, rendered
+        if self._tokens is not None:
+            if tokens is None:
+                tokens = self._encode(content)
+            if closing is None:
+                self._tokens = self._encode(rendered)
+            else:
+                sampled = self.tokenizer.decode(tokens.tolist(), skip_special_tokens=False)
+                for end in _END_OF_TURN:
+                    if sampled.endswith(end) and closing.startswith(end):
+                        closing = closing[len(end) :]
+                        break
+                self._tokens = np.concatenate([self._tokens, tokens, self._encode(closing)])
+        self._history, self._rendered = history, rendered
+
+    def _as_response(self, action: Any) -> Response:
+        if isinstance(action, Response):
+            response = action
+        elif isinstance(action, str):
+            response = Response(action)
+        elif isinstance(action, Mapping):
+            response = Response.from_mapping(dict(action))
+        elif isinstance(action, np.ndarray) and np.issubdtype(action.dtype, np.integer):
+            if action.ndim != 1:
+                raise ValueError(f"a token action must be 1-D, got shape {action.shape}")
+            if self.tokenizer is None:
+                raise ValueError("a token-id action needs ChatEnv(tokenizer=...), got None")
+            text = self.tokenizer.decode(action.tolist(), skip_special_tokens=True)
+            response = Response(text, action)
+        else:
+            expected = "an int64 array of token ids" if self.input_mode == "tokens" else "a str"
+            raise TypeError(
+                f"action must be {expected}, a Response or a dict with 'text', "
+                f"got {type(action).__name__}"
+            )
+        if self.tokenizer is not None and response.tokens is not None:
+            vocab = len(self.tokenizer)
+            if response.tokens.size and (
+                response.tokens.min() < 0 or response.tokens.max() >= vocab
+            ):
+                raise ValueError(f"action token ids must lie in [0, {vocab}), got out-of-range ids")
+        return response
+
+    def _observation(self) -> dict[str, Any]:
+        obs: dict[str, Any] = {}
+        for key in self.observation_keys:
+            if key == "history":
+                obs[key] = self._history.to_chats()
+            elif key == "text":
+                obs[key] = self._text
+            else:
+                obs[key] = self._tokens.copy()
+        return obs
+
+
+def _strip_end_of_turn(text: str) -> str:
+    for end in _END_OF_TURN:
+        if text.endswith(end):
+            return text[: -len(end)]
+    return text
