@@ -160,7 +160,9 @@ def test_reset_without_query_raises_and_keeps_the_conversation():
 
 @pytest.mark.parametrize("mode", ["text", "tokens"])
 def test_text_and_tokens_modes_need_a_tokenizer(mode):
-    with pytest.raises(ValueError, match=f"input_mode '{mode}' needs tokenizer=.*got tokenizer=None"):
+    with pytest.raises(
+        ValueError, match=f"input_mode '{mode}' needs tokenizer=.*got tokenizer=None"
+    ):
         ChatEnv(mode, query="hi")
 
 
