@@ -8,22 +8,28 @@ Importing the package registers every environment id with Gymnasium::
 
 from gymnasium.envs.registration import register, registry
 
-from llm_gym import envs
+from llm_gym import envs, policies
 from llm_gym.chat import ChatHistory, History, LogProbs, Masks, Response, Text, Tokens
-from llm_gym.envs import ChatEnv
+from llm_gym.envs import ChatEnv, DatasetChatEnv, DatasetChatVectorEnv, GSM8KEnv
+from llm_gym.policies import TransformersPolicy
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ChatEnv",
     "ChatHistory",
+    "DatasetChatEnv",
+    "DatasetChatVectorEnv",
+    "GSM8KEnv",
     "History",
     "LogProbs",
     "Masks",
     "Response",
     "Text",
     "Tokens",
+    "TransformersPolicy",
     "envs",
+    "policies",
 ]
 
 
@@ -34,3 +40,9 @@ def _register(env_id: str, **kwargs) -> None:
 
 
 _register("LLMChat-v0", entry_point="llm_gym.envs.chat:ChatEnv")
+# No max_episode_steps: TimeLimit would turn the end of a single-turn task into a truncation.
+_register(
+    "LLMChat-GSM8K-v0",
+    entry_point="llm_gym.envs.gsm8k:GSM8KEnv",
+    vector_entry_point="llm_gym.envs.gsm8k:make_gsm8k_vector_env",
+)

@@ -1,0 +1,89 @@
+"""Checking ``generate_kwargs`` for ``TransformersPolicy`` before anything is generated.
+
+Unknown keys, aliases given twice and settings that would break the log-probs fail at
+construction with a message naming the key, not deep inside ``model.generate``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from transformers import GenerationConfig
+
+__all__ = ["DEFAULT_MAX_NEW_TOKENS", "GENERATE_ALIASES", "generation_settings", "first_id"]
+
+DEFAULT_MAX_NEW_TOKENS = 256
+GENERATE_ALIASES = {"max_tokens": "max_new_tokens", "n": "num_return_sequences"}
+_VALID_KEYS = frozenset(GenerationConfig().to_dict()) - {
+    "transformers_version",
+    "_from_model_config",
+}
+_RESERVED = {
+    "return_dict_in_generate": "the policy always asks for a dict output",
+    "output_logits": "the policy reads raw logits itself (set return_log_probs instead)",
+    "output_scores": "log-probs come from raw logits, not processed scores",
+    "output_attentions": "the policy returns Responses, not model internals",
+    "output_hidden_states": "the policy returns Responses, not model internals",
+    "stop_strings": "a response's length is read from its EOS token; a stop string leaves none",
+}
+
+
+def generation_settings(
+    model: Any, generate_kwargs: Mapping[str, Any] | None, num_samples: int | None, generate: bool
+) -> tuple[dict[str, Any], int | None]:
+    """Checked ``generate`` kwargs (aliases resolved) and the number of samples per prompt."""
+    if generate_kwargs is not None and not isinstance(generate_kwargs, Mapping):
+        raise TypeError(
+            f"generate_kwargs must be a dict or None, got {type(generate_kwargs).__name__}"
+        )
+    kwargs: dict[str, Any] = {}
+    for key, value in (generate_kwargs or {}).items():
+        name = GENERATE_ALIASES.get(key, key)
+        if name in kwargs:
+            raise ValueError(f"generate_kwargs gives both {key!r} and its alias of {name!r}")
+        kwargs[name] = value
+    unknown = sorted(set(kwargs) - _VALID_KEYS)
+    if unknown:
+        raise ValueError(
+            f"generate_kwargs has unknown keys {unknown}: expected GenerationConfig attributes "
+            f"or the aliases {sorted(GENERATE_ALIASES)}"
+        )
+    for key, why in _RESERVED.items():
+        if key in kwargs:
+            raise ValueError(f"generate_kwargs may not set {key!r}: {why}")
+    if kwargs.get("num_beams", 1) != 1:
+        raise ValueError(
+            f"generate_kwargs['num_beams'] must be 1, got {kwargs['num_beams']}: beam search "
+            "reorders sequences, so per-step logits no longer give each sequence's log-probs"
+        )
+    if num_samples is not None and (not isinstance(num_samples, int) or num_samples < 1):
+        raise ValueError(f"num_samples must be None or an int >= 1, got {num_samples!r}")
+    if num_samples is not None and not generate:
+        raise ValueError("num_samples applies to generate mode, got it with generate=False")
+    n = kwargs.pop("num_return_sequences", None)
+    if not generate:  # the kwargs are kept for get_new_version(generate=True)
+        return kwargs, None
+    if n is not None and num_samples is not None and n != num_samples:
+        raise ValueError(f"num_samples={num_samples} differs from generate_kwargs n={n}")
+    if num_samples is None and n is not None and n > 1:
+        num_samples = n
+    if num_samples is not None:
+        do_sample = kwargs.get("do_sample", model.generation_config.do_sample)
+        if num_samples > 1 and not do_sample:
+            raise ValueError(
+                f"num_samples={num_samples} needs sampling: set generate_kwargs['do_sample']=True "
+                "(greedy decoding gives the same response every time)"
+            )
+        kwargs["num_return_sequences"] = num_samples
+    if "max_length" not in kwargs and model.generation_config.max_new_tokens is None:
+        kwargs.setdefault("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
+    return kwargs, num_samples
+
+
+def first_id(*candidates: Any, default: int) -> int:
+    for candidate in candidates:
+        if candidate is not None:
+            return int(np.atleast_1d(candidate)[0])
+    return default

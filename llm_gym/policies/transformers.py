@@ -1,0 +1,372 @@
+"""``TransformersPolicy``: a Hugging Face causal LM as a policy for llm_gym's chat envs.
+
+The Gymnasium form of TorchRL's ``TransformersWrapper``. In generate mode it maps an
+observation (or a vector env's batch of them) to ``Response`` actions carrying the exact
+sampled token ids and their log-probabilities; in log-prob mode (``generate=False``) it scores
+given conversations in one padded forward pass and returns ``LogProbs`` and ``Masks``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from llm_gym.chat.containers import LogProbs, Masks, Response, Tokens
+from llm_gym.chat.templates import get_chat_template
+from llm_gym.envs.chat import INPUT_MODES
+from llm_gym.policies._generation import first_id, generation_settings
+from llm_gym.policies._inputs import (
+    Encoded,
+    Encoder,
+    left_pad,
+    position_ids,
+    split_observation,
+    split_responses,
+)
+from llm_gym.policies._scoring import dist_mask, has_prefix, token_log_probs
+from llm_gym.policies.distributions import MaskedCategorical
+
+__all__ = ["TransformersPolicy", "LogProbOutput"]
+
+
+@dataclass
+class LogProbOutput:
+    """What log-prob mode returns for one conversation (or a whole batch with ``pad_output``).
+
+    - ``input_ids``: the token ids that were scored, ``(T,)``; ``(B, T)`` left-padded.
+    - ``log_probs``: ``full[t] = log π(input_ids[t] | input_ids[:t])``; the first token has no
+      prefix and gets 0.0 (TorchRL's and vLLM's convention), as does padding. ``prompt`` and
+      ``response`` split ``full`` where the response starts (None if unknown or padded).
+    - ``masks``: ``all_attention_mask`` (True on real tokens) and ``all_assistant_mask`` (True
+      on the assistant's tokens; None when the input does not say which they are).
+    - ``tokens``: prompt/response/full ids (unpadded output only; None with ``pad_output``).
+    """
+
+    input_ids: np.ndarray
+    log_probs: LogProbs
+    masks: Masks
+    tokens: Tokens | None = None
+
+
+class TransformersPolicy:
+    """A transformers causal LM as a policy over ChatEnv observations.
+
+    Generate mode (default): ``policy(obs)`` returns a ``Response`` (text, the exact sampled
+    token ids ending at EOS when one was produced, and their log-probs); a vector env's batched
+    observation gives a list; ``num_samples=k`` gives k Responses per observation. Prompts are
+    generated in one left-padded batch. ``Response.log_probs`` are log π(token | prefix) from
+    the model's **raw** logits (log-softmax of ``generate(output_logits=True)``), before any
+    temperature, top-k/top-p or penalty: they are the policy's own probabilities, the ones a
+    reference model's log-probs can be compared with for KL, not the sampler's.
+
+    Log-prob mode (``generate=False``): ``policy(obs, responses=None)`` scores conversations in
+    one forward pass and returns a ``LogProbOutput`` (a list for a batch, one padded output with
+    ``pad_output=True``). ``obs`` is either the prompt, with ``responses`` the replies to score
+    (``Response`` — its exact tokens are used —, ``str`` or token array), or a whole
+    conversation (a history ending with the assistant's turn, or full text/tokens).
+    Padding is told by the attention mask, never by token id, so with ``pad_token ==
+    eos_token`` an EOS the policy produced keeps its real log-prob.
+
+    Args:
+        model: a transformers causal LM (``AutoModelForCausalLM``).
+        tokenizer: its tokenizer (needed to render chat templates, tokenize and decode).
+        input_mode: which observation key to read: ``"history"``, ``"text"`` or ``"tokens"``.
+        generate: generate responses (True) or score given ones (False).
+        generate_kwargs: passed to ``model.generate``; any ``GenerationConfig`` attribute,
+            plus the aliases ``max_tokens`` (``max_new_tokens``) and ``n``
+            (``num_return_sequences``). ``max_new_tokens`` defaults to 256.
+        return_log_probs: attach log-probs to Responses (must be True in log-prob mode).
+        pad_output: log-prob mode only: one left-padded ``(B, T)`` output for a batch instead
+            of a list of unpadded ones. Responses are never padded.
+        num_samples: generate this many Responses per observation (needs ``do_sample``).
+        chat_template_name / chat_template: the template for ``"history"`` inputs (default:
+            chosen from the tokenizer, as ChatEnv does; pass the env's ``template_kwargs``).
+        device: where inputs go; default the model's device.
+
+    >>> from llm_gym import ChatEnv
+    >>> from llm_gym.models import load_default_model
+    >>> model, tokenizer = load_default_model()
+    >>> policy = TransformersPolicy(model, tokenizer, generate_kwargs={"max_tokens": 8})
+    >>> env = ChatEnv(query="What is 2+2?", max_turns=1)
+    >>> obs, info = env.reset(seed=0)
+    >>> response = policy(obs)
+    >>> len(response.tokens) == len(response.log_probs) <= 8
+    True
+    >>> obs, reward, terminated, truncated, info = env.step(response)
+    >>> obs["history"][-1]["role"], terminated
+    ('assistant', True)
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        input_mode: str = "history",
+        generate: bool = True,
+        generate_kwargs: Mapping[str, Any] | None = None,
+        return_log_probs: bool = True,
+        pad_output: bool = False,
+        num_samples: int | None = None,
+        chat_template_name: str | None = None,
+        chat_template: str | None = None,
+        device: str | torch.device | None = None,
+    ) -> None:
+        if not (callable(model) and hasattr(model, "generate") and hasattr(model, "config")):
+            raise TypeError(
+                "model must be a transformers causal LM (with .generate), got "
+                f"{type(model).__name__}"
+            )
+        if tokenizer is None or not (callable(tokenizer) and hasattr(tokenizer, "decode")):
+            raise TypeError(
+                f"tokenizer must be a transformers tokenizer, got {type(tokenizer).__name__}"
+            )
+        vocab_size = model.get_input_embeddings().num_embeddings
+        if len(tokenizer) > vocab_size:
+            raise ValueError(
+                f"tokenizer has {len(tokenizer)} tokens but the model's embedding has only "
+                f"{vocab_size} rows: model and tokenizer do not match"
+            )
+        if input_mode not in INPUT_MODES:
+            raise ValueError(f"input_mode must be one of {INPUT_MODES}, got {input_mode!r}")
+        for name, flag in (("generate", generate), ("return_log_probs", return_log_probs)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+        if not isinstance(pad_output, bool):
+            raise TypeError(f"pad_output must be a bool, got {type(pad_output).__name__}")
+        if not generate and not return_log_probs:
+            raise ValueError("return_log_probs must be True when generate=False (log-prob mode)")
+        if chat_template_name is not None:
+            get_chat_template(chat_template_name)  # validates the name
+
+        self.model = model
+        self.tokenizer = tokenizer
+        self.input_mode = input_mode
+        self.generate = generate
+        self.return_log_probs = return_log_probs
+        self.pad_output = pad_output
+        self.chat_template_name = chat_template_name
+        self.chat_template = chat_template
+        self.device = torch.device(device) if device is not None else model.device
+        self.generate_kwargs, self.num_samples = generation_settings(
+            model, generate_kwargs, num_samples, generate
+        )
+        self._user_generate_kwargs = dict(generate_kwargs or {})
+        template = {"chat_template_name": chat_template_name, "chat_template": chat_template}
+        self._encoder = Encoder(tokenizer, vocab_size, {k: v for k, v in template.items() if v})
+        gen = model.generation_config
+        self.pad_token_id = first_id(
+            self.generate_kwargs.get("pad_token_id"), gen.pad_token_id,
+            tokenizer.pad_token_id, tokenizer.eos_token_id, default=0,
+        )  # fmt: skip
+        eos = self.generate_kwargs.get("eos_token_id", gen.eos_token_id)
+        eos = eos if eos is not None else tokenizer.eos_token_id
+        self.eos_token_ids = [] if eos is None else [int(e) for e in np.atleast_1d(eos)]
+
+    def __repr__(self) -> str:
+        return (
+            f"TransformersPolicy({type(self.model).__name__}, input_mode={self.input_mode!r}, "
+            f"generate={self.generate}, num_samples={self.num_samples})"
+        )
+
+    # -- public API --------------------------------------------------------------------
+
+    def __call__(self, obs: Mapping[str, Any], responses: Any = None) -> Any:
+        """Generate mode: Response(s) for ``obs``. Log-prob mode: score ``obs`` (+ responses)."""
+        values, batched = split_observation(obs, self.input_mode)
+        if self.generate:
+            if responses is not None:
+                raise RuntimeError(
+                    "this policy generates (generate=True) and takes no responses; to score "
+                    "responses use policy.get_new_version(generate=False)"
+                )
+            return self._generate(values, batched)
+        return self._score(values, split_responses(responses, len(values), batched), batched)
+
+    def get_new_version(self, **changes: Any) -> TransformersPolicy:
+        """A policy with some constructor arguments changed, sharing this one's model object.
+
+        Switching to ``generate=False`` drops ``num_samples`` and turns ``return_log_probs`` on
+        unless they are given; ``generate_kwargs`` are kept (and unused) for switching back.
+        """
+        current = {
+            "model": self.model,
+            "tokenizer": self.tokenizer,
+            "input_mode": self.input_mode,
+            "generate": self.generate,
+            "generate_kwargs": self._user_generate_kwargs,
+            "return_log_probs": self.return_log_probs,
+            "pad_output": self.pad_output,
+            "num_samples": self.num_samples,
+            "chat_template_name": self.chat_template_name,
+            "chat_template": self.chat_template,
+            "device": self.device,
+        }
+        unknown = sorted(set(changes) - set(current))
+        if unknown:
+            raise TypeError(
+                f"get_new_version got unknown arguments {unknown}; valid: {sorted(current)}"
+            )
+        if changes.get("generate") is False:
+            changes.setdefault("num_samples", None)
+            changes.setdefault("return_log_probs", True)
+        return type(self)(**(current | changes))
+
+    def get_dist(
+        self,
+        obs: Mapping[str, Any],
+        responses: Any = None,
+        *,
+        mask: str | np.ndarray | torch.Tensor | Sequence[np.ndarray] = "assistant",
+    ) -> tuple[MaskedCategorical, torch.Tensor]:
+        """A masked categorical over the tokens of the scored conversations, with gradients.
+
+        Runs one left-padded forward pass (with autograd, for a loss) and returns
+        ``(dist, input_ids)``: ``dist.log_prob(input_ids)`` is ``(B, T)`` with the log-prob of
+        each selected token and 0 elsewhere; ``dist.entropy()`` likewise. ``B`` is 1 for a
+        single observation. ``mask`` selects the positions:
+
+        - ``"prompt"`` / ``"sft"``: the response tokens (everything after the prompt);
+        - ``"assistant"`` / ``"rlhf"``: every assistant token, all turns (``all_assistant_mask``);
+        - ``"attention"`` / ``"generic"``: every real token;
+        - custom: a bool ``(B, T)`` array in the padded layout, or one 1-D bool array per
+          conversation (its unpadded length).
+
+        The first token of each sequence has no prefix, so it is never selected.
+        """
+        if self.generate:
+            raise RuntimeError(
+                "get_dist scores given conversations and needs a log-prob policy: use "
+                "policy.get_new_version(generate=False).get_dist(...)"
+            )
+        values, batched = split_observation(obs, self.input_mode)
+        responses = split_responses(responses, len(values), batched)
+        encoded = [self._encoder.scored(v, r) for v, r in zip(values, responses, strict=True)]
+        ids, attention = left_pad([e.ids for e in encoded], self.pad_token_id, self.device)
+        selected = dist_mask(mask, encoded, attention) & has_prefix(attention)
+        logits = self._forward(ids, attention)
+        # Line the logits up with the tokens they predict; position 0 predicts nothing.
+        aligned = F.pad(logits[:, :-1], (0, 0, 1, 0))
+        return MaskedCategorical(aligned, selected), ids
+
+    # -- generation ----------------------------------------------------------------------
+
+    def _generate(self, values: list[Any], batched: bool) -> Any:
+        prompts = [self._encoder.prompt(v).ids for v in values]
+        ids, attention = left_pad(prompts, self.pad_token_id, self.device)
+        with torch.inference_mode():
+            out = self.model.generate(
+                input_ids=ids,
+                attention_mask=attention.long(),
+                pad_token_id=self.pad_token_id,
+                return_dict_in_generate=True,
+                output_logits=self.return_log_probs,
+                **self.generate_kwargs,
+            )
+            new = out.sequences[:, ids.shape[1] :]
+            lengths = self._response_lengths(new)
+            log_probs = None
+            if self.return_log_probs:
+                # One vectorized gather per generated step (not per token); raw logits.
+                log_probs = torch.empty(new.shape, dtype=torch.float32, device=new.device)
+                for step, logits in enumerate(out.logits):
+                    logits = logits.float()
+                    chosen = logits.gather(1, new[:, step, None]).squeeze(1)
+                    log_probs[:, step] = chosen - torch.logsumexp(logits, dim=-1)
+                log_probs = log_probs.cpu().numpy()
+        tokens = new.cpu().numpy()
+        lengths = lengths.cpu().tolist()
+        sampled = [tokens[row, :n] for row, n in enumerate(lengths)]
+        texts = self.tokenizer.batch_decode(
+            [t.tolist() for t in sampled], skip_special_tokens=False
+        )
+        results = [
+            Response(text, toks, None if log_probs is None else log_probs[row, : len(toks)])
+            for row, (text, toks) in enumerate(zip(texts, sampled, strict=True))
+        ]
+        if self.num_samples is not None:
+            k = self.num_samples
+            results = [results[i * k : (i + 1) * k] for i in range(len(values))]
+        return results if batched else results[0]
+
+    def _response_lengths(self, new: torch.Tensor) -> torch.Tensor:
+        """Tokens up to and including the first EOS; all of them when none was produced."""
+        steps = torch.full((new.shape[0],), new.shape[1], dtype=torch.long, device=new.device)
+        if not self.eos_token_ids or new.shape[1] == 0:
+            return steps
+        is_eos = torch.isin(new, torch.tensor(self.eos_token_ids, device=new.device))
+        first = is_eos.long().argmax(dim=1) + 1
+        return torch.where(is_eos.any(dim=1), first, steps)
+
+    # -- log-prob mode ---------------------------------------------------------------------
+
+    def _forward(self, ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
+        max_positions = getattr(self.model.config, "max_position_embeddings", None)
+        if max_positions is not None and ids.shape[1] > max_positions:
+            raise ValueError(
+                f"a conversation has {ids.shape[1]} tokens, more than the model's "
+                f"max_position_embeddings ({max_positions})"
+            )
+        # Explicit positions: with left padding, absolute-position models (GPT-2) would
+        # otherwise see each sequence shifted by its padding.
+        out = self.model(
+            input_ids=ids,
+            attention_mask=attention.long(),
+            position_ids=position_ids(attention),
+            use_cache=False,
+        )
+        return out.logits
+
+    def _score(self, values: list[Any], responses: list[Any], batched: bool) -> Any:
+        encoded = [self._encoder.scored(v, r) for v, r in zip(values, responses, strict=True)]
+        ids, attention = left_pad([e.ids for e in encoded], self.pad_token_id, self.device)
+        with torch.inference_mode():
+            logits = self._forward(ids, attention)
+            log_probs = token_log_probs(logits, ids, attention).cpu().numpy()
+        ids_np, attention_np = ids.cpu().numpy(), attention.cpu().numpy()
+        if self.pad_output:
+            return _padded_output(encoded, ids_np, attention_np, log_probs)
+        width = ids_np.shape[1]
+        outputs = []
+        for row, enc in enumerate(encoded):
+            start = width - len(enc.ids)
+            full_lp = log_probs[row, start:]
+            n = enc.prompt_length
+            outputs.append(
+                LogProbOutput(
+                    input_ids=enc.ids,
+                    log_probs=LogProbs(
+                        prompt=None if n is None else full_lp[:n],
+                        response=None if n is None else full_lp[n:],
+                        full=full_lp,
+                    ),
+                    masks=Masks(np.ones(len(enc.ids), dtype=bool), enc.assistant_mask),
+                    tokens=Tokens(
+                        prompt=None if n is None else enc.ids[:n],
+                        response=None if n is None else enc.ids[n:],
+                        full=enc.ids,
+                    ),
+                )
+            )
+        return outputs if batched else outputs[0]
+
+
+def _padded_output(
+    encoded: list[Encoded], ids: np.ndarray, attention: np.ndarray, log_probs: np.ndarray
+) -> LogProbOutput:
+    assistant = None
+    if any(e.assistant_mask is not None for e in encoded):
+        assistant = np.zeros_like(attention)
+        for row, enc in enumerate(encoded):
+            if enc.assistant_mask is not None:
+                assistant[row, ids.shape[1] - len(enc.ids) :] = enc.assistant_mask
+    return LogProbOutput(
+        input_ids=ids,
+        log_probs=LogProbs(full=log_probs),
+        masks=Masks(all_attention_mask=attention, all_assistant_mask=assistant),
+    )
