@@ -1,0 +1,274 @@
+"""``DatasetChatEnv``: a ``ChatEnv`` whose user queries come from a dataset."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import datasets
+import numpy as np
+
+from llm_gym.chat.history import History
+from llm_gym.envs.chat import ChatEnv
+from llm_gym.envs.data_sources import IndexedSource, IterableSource, load_records
+from llm_gym.spaces import MAX_TEXT_LENGTH
+
+__all__ = ["DatasetChatEnv", "QUERY_KEY"]
+
+QUERY_KEY = "query"
+FieldMap = Mapping[str, str] | Callable[[Mapping[str, Any]], Mapping[str, Any]]
+_OPTION_KEYS = ("sample",)
+
+
+class DatasetChatEnv(ChatEnv):
+    """A ``ChatEnv`` that starts each episode from the next sample of a dataset.
+
+    ## Description
+
+    The Gymnasium form of TorchRL's ``DatasetChatEnv``. Each ``reset`` draws a sample, puts
+    its ``"query"`` field in the user message (after ``system_prompt``) and returns the
+    sample's other fields in ``info``. The env gives no reward itself: a task subclasses it
+    and scores the response in ``_score`` (see ``GSM8KEnv``), where ``self.sample`` holds the
+    current sample.
+
+    Samples are served in a seeded order: each epoch serves every sample exactly once
+    (``repeats`` times in a row each, so that consecutive episodes form a GRPO group), then
+    the next epoch reshuffles. The order depends only on the seed, also across processes.
+
+    ## Action Space
+
+    As ``ChatEnv``: a ``str`` (or token ids in ``"tokens"`` mode), or a ``Response``.
+
+    ## Observation Space
+
+    As ``ChatEnv``: a ``Dict`` with the prompt as ``history``, ``text`` and/or ``tokens``.
+
+    ## Rewards
+
+    Always ``0.0``; subclasses score the response.
+
+    ## Starting State
+
+    ``[system_prompt?, user query]`` with the query of the next sample, or of
+    ``options={"sample": {...}}`` (a record with the dataset's columns) when given.
+    ``reset(seed=s)`` restarts the order that seed ``s`` defines; ``reset()`` serves the next.
+
+    ## Episode End
+
+    As ``ChatEnv``; ``max_turns`` defaults to 1 here, so one response ends the episode with
+    ``terminated=True``.
+
+    ## Arguments
+
+    - ``dataset``: a Hub dataset name (with ``name=`` config and ``split=``), a path to a
+      local ``.jsonl``/``.json``/``.parquet`` file or a folder of them, a ``datasets.Dataset``
+      (or ``DatasetDict`` with ``split=``), or a sequence of dicts. Use ``from_dataloader`` for
+      an iterable such as a ``DataLoader``.
+    - ``name`` / ``split``: the Hub config and split (a folder's files are split by name).
+    - ``shuffle``: shuffle each epoch (default True); ``seed``: the order's seed (None:
+      random, until ``reset(seed=...)``).
+    - ``repeats``: serve each sample this many times in a row (default 1).
+    - ``group_repeats``: in ``DatasetChatVectorEnv``, give each sample's ``repeats`` copies to
+      consecutive sub-envs (a GRPO group side by side); a single env is unaffected.
+    - ``field_map``: renames from dataset columns to env fields, such as
+      ``{"question": "query"}``, or a function from a raw record to the fields. The fields
+      must include ``"query"`` (a ``str``).
+    - ``input_mode``, ``system_prompt`` (default: the class's ``SYSTEM_PROMPT``),
+      ``tokenizer``, ``template_kwargs``, ``max_turns``, ``observation_keys``,
+      ``max_text_length``, ``render_mode``: as ``ChatEnv``.
+
+    ## Version History
+
+    - v0: Initial version.
+
+    ## Example
+
+    >>> from llm_gym.envs import DatasetChatEnv
+    >>> rows = [{"question": "1+1?", "answer": "2"}, {"question": "2+2?", "answer": "4"}]
+    >>> env = DatasetChatEnv(rows, field_map={"question": "query"}, repeats=2, seed=0)
+    >>> for _ in range(4):
+    ...     obs, info = env.reset()
+    ...     print(obs["history"][-1]["content"], info)
+    1+1? {'answer': '2'}
+    1+1? {'answer': '2'}
+    2+2? {'answer': '4'}
+    2+2? {'answer': '4'}
+    >>> obs, reward, terminated, truncated, info = env.step("4")
+    >>> reward, terminated, truncated
+    (0.0, True, False)
+    """
+
+    SYSTEM_PROMPT: str | None = None
+
+    def __init__(
+        self,
+        dataset: Any,
+        *,
+        name: str | None = None,
+        split: str | None = None,
+        shuffle: bool = True,
+        seed: int | None = None,
+        repeats: int | None = 1,
+        group_repeats: bool = False,
+        field_map: FieldMap | None = None,
+        input_mode: str = "history",
+        system_prompt: str | None = None,
+        tokenizer: Any = None,
+        template_kwargs: Mapping[str, Any] | None = None,
+        max_turns: int | None = 1,
+        observation_keys: tuple[str, ...] | list[str] | None = None,
+        max_text_length: int = MAX_TEXT_LENGTH,
+        render_mode: str | None = None,
+    ) -> None:
+        # Cheap checks first, so that bad arguments fail before any data is loaded.
+        if repeats is None:
+            repeats = 1
+        if isinstance(repeats, bool) or not isinstance(repeats, (int, np.integer)) or repeats < 1:
+            raise ValueError(f"repeats must be an int >= 1 (or None for 1), got {repeats!r}")
+        if not isinstance(group_repeats, bool):
+            raise TypeError(f"group_repeats must be a bool, got {type(group_repeats).__name__}")
+        if field_map is not None and not (isinstance(field_map, Mapping) or callable(field_map)):
+            raise TypeError(
+                "field_map must be a dict of column renames (e.g. {'question': 'query'}) or a "
+                f"function of a record, got {type(field_map).__name__}"
+            )
+        if system_prompt is None:
+            system_prompt = self.SYSTEM_PROMPT
+        super().__init__(
+            input_mode,
+            system_prompt=system_prompt,
+            tokenizer=tokenizer,
+            template_kwargs=template_kwargs,
+            max_turns=max_turns,
+            observation_keys=observation_keys,
+            max_text_length=max_text_length,
+            render_mode=render_mode,
+        )
+        self.repeats = int(repeats)
+        self.group_repeats = group_repeats
+        self.field_map = field_map
+        self.seed = seed
+        if isinstance(dataset, (IndexedSource, IterableSource)):
+            self._source = dataset
+        elif isinstance(dataset, datasets.IterableDataset):
+            self._source = IterableSource(dataset)
+        else:
+            records = load_records(dataset, name=name, split=split)
+            self._source = IndexedSource(records, shuffle=shuffle, seed=seed)
+        if isinstance(self._source, IndexedSource):
+            self._check_fields(self._source.data[0], self._source.columns)
+        self._current: dict[str, Any] | None = None  # the sample being repeated
+        self._served = 0  # how many times _current was served
+        self._sample: dict[str, Any] | None = None
+
+    @classmethod
+    def from_dataloader(cls, dataloader: Iterable[Any], **kwargs: Any) -> DatasetChatEnv:
+        """An env whose samples come from any iterable, in the iterable's own order.
+
+        The iterable may yield dicts, lists of dicts or collated batches (a ``DataLoader``'s
+        dict of lists/tensors); it is restarted when it runs out. ``kwargs`` are this class's
+        arguments except ``dataset``, ``name``, ``split``, ``shuffle`` and ``seed``.
+
+        >>> env = DatasetChatEnv.from_dataloader([{"query": ["a", "b"], "id": [0, 1]}])
+        >>> [env.reset()[1]["id"] for _ in range(3)]
+        [0, 1, 0]
+        """
+        for key in ("dataset", "name", "split", "shuffle", "seed"):
+            if key in kwargs:
+                raise TypeError(f"from_dataloader() takes no {key}=: the dataloader decides it")
+        return cls(dataset=IterableSource(dataloader), **kwargs)
+
+    # -- data ------------------------------------------------------------------------------
+
+    @property
+    def sample(self) -> dict[str, Any] | None:
+        """The current episode's sample after ``field_map`` (None before the first reset)."""
+        return None if self._sample is None else dict(self._sample)
+
+    def reset_dataloader(self) -> DatasetChatEnv:
+        """Serve from the start of the order again (same seed), as TorchRL's method does."""
+        self._source.rewind()
+        self._current, self._served = None, 0
+        return self
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        options = dict(options or {})
+        unknown = sorted(set(options) - set(_OPTION_KEYS))
+        if unknown:
+            raise ValueError(f"options may hold {list(_OPTION_KEYS)}, got unknown keys {unknown}")
+        # Map a given sample before reseeding, so a bad one changes nothing.
+        given = self._map(options["sample"]) if "sample" in options else None
+        if seed is not None:
+            self._source.reseed(seed)
+            self._current, self._served = None, 0
+        return super().reset(seed=seed, options={"sample": given} if given else None)
+
+    def _initial_history(self, options: Mapping[str, Any]) -> tuple[History, dict[str, Any]]:
+        sample = options.get("sample") or self._next_sample()
+        self._sample = sample
+        info = {key: value for key, value in sample.items() if key != QUERY_KEY}
+        return self._history_for(sample[QUERY_KEY]), info
+
+    def _next_sample(self) -> dict[str, Any]:
+        if self._current is None or self._served >= self.repeats:
+            sample = self._map(self._source.next_record())  # raises before anything changes
+            self._current, self._served = sample, 0
+        self._served += 1
+        return self._current
+
+    def _map(self, record: Any) -> dict[str, Any]:
+        if not isinstance(record, Mapping):
+            raise TypeError(f"a sample must be a dict of fields, got {type(record).__name__}")
+        if self.field_map is None:
+            sample = dict(record)
+        elif isinstance(self.field_map, Mapping):
+            missing = [column for column in self.field_map if column not in record]
+            if missing:
+                raise KeyError(
+                    f"field_map renames columns {missing} that the sample does not have; "
+                    f"its columns are {sorted(record)}"
+                )
+            sample = {self.field_map.get(key, key): value for key, value in record.items()}
+        else:
+            sample = self.field_map(record)
+            if not isinstance(sample, Mapping):
+                raise TypeError(f"field_map must return a dict, got {type(sample).__name__}")
+            sample = dict(sample)
+        query = sample.get(QUERY_KEY)
+        if not isinstance(query, str):
+            got = "no such field" if QUERY_KEY not in sample else type(query).__name__
+            raise KeyError(
+                f"each sample needs a str {QUERY_KEY!r} field (rename a column with "
+                f"field_map={{'question': 'query'}}); got {got}, fields {sorted(sample)}"
+            )
+        return sample
+
+    def _check_fields(self, first: Any, columns: list[str]) -> None:
+        # Fail at construction, naming the argument, rather than at the first reset.
+        if isinstance(self.field_map, Mapping):
+            missing = [column for column in self.field_map if column not in columns]
+            if missing:
+                raise ValueError(
+                    f"field_map names columns {missing} that the dataset does not have; "
+                    f"its columns are {columns}"
+                )
+        try:
+            self._map(first)
+        except KeyError as error:
+            raise ValueError(f"dataset's samples do not fit: {error.args[0]}") from None
+
+    def _fork(self, seed: int | None) -> DatasetChatEnv:
+        """A sub-env sharing this one's data and settings, with its own order and episode.
+
+        Vector envs use it so that N sub-envs load the data once, not N times.
+        """
+        env = copy.copy(self)
+        env._source = self._source.fork(seed)
+        env.seed = seed
+        env._np_random, env._np_random_seed = None, None
+        env._current, env._served, env._sample = None, 0, None
+        env._history = None  # needs its own reset before step
+        return env

@@ -1,0 +1,183 @@
+"""``DatasetChatVectorEnv``: N dataset conversations in one Gymnasium vector env."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from gymnasium import error
+from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
+
+from llm_gym.chat.containers import Response
+from llm_gym.envs.dataset import DatasetChatEnv
+
+__all__ = ["DatasetChatVectorEnv"]
+
+
+class DatasetChatVectorEnv(VectorEnv):
+    """N conversations of one ``DatasetChatEnv`` task, stepped together with batched results.
+
+    Sub-env ``i`` behaves exactly like its own copy of the task reset with seed ``seed + i``
+    (Gymnasium's rule), so the prompts equal those of ``gym.make_vec`` in ``"sync"`` and
+    ``"async"`` modes; the data is loaded once and shared. Finished conversations reset in
+    the same step (``AutoresetMode.SAME_STEP``), so no generation is wasted: their last
+    observation and info are in ``info["final_obs"]`` / ``info["final_info"]`` (masks
+    ``info["_final_obs"]`` / ``info["_final_info"]``) and the returned observation is the
+    new episode's first.
+
+    With ``group_repeats=True`` on the task and ``repeats=G``, sub-envs ``b*G .. b*G+G-1``
+    form group ``b``: its members always hold the same sample (a GRPO group side by side),
+    drawn from the order that sub-env ``b*G``'s seed defines, each sample once per epoch.
+    ``num_envs`` must then be a multiple of ``G``.
+
+    Observations are ``batch_space(single_observation_space, N)``: a dict of N-tuples.
+    Actions are a sequence of N responses (``str``, token arrays or ``Response``).
+
+    >>> from llm_gym.envs import DatasetChatEnv, DatasetChatVectorEnv
+    >>> rows = [{"query": q} for q in ("a?", "b?", "c?")]
+    >>> envs = DatasetChatVectorEnv(DatasetChatEnv(rows), num_envs=2)
+    >>> obs, info = envs.reset(seed=0)
+    >>> obs, rewards, terminated, truncated, info = envs.step(["x", "y"])
+    >>> terminated.tolist(), [o["history"][-1]["content"] for o in info["final_obs"]]
+    ([True, True], ['x', 'y'])
+    """
+
+    metadata = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": []}
+
+    def __init__(self, env: DatasetChatEnv, num_envs: int) -> None:
+        if not isinstance(env, DatasetChatEnv):
+            raise TypeError(f"env must be a DatasetChatEnv, got {type(env).__name__}")
+        if (
+            isinstance(num_envs, bool)
+            or not isinstance(num_envs, (int, np.integer))
+            or num_envs < 1
+        ):
+            raise ValueError(f"num_envs must be an int >= 1, got {num_envs!r}")
+        self.num_envs = int(num_envs)
+        self.group_size = env.repeats if env.group_repeats else 1
+        if self.num_envs % self.group_size:
+            raise ValueError(
+                f"num_envs must be a multiple of repeats={env.repeats} with group_repeats=True "
+                f"(each group fills that many sub-envs), got num_envs={num_envs}"
+            )
+        seeds = [None if env.seed is None else env.seed + i for i in range(self.num_envs)]
+        self.envs = [env] + [env._fork(seed) for seed in seeds[1:]]
+        self.render_mode = env.render_mode
+        self.single_observation_space = env.observation_space
+        self.single_action_space = env.action_space
+        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = batch_space(self.single_action_space, self.num_envs)
+        self._out = create_empty_array(self.single_observation_space, self.num_envs)
+        self._obs: list[Any] = [None] * self.num_envs
+        self._needs_reset = True
+        # Groups: each draws raw records from its own fork of the data (never reset by the
+        # sub-envs themselves); member i's k-th episode gets the group's k-th record.
+        n_groups = self.num_envs // self.group_size
+        self._group_sources = [
+            env._source.fork(seeds[g * self.group_size]) for g in range(n_groups)
+        ]
+        self._group_records: list[dict[int, Any]] = [{} for _ in range(n_groups)]
+        self._group_drawn = [0] * n_groups
+        self._episode = [0] * self.num_envs
+
+    # -- Gymnasium API ------------------------------------------------------------------
+
+    def reset(
+        self,
+        *,
+        seed: int | Sequence[int | None] | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        if seed is None or isinstance(seed, (int, np.integer)):
+            seeds = [None if seed is None else int(seed) + i for i in range(self.num_envs)]
+        else:
+            seeds = list(seed)
+            if len(seeds) != self.num_envs:
+                raise ValueError(
+                    f"seed as a list must have num_envs={self.num_envs} entries, got {len(seeds)}"
+                )
+        super().reset(seed=seeds[0])
+        infos: dict[str, Any] = {}
+        if self.group_size > 1:
+            self._restart_groups(seeds)
+        for i, env in enumerate(self.envs):
+            if self.group_size > 1:
+                self._obs[i], info = env.reset(seed=seeds[i], options=self._group_options(i))
+            else:
+                self._obs[i], info = env.reset(seed=seeds[i], options=options)
+            infos = self._add_info(infos, info, i)
+        self._needs_reset = False
+        return self._batched_obs(), infos
+
+    def step(
+        self, actions: Sequence[Any]
+    ) -> tuple[dict[str, Any], np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        if self._needs_reset:
+            raise error.ResetNeeded("Cannot call DatasetChatVectorEnv.step before reset")
+        responses = self._check_actions(actions)  # all checked before any sub-env changes
+        rewards = np.zeros(self.num_envs, dtype=np.float64)
+        terminated = np.zeros(self.num_envs, dtype=np.bool_)
+        truncated = np.zeros(self.num_envs, dtype=np.bool_)
+        infos: dict[str, Any] = {}
+        for i, (env, response) in enumerate(zip(self.envs, responses, strict=True)):
+            obs, rewards[i], terminated[i], truncated[i], info = env.step(response)
+            if terminated[i] or truncated[i]:
+                infos = self._add_info(infos, {"final_obs": obs, "final_info": info}, i)
+                obs, info = self._autoreset(i)
+            self._obs[i] = obs
+            infos = self._add_info(infos, info, i)
+        return self._batched_obs(), rewards, terminated, truncated, infos
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _autoreset(self, i: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        if self.group_size == 1:
+            return self.envs[i].reset()
+        self._episode[i] += 1
+        return self.envs[i].reset(options=self._group_options(i))
+
+    def _restart_groups(self, seeds: list[int | None]) -> None:
+        # A vector reset starts every group afresh, members aligned on one new record.
+        for g, source in enumerate(self._group_sources):
+            if seeds[g * self.group_size] is not None:
+                source.reseed(seeds[g * self.group_size])
+            self._group_records[g] = {}
+            members = range(g * self.group_size, (g + 1) * self.group_size)
+            for i in members:
+                self._episode[i] = self._group_drawn[g]
+
+    def _group_options(self, i: int) -> dict[str, Any]:
+        g, k = i // self.group_size, self._episode[i]
+        records = self._group_records[g]
+        while self._group_drawn[g] <= k:
+            records[self._group_drawn[g]] = self._group_sources[g].next_record()
+            self._group_drawn[g] += 1
+        record = records[k]
+        # Members move on at their own pace (multi-turn); a record is kept until all took it.
+        lowest = min(self._episode[g * self.group_size : (g + 1) * self.group_size])
+        for old in [key for key in records if key < lowest]:
+            del records[old]
+        return {"sample": record}
+
+    def _check_actions(self, actions: Sequence[Any]) -> list[Response]:
+        if isinstance(actions, (str, bytes)) or not hasattr(actions, "__len__"):
+            raise TypeError(
+                f"actions must be a sequence of {self.num_envs} responses, "
+                f"got {type(actions).__name__}"
+            )
+        if len(actions) != self.num_envs:
+            raise ValueError(
+                f"actions must hold num_envs={self.num_envs} responses, got {len(actions)}"
+            )
+        responses = []
+        for i, (env, action) in enumerate(zip(self.envs, actions, strict=True)):
+            try:
+                responses.append(env._as_response(action))
+            except (TypeError, ValueError) as err:
+                raise type(err)(f"actions[{i}]: {err}") from None
+        return responses
+
+    def _batched_obs(self) -> dict[str, Any]:
+        return concatenate(self.single_observation_space, self._obs, self._out)
