@@ -1,0 +1,241 @@
+"""Vectorized GSM8K: sync / async / native agree; SAME_STEP autoreset; GRPO groups; errors."""
+
+import json
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.vector import AutoresetMode
+
+import llm_gym  # noqa: F401  (registers the ids)
+from llm_gym.envs import DatasetChatEnv, DatasetChatVectorEnv, GSM8KEnv
+
+FIXTURE = Path(__file__).parent / "fixtures" / "mini_gsm8k"
+ROWS = [{"query": f"q{i}", "id": i} for i in range(10)]
+RIGHT, WRONG = "<answer>12</answer>", "no answer"
+ANSWERS = {
+    row["question"]: row["answer"]
+    for row in map(json.loads, (FIXTURE / "train.jsonl").read_text().splitlines())
+}
+
+
+def make_vec(mode, num_envs=3, **kwargs):
+    kwargs.setdefault("data_dir", FIXTURE)
+    vector_kwargs = {}
+    if mode != "vector_entry_point":  # Gymnasium's default is NEXT_STEP; compare like with like
+        vector_kwargs["autoreset_mode"] = AutoresetMode.SAME_STEP
+    if mode == "async":
+        vector_kwargs["shared_memory"] = False  # text spaces need it
+    return gym.make_vec(
+        "LLMChat-GSM8K-v0",
+        num_envs=num_envs,
+        vectorization_mode=mode,
+        vector_kwargs=vector_kwargs,
+        **kwargs,
+    )
+
+
+def user_queries(obs):
+    return [history[1]["content"] for history in obs["history"]]
+
+
+def rollout(envs, steps=4):
+    """Prompts, rewards, ends and final observations of a seeded rollout."""
+    obs, info = envs.reset(seed=5)
+    trace = [(user_queries(obs), list(info["answer"]))]
+    for t in range(steps):
+        actions = [RIGHT if (i + t) % 2 else WRONG for i in range(envs.num_envs)]
+        obs, rewards, terminated, truncated, info = envs.step(actions)
+        final = [o and o["history"][-1]["content"] for o in info.get("final_obs", [None] * 3)]
+        trace.append((user_queries(obs), rewards.tolist(), terminated.tolist(), final))
+    return trace
+
+
+def test_native_is_the_default_vectorization():
+    envs = gym.make_vec("LLMChat-GSM8K-v0", num_envs=2, data_dir=FIXTURE)
+    assert isinstance(envs, DatasetChatVectorEnv) and envs.num_envs == 2
+    assert envs.metadata["autoreset_mode"] == AutoresetMode.SAME_STEP
+    single = GSM8KEnv(data_dir=FIXTURE)
+    assert envs.single_observation_space == single.observation_space
+    assert envs.single_action_space == single.action_space
+    assert envs.observation_space == gym.vector.utils.batch_space(single.observation_space, 2)
+
+
+def test_sync_async_and_native_give_the_same_rollout():
+    traces = {}
+    for mode in ("sync", "async", "vector_entry_point"):
+        envs = make_vec(mode, max_turns=2)
+        traces[mode] = rollout(envs)
+        envs.close()
+    assert traces["sync"] == traces["async"] == traces["vector_entry_point"]
+    queries = traces["sync"][0][0]
+    assert len(set(queries)) == 3  # sub-envs are seeded 5, 6, 7: different questions
+
+
+@pytest.mark.parametrize("mode", ["sync", "vector_entry_point"])
+def test_tokens_mode_same_prompts(mode, gpt2_tokenizer):
+    envs = make_vec(mode, input_mode="tokens", tokenizer=gpt2_tokenizer)
+    obs, _ = envs.reset(seed=1)
+    single = GSM8KEnv(data_dir=FIXTURE, input_mode="tokens", tokenizer=gpt2_tokenizer)
+    for i in range(3):
+        assert np.array_equal(obs["tokens"][i], single.reset(seed=1 + i)[0]["tokens"])
+    assert envs.observation_space.contains(obs)
+
+
+@pytest.mark.parametrize("mode", ["history", "text", "tokens"])
+def test_native_batched_obs_are_in_the_space(mode, gpt2_tokenizer):
+    envs = make_vec("vector_entry_point", input_mode=mode, tokenizer=gpt2_tokenizer)
+    obs, info = envs.reset(seed=0)
+    assert envs.observation_space.contains(obs) and len(obs[mode]) == 3
+    action = envs.action_space.sample()
+    obs, rewards, terminated, truncated, info = envs.step(action)
+    assert envs.observation_space.contains(obs)
+    assert rewards.dtype == np.float64 and terminated.dtype == np.bool_ and terminated.all()
+
+
+def test_same_step_autoreset_single_turn():
+    envs = make_vec("vector_entry_point", num_envs=2)
+    obs, _ = envs.reset(seed=0)
+    first = user_queries(obs)
+    obs, rewards, terminated, truncated, info = envs.step([WRONG, "<answer>7</answer>"])
+    assert terminated.tolist() == [True, True] and truncated.tolist() == [False, False]
+    assert info["_final_obs"].tolist() == [True, True]
+    final = info["final_obs"]
+    assert [o["history"][1]["content"] for o in final] == first
+    assert [o["history"][-1] for o in final] == [
+        {"role": "assistant", "content": WRONG},
+        {"role": "assistant", "content": "<answer>7</answer>"},
+    ]
+    assert info["final_info"]["reward_answer"].tolist() == [0.0, 1.0]
+    assert list(info["final_info"]["answer"]) == [ANSWERS[q] for q in first]
+    # The returned observation already starts the next episode: no step is wasted; its
+    # reset info (the new answer) sits at the top level, as in SyncVectorEnv.
+    assert all(len(h) == 2 for h in obs["history"]) and user_queries(obs) != first
+    assert list(info["answer"]) == [ANSWERS[q] for q in user_queries(obs)]
+
+
+def test_same_step_autoreset_multi_turn_only_resets_finished_envs():
+    envs = make_vec("vector_entry_point", num_envs=2, max_turns=2)
+    obs, _ = envs.reset(seed=0)
+    first = user_queries(obs)
+    obs, rewards, terminated, truncated, info = envs.step(["<answer>1</answer>", "thinking"])
+    assert terminated.tolist() == [True, False] and truncated.tolist() == [False, False]
+    assert info["_final_obs"].tolist() == [True, False] and info["final_obs"][1] is None
+    assert [len(h) for h in obs["history"]] == [2, 3]  # sub-env 0 restarted, 1 goes on
+    assert user_queries(obs)[1] == first[1] and user_queries(obs)[0] != first[0]
+    # Sub-env 0's info is its new episode's reset info; sub-env 1's is its step info.
+    assert info["_reward_answer"].tolist() == [False, True]
+    assert list(info["answer"]) == [ANSWERS[q] for q in user_queries(obs)]
+    obs, rewards, terminated, truncated, info = envs.step(["thinking", "still thinking"])
+    assert terminated.tolist() == [False, False] and truncated.tolist() == [False, True]
+    assert info["final_obs"][1]["history"][-1]["content"] == "still thinking"
+
+
+@pytest.mark.parametrize("num_envs, repeats", [(6, 3), (4, 2)])
+def test_grpo_groups_fill_consecutive_sub_envs(num_envs, repeats):
+    env = DatasetChatEnv(ROWS, repeats=repeats, group_repeats=True)
+    envs = DatasetChatVectorEnv(env, num_envs)
+    _, info = envs.reset(seed=10)
+    served = [info["id"].tolist()]
+    for _ in range(9):
+        _, _, terminated, _, info = envs.step(["x"] * num_envs)
+        assert terminated.all()
+        served.append(info["id"].tolist())
+    served = np.array(served)  # (episodes, num_envs)
+    groups = served.reshape(10, num_envs // repeats, repeats)
+    assert (groups == groups[..., :1]).all()  # sub-envs g*G .. g*G+G-1 share a sample
+    for g in range(num_envs // repeats):
+        # Group g serves the order of seed 10 + g*G, every sample once per epoch.
+        single = DatasetChatEnv(ROWS)
+        expected = [single.reset(seed=10 + g * repeats)[1]["id"]]
+        expected += [single.reset()[1]["id"] for _ in range(9)]
+        assert groups[:, g, 0].tolist() == expected
+        assert sorted(expected) == list(range(10))
+
+
+def test_grpo_group_stays_aligned_when_members_finish_at_different_turns():
+    env = GSM8KEnv(data_dir=FIXTURE, repeats=3, group_repeats=True, max_turns=2)
+    envs = DatasetChatVectorEnv(env, 3)
+    obs, _ = envs.reset(seed=0)
+    assert len(set(user_queries(obs))) == 1
+    obs, _, terminated, _, _ = envs.step(["<answer>1</answer>", "hmm", "hmm"])
+    assert terminated.tolist() == [True, False, False]
+    ahead = user_queries(obs)[0]
+    assert ahead != user_queries(obs)[1]
+    obs, _, _, truncated, _ = envs.step(["hmm", "hmm", "hmm"])
+    assert truncated.tolist() == [False, True, True]
+    assert user_queries(obs)[1:] == [ahead, ahead]  # the laggards join the leader's sample
+
+
+def test_repeats_without_groups_repeat_in_time_like_sync():
+    native = make_vec("vector_entry_point", num_envs=2, repeats=2)
+    sync = make_vec("sync", num_envs=2, repeats=2)
+    for envs in (native, sync):
+        obs, _ = envs.reset(seed=3)
+        queries = [user_queries(obs)]
+        for _ in range(3):
+            queries.append(user_queries(envs.step([WRONG, WRONG])[0]))
+        envs.trace = queries
+    assert native.trace == sync.trace
+    assert native.trace[0] == native.trace[1] and native.trace[2] == native.trace[3]
+    assert native.trace[0] != native.trace[2]
+
+
+def test_constructor_seed_offsets_each_sub_env():
+    envs = DatasetChatVectorEnv(DatasetChatEnv(ROWS, seed=4), 3)
+    _, info = envs.reset()
+    expected = [DatasetChatEnv(ROWS, seed=4 + i).reset()[1]["id"] for i in range(3)]
+    assert info["id"].tolist() == expected
+
+
+def test_seed_list_and_dataloader_stream():
+    envs = DatasetChatVectorEnv(DatasetChatEnv(ROWS), 2)
+    _, info = envs.reset(seed=[8, 8])
+    assert info["id"][0] == info["id"][1]
+    # A dataloader is one stream shared by the sub-envs, drawn in sub-env order.
+    envs = DatasetChatVectorEnv(DatasetChatEnv.from_dataloader(ROWS), 3)
+    _, info = envs.reset(seed=0)
+    assert info["id"].tolist() == [0, 1, 2]
+    _, _, _, _, info = envs.step(["a", "b", "c"])
+    assert info["id"].tolist() == [3, 4, 5]
+
+
+# -- errors ---------------------------------------------------------------------------
+
+
+def test_bad_constructor_arguments():
+    with pytest.raises(
+        ValueError, match=r"num_envs must be a multiple of repeats=3.*got num_envs=4"
+    ):
+        DatasetChatVectorEnv(DatasetChatEnv(ROWS, repeats=3, group_repeats=True), 4)
+    with pytest.raises(ValueError, match="num_envs must be an int >= 1, got 0"):
+        DatasetChatVectorEnv(DatasetChatEnv(ROWS), 0)
+    with pytest.raises(TypeError, match="env must be a DatasetChatEnv, got CartPoleEnv"):
+        DatasetChatVectorEnv(gym.make("CartPole-v1").unwrapped, 2)
+    with pytest.raises(ValueError, match="num_envs must be a multiple of repeats=2"):
+        gym.make_vec(
+            "LLMChat-GSM8K-v0", num_envs=3, data_dir=FIXTURE, repeats=2, group_repeats=True
+        )
+
+
+def test_bad_actions_change_nothing():
+    envs = make_vec("vector_entry_point", num_envs=3, max_turns=2)
+    with pytest.raises(gym.error.ResetNeeded):
+        envs.step(["a", "b", "c"])
+    obs, _ = envs.reset(seed=0)
+    with pytest.raises(ValueError, match="actions must hold num_envs=3 responses, got 2"):
+        envs.step(["a", "b"])
+    with pytest.raises(TypeError, match=r"actions\[2\]: action must be a str.*got int"):
+        envs.step(["a", "b", 3])
+    with pytest.raises(TypeError, match="actions must be a sequence of 3 responses, got str"):
+        envs.step("abc")
+    assert [env.history.to_chats() for env in envs.envs] == list(obs["history"])
+    obs, *_ = envs.step(["a", "b", "c"])
+    assert [h[-1]["content"] for h in obs["history"]] == ["a", "b", "c"]
+
+
+def test_bad_seed_list():
+    envs = DatasetChatVectorEnv(DatasetChatEnv(ROWS), 2)
+    with pytest.raises(ValueError, match="seed as a list must have num_envs=2 entries, got 3"):
+        envs.reset(seed=[1, 2, 3])
