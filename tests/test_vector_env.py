@@ -239,3 +239,24 @@ def test_bad_seed_list():
     envs = DatasetChatVectorEnv(DatasetChatEnv(ROWS), 2)
     with pytest.raises(ValueError, match="seed as a list must have num_envs=2 entries, got 3"):
         envs.reset(seed=[1, 2, 3])
+
+
+def assert_same_info(a, b):
+    assert a.keys() == b.keys()
+    for key in a:
+        if isinstance(a[key], dict):
+            assert_same_info(a[key], b[key])
+        elif key == "final_obs":
+            assert list(a[key]) == list(b[key])
+        else:
+            assert a[key].dtype == b[key].dtype and a[key].tolist() == b[key].tolist(), key
+
+
+def test_native_info_is_built_exactly_like_sync():
+    sync, native = make_vec("sync", max_turns=2), make_vec("vector_entry_point", max_turns=2)
+    infos = [envs.reset(seed=2)[1] for envs in (sync, native)]
+    assert_same_info(*infos)
+    for actions in (["<answer>3</answer>", WRONG, WRONG], [WRONG, WRONG, RIGHT]):
+        infos = [envs.step(actions)[4] for envs in (sync, native)]
+        assert infos[0]["_final_obs"].any() and not infos[0]["_final_obs"].all()
+        assert_same_info(*infos)

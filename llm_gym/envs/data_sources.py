@@ -40,6 +40,8 @@ __all__ = [
 ]
 
 _LOCAL_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+# Reading one row of an Arrow-backed Dataset costs ~20 us, a block of 32 ~3 us a row.
+_PREFETCH = 32
 _HUB_PROBE_TIMEOUT_S = 3.0
 
 
@@ -95,6 +97,7 @@ class IndexedSource:
         """Restart from the first sample of the current seed's order."""
         self._position = 0
         self._epoch, self._order = -1, None
+        self._buffer: list[Any] = []  # prefetched rows for positions _position...
 
     def fork(self, seed: int | None) -> IndexedSource:
         """An independent source over the same data, ordered by ``seed``."""
@@ -111,11 +114,21 @@ class IndexedSource:
         return np.random.default_rng([self.seed, epoch]).permutation(n)
 
     def next_record(self) -> Any:
-        epoch, index = divmod(self._position, len(self.data))
+        if not self._buffer:
+            indices = [self._index_at(p) for p in range(self._position, self._position + _PREFETCH)]
+            if isinstance(self.data, datasets.Dataset):
+                self._buffer = self.data.__getitems__(indices)
+            else:
+                self._buffer = [self.data[i] for i in indices]
+            self._buffer.reverse()  # pop() from the end serves them in order
+        self._position += 1
+        return self._buffer.pop()
+
+    def _index_at(self, position: int) -> int:
+        epoch, index = divmod(position, len(self.data))
         if epoch != self._epoch:
             self._epoch, self._order = epoch, self.order(epoch)
-        self._position += 1
-        return self.data[int(self._order[index])]
+        return int(self._order[index])
 
 
 class IterableSource:

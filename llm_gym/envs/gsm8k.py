@@ -185,7 +185,14 @@ class GSM8KEnv(DatasetChatEnv):
     def _score(self, response: str) -> tuple[float, bool, dict[str, Any]]:
         answer = self._sample["answer"]
         score = self.reward(response, answer)
-        info = {**score.as_dict(), "answer": answer}
+        info = {  # not score.as_dict(): dataclasses.asdict deep-copies, 4x slower
+            "reward_answer": score.reward_answer,
+            "reward_think": score.reward_think,
+            "reward_right": score.reward_right,
+            "reward": score.reward,
+            "success": score.success,
+            "answer": answer,
+        }
         # A given answer ends a multi-turn episode; single-turn ones end in ChatEnv.step.
         return score.reward, score.reward_answer > 0, info
 
