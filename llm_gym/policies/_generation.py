@@ -39,11 +39,14 @@ def generation_settings(
             f"generate_kwargs must be a dict or None, got {type(generate_kwargs).__name__}"
         )
     kwargs: dict[str, Any] = {}
+    given_as: dict[str, str] = {}
     for key, value in (generate_kwargs or {}).items():
         name = GENERATE_ALIASES.get(key, key)
         if name in kwargs:
-            raise ValueError(f"generate_kwargs gives both {key!r} and its alias of {name!r}")
-        kwargs[name] = value
+            raise ValueError(
+                f"generate_kwargs gives both {given_as[name]!r} and {key!r}, which set {name!r}"
+            )
+        kwargs[name], given_as[name] = value, key
     unknown = sorted(set(kwargs) - _VALID_KEYS)
     if unknown:
         raise ValueError(
