@@ -304,3 +304,45 @@ def test_index_source_fork_shares_data():
     source = IndexedSource(ROWS, seed=1)
     fork = source.fork(2)
     assert fork.data is source.data and fork.seed == 2 and source.seed == 1
+
+
+# -- token prompts --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tokenizer_name", ["gpt2_tokenizer", "smollm2_tokenizer"])
+def test_token_prompts_equal_encoding_the_whole_text(tokenizer_name, request):
+    tokenizer = request.getfixturevalue(tokenizer_name)
+    env = DatasetChatEnv(
+        FIXTURE,
+        split="train",
+        field_map={"question": "query"},
+        system_prompt="Think, then answer.",
+        input_mode="tokens",
+        tokenizer=tokenizer,
+        observation_keys=("text", "tokens"),
+    )
+    for _ in range(12):
+        obs, _ = env.reset()
+        whole = tokenizer(obs["text"], add_special_tokens=False)["input_ids"]
+        assert obs["tokens"].tolist() == whole
+    # SmolLM2's ChatML turns start with a special token, so the system prompt's tokens are
+    # reused; GPT-2 has no such token and encodes whole prompts.
+    reused = bool(env._prefix) and env._prefix[-1]  # (text, ids, specials, checked)
+    assert reused == (tokenizer_name == "smollm2_tokenizer")
+
+
+def test_system_prompt_tokens_are_not_reused_when_inexact(smollm2_tokenizer, monkeypatch):
+    from llm_gym.envs.chat import ChatEnv
+
+    encode = ChatEnv._encode
+    # A tokenizer whose ids depend on the whole text: the prefix cannot be reused.
+    monkeypatch.setattr(
+        ChatEnv, "_encode", lambda self, text: np.append(encode(self, text), len(text) % 5)
+    )
+    env = DatasetChatEnv(ROWS, system_prompt="S", input_mode="tokens", tokenizer=smollm2_tokenizer)
+    for _ in range(3):
+        obs, _ = env.reset()
+        assert obs["tokens"].tolist() == encode(env, env._render(env.history)).tolist() + [
+            len(env._render(env.history)) % 5
+        ]
+    assert env._prefix is False

@@ -221,3 +221,19 @@ def test_bad_arguments():
         make(data_dir=None, dataset=[{"query": "q", "answer": "a"}])
     with pytest.raises(ValueError, match="needs tokenizer="):
         make(input_mode="tokens")
+
+
+@pytest.mark.skipif(not GSM8K_PATH.is_dir(), reason=f"the real GSM8K files are not at {GSM8K_PATH}")
+def test_real_gsm8k_token_prompts_are_exact(smollm2_tokenizer):
+    env = GSM8KEnv(
+        data_dir=GSM8K_PATH,
+        split="test",
+        input_mode="tokens",
+        tokenizer=smollm2_tokenizer,
+        observation_keys=("text", "tokens"),
+    )
+    env.reset(seed=0)
+    for _ in range(100):
+        obs, _ = env.reset()
+        whole = smollm2_tokenizer(obs["text"], add_special_tokens=False)["input_ids"]
+        assert obs["tokens"].tolist() == whole

@@ -161,6 +161,10 @@ class DatasetChatEnv(ChatEnv):
         self._current: dict[str, Any] | None = None  # the sample being repeated
         self._served = 0  # how many times _current was served
         self._sample: dict[str, Any] | None = None
+        # The rendered system prompt and its tokens, reused by every prompt: (text, ids,
+        # special tokens the rest may start with, checked on a real prompt), None until
+        # needed, False where reuse would not be exact.
+        self._prefix: tuple[str, np.ndarray, tuple[str, ...], bool] | bool | None = None
 
     @classmethod
     def from_dataloader(cls, dataloader: Iterable[Any], **kwargs: Any) -> DatasetChatEnv:
@@ -259,6 +263,45 @@ class DatasetChatEnv(ChatEnv):
             self._map(first)
         except KeyError as error:
             raise ValueError(f"dataset's samples do not fit: {error.args[0]}") from None
+
+    # -- tokens ----------------------------------------------------------------------------
+
+    def _encode(self, text: str) -> np.ndarray:
+        # Every prompt starts with the same rendered system prompt, often half its tokens:
+        # encode that once. Exact when the rest starts with a special token: a fast
+        # tokenizer splits the text at special tokens before anything else, so the two
+        # parts are encoded independently anyway. Checked once on a real prompt, which also
+        # catches tokenizers that treat the start of a text specially.
+        if self._prefix is None:
+            self._prefix = self._prefix_candidate()
+        if not self._prefix or not text.startswith(self._prefix[0]):
+            return super()._encode(text)
+        prefix_text, ids, specials, checked = self._prefix
+        rest = text[len(prefix_text) :]
+        if not rest.startswith(specials):
+            return super()._encode(text)
+        split = np.concatenate([ids, super()._encode(rest)])
+        if not checked:
+            full = super()._encode(text)
+            same = np.array_equal(split, full)
+            self._prefix = (prefix_text, ids, specials, True) if same else False
+            return full
+        return split
+
+    def _prefix_candidate(self) -> tuple[str, np.ndarray, tuple[str, ...], bool] | bool:
+        if self.system_prompt is None or getattr(self.tokenizer, "backend_tokenizer", None) is None:
+            return False
+        system = History([{"role": self.system_role, "content": self.system_prompt}])
+        text = system.apply_chat_template(
+            self.tokenizer, add_generation_prompt=False, **self.template_kwargs
+        )
+        if not text:
+            return False
+        ids = super()._encode(text)
+        ids.setflags(write=False)  # shared by every prompt, and by forks
+        added = self.tokenizer.added_tokens_decoder.values()
+        specials = tuple(t.content for t in added if t.special and not t.lstrip)
+        return (text, ids, specials, False) if specials else False
 
     def _fork(self, seed: int | None) -> DatasetChatEnv:
         """A sub-env sharing this one's data and settings, with its own order and episode.
