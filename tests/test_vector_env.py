@@ -73,7 +73,7 @@ def test_sync_async_and_native_give_the_same_rollout():
     assert len(set(queries)) == 3  # sub-envs are seeded 5, 6, 7: different questions
 
 
-@pytest.mark.parametrize("mode", ["sync", "vector_entry_point"])
+@pytest.mark.parametrize("mode", ["sync", "async", "vector_entry_point"])
 def test_tokens_mode_same_prompts(mode, gpt2_tokenizer):
     envs = make_vec(mode, input_mode="tokens", tokenizer=gpt2_tokenizer)
     obs, _ = envs.reset(seed=1)
@@ -81,6 +81,7 @@ def test_tokens_mode_same_prompts(mode, gpt2_tokenizer):
     for i in range(3):
         assert np.array_equal(obs["tokens"][i], single.reset(seed=1 + i)[0]["tokens"])
     assert envs.observation_space.contains(obs)
+    envs.close()
 
 
 @pytest.mark.parametrize("mode", ["history", "text", "tokens"])

@@ -52,7 +52,8 @@ def load_gsm8k(split: str = "train", data_dir: str | os.PathLike[str] | None = N
     except Exception as error:  # any Hub failure gets the same advice
         raise FileNotFoundError(
             f"GSM8K could not be loaded from the Hugging Face Hub ({GSM8K_HUB_ID!r}, config "
-            f"{GSM8K_CONFIG!r}): {error}. Offline, pass data_dir= (or set ${GSM8K_ENV_VAR}) to "
+            f"{GSM8K_CONFIG!r}): {str(error).rstrip('.')}. Offline, pass data_dir= (or set "
+            f"${GSM8K_ENV_VAR}) to "
             "a folder holding train.jsonl and test.jsonl."
         ) from error
 
