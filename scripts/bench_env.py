@@ -171,7 +171,8 @@ def torchrl_run(mode, tokenizer, responses, data_dir, num_envs, turns):
             td["history"].response = reply
         else:
             prompts = td["tokens"].prompt
-            full = [torch.cat([p, torch.as_tensor(r.tokens)]) for p, r in zip(prompts, batch)]
+            pairs = zip(prompts, batch, strict=True)
+            full = [torch.cat([p, torch.as_tensor(r.tokens)]) for p, r in pairs]
             td["tokens"].full = full[0].unsqueeze(0) if num_envs == 1 else full
         return td
 
@@ -236,6 +237,7 @@ def main() -> None:
     )
     print(header)
     print("-" * len(header))
+    torchrl_single: dict[str, float] = {}
     for mode in args.modes:
         for num_envs in (1, args.num_envs):
             if num_envs == 1:
@@ -249,8 +251,11 @@ def main() -> None:
                 try:
                     run = torchrl_run(mode, tokenizer, responses, args.data_dir, num_envs, turns)
                     theirs = torchrl_per_turn(run, args.repeats)
+                    torchrl_single.setdefault(mode, theirs)
                 except Exception as error:  # report TorchRL's failure, keep benchmarking
-                    note = f"  TorchRL failed: {type(error).__name__}: {str(error)[:80]}"
+                    note = f"  * TorchRL N={num_envs} failed ({type(error).__name__}: "
+                    note += f"{str(error)[:60]}...); compared with its single env"
+                    theirs = torchrl_single.get(mode)
             ratio = f"{ours / theirs:8.4f}" if theirs else f"{'-':>8}"
             theirs_text = f"{theirs * 1e6:16.1f}" if theirs else f"{'-':>16}"
             layout = "single" if num_envs == 1 else f"vector {num_envs}"
