@@ -262,6 +262,7 @@ def test_bad_field_map_type():
         ([{"query": "a"}, "b"], TypeError, "must hold dicts, got str at index 1"),
         (42, TypeError, "dataset must be a Hub dataset name.*got int"),
         ("./no/such/file.jsonl", FileNotFoundError, "does not exist"),
+        ("no_such_file.parquet", FileNotFoundError, "'no_such_file.parquet' does not exist"),
     ],
 )
 def test_bad_dataset(dataset, error, match):

@@ -140,6 +140,15 @@ def test_dataset_argument_overrides_the_loader():
     assert GSM8KEnv(dataset=dd, split="test").reset()[1] == {"answer": "#### 4"}
 
 
+def test_from_dataloader_keeps_the_gsm8k_task():
+    rows = [{"question": ["1+1?", "2+2?"], "answer": ["#### 2", "#### 4"]}]  # a collated batch
+    env = GSM8KEnv.from_dataloader(rows, max_turns=2)
+    obs, info = env.reset()
+    assert obs["history"][0]["content"] == GSM8KEnv.SYSTEM_PROMPT and info == {"answer": "#### 2"}
+    assert env.step("<answer>2</answer>")[1:3] == (1.0, True)
+    assert env.reset()[1] == {"answer": "#### 4"}
+
+
 def test_hub_is_tried_when_no_folder_is_given(monkeypatch):
     calls = []
 

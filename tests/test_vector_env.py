@@ -202,6 +202,22 @@ def test_seed_list_and_dataloader_stream():
     assert info["id"].tolist() == [3, 4, 5]
 
 
+@pytest.mark.parametrize("group_repeats", [False, True])
+def test_reset_dataloader_restarts_every_order(group_repeats):
+    env = DatasetChatEnv(ROWS, repeats=2, group_repeats=group_repeats)
+    envs = DatasetChatVectorEnv(env, 4)
+    _, first = envs.reset(seed=1)
+    _, _, _, _, second = envs.step(["x"] * 4)
+    envs.step(["x"] * 4)
+    assert envs.reset_dataloader() is envs
+    _, _, _, _, info = envs.step(["x"] * 4)  # autoreset: the orders' first samples again
+    assert info["id"].tolist() == first["id"].tolist()
+    envs.reset_dataloader()
+    _, info = envs.reset()
+    assert info["id"].tolist() == first["id"].tolist()
+    assert envs.step(["x"] * 4)[4]["id"].tolist() == second["id"].tolist()
+
+
 # -- errors ---------------------------------------------------------------------------
 
 
@@ -234,6 +250,14 @@ def test_bad_actions_change_nothing():
     assert [env.history.to_chats() for env in envs.envs] == list(obs["history"])
     obs, *_ = envs.step(["a", "b", "c"])
     assert [h[-1]["content"] for h in obs["history"]] == ["a", "b", "c"]
+
+
+def test_options_with_groups_are_an_error():
+    envs = DatasetChatVectorEnv(DatasetChatEnv(ROWS, repeats=2, group_repeats=True), 2)
+    with pytest.raises(
+        ValueError, match=r"options cannot be given with group_repeats.*\['sample'\]"
+    ):
+        envs.reset(options={"sample": ROWS[0]})
 
 
 def test_bad_seed_list():

@@ -302,7 +302,11 @@ def load_records(
     if isinstance(dataset, (str, os.PathLike)):
         if Path(dataset).expanduser().exists():
             loaded = load_local_dataset(dataset, split)
-        elif isinstance(dataset, os.PathLike) or str(dataset).startswith((".", "/", "~")):
+        elif (
+            isinstance(dataset, os.PathLike)
+            or str(dataset).startswith((".", "/", "~"))
+            or Path(dataset).suffix.lower() in _LOCAL_BUILDERS
+        ):
             raise FileNotFoundError(f"dataset path {str(dataset)!r} does not exist")
         else:
             loaded = load_hub_dataset(dataset, name, split)

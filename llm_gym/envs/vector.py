@@ -98,6 +98,11 @@ class DatasetChatVectorEnv(VectorEnv):
                 raise ValueError(
                     f"seed as a list must have num_envs={self.num_envs} entries, got {len(seeds)}"
                 )
+        if options and self.group_size > 1:
+            raise ValueError(
+                "options cannot be given with group_repeats=True: each group's sample comes "
+                f"from the group's order, got options {sorted(options)}"
+            )
         super().reset(seed=seeds[0])
         infos: list[dict[str, Any]] = []
         if self.group_size > 1:
@@ -130,6 +135,18 @@ class DatasetChatVectorEnv(VectorEnv):
             self._obs[i] = obs
             infos.append(info)
         return self._batched_obs(), rewards, terminated, truncated, batch_infos(infos)
+
+    def reset_dataloader(self) -> DatasetChatVectorEnv:
+        """Every sub-env (and group) serves from the start of its order again."""
+        for env in self.envs:
+            env.reset_dataloader()
+        for source in self._group_sources:
+            source.rewind()
+        self._group_records = [{} for _ in self._group_sources]
+        self._group_drawn = [0] * len(self._group_sources)
+        # The next episode of every sub-env, after an autoreset or a reset, is episode 0.
+        self._episode = [-1] * self.num_envs
+        return self
 
     # -- internals ----------------------------------------------------------------------
 
