@@ -1,1 +1,21 @@
-"""llm_gym.wrappers."""
+"""Gymnasium wrappers: KL rewards (single-env and vector), KL estimators and controllers."""
+
+from llm_gym.wrappers.controllers import (
+    AdaptiveKLController,
+    ConstantKLController,
+    KLController,
+)
+from llm_gym.wrappers.estimators import ESTIMATORS, kl_estimate
+from llm_gym.wrappers.kl import KLComputation, KLRewardWrapper, RetrieveKL, RetrieveLogProb
+
+__all__ = [
+    "RetrieveLogProb",
+    "KLComputation",
+    "RetrieveKL",
+    "KLRewardWrapper",
+    "KLController",
+    "ConstantKLController",
+    "AdaptiveKLController",
+    "ESTIMATORS",
+    "kl_estimate",
+]
