@@ -215,3 +215,25 @@ def test_make_vec_with_text_spaces(vectorization_mode):
 def test_package_exports():
     assert llm_gym.ChatEnv is ChatEnv
     assert "LLMChat-v0" in gym.registry
+
+
+@pytest.mark.parametrize("template", ["chatml_format", "llama", None])
+def test_multi_turn_prompt_equals_the_full_rendering(smollm2_tokenizer, template):
+    # None: a custom (non built-in) template, rendered in full at every step.
+    custom = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+    kwargs = {"chat_template_name": template} if template else {"chat_template": custom}
+    env = make(
+        "text",
+        smollm2_tokenizer,
+        max_turns=3,
+        template_kwargs=kwargs,
+        observation_keys=("text", "tokens", "history"),
+    )
+    obs, _ = env.reset(seed=0)
+    for reply in ("One.", "Two, three.", "Four!"):
+        obs, *_ = env.step(reply)
+        rendered = env.history.apply_chat_template(
+            smollm2_tokenizer, add_generation_prompt=True, **kwargs
+        )
+        assert obs["text"] == rendered
+        assert smollm2_tokenizer.decode(obs["tokens"].tolist()) == rendered

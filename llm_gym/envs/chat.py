@@ -11,6 +11,7 @@ from gymnasium import spaces
 
 from llm_gym.chat.containers import Response
 from llm_gym.chat.history import History
+from llm_gym.chat.templates import CHAT_TEMPLATES, resolve_chat_template
 from llm_gym.spaces import MAX_TEXT_LENGTH, UnicodeText, history_space, token_space
 
 __all__ = ["ChatEnv", "INPUT_MODES"]
@@ -155,6 +156,12 @@ class ChatEnv(gym.Env):
             key_spaces["tokens"] if input_mode == "tokens" else UnicodeText(max_text_length)
         )
 
+        # The built-in templates close an assistant turn with the same text whatever came
+        # before, so it is rendered once; other templates are rendered in full each step.
+        self._fixed_closing = tokenizer is not None and _template(
+            tokenizer, self.template_kwargs
+        ) in set(CHAT_TEMPLATES.values())
+        self._closing: str | None = None
         self._history: History | None = None
         self._rendered: str | None = None  # the chat template's rendering of _history
         self._text: str | None = None
@@ -262,22 +269,27 @@ class ChatEnv(gym.Env):
         if not self._needs_render():
             self._history = history
             return
-        rendered = self._render(history)
-        body = self._rendered + content
-        # The template closes the turn (and opens the next); that text is all the prompt
-        # gains beyond the response itself, so the response is never re-tokenized.
-        if rendered.startswith(body):
-            closing = rendered[len(body) :]
-            self._text = self._text + content + closing
-        else:  # a template that rewrites earlier turns: only the full rendering is right
-            closing, self._text = None, rendered
+        if self._closing is not None:  # a built-in template: the turn closes the same way
+            closing = self._closing
+            rendered = self._rendered + content + closing
+        else:
+            rendered = self._render(history)
+            body = self._rendered + content
+            # The template closes the turn (and opens the next); that text is all the prompt
+            # gains beyond the response itself, so the response is never re-tokenized.
+            closing = rendered[len(body) :] if rendered.startswith(body) else None
+            if closing is not None and self._fixed_closing:
+                self._closing = closing
+        # A template that rewrites earlier turns (closing None): only the full rendering is right.
+        self._text = rendered if closing is None else self._text + content + closing
         if self._tokens is not None:
             if tokens is None:
                 tokens = self._encode(content)
             if closing is None:
                 self._tokens = self._encode(rendered)
             else:
-                sampled = self.tokenizer.decode(tokens.tolist(), skip_special_tokens=False)
+                # An end-of-turn string spans a few tokens at most: decode only the tail.
+                sampled = self.tokenizer.decode(tokens[-16:].tolist(), skip_special_tokens=False)
                 for end in _END_OF_TURN:
                     if sampled.endswith(end) and closing.startswith(end):
                         closing = closing[len(end) :]
@@ -323,6 +335,12 @@ class ChatEnv(gym.Env):
             else:
                 obs[key] = self._tokens.copy()
         return obs
+
+
+def _template(tokenizer: Any, template_kwargs: Mapping[str, Any]) -> str:
+    return resolve_chat_template(
+        tokenizer, template_kwargs.get("chat_template_name"), template_kwargs.get("chat_template")
+    )
 
 
 def _strip_end_of_turn(text: str) -> str:
