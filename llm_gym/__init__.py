@@ -12,6 +12,7 @@ from llm_gym import envs, policies
 from llm_gym.chat import ChatHistory, History, LogProbs, Masks, Response, Text, Tokens
 from llm_gym.envs import ChatEnv, DatasetChatEnv, DatasetChatVectorEnv, GSM8KEnv
 from llm_gym.policies import TransformersPolicy
+from llm_gym.rollout import RolloutFromModel
 
 __version__ = "0.1.0"
 
@@ -25,6 +26,7 @@ __all__ = [
     "LogProbs",
     "Masks",
     "Response",
+    "RolloutFromModel",
     "Text",
     "Tokens",
     "TransformersPolicy",

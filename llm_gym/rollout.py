@@ -1,0 +1,467 @@
+"""``RolloutFromModel``: token-level RLHF rollouts of a causal LM, TorchRL's recipe in plain torch.
+
+Each generated token is one step of an episode, as if an env had sampled one token at a time:
+the KL penalty ``-kl_coef * (log p - log q)`` is paid on every token and the reward model's
+(clipped) score is paid on the last one. The result is a dict of tensors with TorchRL's keys
+and shapes, nested like its TensorDict (``out["next"]["reward"]``), ready for GAE and PPO.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from llm_gym.policies._generation import first_id, generation_settings
+
+__all__ = ["RolloutFromModel"]
+
+_LENGTH_KEYS = ("max_new_tokens", "max_tokens", "max_length", "min_length")
+
+
+class RolloutFromModel:
+    """Token-level rollouts of a causal LM against a reward model and a reference model.
+
+    The Gymnasium-side port of TorchRL's ``RolloutFromModel``, without TensorDict. ``batch``
+    is a dict (or any object with these attributes, like TorchRL's ``PromptData``) holding
+    ``input_ids`` ``(B, L)``, right-padded; ``prompt_rindex`` ``(B,)``, the number of prompt
+    tokens at the start of each row (generation continues from ``input_ids[i, :rindex]``;
+    whatever follows, e.g. a reference completion, is not shown to the model); and
+    ``attention_mask`` ``(B, L)``, needed for the label baseline.
+
+    ``rollout(batch)`` returns, with ``M = max_new_tokens`` and ``W = L + M`` (the seeds' shapes):
+
+    - ``action`` ``(B, M)`` int64: the generated tokens, ``pad_token_id`` after a row ended;
+    - ``input_ids`` / ``attention_mask`` ``(B, M, W)`` int64 / bool: the prompt plus the first
+      ``t`` generated tokens at step ``t``, right-padded;
+    - ``sample_log_prob`` ``(B, M, 1)`` float32: log π(action) from the model's raw logits;
+    - ``mask`` ``(B, M)`` bool: the real steps (up to and including each row's last token);
+    - ``next``: ``input_ids`` / ``attention_mask`` (the state after the step), ``done``,
+      ``terminated`` ``(B, M, 1)`` bool, and ``reward``, ``reward_raw``, ``reward_kl``
+      ``(B, M, 1)`` float32 with ``reward = reward_raw + reward_kl``.
+
+    A row ends at its first EOS (``terminated``) or after ``M`` tokens (truncated): ``done`` is
+    True once, on that last token, where ``reward_raw`` holds the clipped score. Steps after it
+    are padding: zero reward, zero log-prob, ``mask`` False. EOS and pad ids come from
+    ``generate_kwargs``, then ``model.generation_config``, then ``tokenizer``.
+
+    Args:
+        model: a transformers causal LM that generates the responses.
+        ref_model: the frozen reference: a causal LM (called like ``model``), or a log-prob
+            policy reading token ids (``TransformersPolicy(..., generate=False,
+            input_mode="tokens")`` or ``llm_gym.distributed.RayLogProbModel``).
+        reward_model: called as ``reward_model(input_ids=, attention_mask=)`` on right-padded
+            ``(B, W)`` sequences; returns one score per row: a ``(B,)`` or ``(B, 1)`` tensor,
+            an output with ``.logits`` (a sequence classifier), or TorchRL's
+            ``(rewards, end_scores)`` tuple (the last item is used).
+        kl_coef: the KL coefficient; defaults to ``kl_scheduler.coef`` when a scheduler is
+            given, else 0.1 (TorchRL's default).
+        max_new_tokens: ``M``, the episode length.
+        score_clip: scores are clipped to ``[-score_clip, score_clip]``.
+        kl_scheduler: a controller from ``llm_gym.wrappers.controllers``; ``step_scheduler()``
+            feeds it the mean KL reward of each rollout since the last call.
+        num_steps: keep only the last ``num_steps`` KL values for the scheduler.
+        tokenizer: where EOS/pad ids come from when the model's generation config has none.
+        label_baseline: subtract the score of the batch's own ``input_ids`` (prompt plus
+            reference completion, as in TorchRL's ``PromptData``) before clipping, as TorchRL
+            does. Set False for prompt-only batches to use the raw score.
+        generate_kwargs: ``GenerationConfig`` settings for ``model.generate`` (default
+            ``do_sample=True``); the length comes from ``max_new_tokens``.
+
+    >>> from llm_gym.models import tiny_model
+    >>> model = tiny_model(vocab_size=32)
+    >>> reward = lambda input_ids, attention_mask: attention_mask.sum(-1).float()
+    >>> rollout = RolloutFromModel(model, model, reward, max_new_tokens=4, label_baseline=False)
+    >>> batch = {"input_ids": torch.tensor([[1, 2, 3], [4, 5, 31]]), "prompt_rindex": [3, 2]}
+    >>> out = rollout(batch)
+    >>> out["action"].shape, out["input_ids"].shape, out["next"]["reward"].shape
+    (torch.Size([2, 4]), torch.Size([2, 4, 7]), torch.Size([2, 4, 1]))
+    >>> bool(out["next"]["reward_kl"].eq(0).all())  # ref_model is the model itself
+    True
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        ref_model: Any,
+        reward_model: Any,
+        kl_coef: float | None = None,
+        max_new_tokens: int = 50,
+        score_clip: float = 10.0,
+        kl_scheduler: Any = None,
+        num_steps: int | None = None,
+        *,
+        tokenizer: Any = None,
+        label_baseline: bool = True,
+        generate_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        if not (callable(model) and hasattr(model, "generate") and hasattr(model, "config")):
+            raise TypeError(
+                "model must be a transformers causal LM (with .generate), got "
+                f"{type(model).__name__}"
+            )
+        if not callable(ref_model):
+            raise TypeError(
+                "ref_model must be a causal LM or a log-prob policy, got "
+                f"{type(ref_model).__name__}"
+            )
+        if _is_log_prob_policy(ref_model) and getattr(ref_model, "input_mode", None) != "tokens":
+            raise ValueError(
+                "a log-prob policy as ref_model must read token ids (input_mode='tokens'), got "
+                f"input_mode={getattr(ref_model, 'input_mode', None)!r}"
+            )
+        if not callable(reward_model):
+            raise TypeError(f"reward_model must be callable, got {type(reward_model).__name__}")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+            raise TypeError(f"max_new_tokens must be an int, got {type(max_new_tokens).__name__}")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if not isinstance(score_clip, (int, float)) or not score_clip > 0:
+            raise ValueError(
+                f"score_clip must be a number > 0 (inf: no clipping), got {score_clip!r}"
+            )
+        if kl_scheduler is not None and not (
+            callable(getattr(kl_scheduler, "update", None)) and hasattr(kl_scheduler, "coef")
+        ):
+            raise TypeError(
+                "kl_scheduler must be a KL controller with .coef and .update(kl_values) (see "
+                f"llm_gym.wrappers.controllers), got {type(kl_scheduler).__name__}"
+            )
+        if kl_coef is None:
+            kl_coef = 0.1 if kl_scheduler is None else kl_scheduler.coef
+        elif kl_scheduler is not None and not math.isclose(kl_coef, kl_scheduler.coef):
+            raise ValueError(
+                f"kl_coef={kl_coef} differs from kl_scheduler.coef={kl_scheduler.coef}: the "
+                "scheduler recovers the KL by dividing by its own coef, so leave kl_coef unset"
+            )
+        if not isinstance(kl_coef, (int, float)) or not (math.isfinite(kl_coef) and kl_coef >= 0):
+            raise ValueError(f"kl_coef must be a finite number >= 0, got {kl_coef!r}")
+        if num_steps is not None and (
+            isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1
+        ):
+            raise ValueError(f"num_steps must be None or an int >= 1, got {num_steps!r}")
+        if not isinstance(label_baseline, bool):
+            raise TypeError(f"label_baseline must be a bool, got {type(label_baseline).__name__}")
+        for key in _LENGTH_KEYS:
+            if key in (generate_kwargs or {}):
+                raise ValueError(
+                    f"generate_kwargs may not set {key!r}: the length is max_new_tokens "
+                    f"({max_new_tokens}), the episode length of every row"
+                )
+        kwargs, samples = generation_settings(model, generate_kwargs, None, True)
+        kwargs.pop("max_new_tokens", None)  # a default the policy helper adds; ours is M
+        if samples not in (None, 1):
+            raise ValueError(f"generate_kwargs asks for {samples} samples per prompt; use 1")
+
+        self.model = model
+        self.ref_model = ref_model
+        self.reward_model = reward_model
+        self.kl_coef = float(kl_coef)
+        self.max_new_tokens = max_new_tokens
+        self.score_clip = float(score_clip)
+        self.kl_scheduler = kl_scheduler
+        self.label_baseline = label_baseline
+        gen = model.generation_config
+        eos = kwargs.get("eos_token_id", gen.eos_token_id)
+        if eos is None and tokenizer is not None:
+            eos = tokenizer.eos_token_id
+        self.eos_token_ids = [] if eos is None else [int(e) for e in np.atleast_1d(eos)]
+        self.pad_token_id = first_id(
+            kwargs.get("pad_token_id"), gen.pad_token_id,
+            getattr(tokenizer, "pad_token_id", None), eos, default=-1,
+        )  # fmt: skip
+        if self.pad_token_id < 0:
+            raise ValueError(
+                "no pad or EOS token id: the model's generation_config has none; pass "
+                "tokenizer= or generate_kwargs={'pad_token_id': ...}"
+            )
+        self.generate_kwargs = {"do_sample": True, **kwargs}
+        self.generate_kwargs |= {"eos_token_id": self.eos_token_ids or None}
+        self.generate_kwargs |= {"pad_token_id": self.pad_token_id}
+        # TorchRL keeps the last num_steps values (a deque) or all of them (a list).
+        self._kl_queue: collections.deque[float] = collections.deque(maxlen=num_steps)
+
+    def __repr__(self) -> str:
+        return (
+            f"RolloutFromModel({type(self.model).__name__}, kl_coef={self.kl_coef:.6g}, "
+            f"max_new_tokens={self.max_new_tokens}, score_clip={self.score_clip})"
+        )
+
+    # -- public API ------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def __call__(self, batch: Any) -> dict[str, Any]:
+        """Generate responses for ``batch`` and return the rollout dict."""
+        generated, log_probs, log_ratio = self.generate(batch)
+        return self.create_rollout(batch, generated, log_probs, log_ratio)
+
+    rollout_from_data = __call__  # TorchRL's name
+
+    @torch.no_grad()
+    def generate(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Sample up to ``max_new_tokens`` per prompt.
+
+        Returns ``generated`` ``(B, L + M)``: each prompt followed by its response, right-padded
+        with ``pad_token_id``; ``log_probs`` ``(B, M, 1)``: log π of each generated token under
+        the raw logits (0 after the response); ``log_ratio`` ``(B, M)``: ``log p - log q`` of
+        each generated token under ``model`` and ``ref_model`` (0 after the response).
+        """
+        input_ids, _, rindex = self._read_batch(batch)
+        batch_size, length = input_ids.shape
+        # Left-pad the prompts: decoder-only models generate from the right edge.
+        width = int(rindex.max())
+        positions = torch.arange(width, device=input_ids.device)
+        shift = (width - rindex)[:, None]
+        left_mask = positions >= shift
+        source = (positions - shift).clamp(min=0)
+        prompts = torch.where(left_mask, input_ids.gather(1, source), self.pad_token_id)
+        out = self.model.generate(
+            input_ids=prompts,
+            attention_mask=left_mask.long(),
+            max_new_tokens=self.max_new_tokens,
+            return_dict_in_generate=True,
+            output_logits=True,
+            **self.generate_kwargs,
+        )
+        new = out.sequences[:, width:]
+        steps = new.shape[1]
+        lengths = _first_eos_lengths(new, self.eos_token_ids)
+        real = torch.arange(steps, device=new.device) < lengths[:, None]
+        new = torch.where(real, new, self.pad_token_id)
+
+        generated = input_ids.new_full(
+            (batch_size, length + self.max_new_tokens), self.pad_token_id
+        )
+        in_prompt = torch.arange(length, device=input_ids.device) < rindex[:, None]
+        generated[:, :length] = torch.where(in_prompt, input_ids, self.pad_token_id)
+        index = rindex[:, None] + torch.arange(steps, device=new.device)
+        generated.scatter_(1, index, new)
+
+        # Raw logits, one step at a time: log-softmax over a (B, M, V) stack would copy it.
+        log_probs = torch.zeros(batch_size, self.max_new_tokens, device=new.device)
+        for step, logits in enumerate(out.logits):
+            logits = logits.float()
+            chosen = logits.gather(1, new[:, step, None]).squeeze(1)
+            log_probs[:, step] = chosen - torch.logsumexp(logits, dim=-1)
+        log_probs[:, :steps] = torch.where(real, log_probs[:, :steps], 0.0)
+        log_ratio = self._log_ratio(generated, rindex)
+        return generated, log_probs.unsqueeze(-1), log_ratio
+
+    @torch.no_grad()
+    def create_rollout(
+        self,
+        batch: Any,
+        generated: torch.Tensor,
+        log_probs: torch.Tensor,
+        log_ratio: torch.Tensor | None = None,
+    ) -> dict[str, Any]:
+        """The rollout dict for ``generate``'s output (``log_ratio`` is computed if None).
+
+        Appends the rollout's mean KL reward to the values ``step_scheduler`` will use.
+        """
+        input_ids, attention_mask, rindex = self._read_batch(batch)
+        batch_size, length = input_ids.shape
+        m = self.max_new_tokens
+        generated = self._check_tensor("generated", generated, (batch_size, length + m))
+        log_probs = self._check_tensor("log_probs", log_probs, (batch_size, m, 1))
+        if log_ratio is None:
+            log_ratio = self._log_ratio(generated, rindex)
+        log_ratio = self._check_tensor("log_ratio", log_ratio, (batch_size, m))
+        device = generated.device
+        steps = torch.arange(m, device=device)
+        action = generated.gather(1, rindex[:, None] + steps)
+        lengths = _first_eos_lengths(action, self.eos_token_ids)
+        valid = steps < lengths[:, None]
+        last = action.gather(1, (lengths - 1)[:, None]).squeeze(1)
+        ended_with_eos = torch.isin(last, torch.tensor(self.eos_token_ids, device=device))
+        done = (steps == (lengths - 1)[:, None]).unsqueeze(-1)
+        terminated = done & ended_with_eos[:, None, None]
+
+        # State at step t: the prompt plus the first min(t, length) generated tokens.
+        shown = torch.minimum(torch.arange(m + 1, device=device), lengths[:, None])
+        visible = torch.arange(length + m, device=device) < (rindex[:, None] + shown)[..., None]
+        states = torch.where(visible, generated[:, None, :], self.pad_token_id)
+
+        score = self._score(states[:, -1], visible[:, -1])
+        if self.label_baseline:
+            score = score - self._score(input_ids, attention_mask)
+        clipped = score.clamp(-self.score_clip, self.score_clip)
+        reward_raw = clipped[:, None, None] * done
+        reward_kl = torch.where(valid, -self.kl_coef * log_ratio.float(), 0.0).unsqueeze(-1)
+        self._kl_queue.append(float(reward_kl.mean()))
+        return {
+            "action": action,
+            "input_ids": states[:, :-1],
+            "attention_mask": visible[:, :-1],
+            "sample_log_prob": torch.where(valid.unsqueeze(-1), log_probs.float(), 0.0),
+            "mask": valid,
+            "next": {
+                "input_ids": states[:, 1:],
+                "attention_mask": visible[:, 1:],
+                "done": done,
+                "terminated": terminated,
+                "reward": reward_raw + reward_kl,
+                "reward_raw": reward_raw,
+                "reward_kl": reward_kl,
+            },
+        }
+
+    create_rollout_td = create_rollout  # TorchRL's name
+
+    def step_scheduler(self) -> float:
+        """Update ``kl_coef`` from the KL rewards collected since the last call; return it."""
+        if self.kl_scheduler is None:
+            raise RuntimeError("step_scheduler needs a kl_scheduler; this rollout has none")
+        if not self._kl_queue:
+            raise RuntimeError("step_scheduler: no rollout was collected since the last update")
+        self.kl_coef = float(self.kl_scheduler.update(list(self._kl_queue)))
+        self._kl_queue.clear()
+        return self.kl_coef
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _read_batch(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        device = _device(self.model)
+        fields = {}
+        for key in ("input_ids", "attention_mask", "prompt_rindex"):
+            value = batch.get(key) if isinstance(batch, Mapping) else getattr(batch, key, None)
+            fields[key] = None if value is None else torch.as_tensor(value, device=device)
+        input_ids, attention_mask, rindex = fields.values()
+        if input_ids is None or rindex is None:
+            raise KeyError(
+                "batch must hold 'input_ids' (B, L) and 'prompt_rindex' (B,), got "
+                f"{sorted(batch) if isinstance(batch, Mapping) else type(batch).__name__}"
+            )
+        if input_ids.ndim != 2 or input_ids.numel() == 0 or input_ids.is_floating_point():
+            raise ValueError(
+                "batch['input_ids'] must be a non-empty (B, L) integer tensor, got dtype "
+                f"{input_ids.dtype} and shape {tuple(input_ids.shape)}"
+            )
+        batch_size, length = input_ids.shape
+        if rindex.shape != (batch_size,) or rindex.is_floating_point():
+            raise ValueError(
+                f"batch['prompt_rindex'] must be ({batch_size},) integers (one prompt length per "
+                f"row), got dtype {rindex.dtype} and shape {tuple(rindex.shape)}"
+            )
+        if bool((rindex < 1).any() | (rindex > length).any()):
+            raise ValueError(
+                f"batch['prompt_rindex'] must be in [1, {length}] (the width of input_ids), got "
+                f"{rindex.tolist()}"
+            )
+        if attention_mask is not None and attention_mask.shape != input_ids.shape:
+            raise ValueError(
+                f"batch['attention_mask'] must have input_ids' shape {tuple(input_ids.shape)}, "
+                f"got {tuple(attention_mask.shape)}"
+            )
+        if attention_mask is None and self.label_baseline:
+            raise KeyError(
+                "batch has no 'attention_mask', needed to score its reference completion "
+                "(label_baseline=True); pass label_baseline=False for prompt-only batches"
+            )
+        return input_ids.long(), attention_mask, rindex.long()
+
+    def _check_tensor(self, name: str, value: Any, shape: tuple[int, ...]) -> torch.Tensor:
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+        if name == "log_probs" and value.shape == shape[:2]:
+            value = value.unsqueeze(-1)
+        if value.shape != shape:
+            raise ValueError(
+                f"{name} must have shape {shape} for this batch and max_new_tokens="
+                f"{self.max_new_tokens}, got {tuple(value.shape)}"
+            )
+        return value
+
+    def _log_ratio(self, generated: torch.Tensor, rindex: torch.Tensor) -> torch.Tensor:
+        """``log p - log q`` of each generated token (0 after the response), ``(B, M)``."""
+        m = self.max_new_tokens
+        steps = torch.arange(m, device=generated.device)
+        lengths = _first_eos_lengths(
+            generated.gather(1, rindex[:, None] + steps), self.eos_token_ids
+        )
+        real = steps < lengths[:, None]
+        log_p = _lm_log_probs(self.model, generated, rindex, lengths, m)
+        if _is_log_prob_policy(self.ref_model):
+            log_q = self._policy_log_probs(generated, rindex, lengths)
+        else:
+            log_q = _lm_log_probs(self.ref_model, generated, rindex, lengths, m)
+        return torch.where(real, log_p - log_q.to(log_p.device), 0.0)
+
+    def _policy_log_probs(
+        self, generated: torch.Tensor, rindex: torch.Tensor, lengths: torch.Tensor
+    ) -> torch.Tensor:
+        rows = generated.cpu().numpy()
+        starts, ends = rindex.tolist(), (rindex + lengths).tolist()
+        prompts = tuple(row[:s] for row, s in zip(rows, starts, strict=True))
+        responses = [row[s:e] for row, s, e in zip(rows, starts, ends, strict=True)]
+        outputs = self.ref_model({"tokens": prompts}, responses)
+        log_q = torch.zeros(len(rows), self.max_new_tokens)
+        for row, (output, response) in enumerate(zip(outputs, responses, strict=True)):
+            values = getattr(getattr(output, "log_probs", None), "response", None)
+            if values is None or len(values) != len(response):
+                raise ValueError(
+                    "ref_model must return one LogProbOutput per sequence with "
+                    f"log_probs.response of the response's length ({len(response)}), got "
+                    f"{type(output).__name__}"
+                )
+            log_q[row, : len(response)] = torch.as_tensor(np.asarray(values, dtype=np.float32))
+        return log_q
+
+    def _score(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        out = self.reward_model(input_ids=input_ids, attention_mask=attention_mask.long())
+        if hasattr(out, "logits"):
+            out = out.logits
+        elif isinstance(out, (tuple, list)):
+            out = out[-1]  # TorchRL's reward models return (rewards, end_scores)
+        scores = torch.as_tensor(out)
+        if scores.ndim == 2 and scores.shape[1] == 1:
+            scores = scores[:, 0]
+        if scores.shape != input_ids.shape[:1]:
+            raise ValueError(
+                f"reward_model must return one score per sequence, shape ({input_ids.shape[0]},),"
+                f" got shape {tuple(scores.shape)}"
+            )
+        return scores.float().to(input_ids.device)
+
+
+def _is_log_prob_policy(model: Any) -> bool:
+    # A scoring policy says so with generate=False; a transformers model has a generate method.
+    return getattr(model, "generate", None) is False
+
+
+def _device(model: Any) -> torch.device:
+    device = getattr(model, "device", None)
+    return device if isinstance(device, torch.device) else next(model.parameters()).device
+
+
+def _first_eos_lengths(tokens: torch.Tensor, eos_token_ids: list[int]) -> torch.Tensor:
+    """Tokens up to and including the first EOS of each row; all of them when there is none."""
+    full = torch.full((tokens.shape[0],), tokens.shape[1], dtype=torch.long, device=tokens.device)
+    if not eos_token_ids or tokens.shape[1] == 0:
+        return full
+    is_eos = torch.isin(tokens, torch.tensor(eos_token_ids, device=tokens.device))
+    return torch.where(is_eos.any(1), is_eos.long().argmax(1) + 1, full)
+
+
+def _lm_log_probs(
+    model: Any, generated: torch.Tensor, rindex: torch.Tensor, lengths: torch.Tensor, m: int
+) -> torch.Tensor:
+    """log π of the ``m`` tokens after each prompt under a causal LM, 0 after the response."""
+    device = _device(model)
+    width = int((rindex + lengths).max())
+    ids = generated[:, :width].to(device)
+    rindex, lengths = rindex.to(device), lengths.to(device)
+    real = torch.arange(width, device=device) < (rindex + lengths)[:, None]
+    # Right padding: every row starts at position 0, so default positions are right.
+    logits = model(input_ids=ids, attention_mask=real.long(), use_cache=False).logits
+    # The logits at rindex - 1 + k predict generated token k: gather those before log-softmax.
+    source = (rindex[:, None] - 1 + torch.arange(m, device=device)).clamp(max=width - 1)
+    logits = logits.gather(1, source[..., None].expand(-1, -1, logits.shape[-1])).float()
+    targets = generated.to(device).gather(1, rindex[:, None] + torch.arange(m, device=device))
+    chosen = logits.gather(-1, targets[..., None]).squeeze(-1)
+    log_probs = chosen - torch.logsumexp(logits, dim=-1)
+    return torch.where(torch.arange(m, device=device) < lengths[:, None], log_probs, 0.0)
