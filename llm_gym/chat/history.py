@@ -140,7 +140,13 @@ class History:
         if (tokenize or return_assistant_tokens_mask) and tokenizer is None:
             raise ValueError("tokenizer is required to tokenize a History, got None")
         template = resolve_chat_template(tokenizer, chat_template_name, chat_template)
-        text, spans = self._render(template, add_generation_prompt, tokenizer, template_kwargs)
+        text, spans = self._render(
+            template,
+            add_generation_prompt,
+            tokenizer,
+            template_kwargs,
+            return_assistant_tokens_mask,
+        )
         if not tokenize and not return_assistant_tokens_mask:
             return text
         enc = tokenizer(
@@ -165,8 +171,9 @@ class History:
         add_generation_prompt: bool,
         tokenizer: Any,
         template_kwargs: Mapping[str, Any],
+        with_spans: bool,
     ) -> tuple[str, list[tuple[int, int]]]:
-        """Render to text, with the character spans of the assistant's output."""
+        """Render to text, with the character spans of the assistant's output if asked."""
         messages = [{"role": m["role"], "content": m["content"]} for m in self._messages]
         cut = None
         if messages and not self.is_complete:
@@ -175,7 +182,7 @@ class History:
             add_generation_prompt = False
         kwargs = dict(getattr(tokenizer, "special_tokens_map", None) or {})
         kwargs.update(template_kwargs)
-        marked = has_generation_markers(template)
+        marked = with_spans and has_generation_markers(template)
         rendered, indices = render_jinja_template(
             conversations=[messages],
             chat_template=template,
@@ -184,7 +191,9 @@ class History:
             **kwargs,
         )
         text = rendered[0]
-        spans = [tuple(s) for s in indices[0]] if marked else self._content_spans(text)
+        spans = []
+        if with_spans:
+            spans = [tuple(s) for s in indices[0]] if marked else self._content_spans(text)
         if cut is not None:
             at = text.index(_SENTINEL)
             text = text[:at] + cut

@@ -162,6 +162,7 @@ class ChatEnv(gym.Env):
             tokenizer, self.template_kwargs
         ) in set(CHAT_TEMPLATES.values())
         self._closing: str | None = None
+        self._closing_ids: dict[str, np.ndarray] = {}  # closing text -> its token ids
         self._history: History | None = None
         self._rendered: str | None = None  # the chat template's rendering of _history
         self._text: str | None = None
@@ -294,7 +295,9 @@ class ChatEnv(gym.Env):
                     if sampled.endswith(end) and closing.startswith(end):
                         closing = closing[len(end) :]
                         break
-                self._tokens = np.concatenate([self._tokens, tokens, self._encode(closing)])
+                if closing not in self._closing_ids:
+                    self._closing_ids[closing] = self._encode(closing)
+                self._tokens = np.concatenate([self._tokens, tokens, self._closing_ids[closing]])
         self._history, self._rendered = history, rendered
 
     def _as_response(self, action: Any) -> Response:
