@@ -408,7 +408,7 @@ class RolloutFromModel:
                     f"log_probs.response of the response's length ({len(response)}), got "
                     f"{type(output).__name__}"
                 )
-            log_q[row, : len(response)] = torch.as_tensor(np.asarray(values, dtype=np.float32))
+            log_q[row, : len(response)] = torch.tensor(np.asarray(values, dtype=np.float32))
         return log_q
 
     def _score(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

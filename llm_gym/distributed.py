@@ -1,0 +1,200 @@
+"""Ray as llm_gym's distributed engine: one reference model in an actor, shared by many envs.
+
+``RayLogProbModel`` is a client for a Ray actor that holds a log-prob-mode
+``TransformersPolicy``. It speaks the same call protocol as that policy (``generate = False``,
+``input_mode``, ``model(obs, responses) -> LogProbOutput``), so it goes wherever a reference
+model does: ``RetrieveLogProb``/``RetrieveKL``/``KLRewardWrapper`` and their vector versions,
+or ``RolloutFromModel(ref_model=...)`` with ``input_mode="tokens"``. Envs in one process or in
+many (Ray tasks, other actors) reach the same weights through the actor's name.
+
+Start Ray first (``ray.init()``, or ``ray.init(address="auto")`` on a cluster)::
+
+    import ray, llm_gym
+    from llm_gym.distributed import RayLogProbModel
+    from llm_gym.models import load_default_model
+
+    ray.init()
+    ref = RayLogProbModel(load_default_model, actor_name="ref")  # (model, tokenizer) factory
+    same = RayLogProbModel(actor_name="ref")  # another env's client: the same actor
+    env = llm_gym.wrappers.RetrieveKL(llm_gym.ChatEnv(query="Hi"), ref_model=same, coef=0.05)
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+try:
+    import ray
+    from ray.exceptions import GetTimeoutError, RayActorError
+except ImportError as error:  # ray is an optional dependency (the "ray" extra)
+    raise ImportError(
+        "llm_gym.distributed needs Ray: pip install 'llm-gym[ray]' (or pip install ray)"
+    ) from error
+
+__all__ = ["RayLogProbModel"]
+
+_ANSI_COLOR = re.compile(r"\x1b\[[0-9;]*m")
+
+
+class _LogProbActor:
+    """Runs in the Ray worker: builds the scoring policy once, then scores on request."""
+
+    def __init__(self, factory: Callable[[], Any], policy_kwargs: dict[str, Any]) -> None:
+        built = factory()
+        if isinstance(built, tuple):
+            if len(built) != 2:
+                raise TypeError(
+                    "ref_model_factory must return a log-prob policy or (model, tokenizer), got "
+                    f"a tuple of {len(built)} items"
+                )
+            from llm_gym.policies import TransformersPolicy
+
+            model, tokenizer = built
+            built = TransformersPolicy(model, tokenizer, generate=False, **policy_kwargs)
+        if getattr(built, "generate", None) is not False or not callable(built):
+            raise TypeError(
+                "ref_model_factory must return a TransformersPolicy with generate=False (or "
+                f"(model, tokenizer)), got {type(built).__name__} with "
+                f"generate={getattr(built, 'generate', None)!r}"
+            )
+        self.policy = built
+
+    def describe(self) -> dict[str, Any]:
+        policy = self.policy
+        return {
+            "input_mode": getattr(policy, "input_mode", None),
+            "pad_output": getattr(policy, "pad_output", False),
+            "tokenizer": getattr(policy, "tokenizer", None),
+            "repr": repr(policy),
+        }
+
+    def score(self, obs: Any, responses: Any) -> Any:
+        return self.policy(obs, responses)
+
+
+_RemoteLogProbActor = ray.remote(_LogProbActor)
+
+
+class RayLogProbModel:
+    """A log-prob model that runs in a Ray actor; call it like a log-prob ``TransformersPolicy``.
+
+    ``model(obs, responses)`` sends the inputs to the actor and returns its ``LogProbOutput``
+    (a list for a batched observation), with one ``ray.get``. The actor scores one request at
+    a time; clients never hold the weights.
+
+    Args:
+        ref_model_factory: a picklable zero-argument callable run once in the actor, returning
+            a ``TransformersPolicy`` with ``generate=False`` or a ``(model, tokenizer)`` pair
+            (wrapped as ``TransformersPolicy(model, tokenizer, generate=False,
+            **policy_kwargs)``). Module-level functions and ``functools.partial`` of them
+            pickle; lambdas defined in a script pickle too (by value). None: reuse the running
+            actor named ``actor_name``.
+        num_cpus / num_gpus: the actor's Ray resources.
+        actor_name: name the actor so other clients (other envs, processes) share it. With a
+            factory, a running actor of that name is reused (the factory is then not run).
+        namespace: the Ray namespace of the named actor (default: the job's).
+        timeout: seconds to wait for each answer; a dead or stuck actor raises a
+            ``RuntimeError`` instead of hanging.
+        policy_kwargs: ``TransformersPolicy`` arguments when the factory returns
+            ``(model, tokenizer)``, e.g. ``{"input_mode": "tokens"}``.
+
+    Attributes:
+        actor: the Ray actor handle (``ray.kill(model.actor)`` ends it).
+        input_mode / pad_output / tokenizer: the actor's policy's, fetched once at start.
+    """
+
+    generate = False  # the scoring protocol: this model scores, it never generates
+
+    def __init__(
+        self,
+        ref_model_factory: Callable[[], Any] | None = None,
+        *,
+        num_cpus: float = 1,
+        num_gpus: float = 0,
+        actor_name: str | None = None,
+        namespace: str | None = None,
+        timeout: float = 60.0,
+        policy_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        if ref_model_factory is not None and not callable(ref_model_factory):
+            raise TypeError(
+                "ref_model_factory must be a zero-argument callable returning a log-prob "
+                f"policy, got {type(ref_model_factory).__name__}"
+            )
+        for name, value in (("num_cpus", num_cpus), ("num_gpus", num_gpus)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+        if actor_name is not None and (not isinstance(actor_name, str) or not actor_name):
+            raise ValueError(f"actor_name must be None or a non-empty str, got {actor_name!r}")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
+        if not (math.isfinite(timeout) and timeout > 0):
+            raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
+        if policy_kwargs is not None and not isinstance(policy_kwargs, Mapping):
+            raise TypeError(f"policy_kwargs must be a dict, got {type(policy_kwargs).__name__}")
+        if "generate" in (policy_kwargs or {}):
+            raise ValueError("policy_kwargs may not set 'generate': the actor only scores")
+        if ref_model_factory is None and actor_name is None:
+            raise ValueError(
+                "pass ref_model_factory (to start an actor) or actor_name (to use a running one)"
+            )
+        if not ray.is_initialized():
+            raise RuntimeError(
+                "Ray is not initialized: call ray.init() (or ray.init(address='auto') to join a "
+                "cluster) before creating a RayLogProbModel"
+            )
+        self.actor_name, self.namespace, self.timeout = actor_name, namespace, float(timeout)
+        if ref_model_factory is None:
+            try:
+                self.actor = ray.get_actor(actor_name, namespace=namespace)
+            except ValueError as error:
+                raise ValueError(
+                    f"no running Ray actor named {actor_name!r} (namespace {namespace!r}); pass "
+                    "ref_model_factory to start it"
+                ) from error
+        else:
+            options: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus}
+            if actor_name is not None:
+                options |= {"name": actor_name, "namespace": namespace, "get_if_exists": True}
+            self.actor = _RemoteLogProbActor.options(**options).remote(
+                ref_model_factory, dict(policy_kwargs or {})
+            )
+        # One round trip now: surfaces a failing factory here, not at the first env step.
+        info = self._get(self.actor.describe.remote())
+        self.input_mode: str | None = info["input_mode"]
+        self.pad_output: bool = info["pad_output"]
+        self.tokenizer: Any = info["tokenizer"]
+        self._policy_repr: str = info["repr"]
+
+    def __repr__(self) -> str:
+        return f"RayLogProbModel({self._describe_actor()}, policy={self._policy_repr})"
+
+    def __call__(self, obs: Mapping[str, Any], responses: Any = None) -> Any:
+        """Score ``obs`` (+ ``responses``) in the actor: what the local policy would return.
+
+        Errors the policy raises (a bad observation, say) come back as the same exception type.
+        """
+        return self._get(self.actor.score.remote(obs, responses))
+
+    def _describe_actor(self) -> str:
+        if self.actor_name is None:
+            return f"actor {self.actor._actor_id.hex()[:12]}"
+        return f"actor {self.actor_name!r}"
+
+    def _get(self, ref: Any) -> Any:
+        try:
+            return ray.get(ref, timeout=self.timeout)
+        except RayActorError as error:
+            reason = _ANSI_COLOR.sub("", str(error))  # Ray colours the failing task's name
+            raise RuntimeError(
+                f"the Ray reference-model actor ({self._describe_actor()}) died: {reason}"
+            ) from error
+        except GetTimeoutError as error:
+            raise RuntimeError(
+                f"the Ray reference-model actor ({self._describe_actor()}) did not answer within "
+                f"{self.timeout:g} s: it may be stuck, or waiting for free Ray resources "
+                "(num_cpus/num_gpus)"
+            ) from error
