@@ -116,14 +116,15 @@ class RolloutFromModel:
             )
         if not callable(reward_model):
             raise TypeError(f"reward_model must be callable, got {type(reward_model).__name__}")
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
-            raise TypeError(f"max_new_tokens must be an int, got {type(max_new_tokens).__name__}")
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        _check_int("max_new_tokens", max_new_tokens)
+        if num_steps is not None:
+            _check_int("num_steps", num_steps)
         if not isinstance(score_clip, (int, float)) or not score_clip > 0:
-            raise ValueError(
-                f"score_clip must be a number > 0 (inf: no clipping), got {score_clip!r}"
-            )
+            raise ValueError(f"score_clip must be a number > 0 (inf: no clip), got {score_clip!r}")
+        if kl_coef is not None and not (
+            isinstance(kl_coef, (int, float)) and math.isfinite(kl_coef) and kl_coef >= 0
+        ):
+            raise ValueError(f"kl_coef must be a finite number >= 0, got {kl_coef!r}")
         if kl_scheduler is not None and not (
             callable(getattr(kl_scheduler, "update", None)) and hasattr(kl_scheduler, "coef")
         ):
@@ -131,19 +132,15 @@ class RolloutFromModel:
                 "kl_scheduler must be a KL controller with .coef and .update(kl_values) (see "
                 f"llm_gym.wrappers.controllers), got {type(kl_scheduler).__name__}"
             )
-        if kl_coef is None:
-            kl_coef = 0.1 if kl_scheduler is None else kl_scheduler.coef
-        elif kl_scheduler is not None and not math.isclose(kl_coef, kl_scheduler.coef):
+        if kl_scheduler is None:
+            kl_coef = 0.1 if kl_coef is None else kl_coef
+        elif kl_coef is None:
+            kl_coef = kl_scheduler.coef  # TorchRL's controllers set the model's coef at start
+        elif not math.isclose(kl_coef, kl_scheduler.coef):
             raise ValueError(
                 f"kl_coef={kl_coef} differs from kl_scheduler.coef={kl_scheduler.coef}: the "
                 "scheduler recovers the KL by dividing by its own coef, so leave kl_coef unset"
             )
-        if not isinstance(kl_coef, (int, float)) or not (math.isfinite(kl_coef) and kl_coef >= 0):
-            raise ValueError(f"kl_coef must be a finite number >= 0, got {kl_coef!r}")
-        if num_steps is not None and (
-            isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1
-        ):
-            raise ValueError(f"num_steps must be None or an int >= 1, got {num_steps!r}")
         if not isinstance(label_baseline, bool):
             raise TypeError(f"label_baseline must be a bool, got {type(label_baseline).__name__}")
         for key in _LENGTH_KEYS:
@@ -277,7 +274,8 @@ class RolloutFromModel:
         lengths = _first_eos_lengths(action, self.eos_token_ids)
         valid = steps < lengths[:, None]
         last = action.gather(1, (lengths - 1)[:, None]).squeeze(1)
-        ended_with_eos = torch.isin(last, torch.tensor(self.eos_token_ids, device=device))
+        eos = torch.tensor(self.eos_token_ids, dtype=torch.long, device=device)
+        ended_with_eos = torch.isin(last, eos)
         done = (steps == (lengths - 1)[:, None]).unsqueeze(-1)
         terminated = done & ended_with_eos[:, None, None]
 
@@ -367,8 +365,6 @@ class RolloutFromModel:
     def _check_tensor(self, name: str, value: Any, shape: tuple[int, ...]) -> torch.Tensor:
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
-        if name == "log_probs" and value.shape == shape[:2]:
-            value = value.unsqueeze(-1)
         if value.shape != shape:
             raise ValueError(
                 f"{name} must have shape {shape} for this batch and max_new_tokens="
@@ -428,6 +424,13 @@ class RolloutFromModel:
         return scores.float().to(input_ids.device)
 
 
+def _check_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+
+
 def _is_log_prob_policy(model: Any) -> bool:
     # A scoring policy says so with generate=False; a transformers model has a generate method.
     return getattr(model, "generate", None) is False
@@ -443,7 +446,7 @@ def _first_eos_lengths(tokens: torch.Tensor, eos_token_ids: list[int]) -> torch.
     full = torch.full((tokens.shape[0],), tokens.shape[1], dtype=torch.long, device=tokens.device)
     if not eos_token_ids or tokens.shape[1] == 0:
         return full
-    is_eos = torch.isin(tokens, torch.tensor(eos_token_ids, device=tokens.device))
+    is_eos = torch.isin(tokens, torch.tensor(eos_token_ids, dtype=torch.long, device=tokens.device))
     return torch.where(is_eos.any(1), is_eos.long().argmax(1) + 1, full)
 
 
