@@ -1,0 +1,173 @@
+"""The ``llm-gym`` command, driven as a user would: files written, summary, errors, Ctrl-C."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from llm_gym.cli import main
+from llm_gym.models import tiny_model
+
+FIXTURE = Path(__file__).parent / "fixtures" / "mini_gsm8k"
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory, smollm2_tokenizer):
+    """Two different tiny models saved as folders, as a user's --model/--ref-model."""
+    dirs = []
+    for seed in (0, 1):
+        folder = tmp_path_factory.mktemp(f"tiny{seed}")
+        tiny_model(smollm2_tokenizer, seed=seed).save_pretrained(folder)
+        smollm2_tokenizer.save_pretrained(folder)
+        dirs.append(str(folder))
+    return dirs
+
+
+def cli(*args, env=None, **kwargs):
+    return subprocess.run(
+        [sys.executable, "-m", "llm_gym", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})},
+        timeout=300,
+        **kwargs,
+    )
+
+
+def rollout_args(model_dirs, out, *extra):
+    return [
+        "rollout",
+        "--env", "LLMChat-GSM8K-v0",
+        "--split", "test",
+        "--data-dir", str(FIXTURE),
+        "--model", model_dirs[0],
+        "--num-envs", "2",
+        "--episodes", "3",
+        "--max-new-tokens", "6",
+        "--out", str(out),
+        "--no-progress",
+        *extra,
+    ]  # fmt: skip
+
+
+def test_rollout_writes_episodes_summary_and_plot(model_dirs, tmp_path):
+    out = tmp_path / "run"
+    result = cli(*rollout_args(model_dirs, out, "--ref-model", model_dirs[1], "--kl-coef", "0.5"))
+    assert result.returncode == 0, result.stderr
+    episodes = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
+    assert [e["episode"] for e in episodes] == [0, 1, 2]
+    questions = [json.loads(line)["question"] for line in (FIXTURE / "test.jsonl").open()]
+    for e in episodes:
+        assert e["prompt"][-1]["role"] == "user" and e["prompt"][-1]["content"] in questions
+        assert 1 <= e["num_tokens"] <= 6 and isinstance(e["response"], str)
+        assert e["answer"].split("#### ")[-1] and set(e) >= {"reward_answer", "reward_right"}
+        # A different reference model: KL is charged, and the reward is task reward - penalty.
+        assert e["kl_sum"] != 0.0
+        assert e["reward"] == pytest.approx(e["reward_right"] - 0.5 * e["kl_sum"], abs=1e-4)
+    summary = json.loads((out / "summary.json").read_text())["summary"]
+    assert summary["episodes"] == 3
+    assert summary["mean_reward"] == pytest.approx(np.mean([e["reward"] for e in episodes]))
+    assert summary["mean_kl"] == pytest.approx(np.mean([e["kl_mean"] for e in episodes]))
+    assert summary["generated_tokens"] == sum(e["num_tokens"] for e in episodes)
+    assert (out / "rollout.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for name in ("episodes", "accuracy", "format rate", "mean reward", "mean KL", "tokens/s"):
+        assert name in result.stdout
+    assert "episodes         3" in result.stdout.replace("\t", " ")
+
+
+def test_second_run_refuses_then_overwrites(model_dirs, tmp_path):
+    out = tmp_path / "run"
+    assert main(rollout_args(model_dirs, out)) == 0
+    result = cli(*rollout_args(model_dirs, out))
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0  # one line, no traceback
+    assert "already holds 3 episodes" in result.stderr and "--overwrite" in result.stderr
+    assert len((out / "episodes.jsonl").read_text().splitlines()) == 3  # untouched
+    assert main([*rollout_args(model_dirs, out), "--overwrite", "--episodes", "2"]) == 0
+    assert len((out / "episodes.jsonl").read_text().splitlines()) == 2
+
+
+def test_interrupted_run_keeps_finished_episodes(model_dirs, tmp_path):
+    out = tmp_path / "run"
+    args = rollout_args(model_dirs, out)
+    args[args.index("--episodes") + 1] = "100000"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "llm_gym", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    episodes = out / "episodes.jsonl"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and (
+        not episodes.exists() or len(episodes.read_text().splitlines()) < 4
+    ):
+        time.sleep(0.2)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert "finished episodes are in" in stderr and "Traceback" not in stderr
+    lines = episodes.read_text().splitlines()
+    assert len(lines) >= 4
+    assert [json.loads(line)["episode"] for line in lines] == list(range(len(lines)))
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--env", "CartPole-v1"], "unknown env id 'CartPole-v1'; known ids: .*LLMChat-GSM8K-v0"),
+        (["--model", "/no/such/model"], "Model path '/no/such/model' is not a readable folder"),
+        (["--data-dir", "/no/such/data"], "/no/such/data"),
+        (["--num-envs", "0"], r"argument --num-envs: expected a number >= 1, got '0'"),
+        (["--temperature", "-1"], r"argument --temperature: expected a number >= 0.0, got '-1'"),
+        (["--episodes", "many"], r"argument --episodes: expected int, got 'many'"),
+        (["--kl-coef", "nan"], r"argument --kl-coef: expected a number >= 0.0, got 'nan'"),
+        (["--estimator", "k9"], r"argument --estimator: invalid choice: 'k9'"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_code_2(args, message, model_dirs, tmp_path, capsys):
+    argv = rollout_args(model_dirs, tmp_path / "run")
+    for flag, value in zip(args[::2], args[1::2], strict=True):
+        if flag in argv:
+            argv[argv.index(flag) + 1] = value
+        else:
+            argv += [flag, value]
+    # argparse's own errors exit; errors found while setting up are returned.
+    with pytest.raises(SystemExit) as exit_info:
+        raise SystemExit(main(argv))
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert re.search(message, err), err
+    assert not (tmp_path / "run").exists()  # nothing written for a run that never started
+
+
+def test_missing_gsm8k_data_says_how_to_provide_it(model_dirs, tmp_path):
+    args = rollout_args(model_dirs, tmp_path / "run")
+    del args[args.index("--data-dir") : args.index("--data-dir") + 2]
+    env = {k: v for k, v in os.environ.items() if k != "LLM_GYM_GSM8K_PATH"}
+    result = subprocess.run(
+        [sys.executable, "-m", "llm_gym", *args],
+        capture_output=True,
+        text=True,
+        env={**env, "HF_HUB_OFFLINE": "1"},
+        timeout=300,
+    )
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1
+    assert "LLM_GYM_GSM8K_PATH" in result.stderr and "openai/gsm8k" in result.stderr
+
+
+def test_envs_lists_ids_and_spaces():
+    result = cli("envs", env={"LLM_GYM_GSM8K_PATH": str(FIXTURE)})
+    assert result.returncode == 0, result.stderr
+    assert "LLMChat-v0" in result.stdout and "LLMChat-GSM8K-v0 (native vector env)" in result.stdout
+    assert "observation space: Dict('history': Sequence(" in result.stdout
