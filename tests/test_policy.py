@@ -257,7 +257,7 @@ def test_pad_equal_to_eos_keeps_real_eos_log_probs(tiny_gpt2):
         model,
         tok,
         input_mode="tokens",
-        generate_kwargs={"max_tokens": 4, "forced_eos_token_id": eos},
+        generate_kwargs={"max_tokens": 4, "forced_eos_token_id": eos, "pad_token_id": eos},
     )
     for prompt, response in zip(prompts, policy({"tokens": prompts}), strict=True):
         assert response.tokens[-1] == eos

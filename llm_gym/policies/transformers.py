@@ -263,10 +263,9 @@ class TransformersPolicy:
             out = self.model.generate(
                 input_ids=ids,
                 attention_mask=attention.long(),
-                pad_token_id=self.pad_token_id,
                 return_dict_in_generate=True,
                 output_logits=self.return_log_probs,
-                **self.generate_kwargs,
+                **(self.generate_kwargs | {"pad_token_id": self.pad_token_id}),
             )
             new = out.sequences[:, ids.shape[1] :]
             lengths = self._response_lengths(new)

@@ -1,0 +1,154 @@
+"""Benchmark TransformersPolicy against bare transformers calls on the same batch.
+
+Two ratios, on SmolLM2-135M-Instruct and 16 GSM8K test questions (GSM8K system prompt):
+
+- generate: the policy's new tokens/s over raw ``model.generate``'s (target >= 0.95);
+- log-prob mode: the policy's time to score the 16 conversations over one bare forward pass
+  on the same left-padded batch (target <= 1.10).
+
+The two sides of each ratio run interleaved (alternating which goes first) for several rounds
+and the medians are compared, since a shared machine is noisy.
+
+Run: ``.venv/bin/python scripts/bench_policy.py [--rounds 7] [--max-new-tokens 64] [--threads 2]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from llm_gym import History
+from llm_gym.envs.gsm8k import GSM8KEnv
+from llm_gym.models import load_default_model
+from llm_gym.policies import TransformersPolicy
+
+
+def gsm8k_questions(n: int) -> list[str]:
+    default = Path(__file__).resolve().parents[2] / "shared/data/gsm8k"
+    folder = Path(os.environ.get("LLM_GYM_GSM8K_PATH", default))
+    with open(folder / "test.jsonl", encoding="utf-8") as f:
+        return [json.loads(line)["question"] for line in itertools.islice(f, n)]
+
+
+def left_pad(rows: list[np.ndarray], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row) :] = torch.as_tensor(row)
+        mask[i, width - len(row) :] = 1
+    return ids, mask
+
+
+def interleaved(a: Callable[[], object], b: Callable[[], object], rounds: int) -> dict[str, list]:
+    """Wall and CPU seconds per call of ``a`` and ``b``, alternating which runs first.
+
+    CPU time (all threads of this process) is reported beside wall time: other processes on a
+    shared machine stretch the wall time of whichever call they overlap, much less its CPU time.
+    """
+    a(), b()  # warm-up
+    times: dict[str, list] = {"a_wall": [], "a_cpu": [], "b_wall": [], "b_cpu": []}
+    for i in range(rounds):
+        for fn, name in ((a, "a"), (b, "b")) if i % 2 == 0 else ((b, "b"), (a, "a")):
+            wall, cpu = time.perf_counter(), time.process_time()
+            fn()
+            times[f"{name}_wall"].append(time.perf_counter() - wall)
+            times[f"{name}_cpu"].append(time.process_time() - cpu)
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=16, help="GSM8K questions in the batch")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads (default: torch's)"
+    )
+    args = parser.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+
+    torch.manual_seed(0)
+    model, tokenizer = load_default_model()
+    system = {"role": "system", "content": GSM8KEnv.SYSTEM_PROMPT}
+    histories = [(system, {"role": "user", "content": q}) for q in gsm8k_questions(args.n)]
+    obs = {"history": tuple(histories)}
+    gen_kwargs = {"max_new_tokens": args.max_new_tokens, "do_sample": False}
+    policy = TransformersPolicy(model, tokenizer, generate_kwargs=gen_kwargs)
+    pad_id, eos_id = policy.pad_token_id, tokenizer.eos_token_id
+
+    # The same left-padded prompt batch the policy builds, for raw generate.
+    prompts = [
+        History(h).apply_chat_template(tokenizer, add_generation_prompt=True, tokenize=True)
+        for h in histories
+    ]
+    prompt_ids, prompt_mask = left_pad(prompts, pad_id)
+
+    def raw_generate() -> torch.Tensor:
+        with torch.inference_mode():
+            return model.generate(
+                input_ids=prompt_ids, attention_mask=prompt_mask, pad_token_id=pad_id, **gen_kwargs
+            )
+
+    responses = policy(obs)
+    raw = raw_generate()[:, prompt_ids.shape[1] :]
+    raw_tokens = 0
+    for row, response in zip(raw, responses, strict=True):
+        ends = (row == eos_id).nonzero()
+        n = int(ends[0]) + 1 if len(ends) else len(row)
+        raw_tokens += n
+        assert np.array_equal(row[:n].numpy(), response.tokens), "policy and raw generate differ"
+    policy_tokens = sum(len(r.tokens) for r in responses)
+
+    t = interleaved(lambda: policy(obs), raw_generate, args.rounds)
+    print(
+        f"batch: {args.n} GSM8K prompts, {policy_tokens} new tokens "
+        f"(greedy, at most {args.max_new_tokens} each)"
+    )
+    _report("generate", "policy", "raw generate", t)
+    for clock in ("wall", "cpu"):
+        policy_rate = policy_tokens / statistics.median(t[f"a_{clock}"])
+        raw_rate = raw_tokens / statistics.median(t[f"b_{clock}"])
+        print(
+            f"generate throughput ({clock}): policy {policy_rate:.1f} vs raw {raw_rate:.1f} "
+            f"new tok/s, ratio {policy_rate / raw_rate:.3f} (target >= 0.95)"
+        )
+
+    scorer = policy.get_new_version(generate=False)
+    full_ids, full_mask = left_pad(
+        [np.concatenate([p, r.tokens]) for p, r in zip(prompts, responses, strict=True)], pad_id
+    )
+
+    def bare_forward() -> torch.Tensor:
+        with torch.inference_mode():
+            return model(input_ids=full_ids, attention_mask=full_mask).logits
+
+    t = interleaved(lambda: scorer(obs, responses), bare_forward, args.rounds)
+    print(f"log-prob batch: {tuple(full_ids.shape)} prompt + response tokens")
+    _report("log-prob", "policy", "bare forward", t)
+    for clock in ("wall", "cpu"):
+        ratio = statistics.median(t[f"a_{clock}"]) / statistics.median(t[f"b_{clock}"])
+        print(f"log-prob time ratio ({clock}) policy/bare forward: {ratio:.3f} (target <= 1.10)")
+
+
+def _report(what: str, a: str, b: str, t: dict[str, list]) -> None:
+    for key, name in (("a", a), ("b", b)):
+        print(f"  {what} {name:>12}: wall {_fmt(t[key + '_wall'])}; cpu {_fmt(t[key + '_cpu'])}")
+
+
+def _fmt(times: list[float]) -> str:
+    return f"median {statistics.median(times):.3f}s of [{', '.join(f'{t:.2f}' for t in times)}]"
+
+
+if __name__ == "__main__":
+    main()
