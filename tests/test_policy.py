@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from llm_gym import ChatEnv, History, Response
+from llm_gym.envs.gsm8k import make_gsm8k_vector_env
 from llm_gym.models import tiny_model
 from llm_gym.policies import LogProbOutput, MaskedCategorical, TransformersPolicy
 from llm_gym.rewards.gsm8k import extract_answer
@@ -164,6 +165,19 @@ def test_policy_drives_chat_env_for_three_turns(tiny, mode):
             n = len(prompt["tokens"])
             np.testing.assert_array_equal(obs["tokens"][n : n + len(action.tokens)], action.tokens)
     assert env.history.roles == ["system", "user", "assistant", "assistant", "assistant"]
+
+
+@pytest.mark.parametrize("mode", ["history", "text", "tokens"])
+def test_policy_acts_on_a_native_vector_env(tiny, mode):
+    model, tok = tiny
+    rows = [{"question": f"What is {i} + {i}?", "answer": f"#### {2 * i}"} for i in range(3)]
+    envs = make_gsm8k_vector_env(3, dataset=rows, input_mode=mode, tokenizer=tok)
+    policy = TransformersPolicy(model, tok, input_mode=mode, generate_kwargs={"max_tokens": 3})
+    obs, _ = envs.reset(seed=0)
+    actions = policy(obs)
+    assert len(actions) == 3 and all(isinstance(a, Response) for a in actions)
+    _, rewards, terminated, _, _ = envs.step(actions)
+    assert rewards.shape == (3,) and terminated.all()
 
 
 # -- log-prob mode -------------------------------------------------------------------------
