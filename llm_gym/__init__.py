@@ -10,7 +10,7 @@ from gymnasium.envs.registration import register, registry
 
 from llm_gym import envs, policies
 from llm_gym.chat import ChatHistory, History, LogProbs, Masks, Response, Text, Tokens
-from llm_gym.envs import ChatEnv, DatasetChatEnv, DatasetChatVectorEnv, GSM8KEnv
+from llm_gym.envs import ChatEnv, DatasetChatEnv, DatasetChatVectorEnv, GSM8KEnv, TokenEnv
 from llm_gym.policies import TransformersPolicy
 from llm_gym.rollout import RolloutFromModel
 
@@ -28,6 +28,7 @@ __all__ = [
     "Response",
     "RolloutFromModel",
     "Text",
+    "TokenEnv",
     "Tokens",
     "TransformersPolicy",
     "envs",
@@ -48,3 +49,4 @@ _register(
     entry_point="llm_gym.envs.gsm8k:GSM8KEnv",
     vector_entry_point="llm_gym.envs.gsm8k:make_gsm8k_vector_env",
 )
+_register("LLMToken-GSM8K-v0", entry_point="llm_gym.envs.tokens:make_gsm8k_token_env")

@@ -7,12 +7,14 @@ from llm_gym.wrappers.controllers import (
 )
 from llm_gym.wrappers.estimators import ESTIMATORS, kl_estimate
 from llm_gym.wrappers.kl import KLComputation, KLRewardWrapper, RetrieveKL, RetrieveLogProb
+from llm_gym.wrappers.token_kl import TokenKLWrapper
 
 __all__ = [
     "RetrieveLogProb",
     "KLComputation",
     "RetrieveKL",
     "KLRewardWrapper",
+    "TokenKLWrapper",
     "KLController",
     "ConstantKLController",
     "AdaptiveKLController",

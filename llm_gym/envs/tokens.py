@@ -1,0 +1,333 @@
+"""``TokenEnv``: one token per step over any chat task, RL4LMs' design on current Gymnasium.
+
+Classic RL libraries (stable-baselines3, CleanRL, RLlib) want fixed-shape array observations
+and a ``Discrete`` action. ``TokenEnv`` gives them that over a chat task: the observation is
+the prompt's token ids plus what was generated so far, left-padded to a fixed length; each
+action appends one token; when the response ends, the task env (a ``DatasetChatEnv`` such as
+``GSM8KEnv``) scores it exactly as it scores a policy's ``Response``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from llm_gym.chat.containers import Response
+from llm_gym.envs.chat import ChatEnv
+from llm_gym.envs.gsm8k import GSM8KEnv
+
+__all__ = ["TokenEnv", "make_gsm8k_token_env"]
+
+
+class TokenEnv(gym.Env):
+    """Generate a chat task's response token by token; the task scores the finished response.
+
+    ## Description
+
+    RL4LMs' token-level text-generation env with Gymnasium's API. Each episode is one
+    assistant turn of ``task_env``: ``reset`` resets the task and shows its prompt tokens;
+    each ``step`` appends one token id; at EOS (or after ``max_new_tokens`` tokens) the
+    response, with the exact token ids, goes to ``task_env.step`` as a ``Response`` and the
+    task's reward comes back. Chat-level wrappers on ``task_env`` (e.g. ``RetrieveKL`` with a
+    ``gen_model``) therefore apply to the whole response at the end; ``TokenKLWrapper``
+    charges a per-token KL instead.
+
+    ## Action Space
+
+    ``Discrete(vocab_size)``: the id of the next token (``vocab_size = len(tokenizer)``).
+
+    ## Observation Space
+
+    ``Dict({"input_ids": Box(0, vocab_size - 1, (L,), int64), "attention_mask": Box(0, 1,
+    (L,), int8)})`` with ``L = max_prompt_length + max_new_tokens``: the prompt followed by
+    the tokens generated so far, left-padded with the tokenizer's pad id (mask 0), so the
+    last position always holds the latest real token.
+
+    ## Rewards
+
+    0.0 on every step but the last, which gets the task's reward for the whole response
+    (GSM8K: 1.0 right, 0.1 wrong answer, 0.0 no answer). The last step's ``info`` holds the
+    task's info (``success``, ``answer``, ...) plus ``response_tokens`` and ``response_text``.
+
+    ## Starting State
+
+    The task's prompt (system prompt and the next dataset question, rendered with the chat
+    template and generation prompt), nothing generated. ``reset``'s ``seed`` and ``options``
+    go to the task env; ``info`` is the task's reset info plus ``prompt_length``.
+
+    ## Episode End
+
+    ``terminated=True`` when the action is an EOS token (``eos_token_ids``); ``truncated=True``
+    when ``max_new_tokens`` tokens were generated without one. Either way the response is
+    scored. Libraries that bootstrap truncated episodes with the value of the final
+    observation (stable-baselines3 does) would add that value on top of the final score, and
+    a policy learns to run out the length to collect it: with them, pass
+    ``terminate_at_max_new_tokens=True``, which reports the length limit as ``terminated``.
+
+    ## Arguments
+
+    - ``task_env``: a single-turn (``max_turns=1``) ``DatasetChatEnv`` (or any ``ChatEnv``),
+      possibly wrapped, e.g. ``gym.make("LLMChat-GSM8K-v0", ...)``.
+    - ``tokenizer``: the policy's tokenizer; default the task env's. When the task env has
+      none or shows no ``"tokens"``, its conversation is rendered with this one.
+    - ``max_new_tokens``: the response's length limit (default 64).
+    - ``max_prompt_length``: room for the prompt (default 256 tokens).
+    - ``truncate_prompt``: a longer prompt keeps its last ``max_prompt_length`` tokens (True)
+      or raises a ``ValueError`` at reset (False, default), leaving the env unchanged.
+    - ``eos_token_ids``: ids that end the response; default the tokenizer's EOS.
+    - ``terminate_at_max_new_tokens``: report the length limit as ``terminated`` instead of
+      ``truncated`` (default False; see Episode End).
+    - ``render_mode``: ``"ansi"`` (the prompt and response as text) or ``"human"`` (print it).
+
+    ## Version History
+
+    - v0: Initial version.
+
+    ## Example
+
+    >>> import gymnasium as gym, llm_gym
+    >>> from llm_gym.models import load_gpt2_tokenizer
+    >>> tokenizer = load_gpt2_tokenizer()
+    >>> rows = [{"question": "What is 9 * 2?", "answer": "#### 18"}]
+    >>> env = gym.make("LLMToken-GSM8K-v0", tokenizer=tokenizer, max_new_tokens=32,
+    ...                max_prompt_length=160, dataset=rows)
+    >>> obs, info = env.reset(seed=0)
+    >>> obs["input_ids"].shape, env.action_space
+    ((192,), Discrete(50257))
+    >>> for token in tokenizer("<answer>18</answer>")["input_ids"] + [tokenizer.eos_token_id]:
+    ...     obs, reward, terminated, truncated, info = env.step(token)
+    >>> reward, terminated, truncated, info["success"]
+    (1.0, True, False, True)
+    """
+
+    metadata = {"render_modes": ["ansi", "human"], "render_fps": 4}
+
+    def __init__(
+        self,
+        task_env: gym.Env,
+        *,
+        tokenizer: Any = None,
+        max_new_tokens: int = 64,
+        max_prompt_length: int = 256,
+        truncate_prompt: bool = False,
+        eos_token_ids: int | list[int] | tuple[int, ...] | None = None,
+        terminate_at_max_new_tokens: bool = False,
+        render_mode: str | None = None,
+    ) -> None:
+        task = getattr(task_env, "unwrapped", None)
+        if not isinstance(task, ChatEnv):
+            raise TypeError(
+                "task_env must be a ChatEnv task such as a DatasetChatEnv or GSM8KEnv (possibly "
+                f"wrapped), got {type(task).__name__}"
+            )
+        if task.max_turns != 1:
+            raise ValueError(
+                "task_env must be single-turn (max_turns=1): a TokenEnv episode is one "
+                f"assistant turn, got max_turns={task.max_turns!r}"
+            )
+        if tokenizer is None:
+            tokenizer = task.tokenizer
+        if tokenizer is None:
+            raise ValueError(
+                "TokenEnv needs tokenizer= (the policy's transformers tokenizer), got None and "
+                "task_env has none either"
+            )
+        if task.tokenizer is not None and len(task.tokenizer) != len(tokenizer):
+            raise ValueError(
+                "tokenizer must be the task env's tokenizer: got one with "
+                f"{len(tokenizer)} tokens, task_env's has {len(task.tokenizer)}"
+            )
+        for name, value in (
+            ("max_new_tokens", max_new_tokens),
+            ("max_prompt_length", max_prompt_length),
+        ):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        for name, flag in (
+            ("truncate_prompt", truncate_prompt),
+            ("terminate_at_max_new_tokens", terminate_at_max_new_tokens),
+        ):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(
+                f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}"
+            )
+        self.vocab_size = len(tokenizer)
+        if eos_token_ids is None:
+            eos_token_ids = tokenizer.eos_token_id
+        eos = [] if eos_token_ids is None else np.atleast_1d(eos_token_ids).tolist()
+        if not eos or not all(isinstance(e, int) and 0 <= e < self.vocab_size for e in eos):
+            raise ValueError(
+                f"eos_token_ids must be token ids in [0, {self.vocab_size}) (default: the "
+                f"tokenizer's eos_token_id), got {eos_token_ids!r}"
+            )
+        pad = tokenizer.pad_token_id
+        self.pad_token_id = int(pad if pad is not None else eos[0])
+
+        self.task_env = task_env
+        self.tokenizer = tokenizer
+        self.max_new_tokens = int(max_new_tokens)
+        self.max_prompt_length = int(max_prompt_length)
+        self.truncate_prompt = truncate_prompt
+        self.eos_token_ids = frozenset(eos)
+        self.terminate_at_max_new_tokens = terminate_at_max_new_tokens
+        self.render_mode = render_mode
+        self.length = self.max_prompt_length + self.max_new_tokens
+        self.observation_space = spaces.Dict(
+            {
+                "input_ids": spaces.Box(0, self.vocab_size - 1, (self.length,), np.int64),
+                "attention_mask": spaces.Box(0, 1, (self.length,), np.int8),
+            }
+        )
+        self.action_space = spaces.Discrete(self.vocab_size)
+
+        self._input_ids = np.full(self.length, self.pad_token_id, dtype=np.int64)
+        self._attention_mask = np.zeros(self.length, dtype=np.int8)
+        self._prompt: np.ndarray | None = None
+        self._generated: list[int] = []
+        self._done = True  # until the first reset
+
+    # -- Gymnasium API -------------------------------------------------------------------
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        super().reset(seed=seed)
+        obs, info = self.task_env.reset(seed=seed, options=options)
+        prompt = self._prompt_tokens(obs)
+        if len(prompt) > self.max_prompt_length:
+            if not self.truncate_prompt:
+                raise ValueError(
+                    f"the prompt has {len(prompt)} tokens, more than max_prompt_length="
+                    f"{self.max_prompt_length}; raise max_prompt_length or pass "
+                    "truncate_prompt=True to keep its last tokens"
+                )
+            prompt = prompt[-self.max_prompt_length :]
+        self._prompt, self._generated, self._done = prompt, [], False
+        self._input_ids.fill(self.pad_token_id)
+        self._attention_mask.fill(0)
+        self._input_ids[self.length - len(prompt) :] = prompt
+        self._attention_mask[self.length - len(prompt) :] = 1
+        if self.render_mode == "human":
+            self.render()
+        return self._observation(), {**info, "prompt_length": len(prompt)}
+
+    def step(self, action: Any) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
+        if self._done:
+            raise gym.error.ResetNeeded(
+                "TokenEnv.step needs a reset first: the episode has not started or has ended"
+            )
+        token = self._check_action(action)
+        generated = [*self._generated, token]
+        terminated = token in self.eos_token_ids
+        truncated = not terminated and len(generated) >= self.max_new_tokens
+        if truncated and self.terminate_at_max_new_tokens:
+            terminated, truncated = True, False
+        reward, info = 0.0, {}
+        if terminated or truncated:
+            # Scored first, so that a task that rejects the response leaves this env as it was.
+            tokens = np.asarray(generated, dtype=np.int64)
+            text = self.tokenizer.decode(generated, skip_special_tokens=False)
+            _, reward, _, _, task_info = self.task_env.step(Response(text, tokens))
+            info = {**task_info, "response_tokens": tokens, "response_text": text}
+            self._done = True
+        self._generated = generated
+        # Shift the window left by one: a pad leaves at the front (there is room for
+        # max_new_tokens tokens), the new token enters at the back.
+        self._input_ids[:-1] = self._input_ids[1:]
+        self._attention_mask[:-1] = self._attention_mask[1:]
+        self._input_ids[-1], self._attention_mask[-1] = token, 1
+        if self.render_mode == "human":
+            self.render()
+        return self._observation(), float(reward), bool(terminated), bool(truncated), info
+
+    def render(self) -> str | None:
+        """``"ansi"``: the prompt and the response so far as text; ``"human"``: print it."""
+        if self._prompt is None or self.render_mode is None:
+            return None
+        ids = np.concatenate([self._prompt, np.asarray(self._generated, dtype=np.int64)])
+        text = self.tokenizer.decode(ids.tolist(), skip_special_tokens=False)
+        if self.render_mode == "human":
+            print(text)
+            return None
+        return text
+
+    def close(self) -> None:
+        self.task_env.close()
+
+    @property
+    def response_tokens(self) -> np.ndarray:
+        """The tokens generated in the current episode so far (a copy)."""
+        return np.asarray(self._generated, dtype=np.int64)
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _prompt_tokens(self, obs: Any) -> np.ndarray:
+        task = self.task_env.unwrapped
+        if isinstance(obs, dict) and "tokens" in obs:
+            return np.asarray(obs["tokens"], dtype=np.int64)
+        # The task shows no tokens (history/text mode): render its conversation the way
+        # ChatEnv does, with the task's template settings.
+        text = task.history.apply_chat_template(
+            self.tokenizer, add_generation_prompt=True, **task.template_kwargs
+        )
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return np.asarray(ids, dtype=np.int64)
+
+    def _check_action(self, action: Any) -> int:
+        # SB3 and vector envs hand over NumPy scalars or one-element arrays.
+        if isinstance(action, np.ndarray) and action.size == 1 and action.ndim <= 1:
+            if np.issubdtype(action.dtype, np.integer):
+                action = action.reshape(()).item()
+        if isinstance(action, (bool, np.bool_)) or not isinstance(action, (int, np.integer)):
+            raise TypeError(
+                f"action must be an int token id in [0, {self.vocab_size}), "
+                f"got {type(action).__name__}: {action!r:.60}"
+            )
+        if not 0 <= action < self.vocab_size:
+            raise ValueError(f"action must be a token id in [0, {self.vocab_size}), got {action}")
+        return int(action)
+
+    def _observation(self) -> dict[str, np.ndarray]:
+        return {"input_ids": self._input_ids.copy(), "attention_mask": self._attention_mask.copy()}
+
+
+def make_gsm8k_token_env(
+    tokenizer: Any = None,
+    *,
+    max_new_tokens: int = 256,
+    max_prompt_length: int = 512,
+    truncate_prompt: bool = False,
+    eos_token_ids: int | list[int] | tuple[int, ...] | None = None,
+    terminate_at_max_new_tokens: bool = False,
+    render_mode: str | None = None,
+    **gsm8k_kwargs: Any,
+) -> TokenEnv:
+    """``LLMToken-GSM8K-v0``: ``TokenEnv`` over ``GSM8KEnv(input_mode="tokens", **gsm8k_kwargs)``.
+
+    ``gsm8k_kwargs`` are ``GSM8KEnv``'s (``split``, ``data_dir``, ``dataset``, ``reward``,
+    ``seed``, ``system_prompt``, ``template_kwargs``, ...); ``max_turns`` is fixed to 1.
+    """
+    if tokenizer is None:
+        raise ValueError(
+            "LLMToken-GSM8K-v0 needs tokenizer= (a transformers tokenizer, e.g. "
+            "llm_gym.models.load_gpt2_tokenizer()), got None"
+        )
+    for key in ("input_mode", "max_turns", "observation_keys"):
+        if key in gsm8k_kwargs:
+            raise TypeError(f"LLMToken-GSM8K-v0 sets {key} itself; got {key}=")
+    task = GSM8KEnv(input_mode="tokens", tokenizer=tokenizer, max_turns=1, **gsm8k_kwargs)
+    return TokenEnv(
+        task,
+        tokenizer=tokenizer,
+        max_new_tokens=max_new_tokens,
+        max_prompt_length=max_prompt_length,
+        truncate_prompt=truncate_prompt,
+        eos_token_ids=eos_token_ids,
+        terminate_at_max_new_tokens=terminate_at_max_new_tokens,
+        render_mode=render_mode,
+    )

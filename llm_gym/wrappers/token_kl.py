@@ -1,0 +1,159 @@
+"""``TokenKLWrapper``: a per-token KL penalty for ``TokenEnv``, for token-level RL libraries.
+
+The chat-level KL wrappers charge a whole response at once. With ``TokenEnv`` each step is
+one token, so the penalty can be charged where it arises, as RL4LMs and TRL's PPO do:
+``reward_t -= coef * kl(log π(a_t|s_t), log π_ref(a_t|s_t))``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from llm_gym.envs.tokens import TokenEnv
+from llm_gym.wrappers.controllers import KLController
+from llm_gym.wrappers.estimators import kl_estimate
+from llm_gym.wrappers.kl import KLCoefficient, check_kl_settings, record_args
+
+__all__ = ["TokenKLWrapper", "next_token_log_probs"]
+
+
+def next_token_log_probs(
+    model: Any, input_ids: np.ndarray, attention_mask: np.ndarray, allowed: torch.Tensor | None
+) -> torch.Tensor:
+    """log π(· | s) over the vocabulary at the last position of left-padded rows ``(B, L)``."""
+    ids = torch.as_tensor(input_ids, dtype=torch.long, device=model.device)
+    mask = torch.as_tensor(attention_mask, dtype=torch.long, device=model.device)
+    kwargs = {"logits_to_keep": 1} if _keeps_logits(model) else {}
+    with torch.inference_mode():
+        out = model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+            use_cache=False,
+            **kwargs,
+        )
+        logits = out.logits[:, -1].float()
+        if allowed is not None:
+            logits = logits[:, : allowed.shape[0]].masked_fill(~allowed, float("-inf"))
+        return torch.log_softmax(logits, dim=-1)
+
+
+def _keeps_logits(model: Any) -> bool:
+    return "logits_to_keep" in inspect.signature(model.forward).parameters
+
+
+class TokenKLWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs, KLCoefficient):
+    """Subtract ``coef · kl_t`` from each ``TokenEnv`` step's reward.
+
+    ``kl_t`` is the estimator applied to the generator's and the reference's log-prob of the
+    token just taken, given the observation it was taken in: k1 (TorchRL's ``log p − log q``),
+    k2 or k3. Both models score the same left-padded window the policy saw. ``info`` gets
+    ``log_prob``, ``ref_log_prob``, ``kl`` and ``kl_penalty`` (``coef · kl_t``) every step.
+
+    Args:
+        env: a ``TokenEnv`` (possibly wrapped).
+        gen_model: the policy's causal LM (for SB3, the object given as
+            ``policy_kwargs["model"]``, which PPO trains in place, so log π is current).
+        ref_model: the frozen reference LM (same tokenizer).
+        coef: KL coefficient (ignored when ``kl_controller`` is given).
+        estimator: ``"k1"``, ``"k2"`` or ``"k3"``.
+        add_to_reward: subtract the penalty from the reward (else only report it).
+        allowed_token_ids: renormalize both distributions over these ids, to match a policy
+            whose actions are restricted (``LLMActorCriticPolicy(allowed_token_ids=...)``).
+        kl_controller: a KL controller; ``update_kl_coef()`` updates it from the steps since
+            the last update.
+
+    >>> import llm_gym
+    >>> from llm_gym.envs import DatasetChatEnv
+    >>> from llm_gym.models import load_gpt2_tokenizer, tiny_model
+    >>> tokenizer = load_gpt2_tokenizer()
+    >>> task = DatasetChatEnv([{"query": "Hi"}], input_mode="tokens", tokenizer=tokenizer)
+    >>> env = llm_gym.TokenEnv(task, max_new_tokens=3, max_prompt_length=32)
+    >>> model = tiny_model(tokenizer)
+    >>> env = TokenKLWrapper(env, model, model, coef=0.1)
+    >>> obs, info = env.reset(seed=0)
+    >>> obs, reward, terminated, truncated, info = env.step(40)
+    >>> reward, float(info["kl"])  # the reference is the policy itself
+    (0.0, 0.0)
+    """
+
+    def __init__(
+        self,
+        env: gym.Env,
+        gen_model: Any,
+        ref_model: Any,
+        coef: float = 0.05,
+        *,
+        estimator: str = "k1",
+        add_to_reward: bool = True,
+        allowed_token_ids: Sequence[int] | None = None,
+        kl_controller: KLController | None = None,
+    ) -> None:
+        record_args(self, locals())
+        if not isinstance(env.unwrapped, TokenEnv):
+            raise TypeError(
+                f"env must be a TokenEnv (possibly wrapped), got {type(env.unwrapped).__name__}; "
+                "for chat envs use RetrieveKL or KLRewardWrapper"
+            )
+        vocab = env.unwrapped.vocab_size
+        for name, model in (("gen_model", gen_model), ("ref_model", ref_model)):
+            head = getattr(model, "get_output_embeddings", lambda: None)()
+            if head is None or not callable(model):
+                raise TypeError(
+                    f"{name} must be a transformers causal LM, got {type(model).__name__}"
+                )
+            if head.weight.shape[0] < vocab:
+                raise ValueError(
+                    f"{name}'s LM head has {head.weight.shape[0]} outputs, fewer than the "
+                    f"env's {vocab} tokens: model and tokenizer do not match"
+                )
+        self.kl_controller = check_kl_settings(coef, estimator, kl_controller)
+        allowed = None
+        if allowed_token_ids is not None:
+            ids = [int(i) for i in allowed_token_ids]
+            if not ids or min(ids) < 0 or max(ids) >= vocab:
+                raise ValueError(
+                    f"allowed_token_ids must be a non-empty list of ids in [0, {vocab}), "
+                    f"got {list(allowed_token_ids)[:5]}"
+                )
+            allowed = torch.zeros(vocab, dtype=torch.bool)
+            allowed[ids] = True
+        gym.Wrapper.__init__(self, env)
+        self.gen_model, self.ref_model = gen_model, ref_model
+        self.estimator, self.add_to_reward = estimator, add_to_reward
+        self._allowed = allowed
+        self._obs: dict[str, np.ndarray] | None = None
+        self._kl_rewards = []
+
+    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        obs, info = self.env.reset(**kwargs)
+        self._obs = obs
+        return obs, info
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        if self._obs is None:
+            raise gym.error.ResetNeeded("Cannot call TokenKLWrapper.step before reset")
+        state = self._obs
+        # Checked and scored before the env steps, so that a bad action changes nothing.
+        token = self.env.unwrapped._check_action(action)
+        allowed = None if self._allowed is None else self._allowed.to(self.gen_model.device)
+        if allowed is not None and not allowed[token]:
+            raise ValueError(f"action {token} is not among allowed_token_ids")
+        ids, mask = state["input_ids"][None], state["attention_mask"][None]
+        gen = float(next_token_log_probs(self.gen_model, ids, mask, allowed)[0, token])
+        ref = float(next_token_log_probs(self.ref_model, ids, mask, allowed)[0, token])
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        kl = float(kl_estimate(np.array([gen]), np.array([ref]), self.estimator)[0])
+        penalty = self.coef * kl
+        self._kl_rewards.append(-penalty)
+        self._obs = obs
+        info = {**info, "log_prob": gen, "ref_log_prob": ref, "kl": kl, "kl_penalty": penalty}
+        if self.add_to_reward:
+            reward = float(reward) - penalty
+        return obs, reward, terminated, truncated, info
