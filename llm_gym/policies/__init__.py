@@ -3,4 +3,13 @@
 from llm_gym.policies.distributions import MaskedCategorical
 from llm_gym.policies.transformers import LogProbOutput, TransformersPolicy
 
-__all__ = ["LogProbOutput", "MaskedCategorical", "TransformersPolicy"]
+__all__ = ["LLMActorCriticPolicy", "LogProbOutput", "MaskedCategorical", "TransformersPolicy"]
+
+
+def __getattr__(name: str):
+    # Imported on first use: stable-baselines3 is an optional dependency (extra "sb3").
+    if name == "LLMActorCriticPolicy":
+        from llm_gym.policies.sb3 import LLMActorCriticPolicy
+
+        return LLMActorCriticPolicy
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,315 @@
+"""``LLMActorCriticPolicy``: a transformers causal LM as a stable-baselines3 actor-critic.
+
+For token-level envs (``llm_gym.TokenEnv``, RL4LMs' design): the observation is a batch of
+left-padded ``input_ids``/``attention_mask`` rows, the action is the next token. The LM head
+at each row's last real token gives the action logits; a value head on the same hidden state
+(or on a separate value model) gives the value. Usable with PPO and A2C::
+
+    PPO(LLMActorCriticPolicy, env, policy_kwargs={"model": model})
+
+Saving: SB3 stores the parameters (the LM's included) in the zip's state dicts and pickles
+``policy_kwargs`` beside them. A model *object* in ``policy_kwargs`` is pickled whole (fine
+for small models; the file then holds the weights twice); a local folder path or a factory
+function is pickled as a name, and ``PPO.load`` rebuilds the model from it before loading
+the trained weights.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from gymnasium import spaces
+from stable_baselines3.common.distributions import CategoricalDistribution
+from stable_baselines3.common.policies import ActorCriticPolicy
+from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
+from torch import nn
+
+from llm_gym.policies._inputs import position_ids
+
+__all__ = ["LLMActorCriticPolicy", "ModelSpec", "resolve_model"]
+
+# A model object, a local folder saved with save_pretrained ("default": SmolLM2), or a
+# function returning a model.
+ModelSpec = nn.Module | str | os.PathLike | Callable[[], nn.Module]
+
+
+def resolve_model(spec: ModelSpec, argument: str = "model") -> nn.Module:
+    """The transformers model a ``ModelSpec`` names (objects are returned as they are)."""
+    if isinstance(spec, nn.Module):
+        model = spec
+    elif isinstance(spec, (str, os.PathLike)):
+        from llm_gym.models import load_model
+
+        model = load_model(spec)[0]
+    elif callable(spec):
+        model = spec()
+    else:
+        raise TypeError(
+            f"{argument} must be a transformers model, a local model folder or a function "
+            f"returning a model, got {type(spec).__name__}"
+        )
+    if not (isinstance(model, nn.Module) and hasattr(model, "config")):
+        raise TypeError(f"{argument} must give a transformers model, got {type(model).__name__}")
+    return model
+
+
+def last_positions(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Index of each row's last real token (the mask's last 1), for left or right padding."""
+    length = attention_mask.shape[-1]
+    return length - 1 - attention_mask.flip(-1).argmax(-1)
+
+
+class LLMActorCriticPolicy(ActorCriticPolicy):
+    """An SB3 ``ActorCriticPolicy`` whose actor is a causal LM and whose critic is a value head.
+
+    Observations are dicts of ``input_ids`` and ``attention_mask`` rows (``TokenEnv``'s); the
+    action distribution is ``Categorical(lm_head(h_last))`` over the vocabulary, where
+    ``h_last`` is the final hidden state at each row's last real token (position ids count
+    from the first real token, so left padding changes nothing). The value is
+    ``value_head(h_last)``, a linear layer initialised to zero, on the policy LM's hidden
+    state, or on ``value_model``'s when one is given. The LM stays in eval mode (no dropout)
+    while training: PPO's probability ratio must compare the same function at rollout and
+    update time.
+
+    Args:
+        observation_space / action_space / lr_schedule: given by the SB3 algorithm.
+        model: the policy LM: a transformers causal LM, a local folder saved with
+            ``save_pretrained`` (``"default"`` for SmolLM2-135M-Instruct), or a function
+            returning a model. It is trained in place.
+        value_model: optional separate critic trunk (a causal LM or a base model, same
+            forms as ``model``). Default: the value head shares the policy LM.
+        allowed_token_ids: restrict the actions to these token ids (the others get
+            probability 0), e.g. digits and EOS for an arithmetic task. Default: all.
+        use_sde: must be False (passed by SB3).
+        optimizer_class / optimizer_kwargs: as SB3's; only parameters with
+            ``requires_grad`` are optimised, so freezing LM layers works.
+
+    >>> import gymnasium as gym, llm_gym, torch
+    >>> from stable_baselines3 import PPO
+    >>> from llm_gym.models import load_gpt2_tokenizer, tiny_model
+    >>> tokenizer = load_gpt2_tokenizer()
+    >>> env = gym.make("LLMToken-GSM8K-v0", tokenizer=tokenizer, max_new_tokens=4,
+    ...                max_prompt_length=160, dataset=[{"question": "1+1?", "answer": "#### 2"}])
+    >>> agent = PPO(LLMActorCriticPolicy, env, n_steps=8, batch_size=8, n_epochs=1, seed=0,
+    ...             policy_kwargs={"model": tiny_model(tokenizer)})
+    >>> agent = agent.learn(total_timesteps=8)
+    >>> obs, info = env.reset(seed=0)
+    >>> action, _ = agent.predict(obs, deterministic=True)
+    >>> env.action_space.contains(int(action))
+    True
+    """
+
+    def __init__(
+        self,
+        observation_space: spaces.Dict,
+        action_space: spaces.Discrete,
+        lr_schedule: Schedule,
+        model: ModelSpec,
+        *,
+        value_model: ModelSpec | None = None,
+        allowed_token_ids: Sequence[int] | None = None,
+        use_sde: bool = False,
+        optimizer_class: type[torch.optim.Optimizer] = torch.optim.Adam,
+        optimizer_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        _check_spaces(observation_space, action_space)
+        if use_sde:
+            raise ValueError("use_sde must be False: the action space is Discrete, got True")
+        policy_lm = resolve_model(model, "model")
+        if policy_lm.get_output_embeddings() is None:
+            raise TypeError(
+                f"model must be a causal LM with an LM head (AutoModelForCausalLM), got "
+                f"{type(policy_lm).__name__}"
+            )
+        n_actions = int(action_space.n)
+        lm_vocab = policy_lm.get_output_embeddings().weight.shape[0]
+        if lm_vocab < n_actions:
+            raise ValueError(
+                f"model's LM head has {lm_vocab} outputs but the action space has {n_actions} "
+                "tokens: the model and the env's tokenizer do not match"
+            )
+        critic = None if value_model is None else resolve_model(value_model, "value_model")
+        allowed = _allowed_mask(allowed_token_ids, n_actions)
+
+        # ActorCriticPolicy builds its MLP heads in _build; here _build only records the
+        # schedule, and the LM parts are attached once nn.Module is set up.
+        super().__init__(
+            observation_space,
+            action_space,
+            lr_schedule,
+            net_arch=[],
+            ortho_init=False,
+            optimizer_class=optimizer_class,
+            optimizer_kwargs=optimizer_kwargs,
+        )
+        self._model_spec, self._value_model_spec = model, value_model
+        self.allowed_token_ids = (
+            None if allowed_token_ids is None else [int(i) for i in allowed_token_ids]
+        )
+        self.model = policy_lm
+        self.value_model = critic
+        trunk = critic if critic is not None else policy_lm
+        self.value_head = nn.Linear(trunk.config.get_text_config().hidden_size, 1)
+        nn.init.zeros_(self.value_head.weight)
+        nn.init.zeros_(self.value_head.bias)
+        self.register_buffer("allowed_token_mask", allowed, persistent=False)
+        self.set_training_mode(False)
+        _check_lm_head(policy_lm)
+        trainable = [p for p in self.parameters() if p.requires_grad]
+        self.optimizer = self.optimizer_class(trainable, lr=lr_schedule(1), **self.optimizer_kwargs)
+
+    def _build(self, lr_schedule: Schedule) -> None:
+        # Called by ActorCriticPolicy.__init__ before the LM can be attached; see __init__.
+        pass
+
+    def _get_constructor_parameters(self) -> dict[str, Any]:
+        # What BaseModel.save/load (policy-only files) rebuilds the policy from.
+        return {
+            "observation_space": self.observation_space,
+            "action_space": self.action_space,
+            "lr_schedule": self._dummy_schedule,
+            "model": self._model_spec,
+            "value_model": self._value_model_spec,
+            "allowed_token_ids": self.allowed_token_ids,
+            "optimizer_class": self.optimizer_class,
+            "optimizer_kwargs": self.optimizer_kwargs,
+        }
+
+    def set_training_mode(self, mode: bool) -> None:
+        super().set_training_mode(mode)
+        # No dropout, in rollouts or updates: see the class docstring.
+        self.model.eval()
+        if self.value_model is not None:
+            self.value_model.eval()
+
+    # -- SB3's policy interface ------------------------------------------------------------
+
+    def forward(
+        self, obs: PyTorchObs, deterministic: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        logits, hidden = self._actor(obs)
+        distribution = self._distribution(logits)
+        actions = distribution.get_actions(deterministic=deterministic)
+        return actions, self._value(obs, hidden), distribution.log_prob(actions)
+
+    def evaluate_actions(
+        self, obs: PyTorchObs, actions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        logits, hidden = self._actor(obs)
+        distribution = self._distribution(logits)
+        log_prob = distribution.log_prob(actions)
+        return self._value(obs, hidden), log_prob, distribution.entropy()
+
+    def get_distribution(self, obs: PyTorchObs) -> CategoricalDistribution:
+        return self._distribution(self._actor(obs)[0])
+
+    def predict_values(self, obs: PyTorchObs) -> torch.Tensor:
+        if self.value_model is not None:
+            return self._value(obs, None)
+        ids, mask = _inputs(obs)
+        return self.value_head(self._trunk_hidden(self.model, ids, mask).float())
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _actor(self, obs: PyTorchObs) -> tuple[torch.Tensor, torch.Tensor]:
+        """Action logits ``(B, n_actions)`` and the final hidden state ``(B, H)`` at each
+        row's last real token, from one pass of the trunk and the LM head at those rows."""
+        ids, mask = _inputs(obs)
+        hidden = self._trunk_hidden(self.model, ids, mask)
+        logits = self.model.get_output_embeddings()(hidden)
+        # An LM head padded past the tokenizer's vocabulary has outputs no action names.
+        logits = logits[:, : int(self.action_space.n)].float()
+        if self.allowed_token_mask is not None:
+            logits = logits.masked_fill(~self.allowed_token_mask, torch.finfo(logits.dtype).min)
+        return logits, hidden
+
+    def _distribution(self, logits: torch.Tensor) -> CategoricalDistribution:
+        return self.action_dist.proba_distribution(action_logits=logits)
+
+    def _value(self, obs: PyTorchObs, hidden: torch.Tensor | None) -> torch.Tensor:
+        if self.value_model is not None:
+            ids, mask = _inputs(obs)
+            hidden = self._trunk_hidden(self.value_model, ids, mask)
+        return self.value_head(hidden.float())
+
+    @staticmethod
+    def _trunk_hidden(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The final hidden state at each row's last real token, without the LM head."""
+        trunk = getattr(model, "base_model", model)
+        out = trunk(
+            input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), use_cache=False
+        )
+        rows = torch.arange(ids.shape[0], device=ids.device)
+        return out.last_hidden_state[rows, last_positions(mask)]
+
+
+def _check_lm_head(model: nn.Module) -> None:
+    """The LM head on the trunk's last hidden state must give the model's own logits.
+
+    The policy computes them that way (the trunk once, the head at one position per row),
+    not with ``model(..., output_hidden_states=True)``, which in transformers 5 installs
+    forward hooks that make the model unpicklable (and SB3 pickles ``policy_kwargs``).
+    Models that post-process their logits (e.g. Gemma 2's soft-capping) are refused here.
+    """
+    ids = torch.arange(1, 4, device=model.device)[None] % model.config.get_text_config().vocab_size
+    with torch.no_grad():
+        full = model(input_ids=ids, use_cache=False).logits[:, -1].float()
+        trunk = getattr(model, "base_model", model)
+        hidden = trunk(input_ids=ids, use_cache=False).last_hidden_state[:, -1]
+        head = model.get_output_embeddings()(hidden).float()
+    if not torch.allclose(full, head, rtol=1e-3, atol=1e-3):
+        raise ValueError(
+            f"model ({type(model).__name__}) post-processes its logits beyond its LM head "
+            "(e.g. soft-capping or scaling), which LLMActorCriticPolicy does not reproduce"
+        )
+
+
+def _inputs(obs: PyTorchObs) -> tuple[torch.Tensor, torch.Tensor]:
+    # SB3 may hand over float tensors (its preprocessing casts Box observations); ids up
+    # to 2**24 survive float32 exactly.
+    ids, mask = obs["input_ids"].long(), obs["attention_mask"].long()
+    if not bool(mask.any(-1).all()):
+        raise ValueError("every observation row needs a real token: attention_mask is all 0")
+    return ids, mask
+
+
+def _check_spaces(observation_space: Any, action_space: Any) -> None:
+    keys = ("input_ids", "attention_mask")
+    if not isinstance(observation_space, spaces.Dict) or any(
+        not isinstance(observation_space.spaces.get(k), spaces.Box) for k in keys
+    ):
+        raise TypeError(
+            "observation_space must be a Dict with 'input_ids' and 'attention_mask' Box "
+            f"spaces (a TokenEnv's), got {observation_space}"
+        )
+    shapes = {observation_space[k].shape for k in keys}
+    if len(shapes) != 1 or len(next(iter(shapes))) != 1:
+        raise ValueError(
+            "observation_space's input_ids and attention_mask must be 1-D of one length, got "
+            f"shapes {[observation_space[k].shape for k in keys]}"
+        )
+    if not isinstance(action_space, spaces.Discrete):
+        raise TypeError(f"action_space must be Discrete (token ids), got {action_space}")
+
+
+def _allowed_mask(allowed_token_ids: Sequence[int] | None, n_actions: int) -> torch.Tensor | None:
+    if allowed_token_ids is None:
+        return None
+    ids = list(allowed_token_ids)
+    bad = [
+        i
+        for i in ids
+        if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not 0 <= i < n_actions
+    ]
+    if not ids or bad:
+        raise ValueError(
+            f"allowed_token_ids must be a non-empty list of token ids in [0, {n_actions}), "
+            f"got {'an empty list' if not ids else f'invalid ids {bad[:5]}'}"
+        )
+    mask = torch.zeros(n_actions, dtype=torch.bool)
+    mask[[int(i) for i in ids]] = True
+    return mask
