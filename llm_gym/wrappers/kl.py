@@ -125,6 +125,29 @@ def check_kl_settings(coef: float, estimator: str, kl_controller: Any) -> KLCont
     return kl_controller
 
 
+class PromptScorer:
+    """Shared by the single-env and vector ``RetrieveLogProb``: the prompt each env showed
+    last, and the scoring of responses against it."""
+
+    env: Any
+
+    def _setup_scorer(self, model: Any, key: str, assistant_only: bool) -> None:
+        check_scoring_model(model, "model")
+        self.model, self.log_prob_key, self.assistant_only = model, key, assistant_only
+        self._prompt: Any = None
+
+    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        obs, info = self.env.reset(**kwargs)
+        self._prompt = obs
+        return obs, info
+
+    def _score_actions(self, actions: list[Any], batched: bool) -> list[np.ndarray]:
+        if self._prompt is None:
+            raise gym.error.ResetNeeded("Cannot call step before reset")
+        responses = [as_response(a) for a in actions]
+        return score(self.model, self._prompt, responses, self.assistant_only, batched)
+
+
 class KLCoefficient:
     """The KL coefficient, its controller and the KL rewards collected for its next update."""
 
@@ -144,10 +167,54 @@ class KLCoefficient:
         return self.kl_controller.update(values)
 
 
+class KLCharge(KLCoefficient):
+    """Shared by the single-env and vector ``KLComputation``: settings and the per-token
+    charge."""
+
+    def _setup_kl(
+        self,
+        env: Any,
+        gen_key: str,
+        ref_key: str,
+        coef: float,
+        estimator: str,
+        add_to_reward: bool,
+        kl_key: str,
+        kl_controller: KLController | None,
+    ) -> None:
+        self.kl_controller = check_kl_settings(coef, estimator, kl_controller)
+        if not provides_key(env, ref_key):
+            raise ValueError(
+                f"KLComputation reads info[{ref_key!r}]: wrap the env in "
+                f"RetrieveLogProb(env, ref_model, key={ref_key!r}) first (or use RetrieveKL)"
+            )
+        self.gen_key, self.ref_key, self.kl_key = gen_key, ref_key, kl_key
+        self.estimator, self.add_to_reward = estimator, add_to_reward
+        self._gen_from_info = provides_key(env, gen_key)
+        self._kl_rewards = []
+
+    def _actions_log_probs(self, actions: list[Any]) -> list[np.ndarray] | None:
+        """The generator's log-probs from the actions, unless an inner wrapper supplies them;
+        checked before the env steps, so a missing one changes nothing."""
+        if self._gen_from_info:
+            return None
+        return [action_log_probs(a, self.gen_key) for a in actions]
+
+    def _charge(self, gens: Any, refs: Any, rewards: Any) -> list[dict[str, Any]]:
+        """Per env: the info entries (gen log-probs, KL, penalty, token rewards)."""
+        coef, parts = self.coef, []
+        for gen, ref, reward in zip(gens, refs, rewards, strict=True):
+            part = kl_parts(gen, ref, float(reward), coef, self.estimator)
+            part[self.gen_key], part[self.kl_key] = gen, part.pop("kl")
+            parts.append(part)
+        self._kl_rewards.extend(-part["kl_penalty"] for part in parts)
+        return parts
+
+
 # -- single-env wrappers -----------------------------------------------------------------
 
 
-class RetrieveLogProb(gym.Wrapper, gym.utils.RecordConstructorArgs):
+class RetrieveLogProb(PromptScorer, gym.Wrapper, gym.utils.RecordConstructorArgs):
     """Put a model's log-probs of each step's response tokens into ``info[key]``.
 
     Args:
@@ -166,28 +233,19 @@ class RetrieveLogProb(gym.Wrapper, gym.utils.RecordConstructorArgs):
         assistant_only: bool = True,
     ) -> None:
         record_args(self, locals())
-        check_scoring_model(model, "model")
+        self._setup_scorer(model, key, assistant_only)
         gym.Wrapper.__init__(self, env)
-        self.model, self.log_prob_key, self.assistant_only = model, key, assistant_only
-        self._prompt: Any = None
-
-    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
-        obs, info = self.env.reset(**kwargs)
-        self._prompt = obs
-        return obs, info
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
-        if self._prompt is None:
-            raise gym.error.ResetNeeded("Cannot call step before reset")
         # Scored before the env steps, so a response the model rejects changes nothing.
-        (log_probs,) = score(self.model, self._prompt, [as_response(action)], self.assistant_only)
+        (log_probs,) = self._score_actions([action], batched=False)
         obs, reward, terminated, truncated, info = self.env.step(action)
         info[self.log_prob_key] = log_probs
         self._prompt = obs
         return obs, reward, terminated, truncated, info
 
 
-class KLComputation(gym.Wrapper, gym.utils.RecordConstructorArgs, KLCoefficient):
+class KLComputation(KLCharge, gym.Wrapper, gym.utils.RecordConstructorArgs):
     """Per-token KL from ``info[gen_key]`` and ``info[ref_key]``; optionally a reward penalty.
 
     Writes ``info[kl_key]`` (``float32`` per response token), ``info["kl_penalty"]`` (``coef ·
@@ -219,30 +277,16 @@ class KLComputation(gym.Wrapper, gym.utils.RecordConstructorArgs, KLCoefficient)
         kl_controller: KLController | None = None,
     ) -> None:
         record_args(self, locals())
-        self.kl_controller = check_kl_settings(coef, estimator, kl_controller)
-        if not provides_key(env, ref_key):
-            raise ValueError(
-                f"KLComputation reads info[{ref_key!r}]: wrap the env in "
-                f"RetrieveLogProb(env, ref_model, key={ref_key!r}) first (or use RetrieveKL)"
-            )
+        self._setup_kl(env, gen_key, ref_key, coef, estimator, add_to_reward, kl_key, kl_controller)
         gym.Wrapper.__init__(self, env)
-        self.gen_key, self.ref_key, self.kl_key = gen_key, ref_key, kl_key
-        self.estimator, self.add_to_reward = estimator, add_to_reward
-        self._gen_from_info = provides_key(env, gen_key)
-        self._kl_rewards = []
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
-        gen = None if self._gen_from_info else action_log_probs(action, self.gen_key)
+        gens = self._actions_log_probs([action])
         obs, reward, terminated, truncated, info = self.env.step(action)
-        if gen is None:
-            gen = info[self.gen_key]
-        parts = kl_parts(gen, info[self.ref_key], float(reward), self.coef, self.estimator)
-        info[self.gen_key] = gen
-        info[self.kl_key] = parts.pop("kl")
-        info.update(parts)
-        self._kl_rewards.append(-parts["kl_penalty"])
+        (part,) = self._charge(gens or [info[self.gen_key]], [info[self.ref_key]], [reward])
+        info.update(part)
         if self.add_to_reward:
-            reward = float(reward) - parts["kl_penalty"]
+            reward = float(reward) - part["kl_penalty"]
         return obs, reward, terminated, truncated, info
 
 
