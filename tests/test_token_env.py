@@ -151,6 +151,25 @@ def test_gymnasium_and_sb3_env_checkers_pass(gpt2_tokenizer):
         sb3_check_env(env)
 
 
+def test_gymnasium_vector_env(gpt2_tokenizer):
+    rows = [{"question": f"{i}+{i}?", "answer": f"#### {2 * i}"} for i in range(4)]
+    envs = gym.make_vec(
+        "LLMToken-GSM8K-v0",
+        num_envs=2,
+        vectorization_mode="sync",
+        tokenizer=gpt2_tokenizer,
+        max_new_tokens=2,
+        max_prompt_length=160,
+        dataset=rows,
+    )
+    obs, _ = envs.reset(seed=0)
+    assert obs["input_ids"].shape == (2, 162) and obs["input_ids"].dtype == np.int64
+    envs.step(np.array([40, 41]))
+    obs, rewards, terminated, truncated, _ = envs.step(np.array([40, 41]))
+    assert truncated.tolist() == [True, True] and rewards.tolist() == [0.0, 0.0]
+    envs.close()
+
+
 # -- errors -------------------------------------------------------------------------------
 
 

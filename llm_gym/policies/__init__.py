@@ -6,7 +6,7 @@ from llm_gym.policies.transformers import LogProbOutput, TransformersPolicy
 __all__ = ["LLMActorCriticPolicy", "LogProbOutput", "MaskedCategorical", "TransformersPolicy"]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> type:
     # Imported on first use: stable-baselines3 is an optional dependency (extra "sb3").
     if name == "LLMActorCriticPolicy":
         from llm_gym.policies.sb3 import LLMActorCriticPolicy

@@ -94,9 +94,9 @@ class LLMActorCriticPolicy(ActorCriticPolicy):
     >>> tokenizer = load_gpt2_tokenizer()
     >>> env = gym.make("LLMToken-GSM8K-v0", tokenizer=tokenizer, max_new_tokens=4,
     ...                max_prompt_length=160, dataset=[{"question": "1+1?", "answer": "#### 2"}])
-    >>> agent = PPO(LLMActorCriticPolicy, env, n_steps=8, batch_size=8, n_epochs=1, seed=0,
+    >>> agent = PPO(LLMActorCriticPolicy, env, n_steps=4, batch_size=4, n_epochs=1, seed=0,
     ...             policy_kwargs={"model": tiny_model(tokenizer)})
-    >>> agent = agent.learn(total_timesteps=8)
+    >>> agent = agent.learn(total_timesteps=4)
     >>> obs, info = env.reset(seed=0)
     >>> action, _ = agent.predict(obs, deterministic=True)
     >>> env.action_space.contains(int(action))
