@@ -14,23 +14,40 @@ import torch.nn.functional as F
 
 from llm_gym.policies._inputs import Encoded
 
-__all__ = ["DIST_MASKS", "dist_mask", "has_prefix", "token_log_probs"]
+__all__ = ["DIST_MASKS", "dist_mask", "gather_log_probs", "has_prefix", "token_log_probs"]
 
 # get_dist mask names; the second of each pair is TorchRL's name for the use case.
 DIST_MASKS = {"prompt": "prompt", "sft": "prompt", "assistant": "assistant", "rlhf": "assistant"}
 DIST_MASKS |= {"attention": "attention", "generic": "attention"}
 
 
+# About 24 MB of float32 logits per chunk: log_softmax's temporary then stays in cache, which
+# measured 2x faster on CPU than one logsumexp over the whole (B, T, V) batch (whose composite
+# kernel writes several batch-sized temporaries), and peak memory stays flat.
+_CHUNK_ELEMENTS = 6 * 2**20
+
+
+def gather_log_probs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """``log_softmax(logits)[i, targets[i]]`` for ``(N, V)`` logits, in float32, chunked."""
+    rows = max(1, _CHUNK_ELEMENTS // logits.shape[-1])
+    out = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+    for start in range(0, logits.shape[0], rows):
+        chunk = logits[start : start + rows].float()
+        picked = torch.log_softmax(chunk, dim=-1).gather(-1, targets[start : start + rows, None])
+        out[start : start + rows] = picked.squeeze(-1)
+    return out
+
+
 def token_log_probs(
     logits: torch.Tensor, ids: torch.Tensor, attention: torch.Tensor
 ) -> torch.Tensor:
     """``(B, T)`` log π(ids[t] | ids[:t]); 0 at padding and at each sequence's first token."""
-    shifted = logits[:, :-1]
-    if shifted.dtype != torch.float32:
-        shifted = shifted.float()
-    chosen = shifted.gather(-1, ids[:, 1:, None]).squeeze(-1)
-    # gather - logsumexp reads the logits once; log_softmax would write a second (B, T, V).
-    log_probs = F.pad(chosen - torch.logsumexp(shifted, dim=-1), (1, 0))
+    batch, width, vocab = logits.shape
+    # Position t's logits predict token t + 1; the last position predicts nothing (target 0,
+    # dropped below). Flattening (B, T) keeps the logits a view, with no shifted copy.
+    targets = F.pad(ids[:, 1:], (0, 1)).reshape(-1)
+    predicted = gather_log_probs(logits.reshape(-1, vocab), targets).view(batch, width)
+    log_probs = F.pad(predicted[:, :-1], (1, 0))
     return log_probs.masked_fill(~has_prefix(attention), 0.0)
 
 

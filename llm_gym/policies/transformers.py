@@ -28,7 +28,7 @@ from llm_gym.policies._inputs import (
     split_observation,
     split_responses,
 )
-from llm_gym.policies._scoring import dist_mask, has_prefix, token_log_probs
+from llm_gym.policies._scoring import dist_mask, gather_log_probs, has_prefix, token_log_probs
 from llm_gym.policies.distributions import MaskedCategorical
 
 __all__ = ["TransformersPolicy", "LogProbOutput"]
@@ -274,9 +274,7 @@ class TransformersPolicy:
                 # One vectorized gather per generated step (not per token); raw logits.
                 log_probs = torch.empty(new.shape, dtype=torch.float32, device=new.device)
                 for step, logits in enumerate(out.logits):
-                    logits = logits.float()
-                    chosen = logits.gather(1, new[:, step, None]).squeeze(1)
-                    log_probs[:, step] = chosen - torch.logsumexp(logits, dim=-1)
+                    log_probs[:, step] = gather_log_probs(logits, new[:, step])
                 log_probs = log_probs.cpu().numpy()
         tokens = new.cpu().numpy()
         lengths = lengths.cpu().tolist()
