@@ -66,6 +66,34 @@ def interleaved(a: Callable[[], object], b: Callable[[], object], rounds: int) -
     return times
 
 
+class OwnTime:
+    """Seconds a policy call spends outside one model method: the adapter's own work.
+
+    The method (``generate`` or ``forward``) is wrapped on the model instance; the time inside
+    it is subtracted from the call's. Unlike a ratio of two separately timed calls, this does
+    not depend on the machine being as busy during both.
+    """
+
+    def __init__(self, model: torch.nn.Module, method: str, call: Callable[[], object]) -> None:
+        self.inside, self.own = 0.0, []
+        inner = getattr(model, method)
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.inside += time.perf_counter() - start
+
+        setattr(model, method, timed)
+        self._call = call
+
+    def __call__(self) -> None:
+        self.inside, start = 0.0, time.perf_counter()
+        self._call()
+        self.own.append(time.perf_counter() - start - self.inside)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=16, help="GSM8K questions in the batch")
@@ -110,7 +138,8 @@ def main() -> None:
         assert np.array_equal(row[:n].numpy(), response.tokens), "policy and raw generate differ"
     policy_tokens = sum(len(r.tokens) for r in responses)
 
-    t = interleaved(lambda: policy(obs), raw_generate, args.rounds)
+    policy_call = OwnTime(model, "generate", lambda: policy(obs))
+    t = interleaved(policy_call, raw_generate, args.rounds)
     print(
         f"batch: {args.n} GSM8K prompts, {policy_tokens} new tokens "
         f"(greedy, at most {args.max_new_tokens} each)"
@@ -123,6 +152,7 @@ def main() -> None:
             f"generate throughput ({clock}): policy {policy_rate:.1f} vs raw {raw_rate:.1f} "
             f"new tok/s, ratio {policy_rate / raw_rate:.3f} (target >= 0.95)"
         )
+    _report_own("generate", policy_call.own[1:], t["b_wall"])  # [0]: warm-up
 
     scorer = policy.get_new_version(generate=False)
     full_ids, full_mask = left_pad(
@@ -133,17 +163,27 @@ def main() -> None:
         with torch.inference_mode():
             return model(input_ids=full_ids, attention_mask=full_mask).logits
 
-    t = interleaved(lambda: scorer(obs, responses), bare_forward, args.rounds)
+    scorer_call = OwnTime(model, "forward", lambda: scorer(obs, responses))
+    t = interleaved(scorer_call, bare_forward, args.rounds)
     print(f"log-prob batch: {tuple(full_ids.shape)} prompt + response tokens")
     _report("log-prob", "policy", "bare forward", t)
     for clock in ("wall", "cpu"):
         ratio = statistics.median(t[f"a_{clock}"]) / statistics.median(t[f"b_{clock}"])
         print(f"log-prob time ratio ({clock}) policy/bare forward: {ratio:.3f} (target <= 1.10)")
+    _report_own("log-prob", scorer_call.own[1:], t["b_wall"])  # [0]: warm-up
 
 
 def _report(what: str, a: str, b: str, t: dict[str, list]) -> None:
     for key, name in (("a", a), ("b", b)):
         print(f"  {what} {name:>12}: wall {_fmt(t[key + '_wall'])}; cpu {_fmt(t[key + '_cpu'])}")
+
+
+def _report_own(what: str, own: list[float], raw: list[float]) -> None:
+    share = statistics.median(own) / statistics.median(raw)
+    print(
+        f"  {what} policy's own work outside the model call: {_fmt(own)} "
+        f"= {100 * share:.1f}% of the bare call"
+    )
 
 
 def _fmt(times: list[float]) -> str:
