@@ -70,7 +70,10 @@ class TransformersPolicy:
     (``Response`` — its exact tokens are used —, ``str`` or token array), or a whole
     conversation (a history ending with the assistant's turn, or full text/tokens).
     Padding is told by the attention mask, never by token id, so with ``pad_token ==
-    eos_token`` an EOS the policy produced keeps its real log-prob.
+    eos_token`` an EOS the policy produced keeps its real log-prob. ``get_dist`` runs the same
+    forward pass with gradients and returns a ``MaskedCategorical`` for a loss.
+
+    The policy never switches the model between train and eval mode; that stays the caller's.
 
     Args:
         model: a transformers causal LM (``AutoModelForCausalLM``).
