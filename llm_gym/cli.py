@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 import gymnasium as gym
+import torch
 import transformers
 
 import llm_gym
@@ -86,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--temperature", type=_number(float, 0.0), default=defaults.temperature,
         help="0 for greedy decoding (default: %(default)s)")  # fmt: skip
     add("--seed", type=_number(int, 0), default=defaults.seed)
+    add("--threads", type=_number(int, 1), default=None, help="torch CPU threads (default: "
+        "torch's); 1 is much faster when other processes load the cores")  # fmt: skip
     add("--out", default=defaults.out, help="run folder (default: %(default)s)")
     add("--overwrite", action="store_true", help="replace the episodes of an earlier run")
     add("--no-progress", action="store_true", help="no progress bar")
@@ -140,6 +143,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     transformers.utils.logging.disable_progress_bar()
     if args.command == "envs":
         return _envs()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     try:
         rollout = _prepare(args)
     # Setup errors (bad ids, paths, data, values) are the user's to fix: one line, exit 2.

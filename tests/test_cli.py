@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from llm_gym.cli import main
 from llm_gym.models import tiny_model
@@ -28,6 +29,14 @@ def model_dirs(tmp_path_factory, smollm2_tokenizer):
         smollm2_tokenizer.save_pretrained(folder)
         dirs.append(str(folder))
     return dirs
+
+
+@pytest.fixture(autouse=True)
+def _keep_torch_threads():
+    # main(["--threads", "1", ...]) in this process must not slow the rest of the suite.
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
 
 
 def cli(*args, env=None, **kwargs):
@@ -52,6 +61,7 @@ def rollout_args(model_dirs, out, *extra):
         "--episodes", "3",
         "--max-new-tokens", "6",
         "--out", str(out),
+        "--threads", "1",
         "--no-progress",
         *extra,
     ]  # fmt: skip
