@@ -150,7 +150,8 @@ def main() -> None:
         raw_rate = raw_tokens / statistics.median(t[f"b_{clock}"])
         print(
             f"generate throughput ({clock}): policy {policy_rate:.1f} vs raw {raw_rate:.1f} "
-            f"new tok/s, ratio {policy_rate / raw_rate:.3f} (target >= 0.95)"
+            f"new tok/s, ratio {policy_rate / raw_rate:.3f}, paired {1 / _paired(t, clock):.3f} "
+            "(target >= 0.95)"
         )
     _report_own("generate", policy_call.own[1:], t["b_wall"])  # [0]: warm-up
 
@@ -169,13 +170,21 @@ def main() -> None:
     _report("log-prob", "policy", "bare forward", t)
     for clock in ("wall", "cpu"):
         ratio = statistics.median(t[f"a_{clock}"]) / statistics.median(t[f"b_{clock}"])
-        print(f"log-prob time ratio ({clock}) policy/bare forward: {ratio:.3f} (target <= 1.10)")
+        print(
+            f"log-prob time ratio ({clock}) policy/bare forward: {ratio:.3f}, "
+            f"paired {_paired(t, clock):.3f} (target <= 1.10)"
+        )
     _report_own("log-prob", scorer_call.own[1:], t["b_wall"])  # [0]: warm-up
 
 
 def _report(what: str, a: str, b: str, t: dict[str, list]) -> None:
     for key, name in (("a", a), ("b", b)):
         print(f"  {what} {name:>12}: wall {_fmt(t[key + '_wall'])}; cpu {_fmt(t[key + '_cpu'])}")
+
+
+def _paired(t: dict[str, list], clock: str) -> float:
+    """Median over rounds of a/b: each pair ran back to back, so slow drifts cancel."""
+    return statistics.median(a / b for a, b in zip(t[f"a_{clock}"], t[f"b_{clock}"], strict=True))
 
 
 def _report_own(what: str, own: list[float], raw: list[float]) -> None:
