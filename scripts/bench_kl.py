@@ -1,0 +1,631 @@
+"""Cost of the KL reward per step: llm_gym's vector KL wrapper against one bare forward pass,
+N single-env KL wrappers and TorchRL's KL transforms, on N GSM8K conversations.
+
+N GSM8K test questions (file order, tokens input mode) get one response each, generated once
+up front by the model itself (greedy ``TransformersPolicy``, so every response has real sampled
+tokens and their log-probs). The reference model is the same model, so the KL is ~0: a check
+that generation and scoring line up. Then only the KL computation is timed, on the same
+N prompts + responses every time (N = 32 by default):
+
+- A  bare forward: ``model(input_ids, attention_mask, use_cache=False)`` of the reference model
+     on the left-padded prompt+response batch, under ``torch.inference_mode()`` (no log-softmax).
+- B  ``llm_gym.wrappers.vector.KLRewardWrapper`` over the native vector env
+     (``gym.make_vec(..., vectorization_mode="vector_entry_point")``): one ``env.step``, which
+     includes the env's own step (scoring N answers, SAME_STEP autoreset to the same N
+     prompts). The env step alone is timed too (B0).
+- C  ``llm_gym.wrappers.KLRewardWrapper`` over a single env: N x (``reset`` + ``step``), what
+     one would do without the vector wrapper (N forwards of one unpadded conversation).
+- D  TorchRL's ``KLRewardTransform`` (its counterpart of B: the generator's log-probs come with
+     the data, one reference forward, KL on the response tokens), transform call only.
+- E/F (unless ``--skip-retrieve-kl``) ``RetrieveKL`` with a generator model too (two forwards),
+     llm_gym vector env step (E) against TorchRL's ``RetrieveKL`` (F). In tokens mode TorchRL's
+     ``RetrieveLogProb`` refuses ``assistant_only=True`` (it needs history input to find the
+     assistant's tokens), so both run with ``assistant_only=False`` (KL over every token).
+
+Ratios (targets): B/A <= 1.10; C/B >= 8; D/B >= 2 (and F/E >= 2). The methods run interleaved,
+once each per round in an order rotated every round, after one untimed call of each (which also
+checks that their KLs agree); the table gives medians, and each ratio is the median of the
+per-round ratios (wall clock, and the process's CPU time). If B/A misses its target (or with
+``--profile``), ``--profile-reps`` wrapped steps are profiled with cProfile to show where the
+time goes, and the forward pass is timed with response-only logits (``logits_to_keep``) to size
+that fix.
+
+TorchRL is not a dependency of llm_gym: unless ``--no-install`` is given, a missing torchrl is
+installed with ``pip install torchrl tensordict torch==<the installed torch>`` so that pip
+cannot swap torch for another build. TorchRL's transforms run under ``torch.inference_mode()``
+like llm_gym's scoring: they do not turn autograd off themselves (TorchRL's ``Collector.rollout``
+runs under ``no_grad``), and recording the forward would only slow them down.
+
+Usage::
+
+    python scripts/bench_kl.py [--data-dir DIR] [--num-envs 32] [--rounds 5] [--tiny-only]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import importlib
+import itertools
+import json
+import os
+import pstats
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+import llm_gym  # noqa: F401  (registers LLMChat-GSM8K-v0)
+from llm_gym import Response, TransformersPolicy
+from llm_gym.envs.data_sources import IterableSource
+from llm_gym.models import load_default_model, tiny_model
+from llm_gym.policies._inputs import left_pad
+from llm_gym.policies._scoring import token_log_probs
+from llm_gym.wrappers import vector as vector_kl
+from llm_gym.wrappers.kl import KLRewardWrapper
+
+DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"
+COEF = 0.1
+TARGETS = {"B/A": ("<=", 1.10), "C/B": (">=", 8.0), "D/B": (">=", 2.0), "F/E": (">=", 2.0)}
+
+
+def ensure_torchrl(install: bool) -> str | None:
+    """Import torchrl (installing it if allowed); its version, or None if unavailable."""
+    try:
+        return importlib.import_module("torchrl").__version__
+    except ImportError:
+        if not install:
+            return None
+    torch_pin = f"torch=={torch.__version__.split('+')[0]}"
+    print(f"installing torchrl: pip install torchrl tensordict {torch_pin}", flush=True)
+    command = [sys.executable, "-m", "pip", "install", "-q", "torchrl", "tensordict", torch_pin]
+    if subprocess.run(command).returncode != 0:
+        return None
+    importlib.invalidate_caches()
+    try:
+        return importlib.import_module("torchrl").__version__
+    except ImportError:
+        return None
+
+
+# -- the conversations ----------------------------------------------------------------
+
+
+@dataclass
+class Case:
+    """One model's benchmark inputs: N prompts (token ids) and a generated Response each."""
+
+    name: str
+    model: Any
+    tokenizer: Any
+    rows: list[dict[str, Any]]
+    prompts: list[np.ndarray]
+    responses: list[Response]
+
+
+def make_vector_env(tokenizer: Any, rows: list[dict[str, Any]]) -> Any:
+    # One stream shared by the sub-envs, restarted when exhausted: sub-env i holds row i, and
+    # after each step the SAME_STEP autoreset brings back exactly the same N prompts.
+    return gym.make_vec(
+        "LLMChat-GSM8K-v0",
+        num_envs=len(rows),
+        vectorization_mode="vector_entry_point",
+        dataset=IterableSource(rows),
+        input_mode="tokens",
+        tokenizer=tokenizer,
+    )
+
+
+def make_case(name: str, model: Any, tokenizer: Any, rows: list, max_new_tokens: int) -> Case:
+    envs = make_vector_env(tokenizer, rows)
+    obs, _ = envs.reset(seed=0)
+    policy = TransformersPolicy(
+        model,
+        tokenizer,
+        input_mode="tokens",
+        generate_kwargs={"max_new_tokens": max_new_tokens, "do_sample": False},
+    )
+    start = time.perf_counter()
+    responses = policy(obs)
+    print(f"  generated {len(responses)} responses in {time.perf_counter() - start:.1f} s")
+    return Case(name, model, tokenizer, rows, [np.asarray(p) for p in obs["tokens"]], responses)
+
+
+def padded_batch(case: Case, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    pairs = zip(case.prompts, case.responses, strict=True)
+    sequences = [np.concatenate([p, r.tokens]) for p, r in pairs]
+    return left_pad(sequences, pad_id, case.model.device)
+
+
+def same_prompts(obs: Any, case: Case, where: str) -> None:
+    if not all(np.array_equal(a, b) for a, b in zip(obs["tokens"], case.prompts, strict=True)):
+        raise RuntimeError(f"{where}: the env did not come back to the same N prompts")
+
+
+# -- the timed methods: each returns (wall s, cpu s) of its timed part, and its output ----
+
+
+class Timed:
+    """``run()`` -> (wall seconds, process CPU seconds, output) of one timed call."""
+
+    def __init__(self, call: Callable[[], Any], prepare: Callable[[], Any] | None = None):
+        self.call, self.prepare = call, prepare
+
+    def run(self) -> tuple[float, float, Any]:
+        arg = self.prepare() if self.prepare is not None else None  # not timed
+        wall, cpu = time.perf_counter(), time.process_time()
+        out = self.call() if self.prepare is None else self.call(arg)
+        return time.perf_counter() - wall, time.process_time() - cpu, out
+
+
+def bare_forward(model: Any, ids: torch.Tensor, mask: torch.Tensor) -> Timed:
+    attention = mask.long()
+
+    def call() -> torch.Tensor:
+        with torch.inference_mode():
+            return model(input_ids=ids, attention_mask=attention, use_cache=False).logits
+
+    return Timed(call)
+
+
+def llm_gym_vector(env: Any, case: Case) -> Timed:
+    obs, _ = env.reset(seed=0)
+    same_prompts(obs, case, "vector env reset")
+
+    def call() -> dict[str, Any]:
+        obs, _, _, _, info = env.step(case.responses)
+        same_prompts(obs, case, "vector env autoreset")
+        return info
+
+    return Timed(call)
+
+
+def llm_gym_single(case: Case, scorer: Any) -> Timed:
+    env = KLRewardWrapper(
+        gym.make(
+            "LLMChat-GSM8K-v0",
+            dataset=IterableSource(case.rows),
+            input_mode="tokens",
+            tokenizer=case.tokenizer,
+        ),
+        scorer,
+        coef=COEF,
+    )
+    env.reset(seed=0)
+    env.unwrapped.reset_dataloader()  # the next reset serves row 0
+
+    def call() -> list[dict[str, Any]]:
+        infos = []
+        for prompt, response in zip(case.prompts, case.responses, strict=True):
+            obs, _ = env.reset()
+            if not np.array_equal(obs["tokens"], prompt):
+                raise RuntimeError("single env: reset did not serve the prompts in file order")
+            infos.append(env.step(response)[4])
+        return infos
+
+    return Timed(call)
+
+
+# -- TorchRL --------------------------------------------------------------------------
+
+
+def torchrl_kl_reward(case: Case) -> Timed:
+    """TorchRL's KLRewardTransform on the N prompts + responses, transform call only."""
+    import datasets
+    import tensordict
+    from tensordict import TensorDict
+    from torch.utils.data import DataLoader
+    from torchrl.envs.llm import GSM8KEnv
+    from torchrl.envs.llm.datasets.gsm8k import _collate_fn
+    from torchrl.envs.llm.transforms.kl import KLRewardTransform
+    from torchrl.modules.llm import TransformersWrapper
+
+    tensordict.set_list_to_stack(True).set()  # TorchRL's LLM stack requires it
+    ref = TransformersWrapper(
+        case.model,
+        tokenizer=case.tokenizer,
+        input_mode="tokens",
+        generate=False,
+        return_log_probs=True,
+        pad_output=False,
+    )
+    transform = KLRewardTransform(ref, coef=COEF, tokenizer=case.tokenizer)
+    # The transform reads its action key from its parent env's input mode, so it needs one.
+    # TorchRL's GSM8KEnv in tokens mode cannot reset with batch_size=(N,) N>1 (it lazy-stacks
+    # ragged prompt tokens), so the transform sits on a batch_size=(1,) env and is called on
+    # the N-conversation tensordict directly.
+    data = datasets.Dataset.from_list(case.rows)
+    loader = DataLoader(data, batch_size=1, shuffle=False, collate_fn=_collate_fn)
+    env = GSM8KEnv.from_dataloader(
+        loader, batch_size=(1,), input_mode="tokens", tokenizer=case.tokenizer
+    )
+    env.append_transform(transform)
+
+    prompts = [torch.as_tensor(p) for p in case.prompts]
+    pairs = list(zip(prompts, case.responses, strict=True))
+    full = [torch.cat([p, torch.as_tensor(r.tokens)]) for p, r in pairs]
+    # The generator's log-probs over the full sequence (TorchRL's key ("log_probs", "full")),
+    # zeros on the prompt, which assistant-only masking ignores.
+    gen = [
+        torch.cat([torch.zeros(len(p)), torch.as_tensor(r.log_probs, dtype=torch.float32)])
+        for p, r in pairs
+    ]
+    masks = [torch.ones(len(f), dtype=torch.bool) for f in full]
+
+    def prepare() -> Any:
+        # Ragged rows as jagged nested tensors: KLRewardTransform reads its action with a
+        # plain get(), which fails on a lazy stack of ragged tensors (TorchRL's usual form).
+        def jagged(values: list[torch.Tensor]) -> torch.Tensor:
+            return torch.nested.nested_tensor(values, layout=torch.jagged)
+
+        n = len(full)
+        return TensorDict(
+            {
+                ("tokens", "prompt"): jagged(prompts),
+                ("tokens", "full"): jagged(full),
+                ("masks", "all_attention_mask"): jagged(masks),
+                ("log_probs", "full"): jagged(gen),
+                ("next", "reward"): torch.zeros(n, 1, 1),
+            },
+            batch_size=(n,),
+        )
+
+    def call(td: Any) -> list[np.ndarray]:
+        with torch.inference_mode():
+            out = transform(td)
+        kl = out["next"].get("kl_penalty").unbind(0)
+        return [k.squeeze(-1)[len(p) :].numpy() for k, p in zip(kl, prompts, strict=True)]
+
+    return Timed(call, prepare)
+
+
+def torchrl_retrieve_kl(case: Case) -> Timed:
+    """TorchRL's RetrieveKL (generator and reference forwards), assistant_only=False."""
+    import tensordict
+    from tensordict import TensorDict, lazy_stack
+    from torchrl.envs.llm.transforms.kl import RetrieveKL
+    from torchrl.modules.llm import TransformersWrapper
+
+    tensordict.set_list_to_stack(True).set()
+
+    def wrapper(key: str) -> Any:
+        return TransformersWrapper(
+            case.model,
+            tokenizer=case.tokenizer,
+            input_mode="tokens",
+            generate=False,
+            return_log_probs=True,
+            pad_output=False,
+            log_probs_key=key,
+        )
+
+    transform = RetrieveKL(wrapper("log_probs"), wrapper("ref_log_probs"), assistant_only=False)
+    full = [
+        torch.cat([torch.as_tensor(p), torch.as_tensor(r.tokens)])
+        for p, r in zip(case.prompts, case.responses, strict=True)
+    ]
+
+    def prepare() -> Any:
+        # A lazy stack of per-conversation tensordicts: how TorchRL holds ragged LLM data.
+        return lazy_stack(
+            [
+                TensorDict(
+                    {
+                        ("tokens", "full"): f,
+                        ("masks", "all_attention_mask"): torch.ones(len(f), dtype=torch.bool),
+                        ("next", "reward"): torch.zeros(1, 1),
+                    }
+                )
+                for f in full
+            ]
+        )
+
+    def call(td: Any) -> list[np.ndarray]:
+        with torch.inference_mode():
+            out = transform(td)
+        return [k.numpy() for k in out["next"].get("kl_penalty", as_list=True)]
+
+    return Timed(call, prepare)
+
+
+# -- running and reporting -------------------------------------------------------------
+
+
+def max_diff(a: list[np.ndarray], b: list[np.ndarray]) -> float:
+    if any(x.shape != y.shape for x, y in zip(a, b, strict=True)):
+        return float("inf")
+    return max(float(np.max(np.abs(x - y), initial=0.0)) for x, y in zip(a, b, strict=True))
+
+
+def interleaved(methods: dict[str, Timed], rounds: int) -> dict[str, list[tuple[float, float]]]:
+    """Each round runs every method once, in an order rotated every round."""
+    names = list(methods)
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+    for r in range(rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for name in order:
+            wall, cpu, _ = methods[name].run()
+            times[name].append((wall, cpu))
+        summary = "  ".join(
+            f"{n} {times[n][-1][0] * 1e3:.0f}/{times[n][-1][1] * 1e3:.0f}" for n in names
+        )
+        print(f"  round {r + 1}/{rounds} (wall/cpu ms): {summary}", flush=True)
+    return times
+
+
+def paired_ratio(times: dict, num: str, den: str, clock: int) -> float:
+    pairs = zip(times[num], times[den], strict=True)
+    return statistics.median(a[clock] / b[clock] for a, b in pairs)
+
+
+def met(key: str, value: float) -> str:
+    op, target = TARGETS[key]
+    ok = value <= target if op == "<=" else value >= target
+    return "yes" if ok else "NO"
+
+
+LABELS = {
+    "A": "bare forward: ref model(input_ids, attention_mask)",
+    "B": "llm_gym vector KLRewardWrapper: env.step",
+    "B0": "  of which the GSM8K vector env step alone",
+    "C": "llm_gym single KLRewardWrapper: N x (reset+step)",
+    "D": "TorchRL KLRewardTransform (transform only)",
+    "E": "llm_gym vector RetrieveKL(gen, ref): env.step",
+    "F": "TorchRL RetrieveKL(gen, ref) (transform only)",
+}
+RATIOS = {
+    "B/A": ("B", "A", "vector KL step / bare forward", False),
+    "C/B": ("C", "B", "N single KL steps / vector KL step", True),
+    "D/B": ("D", "B", "TorchRL KLRewardTransform / vector KL step", True),
+    "F/E": ("F", "E", "TorchRL RetrieveKL / llm_gym vector RetrieveKL", True),
+}
+
+
+def report(times: dict, rounds: int) -> dict[str, float]:
+    print(f"\n  median of {rounds} rounds        {'wall ms':>10} {'cpu ms':>10} {'min wall':>10}")
+    for key, label in LABELS.items():
+        if key in times:
+            walls, cpus = [t[0] for t in times[key]], [t[1] for t in times[key]]
+            print(
+                f"  {key:2} {label:50} {statistics.median(walls) * 1e3:10.1f} "
+                f"{statistics.median(cpus) * 1e3:10.1f} {min(walls) * 1e3:10.1f}"
+            )
+    print(f"\n  {'ratio (median of per-round ratios)':58} {'wall':>7} {'cpu':>7} {'target':>8} met")
+    ratios = {}
+    for key, (num, den, label, speedup) in RATIOS.items():
+        if num not in times or den not in times:
+            continue
+        wall, cpu = paired_ratio(times, num, den, 0), paired_ratio(times, num, den, 1)
+        ratios[key] = wall
+        op, target = TARGETS[key]
+        unit = "x" if speedup else ""
+        print(
+            f"  {key:4} {label:53} {wall:6.2f}{unit or ' '} {cpu:6.2f}{unit or ' '} "
+            f"{op}{target:5.2f}{unit or ' '} {met(key, wall)}"
+        )
+    return ratios
+
+
+# -- profile of one vector KL step ------------------------------------------------------
+
+# (file suffix, function): disjoint parts of vector KLRewardWrapper.step
+PROFILE_PARTS = [
+    ("llm_gym/policies/_inputs.py", "scored", "encode N prompt+response (Encoder.scored)"),
+    ("llm_gym/policies/_inputs.py", "left_pad", "left-pad the batch"),
+    ("llm_gym/policies/transformers.py", "_forward", "model forward (position_ids, no cache)"),
+    ("llm_gym/policies/_scoring.py", "token_log_probs", "log-probs: gather + logsumexp(vocab)"),
+    ("llm_gym/envs/vector.py", "step", "GSM8K vector env step (score + autoreset)"),
+    ("llm_gym/wrappers/kl.py", "kl_parts", "per-env KL arithmetic (kl_parts)"),
+    ("llm_gym/wrappers/kl.py", "stack_info", "stack per-env info arrays"),
+]
+
+
+def profile_step(env: Any, case: Case) -> dict[str, float]:
+    profiler = cProfile.Profile()
+    start = time.perf_counter()
+    profiler.enable()
+    env.step(case.responses)
+    profiler.disable()
+    total = time.perf_counter() - start
+    stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
+    parts: dict[str, float] = {}
+    for suffix, func, label in PROFILE_PARTS:
+        parts[label] = sum(
+            value[3]  # cumulative time
+            for (filename, _, name), value in stats.items()
+            if name == func and filename.endswith(suffix)
+        )
+    parts["everything else (python glue, numpy copies, outputs)"] = total - sum(parts.values())
+    parts["total (under cProfile)"] = total
+    return parts
+
+
+def response_only_forward(case: Case, ids: torch.Tensor, mask: torch.Tensor) -> Timed:
+    """The proposed fix: logits (and log-softmax) only for the response positions."""
+    keep = max(len(r.tokens) for r in case.responses) + 1
+    attention = mask.long()
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)
+
+    def call() -> torch.Tensor:
+        with torch.inference_mode():
+            logits = case.model(
+                input_ids=ids,
+                attention_mask=attention,
+                position_ids=positions,
+                use_cache=False,
+                logits_to_keep=keep,
+            ).logits
+            return token_log_probs(logits, ids[:, -keep:], mask[:, -keep:])
+
+    return Timed(call)
+
+
+def profile(
+    case: Case, env: Any, bare: Timed, ids: torch.Tensor, mask: torch.Tensor, reps: int
+) -> None:
+    """Where one vector KL step's time goes, and what response-only logits would save.
+
+    The parts are read inside each profiled step, so their shares do not depend on how busy
+    the machine was between steps; the fix is timed against a bare forward run next to it.
+    """
+    forward, log_probs = PROFILE_PARTS[2][2], PROFILE_PARTS[3][2]
+    fixed = response_only_forward(case, ids, mask)
+    keep = max(len(r.tokens) for r in case.responses) + 1
+    runs: list[dict[str, float]] = []
+    fix_ratio, projected = [], []
+    print(f"\n  profile of the vector KL step ({reps} cProfile'd steps):")
+    for rep in range(reps):
+        parts = profile_step(env, case)
+        calls = [("bare", bare), ("fix", fixed)]
+        if rep % 2:
+            calls.reverse()
+        results = {name: method.run() for name, method in calls}
+        timed = {name: result[0] for name, result in results.items()}
+        if rep == 0:  # the fix gives the same response log-probs as the full logits
+            full = token_log_probs(results["bare"][2], ids, mask)[:, 1 - keep :]
+            fix_diff = float((results["fix"][2][:, 1:] - full).abs().max())
+        del results
+        runs.append(parts)
+        fix_ratio.append(timed["fix"] / timed["bare"])
+        # The step with the fix, relative to a bare forward: its forward and log-probs become
+        # the fix, the rest stays (freeing the full logits, in "everything else", too).
+        rest = parts["total (under cProfile)"] - parts[forward] - parts[log_probs]
+        projected.append(fix_ratio[-1] + rest / parts[forward])
+        print(
+            f"    step {rep + 1}: {parts['total (under cProfile)'] * 1e3:.0f} ms (forward "
+            f"{parts[forward] * 1e3:.0f}, log-probs {parts[log_probs] * 1e3:.0f}); bare forward "
+            f"{timed['bare'] * 1e3:.0f} ms; fix {timed['fix'] * 1e3:.0f} ms"
+        )
+    print(f"    {'part (medians)':56} {'ms':>10} {'of step':>8} {'/forward':>9}")
+    for label in runs[0]:
+        ms = statistics.median(r[label] for r in runs) * 1e3
+        share = statistics.median(r[label] / r["total (under cProfile)"] for r in runs)
+        per_forward = statistics.median(r[label] / r[forward] for r in runs)
+        print(f"    {label:56} {ms:10.1f} {share:8.1%} {per_forward:9.3f}")
+    print(
+        f"    fix: forward + log-probs with logits_to_keep={keep} (response positions only, of "
+        f"{ids.shape[1]}): {statistics.median(fix_ratio):.3f} x a bare forward (paired median); "
+        f"same log-probs as full logits (max diff {fix_diff:.1e})"
+    )
+    print(
+        "    B/A inside the profiled step (step / its own forward): "
+        f"{statistics.median(r['total (under cProfile)'] / r[forward] for r in runs):.3f}; "
+        f"projected B/A with the fix: {statistics.median(projected):.3f}"
+    )
+
+
+# -- one model --------------------------------------------------------------------------
+
+
+def bench_case(case: Case, args: argparse.Namespace, torchrl_version: str | None) -> None:
+    model, tokenizer = case.model, case.tokenizer
+    scorer = TransformersPolicy(model, tokenizer, input_mode="tokens", generate=False)
+    ids, mask = padded_batch(case, scorer.pad_token_id)
+    n = len(case.prompts)
+    prompt_lens = [len(p) for p in case.prompts]
+    resp_lens = [len(r.tokens) for r in case.responses]
+    real = sum(prompt_lens) + sum(resp_lens)
+    print(
+        f"  prompts {min(prompt_lens)}-{max(prompt_lens)} tokens, responses "
+        f"{min(resp_lens)}-{max(resp_lens)} tokens; padded batch {n}x{ids.shape[1]} "
+        f"({ids.numel()} slots, {real} real tokens = {real / ids.numel():.0%}); "
+        f"torch threads {torch.get_num_threads()}"
+    )
+
+    vector_env = vector_kl.KLRewardWrapper(make_vector_env(tokenizer, case.rows), scorer, COEF)
+    plain_env = make_vector_env(tokenizer, case.rows)
+    methods: dict[str, Timed] = {
+        "A": bare_forward(model, ids, mask),
+        "B": llm_gym_vector(vector_env, case),
+        "B0": llm_gym_vector(plain_env, case),
+        "C": llm_gym_single(case, scorer),
+    }
+    if torchrl_version is not None:
+        methods["D"] = torchrl_kl_reward(case)
+    if not args.skip_retrieve_kl:
+        retrieve_env = vector_kl.RetrieveKL(
+            make_vector_env(tokenizer, case.rows),
+            gen_model=scorer,
+            ref_model=scorer,
+            coef=COEF,
+            assistant_only=False,
+        )
+        methods["E"] = llm_gym_vector(retrieve_env, case)
+        if torchrl_version is not None:
+            methods["F"] = torchrl_retrieve_kl(case)
+
+    # One untimed call of each (warm-up), whose outputs are checked against each other.
+    outputs = {name: method.run()[2] for name, method in methods.items()}
+    kl_vector = list(outputs["B"]["kl"])
+    ref_vector = list(outputs["B"]["ref_log_probs"])
+    logits = outputs["A"]
+    bare_lp = token_log_probs(logits, ids, mask).numpy()
+    bare_ref = [bare_lp[i, ids.shape[1] - k :] for i, k in enumerate(resp_lens)]
+    checks = [
+        f"max|kl| {max(float(np.abs(k).max()) for k in kl_vector):.1e} (ref = generator)",
+        f"vector vs bare-forward ref log-probs {max_diff(ref_vector, bare_ref):.1e}",
+        f"vector vs single kl {max_diff(kl_vector, [i['kl'] for i in outputs['C']]):.1e}",
+    ]
+    if "D" in outputs:
+        checks.append(f"vs TorchRL KLRewardTransform kl {max_diff(kl_vector, outputs['D']):.1e}")
+    if "F" in outputs:
+        diff = max_diff(list(outputs["E"]["kl"]), outputs["F"])
+        checks.append(f"RetrieveKL llm_gym vs TorchRL kl {diff:.1e}")
+    print("  checks: " + "; ".join(checks))
+    if torchrl_version is None:
+        print("  TorchRL not available: D and F skipped")
+    del outputs, logits
+
+    times = interleaved(methods, args.rounds)
+    ratios = report(times, args.rounds)
+    if args.profile or ratios.get("B/A", 0.0) > TARGETS["B/A"][1]:
+        profile(case, vector_env, methods["A"], ids, mask, args.profile_reps)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    default_dir = os.environ.get("LLM_GYM_GSM8K_PATH", str(DEFAULT_DATA))
+    parser.add_argument("--data-dir", default=default_dir, help="folder with test.jsonl")
+    parser.add_argument("--num-envs", type=int, default=32, help="conversations (N)")
+    parser.add_argument("--max-new-tokens", type=int, default=48, help="response length cap")
+    parser.add_argument("--rounds", type=int, default=5, help="timed rounds; medians count")
+    parser.add_argument("--tiny-only", action="store_true", help="skip SmolLM2 (quick run)")
+    parser.add_argument("--skip-retrieve-kl", action="store_true", help="no E/F (2 forwards)")
+    parser.add_argument("--profile", action="store_true", help="profile even if B/A is met")
+    parser.add_argument("--profile-reps", type=int, default=3, help="profiled steps")
+    parser.add_argument("--no-install", action="store_true", help="never pip-install torchrl")
+    parser.add_argument("--no-torchrl", action="store_true", help="skip TorchRL (D, F)")
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore", message=".*nested tensors is in prototype stage.*")
+    warnings.filterwarnings("ignore", message=".*size_average and reduce args.*")
+
+    torchrl_version = None if args.no_torchrl else ensure_torchrl(not args.no_install)
+    smollm2, tokenizer = load_default_model()
+    with open(Path(args.data_dir) / "test.jsonl", encoding="utf-8") as f:
+        rows = [json.loads(line) for line in itertools.islice(f, args.num_envs)]
+    print(f"torch {torch.__version__}, torchrl {torchrl_version or 'not available'}")
+    print(f"{len(rows)} GSM8K test questions from {args.data_dir}; tokens mode; coef {COEF}")
+
+    models = [] if args.tiny_only else [("SmolLM2-135M-Instruct", smollm2)]
+    models.append(("tiny (llama, 2 layers x 64, SmolLM2 tokenizer)", tiny_model(tokenizer)))
+    for name, model in models:
+        print(f"\n== {name} ==")
+        case = make_case(name, model, tokenizer, rows, args.max_new_tokens)
+        bench_case(case, args, torchrl_version)
+    print(
+        "\nA: one forward of the padded batch (no log-softmax); B includes the env's own step "
+        "(B0); C includes N resets; D/F time TorchRL's transform call only (inputs prebuilt)."
+    )
+
+
+if __name__ == "__main__":
+    main()
