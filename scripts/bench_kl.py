@@ -45,13 +45,11 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import importlib
 import itertools
 import json
 import os
 import pstats
 import statistics
-import subprocess
 import sys
 import time
 import warnings
@@ -73,28 +71,12 @@ from llm_gym.policies._scoring import token_log_probs
 from llm_gym.wrappers import vector as vector_kl
 from llm_gym.wrappers.kl import KLRewardWrapper
 
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_env import ensure_torchrl  # noqa: E402  (the sibling script installs torchrl alike)
+
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"
 COEF = 0.1
 TARGETS = {"B/A": ("<=", 1.10), "C/B": (">=", 8.0), "D/B": (">=", 2.0), "F/E": (">=", 2.0)}
-
-
-def ensure_torchrl(install: bool) -> str | None:
-    """Import torchrl (installing it if allowed); its version, or None if unavailable."""
-    try:
-        return importlib.import_module("torchrl").__version__
-    except ImportError:
-        if not install:
-            return None
-    torch_pin = f"torch=={torch.__version__.split('+')[0]}"
-    print(f"installing torchrl: pip install torchrl tensordict {torch_pin}", flush=True)
-    command = [sys.executable, "-m", "pip", "install", "-q", "torchrl", "tensordict", torch_pin]
-    if subprocess.run(command).returncode != 0:
-        return None
-    importlib.invalidate_caches()
-    try:
-        return importlib.import_module("torchrl").__version__
-    except ImportError:
-        return None
 
 
 # -- the conversations ----------------------------------------------------------------
