@@ -34,6 +34,8 @@ except ImportError as error:  # ray is an optional dependency (the "ray" extra)
         "llm_gym.distributed needs Ray: pip install 'llm-gym[ray]' (or pip install ray)"
     ) from error
 
+from llm_gym.wrappers.kl import takes_response_only
+
 __all__ = ["RayLogProbModel"]
 
 _ANSI_COLOR = re.compile(r"\x1b\[[0-9;]*m")
@@ -71,8 +73,10 @@ class _LogProbActor:
             "repr": repr(policy),
         }
 
-    def score(self, obs: Any, responses: Any) -> Any:
-        return self.policy(obs, responses)
+    def score(self, obs: Any, responses: Any, response_only: bool = False) -> Any:
+        if response_only and takes_response_only(self.policy):
+            return self.policy(obs, responses, response_only=True)
+        return self.policy(obs, responses)  # full log-probs hold the response's too
 
 
 _RemoteLogProbActor = ray.remote(_LogProbActor)
@@ -172,12 +176,14 @@ class RayLogProbModel:
     def __repr__(self) -> str:
         return f"RayLogProbModel({self._describe_actor()}, policy={self._policy_repr})"
 
-    def __call__(self, obs: Mapping[str, Any], responses: Any = None) -> Any:
+    def __call__(
+        self, obs: Mapping[str, Any], responses: Any = None, *, response_only: bool = False
+    ) -> Any:
         """Score ``obs`` (+ ``responses``) in the actor: what the local policy would return.
 
         Errors the policy raises (a bad observation, say) come back as the same exception type.
         """
-        return self._get(self.actor.score.remote(obs, responses))
+        return self._get(self.actor.score.remote(obs, responses, response_only))
 
     def _describe_actor(self) -> str:
         if self.actor_name is None:

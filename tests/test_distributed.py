@@ -95,6 +95,34 @@ def test_two_clients_share_one_actor_and_match_the_local_policy(remote, local):
     assert isinstance(got, list) and len(got) == 2
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g.log_probs.response, w.log_probs.response, atol=1e-5)
+    # response_only reaches the policy in the actor: response positions only, same numbers.
+    for g, w in zip(other(batched, RESPONSES, response_only=True), want, strict=True):
+        assert g.log_probs.full is None
+        np.testing.assert_allclose(g.log_probs.response, w.log_probs.response, atol=1e-5)
+
+
+class PlainProtocolScorer:
+    """A scorer with the older call protocol (no response_only): the actor must not pass it."""
+
+    generate = False
+    input_mode = "tokens"
+
+    def __init__(self):
+        model, tokenizer = make_ref_pair()
+        self.policy = TransformersPolicy(model, tokenizer, generate=False, input_mode="tokens")
+
+    def __call__(self, obs, responses=None):
+        return self.policy(obs, responses)
+
+
+def test_actor_asks_response_only_only_of_scorers_that_take_it(cluster, local):
+    plain = RayLogProbModel(PlainProtocolScorer, num_cpus=0.5, timeout=120)
+    obs = prompts(local.tokenizer)[0]
+    got = plain(obs, RESPONSES[0], response_only=True)
+    assert got.log_probs.full is not None  # computed in full, as that scorer always does
+    want = local(obs, RESPONSES[0], response_only=True).log_probs.response
+    np.testing.assert_allclose(got.log_probs.response, want, atol=1e-5)
+    ray.kill(plain.actor)
 
 
 def test_same_protocol_as_a_log_prob_policy(remote):

@@ -135,6 +135,49 @@ def test_multi_turn_charges_only_this_steps_response(policies, models, gpt2_toke
     assert len(prompt) > 20  # the last prompt held two earlier turns that were not charged
 
 
+class RecordingScorer:
+    """Delegates to a policy; records what each call asked for. The second flavour has the
+    older call protocol, without ``response_only``."""
+
+    generate = False
+
+    def __init__(self, policy):
+        self.policy, self.calls = policy, []
+
+    def __call__(self, obs, responses=None, *, response_only=False):
+        self.calls.append(response_only)
+        return self.policy(obs, responses, response_only=response_only)
+
+
+class PlainScorer(RecordingScorer):
+    def __call__(self, obs, responses=None):
+        self.calls.append("plain")
+        return self.policy(obs, responses)
+
+
+@pytest.mark.parametrize("scorer_class", [RecordingScorer, PlainScorer])
+def test_response_only_is_asked_for_when_only_the_response_is_kept(
+    scorer_class, policies, models, gpt2_tokenizer
+):
+    sampler, _, ref_scorer = policies
+    _, ref = models
+    scorer = scorer_class(ref_scorer)
+    answers = {}
+    for assistant_only in (True, False):
+        env = RetrieveLogProb(make_env(gpt2_tokenizer), scorer, assistant_only=assistant_only)
+        obs, _ = env.reset(seed=0)
+        action = sample(sampler, obs)
+        *_, info = env.step(action)
+        answers[assistant_only] = (obs["tokens"], action.tokens, info["ref_log_probs"])
+    expected = [True, False] if scorer_class is RecordingScorer else ["plain", "plain"]
+    assert scorer.calls == expected
+    prompt, response, log_probs = answers[True]
+    np.testing.assert_allclose(log_probs, oracle_log_probs(ref, prompt, response), atol=1e-4)
+    _, _, full = answers[False]  # the whole conversation: prompt and response
+    assert full.shape == (len(prompt) + len(response),)
+    np.testing.assert_allclose(full[-len(response) :], log_probs, atol=1e-5)
+
+
 def test_composed_wrappers_equal_retrieve_kl(policies, gpt2_tokenizer):
     sampler, gen_scorer, ref_scorer = policies
     composed = KLComputation(

@@ -291,6 +291,43 @@ def test_batched_log_probs_equal_unbatched_with_absolute_positions(tiny_gpt2):
         np.testing.assert_allclose(out.log_probs.full, single.log_probs.full, atol=1e-5)
 
 
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "gpt2-no-logits_to_keep"])
+def test_response_only_matches_the_full_forward(tiny, tiny_gpt2, arch):
+    model, tok = tiny if arch == "llama" else tiny_gpt2
+    # Prompts and responses of different lengths, one response empty, so the window (the
+    # longest response + 1) covers prompt tokens and padding of the other rows.
+    prompts = [np.array([464, 3290, 318, 11, 257]), np.array([40]), np.array([11, 13, 40])]
+    responses = [np.array([1310, 13]), np.array([588, 11, 257, 13]), np.array([], dtype=np.int64)]
+    scorer = TransformersPolicy(model, tok, input_mode="tokens", generate=False)
+    if arch.endswith("no-logits_to_keep"):
+        scorer._keeps_logits = False  # models whose forward lacks it: logits sliced after
+    full = scorer({"tokens": prompts}, responses)
+    window = scorer({"tokens": prompts}, responses, response_only=True)
+    for prompt, response, f, w in zip(prompts, responses, full, window, strict=True):
+        assert w.log_probs.full is None and w.log_probs.prompt is None
+        assert w.log_probs.response.shape == response.shape
+        np.testing.assert_allclose(w.log_probs.response, f.log_probs.response, atol=1e-5)
+        np.testing.assert_allclose(
+            w.log_probs.response, oracle_log_probs(model, prompt, response), atol=1e-4
+        )
+        np.testing.assert_array_equal(w.tokens.response, response)
+    single = scorer({"tokens": prompts[1]}, responses[1], response_only=True)
+    np.testing.assert_allclose(single.log_probs.response, full[1].log_probs.response, atol=1e-5)
+
+
+def test_response_only_needs_responses_and_unpadded_output(tiny):
+    model, tok = tiny
+    scorer = TransformersPolicy(model, tok, generate=False)
+    obs = chat_obs("a")
+    with pytest.raises(ValueError, match="response_only=True needs responses .* got responses=No"):
+        scorer(obs, response_only=True)
+    padded = scorer.get_new_version(pad_output=True)
+    with pytest.raises(ValueError, match="response_only=True needs .* pad_output=True"):
+        padded(obs, ["x"], response_only=True)
+    out = padded(obs, ["x"])  # still usable, and full log-probs as before
+    assert out.log_probs.full.shape == out.input_ids.shape
+
+
 def test_pad_output_gives_one_left_padded_batch(tiny_gpt2):
     model, tok = tiny_gpt2
     prompts = [np.array([464, 3290, 318]), np.array([40])]

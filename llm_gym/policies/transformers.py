@@ -8,6 +8,7 @@ given conversations in one padded forward pass and returns ``LogProbs`` and ``Ma
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -162,6 +163,8 @@ class TransformersPolicy:
         self._user_generate_kwargs = dict(generate_kwargs or {})
         template = {"chat_template_name": chat_template_name, "chat_template": chat_template}
         self._encoder = Encoder(tokenizer, vocab_size, {k: v for k, v in template.items() if v})
+        forward_args = inspect.signature(model.forward).parameters
+        self._keeps_logits = "logits_to_keep" in forward_args  # else logits are sliced after
         gen = model.generation_config
         self.pad_token_id = first_id(
             self.generate_kwargs.get("pad_token_id"), gen.pad_token_id,
@@ -179,8 +182,16 @@ class TransformersPolicy:
 
     # -- public API --------------------------------------------------------------------
 
-    def __call__(self, obs: Mapping[str, Any], responses: Any = None) -> Any:
-        """Generate mode: Response(s) for ``obs``. Log-prob mode: score ``obs`` (+ responses)."""
+    def __call__(
+        self, obs: Mapping[str, Any], responses: Any = None, *, response_only: bool = False
+    ) -> Any:
+        """Generate mode: Response(s) for ``obs``. Log-prob mode: score ``obs`` (+ responses).
+
+        ``response_only=True`` (log-prob mode, with ``responses``) computes logits for the
+        response positions only, ``log_probs.prompt`` and ``log_probs.full`` are then None:
+        what the KL wrappers use, since the vocabulary projection and log-softmax over every
+        prompt position cost as much as the rest of the forward pass on a small model.
+        """
         values, batched = split_observation(obs, self.input_mode)
         if self.generate:
             if responses is not None:
@@ -189,7 +200,14 @@ class TransformersPolicy:
                     "responses use policy.get_new_version(generate=False)"
                 )
             return self._generate(values, batched)
-        return self._score(values, split_responses(responses, len(values), batched), batched)
+        if response_only and (responses is None or self.pad_output):
+            raise ValueError(
+                "response_only=True needs responses (the prompt as obs and the replies to "
+                f"score) and pad_output=False, got responses={type(responses).__name__} and "
+                f"pad_output={self.pad_output}"
+            )
+        responses = split_responses(responses, len(values), batched)
+        return self._score(values, responses, batched, response_only)
 
     def get_new_version(self, **changes: Any) -> TransformersPolicy:
         """A policy with some constructor arguments changed, sharing this one's model object.
@@ -305,7 +323,7 @@ class TransformersPolicy:
 
     # -- log-prob mode ---------------------------------------------------------------------
 
-    def _forward(self, ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
+    def _forward(self, ids: torch.Tensor, attention: torch.Tensor, keep: int = 0) -> torch.Tensor:
         max_positions = getattr(self.model.config, "max_position_embeddings", None)
         if max_positions is not None and ids.shape[1] > max_positions:
             raise ValueError(
@@ -313,38 +331,51 @@ class TransformersPolicy:
                 f"max_position_embeddings ({max_positions})"
             )
         # Explicit positions: with left padding, absolute-position models (GPT-2) would
-        # otherwise see each sequence shifted by its padding.
+        # otherwise see each sequence shifted by its padding. keep > 0: logits of the last
+        # `keep` positions only (left padding puts every response at the end).
+        kwargs = {"logits_to_keep": keep} if keep and self._keeps_logits else {}
         out = self.model(
             input_ids=ids,
             attention_mask=attention.long(),
             position_ids=position_ids(attention),
             use_cache=False,
+            **kwargs,
         )
-        return out.logits
+        return out.logits[:, -keep:] if keep else out.logits
 
-    def _score(self, values: list[Any], responses: list[Any], batched: bool) -> Any:
+    def _score(
+        self, values: list[Any], responses: list[Any], batched: bool, response_only: bool = False
+    ) -> Any:
         encoded = [self._encoder.scored(v, r) for v, r in zip(values, responses, strict=True)]
         ids, attention = left_pad([e.ids for e in encoded], self.pad_token_id, self.device)
+        # The window holds every response plus the position before it, whose logits predict
+        # the response's first token; its own first position is never a response token.
+        keep = max(len(e.ids) - e.prompt_length for e in encoded) + 1 if response_only else 0
         with torch.inference_mode():
-            logits = self._forward(ids, attention)
-            log_probs = token_log_probs(logits, ids, attention).cpu().numpy()
+            logits = self._forward(ids, attention, keep)
+            window = slice(-keep, None) if keep else slice(None)
+            log_probs = token_log_probs(logits, ids[:, window], attention[:, window])
+            log_probs = log_probs.cpu().numpy()
         ids_np, attention_np = ids.cpu().numpy(), attention.cpu().numpy()
         if self.pad_output:
             return _padded_output(encoded, ids_np, attention_np, log_probs)
-        width = ids_np.shape[1]
+        width = log_probs.shape[1]
         outputs = []
         for row, enc in enumerate(encoded):
-            start = width - len(enc.ids)
-            full_lp = log_probs[row, start:]
             n = enc.prompt_length
+            if response_only:
+                split = LogProbs(response=log_probs[row, width - (len(enc.ids) - n) :])
+            else:
+                full_lp = log_probs[row, width - len(enc.ids) :]
+                split = LogProbs(
+                    prompt=None if n is None else full_lp[:n],
+                    response=None if n is None else full_lp[n:],
+                    full=full_lp,
+                )
             outputs.append(
                 LogProbOutput(
                     input_ids=enc.ids,
-                    log_probs=LogProbs(
-                        prompt=None if n is None else full_lp[:n],
-                        response=None if n is None else full_lp[n:],
-                        full=full_lp,
-                    ),
+                    log_probs=split,
                     masks=Masks(np.ones(len(enc.ids), dtype=bool), enc.assistant_mask),
                     tokens=Tokens(
                         prompt=None if n is None else enc.ids[:n],

@@ -8,11 +8,13 @@ step's response is charged: earlier turns were charged in earlier steps.
 
 A scoring model is a ``TransformersPolicy`` in log-prob mode (``generate=False``), or anything
 with the same call protocol (``model(obs, response) -> LogProbOutput``, ``model.generate is
-False``), such as ``llm_gym.distributed.RayLogProbModel``.
+False``), such as ``llm_gym.distributed.RayLogProbModel``. A scorer whose call also takes
+``response_only=`` is asked for the response's log-probs alone when ``assistant_only=True``.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -66,13 +68,27 @@ def score(
     model: Any, prompt: Any, responses: list[Any], assistant_only: bool, batched: bool = False
 ) -> list[np.ndarray]:
     """Log-probs of each response given its prompt (one observation, or a vector env's batch
-    of them), in one forward pass."""
-    outputs = model(prompt, responses) if batched else [model(prompt, responses[0])]
+    of them), in one forward pass.
+
+    Scorers that take ``response_only`` (TransformersPolicy, RayLogProbModel) are asked for the
+    response positions only when that is all that is kept: it skips the vocabulary projection
+    and log-softmax over the prompt, most of a small model's cost.
+    """
+    kwargs = {"response_only": True} if assistant_only and takes_response_only(model) else {}
+    outputs = model(prompt, responses if batched else responses[0], **kwargs)
+    outputs = outputs if batched else [outputs]
     result = []
     for out in outputs:
         log_probs = out.log_probs.response if assistant_only else out.log_probs.full
         result.append(np.asarray(log_probs, dtype=np.float32))
     return result
+
+
+def takes_response_only(model: Any) -> bool:
+    try:
+        return "response_only" in inspect.signature(model).parameters
+    except (TypeError, ValueError):  # builtins and some C callables have no signature
+        return False
 
 
 def action_log_probs(action: Any, gen_key: str) -> np.ndarray:
