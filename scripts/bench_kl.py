@@ -21,20 +21,26 @@ N prompts + responses every time (N = 32 by default):
      llm_gym vector env step (E) against TorchRL's ``RetrieveKL`` (F). In tokens mode TorchRL's
      ``RetrieveLogProb`` refuses ``assistant_only=True`` (it needs history input to find the
      assistant's tokens), so both run with ``assistant_only=False`` (KL over every token).
+- G/H the same in history mode with ``assistant_only=True``, both libraries' default: the
+     responses go in as text, each conversation is rendered with the chat template and
+     tokenized inside the step (G) or the transform (H).
 
-Ratios (targets): B/A <= 1.10; C/B >= 8; D/B >= 2 (and F/E >= 2). The methods run interleaved,
-once each per round in an order rotated every round, after one untimed call of each (which also
-checks that their KLs agree); the table gives medians, and each ratio is the median of the
-per-round ratios (wall clock, and the process's CPU time). If B/A misses its target (or with
-``--profile``), ``--profile-reps`` wrapped steps are profiled with cProfile to show where the
-time goes, and the forward pass is timed with response-only logits (``logits_to_keep``) to size
-that fix.
+Ratios (targets): B/A <= 1.10; C/B >= 8; D/B >= 2; F/E and H/G >= 2. The methods run
+interleaved, once each per round in an order rotated every round, after one untimed call of
+each (which also checks that their outputs agree); the table gives medians, and each ratio is
+the median of the per-round ratios (wall clock, and the process's CPU time). With
+``--profile`` (or if B/A misses its target), ``--profile-reps`` wrapped steps are profiled with
+cProfile to show where the time goes.
+
+The KL wrappers ask the scorer for the response positions only (``response_only=True``,
+``logits_to_keep``), which is why B can cost less than A: A projects every position onto the
+vocabulary. C/B is the batching gain; on a CPU, where a forward is compute-bound, batching
+only saves per-call overhead and padding costs work, so it stays near 1 there; the >= 8 target
+assumes an accelerator, where one small forward leaves the device mostly idle.
 
 TorchRL is not a dependency of llm_gym: unless ``--no-install`` is given, a missing torchrl is
 installed with ``pip install torchrl tensordict torch==<the installed torch>`` so that pip
-cannot swap torch for another build. TorchRL's transforms run under ``torch.inference_mode()``
-like llm_gym's scoring: they do not turn autograd off themselves (TorchRL's ``Collector.rollout``
-runs under ``no_grad``), and recording the forward would only slow them down.
+cannot swap torch for another build. Its transforms are built in ``torchrl_kl_baselines.py``.
 
 Usage::
 
@@ -77,6 +83,7 @@ from bench_env import ensure_torchrl  # noqa: E402  (the sibling script installs
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"
 COEF = 0.1
 TARGETS = {"B/A": ("<=", 1.10), "C/B": (">=", 8.0), "D/B": (">=", 2.0), "F/E": (">=", 2.0)}
+TARGETS["H/G"] = TARGETS["F/E"]
 
 
 # -- the conversations ----------------------------------------------------------------
@@ -94,7 +101,7 @@ class Case:
     responses: list[Response]
 
 
-def make_vector_env(tokenizer: Any, rows: list[dict[str, Any]]) -> Any:
+def make_vector_env(tokenizer: Any, rows: list[dict[str, Any]], input_mode: str = "tokens") -> Any:
     # One stream shared by the sub-envs, restarted when exhausted: sub-env i holds row i, and
     # after each step the SAME_STEP autoreset brings back exactly the same N prompts.
     return gym.make_vec(
@@ -102,7 +109,7 @@ def make_vector_env(tokenizer: Any, rows: list[dict[str, Any]]) -> Any:
         num_envs=len(rows),
         vectorization_mode="vector_entry_point",
         dataset=IterableSource(rows),
-        input_mode="tokens",
+        input_mode=input_mode,
         tokenizer=tokenizer,
     )
 
@@ -133,6 +140,12 @@ def same_prompts(obs: Any, case: Case, where: str) -> None:
         raise RuntimeError(f"{where}: the env did not come back to the same N prompts")
 
 
+def same_histories(obs: Any, case: Case, where: str) -> None:
+    questions = [history[-1]["content"] for history in obs["history"]]
+    if questions != [row["question"] for row in case.rows]:
+        raise RuntimeError(f"{where}: the env did not come back to the same N questions")
+
+
 # -- the timed methods: each returns (wall s, cpu s) of its timed part, and its output ----
 
 
@@ -159,13 +172,15 @@ def bare_forward(model: Any, ids: torch.Tensor, mask: torch.Tensor) -> Timed:
     return Timed(call)
 
 
-def llm_gym_vector(env: Any, case: Case) -> Timed:
+def llm_gym_vector(env: Any, case: Case, actions: list[Any] | None = None) -> Timed:
     obs, _ = env.reset(seed=0)
-    same_prompts(obs, case, "vector env reset")
+    check = same_prompts if "tokens" in obs else same_histories
+    check(obs, case, "vector env reset")
+    actions = case.responses if actions is None else actions
 
     def call() -> dict[str, Any]:
-        obs, _, _, _, info = env.step(case.responses)
-        same_prompts(obs, case, "vector env autoreset")
+        obs, _, _, _, info = env.step(actions)
+        check(obs, case, "vector env autoreset")
         return info
 
     return Timed(call)
@@ -195,128 +210,6 @@ def llm_gym_single(case: Case, scorer: Any) -> Timed:
         return infos
 
     return Timed(call)
-
-
-# -- TorchRL --------------------------------------------------------------------------
-
-
-def torchrl_kl_reward(case: Case) -> Timed:
-    """TorchRL's KLRewardTransform on the N prompts + responses, transform call only."""
-    import datasets
-    import tensordict
-    from tensordict import TensorDict
-    from torch.utils.data import DataLoader
-    from torchrl.envs.llm import GSM8KEnv
-    from torchrl.envs.llm.datasets.gsm8k import _collate_fn
-    from torchrl.envs.llm.transforms.kl import KLRewardTransform
-    from torchrl.modules.llm import TransformersWrapper
-
-    tensordict.set_list_to_stack(True).set()  # TorchRL's LLM stack requires it
-    ref = TransformersWrapper(
-        case.model,
-        tokenizer=case.tokenizer,
-        input_mode="tokens",
-        generate=False,
-        return_log_probs=True,
-        pad_output=False,
-    )
-    transform = KLRewardTransform(ref, coef=COEF, tokenizer=case.tokenizer)
-    # The transform reads its action key from its parent env's input mode, so it needs one.
-    # TorchRL's GSM8KEnv in tokens mode cannot reset with batch_size=(N,) N>1 (it lazy-stacks
-    # ragged prompt tokens), so the transform sits on a batch_size=(1,) env and is called on
-    # the N-conversation tensordict directly.
-    data = datasets.Dataset.from_list(case.rows)
-    loader = DataLoader(data, batch_size=1, shuffle=False, collate_fn=_collate_fn)
-    env = GSM8KEnv.from_dataloader(
-        loader, batch_size=(1,), input_mode="tokens", tokenizer=case.tokenizer
-    )
-    env.append_transform(transform)
-
-    prompts = [torch.as_tensor(p) for p in case.prompts]
-    pairs = list(zip(prompts, case.responses, strict=True))
-    full = [torch.cat([p, torch.as_tensor(r.tokens)]) for p, r in pairs]
-    # The generator's log-probs over the full sequence (TorchRL's key ("log_probs", "full")),
-    # zeros on the prompt, which assistant-only masking ignores.
-    gen = [
-        torch.cat([torch.zeros(len(p)), torch.as_tensor(r.log_probs, dtype=torch.float32)])
-        for p, r in pairs
-    ]
-    masks = [torch.ones(len(f), dtype=torch.bool) for f in full]
-
-    def prepare() -> Any:
-        # Ragged rows as jagged nested tensors: KLRewardTransform reads its action with a
-        # plain get(), which fails on a lazy stack of ragged tensors (TorchRL's usual form).
-        def jagged(values: list[torch.Tensor]) -> torch.Tensor:
-            return torch.nested.nested_tensor(values, layout=torch.jagged)
-
-        n = len(full)
-        return TensorDict(
-            {
-                ("tokens", "prompt"): jagged(prompts),
-                ("tokens", "full"): jagged(full),
-                ("masks", "all_attention_mask"): jagged(masks),
-                ("log_probs", "full"): jagged(gen),
-                ("next", "reward"): torch.zeros(n, 1, 1),
-            },
-            batch_size=(n,),
-        )
-
-    def call(td: Any) -> list[np.ndarray]:
-        with torch.inference_mode():
-            out = transform(td)
-        kl = out["next"].get("kl_penalty").unbind(0)
-        return [k.squeeze(-1)[len(p) :].numpy() for k, p in zip(kl, prompts, strict=True)]
-
-    return Timed(call, prepare)
-
-
-def torchrl_retrieve_kl(case: Case) -> Timed:
-    """TorchRL's RetrieveKL (generator and reference forwards), assistant_only=False."""
-    import tensordict
-    from tensordict import TensorDict, lazy_stack
-    from torchrl.envs.llm.transforms.kl import RetrieveKL
-    from torchrl.modules.llm import TransformersWrapper
-
-    tensordict.set_list_to_stack(True).set()
-
-    def wrapper(key: str) -> Any:
-        return TransformersWrapper(
-            case.model,
-            tokenizer=case.tokenizer,
-            input_mode="tokens",
-            generate=False,
-            return_log_probs=True,
-            pad_output=False,
-            log_probs_key=key,
-        )
-
-    transform = RetrieveKL(wrapper("log_probs"), wrapper("ref_log_probs"), assistant_only=False)
-    full = [
-        torch.cat([torch.as_tensor(p), torch.as_tensor(r.tokens)])
-        for p, r in zip(case.prompts, case.responses, strict=True)
-    ]
-
-    def prepare() -> Any:
-        # A lazy stack of per-conversation tensordicts: how TorchRL holds ragged LLM data.
-        return lazy_stack(
-            [
-                TensorDict(
-                    {
-                        ("tokens", "full"): f,
-                        ("masks", "all_attention_mask"): torch.ones(len(f), dtype=torch.bool),
-                        ("next", "reward"): torch.zeros(1, 1),
-                    }
-                )
-                for f in full
-            ]
-        )
-
-    def call(td: Any) -> list[np.ndarray]:
-        with torch.inference_mode():
-            out = transform(td)
-        return [k.numpy() for k in out["next"].get("kl_penalty", as_list=True)]
-
-    return Timed(call, prepare)
 
 
 # -- running and reporting -------------------------------------------------------------
@@ -363,12 +256,15 @@ LABELS = {
     "D": "TorchRL KLRewardTransform (transform only)",
     "E": "llm_gym vector RetrieveKL(gen, ref): env.step",
     "F": "TorchRL RetrieveKL(gen, ref) (transform only)",
+    "G": "llm_gym vector RetrieveKL, history, assistant-only",
+    "H": "TorchRL RetrieveKL, history, assistant-only",
 }
 RATIOS = {
     "B/A": ("B", "A", "vector KL step / bare forward", False),
     "C/B": ("C", "B", "N single KL steps / vector KL step", True),
     "D/B": ("D", "B", "TorchRL KLRewardTransform / vector KL step", True),
     "F/E": ("F", "E", "TorchRL RetrieveKL / llm_gym vector RetrieveKL", True),
+    "H/G": ("H", "G", "the same, history mode, assistant_only=True", True),
 }
 
 
@@ -431,77 +327,66 @@ def profile_step(env: Any, case: Case) -> dict[str, float]:
     return parts
 
 
-def response_only_forward(case: Case, ids: torch.Tensor, mask: torch.Tensor) -> Timed:
-    """The proposed fix: logits (and log-softmax) only for the response positions."""
-    keep = max(len(r.tokens) for r in case.responses) + 1
-    attention = mask.long()
-    positions = (attention.cumsum(-1) - 1).clamp(min=0)
-
-    def call() -> torch.Tensor:
-        with torch.inference_mode():
-            logits = case.model(
-                input_ids=ids,
-                attention_mask=attention,
-                position_ids=positions,
-                use_cache=False,
-                logits_to_keep=keep,
-            ).logits
-            return token_log_probs(logits, ids[:, -keep:], mask[:, -keep:])
-
-    return Timed(call)
-
-
-def profile(
-    case: Case, env: Any, bare: Timed, ids: torch.Tensor, mask: torch.Tensor, reps: int
-) -> None:
-    """Where one vector KL step's time goes, and what response-only logits would save.
-
-    The parts are read inside each profiled step, so their shares do not depend on how busy
-    the machine was between steps; the fix is timed against a bare forward run next to it.
-    """
-    forward, log_probs = PROFILE_PARTS[2][2], PROFILE_PARTS[3][2]
-    fixed = response_only_forward(case, ids, mask)
-    keep = max(len(r.tokens) for r in case.responses) + 1
-    runs: list[dict[str, float]] = []
-    fix_ratio, projected = [], []
+def profile(env: Any, case: Case, reps: int) -> None:
+    """Where one vector KL step's time goes (the parts are read inside each profiled step, so
+    their shares do not depend on how busy the machine was between steps)."""
+    forward = PROFILE_PARTS[2][2]
+    runs = [profile_step(env, case) for _ in range(reps)]
     print(f"\n  profile of the vector KL step ({reps} cProfile'd steps):")
-    for rep in range(reps):
-        parts = profile_step(env, case)
-        calls = [("bare", bare), ("fix", fixed)]
-        if rep % 2:
-            calls.reverse()
-        results = {name: method.run() for name, method in calls}
-        timed = {name: result[0] for name, result in results.items()}
-        if rep == 0:  # the fix gives the same response log-probs as the full logits
-            full = token_log_probs(results["bare"][2], ids, mask)[:, 1 - keep :]
-            fix_diff = float((results["fix"][2][:, 1:] - full).abs().max())
-        del results
-        runs.append(parts)
-        fix_ratio.append(timed["fix"] / timed["bare"])
-        # The step with the fix, relative to a bare forward: its forward and log-probs become
-        # the fix, the rest stays (freeing the full logits, in "everything else", too).
-        rest = parts["total (under cProfile)"] - parts[forward] - parts[log_probs]
-        projected.append(fix_ratio[-1] + rest / parts[forward])
-        print(
-            f"    step {rep + 1}: {parts['total (under cProfile)'] * 1e3:.0f} ms (forward "
-            f"{parts[forward] * 1e3:.0f}, log-probs {parts[log_probs] * 1e3:.0f}); bare forward "
-            f"{timed['bare'] * 1e3:.0f} ms; fix {timed['fix'] * 1e3:.0f} ms"
-        )
     print(f"    {'part (medians)':56} {'ms':>10} {'of step':>8} {'/forward':>9}")
     for label in runs[0]:
         ms = statistics.median(r[label] for r in runs) * 1e3
         share = statistics.median(r[label] / r["total (under cProfile)"] for r in runs)
         per_forward = statistics.median(r[label] / r[forward] for r in runs)
         print(f"    {label:56} {ms:10.1f} {share:8.1%} {per_forward:9.3f}")
-    print(
-        f"    fix: forward + log-probs with logits_to_keep={keep} (response positions only, of "
-        f"{ids.shape[1]}): {statistics.median(fix_ratio):.3f} x a bare forward (paired median); "
-        f"same log-probs as full logits (max diff {fix_diff:.1e})"
+
+
+# -- RetrieveKL (generator and reference forwards) and the TorchRL inputs -----------------
+
+
+def torchrl_inputs(case: Case) -> tuple[Any, ...]:
+    return case.model, case.tokenizer, case.rows, case.prompts, case.responses
+
+
+def add_retrieve_kl(methods: dict[str, Timed], case: Case, scorer: Any, torchrl: bool) -> None:
+    """E/F in tokens mode, KL over every token (TorchRL's tokens mode refuses assistant_only);
+    G/H in history mode with assistant_only=True, the responses given as text."""
+    tokenizer = case.tokenizer
+    retrieve_env = vector_kl.RetrieveKL(
+        make_vector_env(tokenizer, case.rows), scorer, scorer, coef=COEF, assistant_only=False
     )
-    print(
-        "    B/A inside the profiled step (step / its own forward): "
-        f"{statistics.median(r['total (under cProfile)'] / r[forward] for r in runs):.3f}; "
-        f"projected B/A with the fix: {statistics.median(projected):.3f}"
+    methods["E"] = llm_gym_vector(retrieve_env, case)
+    history_env = make_vector_env(tokenizer, case.rows, "history")
+    history_scorer = scorer.get_new_version(input_mode="history")
+    texts = tokenizer.batch_decode([r.tokens for r in case.responses], skip_special_tokens=True)
+    chats = [
+        [*history, {"role": "assistant", "content": text}]
+        for history, text in zip(history_env.reset(seed=0)[0]["history"], texts, strict=True)
+    ]
+    history_kl = vector_kl.RetrieveKL(history_env, history_scorer, history_scorer, coef=COEF)
+    methods["G"] = llm_gym_vector(history_kl, case, texts)
+    if torchrl:
+        import torchrl_kl_baselines as baselines
+
+        full = [
+            np.concatenate([p, r.tokens]) for p, r in zip(case.prompts, case.responses, strict=True)
+        ]
+        methods["F"] = Timed(*baselines.retrieve_kl_tokens(case.model, tokenizer, full))
+        methods["H"] = Timed(*baselines.retrieve_kl_history(case.model, tokenizer, chats))
+
+
+def history_check(ours: list[np.ndarray], theirs: list[np.ndarray]) -> str:
+    """Our response's reference log-probs against the end of TorchRL's full-conversation ones,
+    on the tokens TorchRL counts as the assistant's (non-zero there)."""
+    diffs, counted, total = [], 0, 0
+    for mine, full in zip(ours, theirs, strict=True):
+        tail = full[-len(mine) :]
+        kept = tail != 0
+        diffs.append(float(np.max(np.abs(mine[kept] - tail[kept]), initial=0.0)))
+        counted, total = counted + int(kept.sum()), total + len(mine)
+    return (
+        f"RetrieveKL history ref log-probs llm_gym vs TorchRL {max(diffs):.1e} on the "
+        f"{counted} of our {total} response tokens TorchRL charges"
     )
 
 
@@ -532,18 +417,11 @@ def bench_case(case: Case, args: argparse.Namespace, torchrl_version: str | None
         "C": llm_gym_single(case, scorer),
     }
     if torchrl_version is not None:
-        methods["D"] = torchrl_kl_reward(case)
+        import torchrl_kl_baselines as baselines
+
+        methods["D"] = Timed(*baselines.kl_reward_transform(*torchrl_inputs(case)))
     if not args.skip_retrieve_kl:
-        retrieve_env = vector_kl.RetrieveKL(
-            make_vector_env(tokenizer, case.rows),
-            gen_model=scorer,
-            ref_model=scorer,
-            coef=COEF,
-            assistant_only=False,
-        )
-        methods["E"] = llm_gym_vector(retrieve_env, case)
-        if torchrl_version is not None:
-            methods["F"] = torchrl_retrieve_kl(case)
+        add_retrieve_kl(methods, case, scorer, torchrl_version is not None)
 
     # One untimed call of each (warm-up), whose outputs are checked against each other.
     outputs = {name: method.run()[2] for name, method in methods.items()}
@@ -561,16 +439,18 @@ def bench_case(case: Case, args: argparse.Namespace, torchrl_version: str | None
         checks.append(f"vs TorchRL KLRewardTransform kl {max_diff(kl_vector, outputs['D']):.1e}")
     if "F" in outputs:
         diff = max_diff(list(outputs["E"]["kl"]), outputs["F"])
-        checks.append(f"RetrieveKL llm_gym vs TorchRL kl {diff:.1e}")
+        checks.append(f"RetrieveKL tokens llm_gym vs TorchRL kl {diff:.1e}")
+    if "H" in outputs:
+        checks.append(history_check(list(outputs["G"]["ref_log_probs"]), outputs["H"]))
     print("  checks: " + "; ".join(checks))
     if torchrl_version is None:
-        print("  TorchRL not available: D and F skipped")
+        print("  TorchRL not available: D, F and H skipped")
     del outputs, logits
 
     times = interleaved(methods, args.rounds)
     ratios = report(times, args.rounds)
     if args.profile or ratios.get("B/A", 0.0) > TARGETS["B/A"][1]:
-        profile(case, vector_env, methods["A"], ids, mask, args.profile_reps)
+        profile(vector_env, case, args.profile_reps)
 
 
 def main() -> None:
@@ -581,11 +461,11 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=48, help="response length cap")
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds; medians count")
     parser.add_argument("--tiny-only", action="store_true", help="skip SmolLM2 (quick run)")
-    parser.add_argument("--skip-retrieve-kl", action="store_true", help="no E/F (2 forwards)")
+    parser.add_argument("--skip-retrieve-kl", action="store_true", help="no E-H (2 forwards)")
     parser.add_argument("--profile", action="store_true", help="profile even if B/A is met")
     parser.add_argument("--profile-reps", type=int, default=3, help="profiled steps")
     parser.add_argument("--no-install", action="store_true", help="never pip-install torchrl")
-    parser.add_argument("--no-torchrl", action="store_true", help="skip TorchRL (D, F)")
+    parser.add_argument("--no-torchrl", action="store_true", help="skip TorchRL (D, F, H)")
     args = parser.parse_args()
     warnings.filterwarnings("ignore", message=".*nested tensors is in prototype stage.*")
     warnings.filterwarnings("ignore", message=".*size_average and reduce args.*")
@@ -605,7 +485,7 @@ def main() -> None:
         bench_case(case, args, torchrl_version)
     print(
         "\nA: one forward of the padded batch (no log-softmax); B includes the env's own step "
-        "(B0); C includes N resets; D/F time TorchRL's transform call only (inputs prebuilt)."
+        "(B0); C includes N resets; D/F/H time TorchRL's transform call only (inputs prebuilt)."
     )
 
 

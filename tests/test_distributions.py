@@ -1,10 +1,12 @@
-"""MaskedCategorical: masked positions give 0, unmasked ones match torch's Categorical."""
+"""MaskedCategorical: masked positions give 0, unmasked ones match torch's Categorical; the
+per-token log-probs under any attention mask."""
 
 import pytest
 import torch
 from torch.distributions import Categorical
 
 from llm_gym.policies import MaskedCategorical
+from llm_gym.policies._scoring import token_log_probs
 
 
 @pytest.fixture
@@ -95,3 +97,29 @@ def test_bad_arguments_raise_clear_errors(logits):
     bad[1, 2] = 7
     with pytest.raises(ValueError, match=r"outside \[0, 7\) at unmasked positions: min 0, max 7"):
         dist.log_prob(bad)
+
+
+def test_token_log_probs_equal_a_plain_log_softmax_on_any_mask():
+    torch.manual_seed(0)
+    batch, width, vocab = 4, 7, 11
+    logits = torch.randn(batch, width, vocab)
+    ids = torch.randint(0, vocab, (batch, width))
+    attention = torch.tensor(
+        [
+            [0, 0, 1, 1, 1, 1, 1],  # left padding
+            [1, 1, 1, 1, 1, 1, 1],  # none
+            [0, 0, 0, 0, 0, 0, 1],  # one real token: nothing has a prefix
+            [1, 1, 0, 1, 1, 0, 1],  # gaps: a token after a gap has no prefix
+        ],
+        dtype=torch.bool,
+    )
+    expected = torch.zeros(batch, width)
+    full = torch.log_softmax(logits, -1)
+    for b in range(batch):
+        for t in range(1, width):
+            if attention[b, t] and attention[b, t - 1]:
+                expected[b, t] = full[b, t - 1, ids[b, t]]
+    got = token_log_probs(logits, ids, attention)
+    assert got.dtype == torch.float32 and got.shape == (batch, width)
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=0)
+    assert (got[2] == 0).all() and (got[0, :3] == 0).all() and got[3, 3] == 0
