@@ -34,7 +34,7 @@ except ImportError as error:  # ray is an optional dependency (the "ray" extra)
         "llm_gym.distributed needs Ray: pip install 'llm-gym[ray]' (or pip install ray)"
     ) from error
 
-from llm_gym.wrappers.kl import takes_response_only
+from llm_gym.policies._scoring import takes_response_only
 
 __all__ = ["RayLogProbModel"]
 

@@ -1,7 +1,8 @@
-"""Checking ``generate_kwargs`` for ``TransformersPolicy`` before anything is generated.
+"""Generation settings shared by ``TransformersPolicy`` and ``RolloutFromModel``.
 
-Unknown keys, aliases given twice and settings that would break the log-probs fail at
-construction with a message naming the key, not deep inside ``model.generate``.
+``generate_kwargs`` are checked before anything is generated: unknown keys, aliases given twice
+and settings that would break the log-probs fail at construction with a message naming the
+key, not deep inside ``model.generate``.
 """
 
 from __future__ import annotations
@@ -10,9 +11,16 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+import torch
 from transformers import GenerationConfig
 
-__all__ = ["DEFAULT_MAX_NEW_TOKENS", "GENERATE_ALIASES", "generation_settings", "first_id"]
+__all__ = [
+    "DEFAULT_MAX_NEW_TOKENS",
+    "GENERATE_ALIASES",
+    "first_eos_lengths",
+    "first_id",
+    "generation_settings",
+]
 
 DEFAULT_MAX_NEW_TOKENS = 256
 GENERATE_ALIASES = {"max_tokens": "max_new_tokens", "n": "num_return_sequences"}
@@ -90,3 +98,12 @@ def first_id(*candidates: Any, default: int) -> int:
         if candidate is not None:
             return int(np.atleast_1d(candidate)[0])
     return default
+
+
+def first_eos_lengths(tokens: torch.Tensor, eos_token_ids: list[int]) -> torch.Tensor:
+    """Tokens up to and including the first EOS of each row; all of them when there is none."""
+    full = torch.full((tokens.shape[0],), tokens.shape[1], dtype=torch.long, device=tokens.device)
+    if not eos_token_ids or tokens.shape[1] == 0:
+        return full
+    is_eos = torch.isin(tokens, torch.tensor(eos_token_ids, dtype=torch.long, device=tokens.device))
+    return torch.where(is_eos.any(1), is_eos.long().argmax(1) + 1, full)

@@ -6,6 +6,7 @@ eos_token`` a real EOS looks exactly like padding.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import numpy as np
@@ -14,7 +15,15 @@ import torch.nn.functional as F
 
 from llm_gym.policies._inputs import Encoded
 
-__all__ = ["DIST_MASKS", "dist_mask", "gather_log_probs", "has_prefix", "token_log_probs"]
+__all__ = [
+    "DIST_MASKS",
+    "dist_mask",
+    "gather_log_probs",
+    "has_prefix",
+    "keeps_logits",
+    "takes_response_only",
+    "token_log_probs",
+]
 
 # get_dist mask names; the second of each pair is TorchRL's name for the use case.
 DIST_MASKS = {"prompt": "prompt", "sft": "prompt", "assistant": "assistant", "rlhf": "assistant"}
@@ -25,6 +34,24 @@ DIST_MASKS |= {"attention": "attention", "generic": "attention"}
 # measured 2x faster on CPU than one logsumexp over the whole (B, T, V) batch (whose composite
 # kernel writes several batch-sized temporaries), and peak memory stays flat.
 _CHUNK_ELEMENTS = 6 * 2**20
+
+
+def keeps_logits(model: Any) -> bool:
+    """Whether a causal LM's forward takes ``logits_to_keep`` (most transformers models do)."""
+    return "logits_to_keep" in _parameters(getattr(model, "forward", model))
+
+
+def takes_response_only(scorer: Any) -> bool:
+    """Whether a scorer's call takes ``response_only=`` (TransformersPolicy, RayLogProbModel);
+    scorers written to the older protocol do not, and are called without it."""
+    return "response_only" in _parameters(scorer)
+
+
+def _parameters(function: Any) -> Any:
+    try:
+        return inspect.signature(function).parameters
+    except (TypeError, ValueError):  # builtins and some C callables have no signature
+        return {}
 
 
 def gather_log_probs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

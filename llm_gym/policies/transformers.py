@@ -8,7 +8,6 @@ given conversations in one padded forward pass and returns ``LogProbs`` and ``Ma
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +19,7 @@ import torch.nn.functional as F
 from llm_gym.chat.containers import LogProbs, Masks, Response, Tokens
 from llm_gym.chat.templates import get_chat_template
 from llm_gym.envs.chat import INPUT_MODES
-from llm_gym.policies._generation import first_id, generation_settings
+from llm_gym.policies._generation import first_eos_lengths, first_id, generation_settings
 from llm_gym.policies._inputs import (
     Encoded,
     Encoder,
@@ -29,7 +28,13 @@ from llm_gym.policies._inputs import (
     split_observation,
     split_responses,
 )
-from llm_gym.policies._scoring import dist_mask, gather_log_probs, has_prefix, token_log_probs
+from llm_gym.policies._scoring import (
+    dist_mask,
+    gather_log_probs,
+    has_prefix,
+    keeps_logits,
+    token_log_probs,
+)
 from llm_gym.policies.distributions import MaskedCategorical
 
 __all__ = ["TransformersPolicy", "LogProbOutput"]
@@ -163,8 +168,7 @@ class TransformersPolicy:
         self._user_generate_kwargs = dict(generate_kwargs or {})
         template = {"chat_template_name": chat_template_name, "chat_template": chat_template}
         self._encoder = Encoder(tokenizer, vocab_size, {k: v for k, v in template.items() if v})
-        forward_args = inspect.signature(model.forward).parameters
-        self._keeps_logits = "logits_to_keep" in forward_args  # else logits are sliced after
+        self._keeps_logits = keeps_logits(model)  # else logits are sliced after the forward
         gen = model.generation_config
         self.pad_token_id = first_id(
             self.generate_kwargs.get("pad_token_id"), gen.pad_token_id,
@@ -289,7 +293,7 @@ class TransformersPolicy:
                 **(self.generate_kwargs | {"pad_token_id": self.pad_token_id}),
             )
             new = out.sequences[:, ids.shape[1] :]
-            lengths = self._response_lengths(new)
+            lengths = first_eos_lengths(new, self.eos_token_ids)
             log_probs = None
             if self.return_log_probs:
                 # One vectorized gather per generated step (not per token); raw logits.
@@ -311,15 +315,6 @@ class TransformersPolicy:
             k = self.num_samples
             results = [results[i * k : (i + 1) * k] for i in range(len(values))]
         return results if batched else results[0]
-
-    def _response_lengths(self, new: torch.Tensor) -> torch.Tensor:
-        """Tokens up to and including the first EOS; all of them when none was produced."""
-        steps = torch.full((new.shape[0],), new.shape[1], dtype=torch.long, device=new.device)
-        if not self.eos_token_ids or new.shape[1] == 0:
-            return steps
-        is_eos = torch.isin(new, torch.tensor(self.eos_token_ids, device=new.device))
-        first = is_eos.long().argmax(dim=1) + 1
-        return torch.where(is_eos.any(dim=1), first, steps)
 
     # -- log-prob mode ---------------------------------------------------------------------
 

@@ -14,7 +14,6 @@ False``), such as ``llm_gym.distributed.RayLogProbModel``. A scorer whose call a
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -22,6 +21,7 @@ import gymnasium as gym
 import numpy as np
 
 from llm_gym.chat.containers import Response
+from llm_gym.policies._scoring import takes_response_only
 from llm_gym.wrappers.controllers import ConstantKLController, KLController
 from llm_gym.wrappers.estimators import ESTIMATORS, kl_estimate
 
@@ -82,13 +82,6 @@ def score(
         log_probs = out.log_probs.response if assistant_only else out.log_probs.full
         result.append(np.asarray(log_probs, dtype=np.float32))
     return result
-
-
-def takes_response_only(model: Any) -> bool:
-    try:
-        return "response_only" in inspect.signature(model).parameters
-    except (TypeError, ValueError):  # builtins and some C callables have no signature
-        return False
 
 
 def action_log_probs(action: Any, gen_key: str) -> np.ndarray:

@@ -9,18 +9,17 @@ and shapes, nested like its TensorDict (``out["next"]["reward"]``), ready for GA
 from __future__ import annotations
 
 import collections
-import math
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
 
-from llm_gym.policies._generation import first_id, generation_settings
+from llm_gym.policies._generation import first_eos_lengths, first_id, generation_settings
+from llm_gym.policies._scoring import gather_log_probs, keeps_logits, takes_response_only
+from llm_gym.rollout.checks import check_settings, check_tensor, is_log_prob_policy, read_batch
 
 __all__ = ["RolloutFromModel"]
-
-_LENGTH_KEYS = ("max_new_tokens", "max_tokens", "max_length", "min_length")
 
 
 class RolloutFromModel:
@@ -99,56 +98,10 @@ class RolloutFromModel:
         label_baseline: bool = True,
         generate_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
-        if not (callable(model) and hasattr(model, "generate") and hasattr(model, "config")):
-            raise TypeError(
-                "model must be a transformers causal LM (with .generate), got "
-                f"{type(model).__name__}"
-            )
-        if not callable(ref_model):
-            raise TypeError(
-                "ref_model must be a causal LM or a log-prob policy, got "
-                f"{type(ref_model).__name__}"
-            )
-        if _is_log_prob_policy(ref_model) and getattr(ref_model, "input_mode", None) != "tokens":
-            raise ValueError(
-                "a log-prob policy as ref_model must read token ids (input_mode='tokens'), got "
-                f"input_mode={getattr(ref_model, 'input_mode', None)!r}"
-            )
-        if not callable(reward_model):
-            raise TypeError(f"reward_model must be callable, got {type(reward_model).__name__}")
-        _check_int("max_new_tokens", max_new_tokens)
-        if num_steps is not None:
-            _check_int("num_steps", num_steps)
-        if not isinstance(score_clip, (int, float)) or not score_clip > 0:
-            raise ValueError(f"score_clip must be a number > 0 (inf: no clip), got {score_clip!r}")
-        if kl_coef is not None and not (
-            isinstance(kl_coef, (int, float)) and math.isfinite(kl_coef) and kl_coef >= 0
-        ):
-            raise ValueError(f"kl_coef must be a finite number >= 0, got {kl_coef!r}")
-        if kl_scheduler is not None and not (
-            callable(getattr(kl_scheduler, "update", None)) and hasattr(kl_scheduler, "coef")
-        ):
-            raise TypeError(
-                "kl_scheduler must be a KL controller with .coef and .update(kl_values) (see "
-                f"llm_gym.wrappers.controllers), got {type(kl_scheduler).__name__}"
-            )
-        if kl_scheduler is None:
-            kl_coef = 0.1 if kl_coef is None else kl_coef
-        elif kl_coef is None:
-            kl_coef = kl_scheduler.coef  # TorchRL's controllers set the model's coef at start
-        elif not math.isclose(kl_coef, kl_scheduler.coef):
-            raise ValueError(
-                f"kl_coef={kl_coef} differs from kl_scheduler.coef={kl_scheduler.coef}: the "
-                "scheduler recovers the KL by dividing by its own coef, so leave kl_coef unset"
-            )
-        if not isinstance(label_baseline, bool):
-            raise TypeError(f"label_baseline must be a bool, got {type(label_baseline).__name__}")
-        for key in _LENGTH_KEYS:
-            if key in (generate_kwargs or {}):
-                raise ValueError(
-                    f"generate_kwargs may not set {key!r}: the length is max_new_tokens "
-                    f"({max_new_tokens}), the episode length of every row"
-                )
+        kl_coef = check_settings(
+            model, ref_model, reward_model, kl_coef, max_new_tokens, score_clip, kl_scheduler,
+            num_steps, label_baseline, generate_kwargs,
+        )  # fmt: skip
         kwargs, samples = generation_settings(model, generate_kwargs, None, True)
         kwargs.pop("max_new_tokens", None)  # a default the policy helper adds; ours is M
         if samples not in (None, 1):
@@ -226,7 +179,7 @@ class RolloutFromModel:
         )
         new = out.sequences[:, width:]
         steps = new.shape[1]
-        lengths = _first_eos_lengths(new, self.eos_token_ids)
+        lengths = first_eos_lengths(new, self.eos_token_ids)
         real = torch.arange(steps, device=new.device) < lengths[:, None]
         new = torch.where(real, new, self.pad_token_id)
 
@@ -241,9 +194,7 @@ class RolloutFromModel:
         # Raw logits, one step at a time: log-softmax over a (B, M, V) stack would copy it.
         log_probs = torch.zeros(batch_size, self.max_new_tokens, device=new.device)
         for step, logits in enumerate(out.logits):
-            logits = logits.float()
-            chosen = logits.gather(1, new[:, step, None]).squeeze(1)
-            log_probs[:, step] = chosen - torch.logsumexp(logits, dim=-1)
+            log_probs[:, step] = gather_log_probs(logits, new[:, step])
         log_probs[:, :steps] = torch.where(real, log_probs[:, :steps], 0.0)
         log_ratio = self._log_ratio(generated, rindex)
         return generated, log_probs.unsqueeze(-1), log_ratio
@@ -260,10 +211,14 @@ class RolloutFromModel:
 
         Appends the rollout's mean KL reward to the values ``step_scheduler`` will use.
         """
-        input_ids, attention_mask, rindex = self._read_batch(batch)
+        input_ids, attention_mask, rindex = read_batch(
+            batch, _device(self.model), self.label_baseline
+        )
         batch_size, length = input_ids.shape
         m = self.max_new_tokens
-        generated = self._check_tensor("generated", generated, (batch_size, length + m))
+        generated = check_tensor(
+            self.max_new_tokens, "generated", generated, (batch_size, length + m)
+        )
         log_probs = self._check_tensor("log_probs", log_probs, (batch_size, m, 1))
         if log_ratio is None:
             log_ratio = self._log_ratio(generated, rindex)
@@ -271,7 +226,7 @@ class RolloutFromModel:
         device = generated.device
         steps = torch.arange(m, device=device)
         action = generated.gather(1, rindex[:, None] + steps)
-        lengths = _first_eos_lengths(action, self.eos_token_ids)
+        lengths = first_eos_lengths(action, self.eos_token_ids)
         valid = steps < lengths[:, None]
         last = action.gather(1, (lengths - 1)[:, None]).squeeze(1)
         eos = torch.tensor(self.eos_token_ids, dtype=torch.long, device=device)
@@ -323,65 +278,21 @@ class RolloutFromModel:
     # -- helpers -------------------------------------------------------------------------
 
     def _read_batch(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        device = _device(self.model)
-        fields = {}
-        for key in ("input_ids", "attention_mask", "prompt_rindex"):
-            value = batch.get(key) if isinstance(batch, Mapping) else getattr(batch, key, None)
-            fields[key] = None if value is None else torch.as_tensor(value, device=device)
-        input_ids, attention_mask, rindex = fields.values()
-        if input_ids is None or rindex is None:
-            raise KeyError(
-                "batch must hold 'input_ids' (B, L) and 'prompt_rindex' (B,), got "
-                f"{sorted(batch) if isinstance(batch, Mapping) else type(batch).__name__}"
-            )
-        if input_ids.ndim != 2 or input_ids.numel() == 0 or input_ids.is_floating_point():
-            raise ValueError(
-                "batch['input_ids'] must be a non-empty (B, L) integer tensor, got dtype "
-                f"{input_ids.dtype} and shape {tuple(input_ids.shape)}"
-            )
-        batch_size, length = input_ids.shape
-        if rindex.shape != (batch_size,) or rindex.is_floating_point():
-            raise ValueError(
-                f"batch['prompt_rindex'] must be ({batch_size},) integers (one prompt length per "
-                f"row), got dtype {rindex.dtype} and shape {tuple(rindex.shape)}"
-            )
-        if bool((rindex < 1).any() | (rindex > length).any()):
-            raise ValueError(
-                f"batch['prompt_rindex'] must be in [1, {length}] (the width of input_ids), got "
-                f"{rindex.tolist()}"
-            )
-        if attention_mask is not None and attention_mask.shape != input_ids.shape:
-            raise ValueError(
-                f"batch['attention_mask'] must have input_ids' shape {tuple(input_ids.shape)}, "
-                f"got {tuple(attention_mask.shape)}"
-            )
-        if attention_mask is None and self.label_baseline:
-            raise KeyError(
-                "batch has no 'attention_mask', needed to score its reference completion "
-                "(label_baseline=True); pass label_baseline=False for prompt-only batches"
-            )
-        return input_ids.long(), attention_mask, rindex.long()
+        return read_batch(batch, _device(self.model), self.label_baseline)
 
     def _check_tensor(self, name: str, value: Any, shape: tuple[int, ...]) -> torch.Tensor:
-        if not isinstance(value, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
-        if value.shape != shape:
-            raise ValueError(
-                f"{name} must have shape {shape} for this batch and max_new_tokens="
-                f"{self.max_new_tokens}, got {tuple(value.shape)}"
-            )
-        return value
+        return check_tensor(self.max_new_tokens, name, value, shape)
 
     def _log_ratio(self, generated: torch.Tensor, rindex: torch.Tensor) -> torch.Tensor:
         """``log p - log q`` of each generated token (0 after the response), ``(B, M)``."""
         m = self.max_new_tokens
         steps = torch.arange(m, device=generated.device)
-        lengths = _first_eos_lengths(
+        lengths = first_eos_lengths(
             generated.gather(1, rindex[:, None] + steps), self.eos_token_ids
         )
         real = steps < lengths[:, None]
         log_p = _lm_log_probs(self.model, generated, rindex, lengths, m)
-        if _is_log_prob_policy(self.ref_model):
+        if is_log_prob_policy(self.ref_model):
             log_q = self._policy_log_probs(generated, rindex, lengths)
         else:
             log_q = _lm_log_probs(self.ref_model, generated, rindex, lengths, m)
@@ -394,7 +305,8 @@ class RolloutFromModel:
         starts, ends = rindex.tolist(), (rindex + lengths).tolist()
         prompts = tuple(row[:s] for row, s in zip(rows, starts, strict=True))
         responses = [row[s:e] for row, s, e in zip(rows, starts, ends, strict=True)]
-        outputs = self.ref_model({"tokens": prompts}, responses)
+        only = {"response_only": True} if takes_response_only(self.ref_model) else {}
+        outputs = self.ref_model({"tokens": prompts}, responses, **only)
         log_q = torch.zeros(len(rows), self.max_new_tokens)
         for row, (output, response) in enumerate(zip(outputs, responses, strict=True)):
             values = getattr(getattr(output, "log_probs", None), "response", None)
@@ -424,30 +336,9 @@ class RolloutFromModel:
         return scores.float().to(input_ids.device)
 
 
-def _check_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
-
-
-def _is_log_prob_policy(model: Any) -> bool:
-    # A scoring policy says so with generate=False; a transformers model has a generate method.
-    return getattr(model, "generate", None) is False
-
-
 def _device(model: Any) -> torch.device:
     device = getattr(model, "device", None)
     return device if isinstance(device, torch.device) else next(model.parameters()).device
-
-
-def _first_eos_lengths(tokens: torch.Tensor, eos_token_ids: list[int]) -> torch.Tensor:
-    """Tokens up to and including the first EOS of each row; all of them when there is none."""
-    full = torch.full((tokens.shape[0],), tokens.shape[1], dtype=torch.long, device=tokens.device)
-    if not eos_token_ids or tokens.shape[1] == 0:
-        return full
-    is_eos = torch.isin(tokens, torch.tensor(eos_token_ids, dtype=torch.long, device=tokens.device))
-    return torch.where(is_eos.any(1), is_eos.long().argmax(1) + 1, full)
 
 
 def _lm_log_probs(
@@ -459,12 +350,16 @@ def _lm_log_probs(
     ids = generated[:, :width].to(device)
     rindex, lengths = rindex.to(device), lengths.to(device)
     real = torch.arange(width, device=device) < (rindex + lengths)[:, None]
+    # The logits at rindex - 1 + k predict generated token k; only the last `keep` positions,
+    # from the shortest prompt's end on, hold any (right padding), so only those are computed.
+    keep = width - int(rindex.min()) + 1
+    kwargs = {"logits_to_keep": keep} if keeps_logits(model) else {}
     # Right padding: every row starts at position 0, so default positions are right.
-    logits = model(input_ids=ids, attention_mask=real.long(), use_cache=False).logits
-    # The logits at rindex - 1 + k predict generated token k: gather those before log-softmax.
-    source = (rindex[:, None] - 1 + torch.arange(m, device=device)).clamp(max=width - 1)
-    logits = logits.gather(1, source[..., None].expand(-1, -1, logits.shape[-1])).float()
-    targets = generated.to(device).gather(1, rindex[:, None] + torch.arange(m, device=device))
-    chosen = logits.gather(-1, targets[..., None]).squeeze(-1)
-    log_probs = chosen - torch.logsumexp(logits, dim=-1)
-    return torch.where(torch.arange(m, device=device) < lengths[:, None], log_probs, 0.0)
+    out = model(input_ids=ids, attention_mask=real.long(), use_cache=False, **kwargs)
+    logits = out.logits[:, -keep:]
+    steps = torch.arange(m, device=device)
+    source = (rindex[:, None] - 1 + steps - (width - keep)).clamp(max=keep - 1)
+    logits = logits.gather(1, source[..., None].expand(-1, -1, logits.shape[-1]))
+    targets = generated.to(device).gather(1, rindex[:, None] + steps)
+    log_probs = gather_log_probs(logits.flatten(0, 1), targets.flatten()).view(targets.shape)
+    return torch.where(steps < lengths[:, None], log_probs, 0.0)
