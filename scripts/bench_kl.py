@@ -72,8 +72,7 @@ import llm_gym  # noqa: F401  (registers LLMChat-GSM8K-v0)
 from llm_gym import Response, TransformersPolicy
 from llm_gym.envs.data_sources import IterableSource
 from llm_gym.models import load_default_model, tiny_model
-from llm_gym.policies._inputs import left_pad
-from llm_gym.policies._scoring import token_log_probs
+from llm_gym.policies import left_pad, token_log_probs
 from llm_gym.wrappers import vector as vector_kl
 from llm_gym.wrappers.kl import KLRewardWrapper
 

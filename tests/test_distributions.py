@@ -5,8 +5,7 @@ import pytest
 import torch
 from torch.distributions import Categorical
 
-from llm_gym.policies import MaskedCategorical
-from llm_gym.policies._scoring import token_log_probs
+from llm_gym.policies import MaskedCategorical, token_log_probs
 
 
 @pytest.fixture
