@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from gsm8k_fixture import FIXTURE  # made-up problems, written to a temp folder
 
 ROOT = Path(__file__).parents[1]
-FIXTURE = ROOT / "tests" / "fixtures" / "mini_gsm8k"
 
 
 @pytest.fixture(scope="module")

@@ -7,16 +7,14 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from gsm8k_fixture import FIXTURE  # made-up problems, written to a temp folder
 
 from llm_gym.cli import main
 from llm_gym.models import tiny_model
-
-FIXTURE = Path(__file__).parent / "fixtures" / "mini_gsm8k"
 
 
 @pytest.fixture(scope="module")

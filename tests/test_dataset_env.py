@@ -4,18 +4,17 @@ import json
 import subprocess
 import sys
 from collections import Counter
-from pathlib import Path
 
 import datasets
 import numpy as np
 import pytest
 import torch
+from gsm8k_fixture import FIXTURE  # made-up problems, written to a temp folder
 from gymnasium.utils.env_checker import check_env
 
 from llm_gym.envs import DatasetChatEnv, data_sources
 from llm_gym.envs.data_sources import IndexedSource
 
-FIXTURE = Path(__file__).parent / "fixtures" / "mini_gsm8k"
 ROWS = [{"query": f"q{i}", "id": i} for i in range(10)]
 
 

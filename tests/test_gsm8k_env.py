@@ -1,12 +1,11 @@
 """GSM8KEnv: registration, data loading (local, env var, Hub), rewards, episode ends, errors."""
 
-from pathlib import Path
-
 import datasets
 import gymnasium as gym
 import numpy as np
 import pytest
 from conftest import GSM8K_PATH
+from gsm8k_fixture import FIXTURE  # made-up problems, written to a temp folder
 from gymnasium.utils.env_checker import check_env
 
 import llm_gym  # noqa: F401  (registers the ids)
@@ -14,7 +13,6 @@ from llm_gym import Response
 from llm_gym.envs import GSM8KEnv, data_sources, load_gsm8k
 from llm_gym.rewards import GSM8KReward
 
-FIXTURE = Path(__file__).parent / "fixtures" / "mini_gsm8k"
 # Copied from torchrl/envs/llm/datasets/gsm8k.py (torchrl 0.14), GSM8KEnv.SYSTEM_PROMPT.
 TORCHRL_SYSTEM_PROMPT = "\n".join(
     [

@@ -2,12 +2,12 @@
 KL numbers against plain forward passes, errors."""
 
 import warnings
-from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from gsm8k_fixture import FIXTURE  # made-up problems, written to a temp folder
 from gymnasium.utils.env_checker import check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
@@ -16,7 +16,6 @@ from llm_gym.envs import DatasetChatEnv, GSM8KEnv, TokenEnv
 from llm_gym.models import tiny_model
 from llm_gym.wrappers import AdaptiveKLController, TokenKLWrapper
 
-FIXTURE = Path(__file__).parent / "fixtures" / "mini_gsm8k"
 JANET = {"question": "Janet has 9 eggs and sells them for $2 each. How much?", "answer": "#### 18"}
 
 

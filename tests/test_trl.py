@@ -3,18 +3,17 @@ two-step GRPOTrainer run with a tiny model on the mini GSM8K fixture."""
 
 import functools
 import json
-from pathlib import Path
 
 import datasets
 import pytest
 import torch
+from gsm8k_fixture import FIXTURE  # made-up problems, written to a temp folder
 from trl import GRPOConfig, GRPOTrainer
 
 from llm_gym.chat.templates import CHATML_TEMPLATE
 from llm_gym.models import tiny_model
 from llm_gym.rewards import GSM8KReward, gsm8k_reward_func
 
-FIXTURE = Path(__file__).parent / "fixtures" / "mini_gsm8k"
 RIGHT, WRONG, NONE = "<think>3*4</think><answer>12</answer>", "<answer>13</answer>", "12"
 
 

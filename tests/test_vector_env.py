@@ -1,17 +1,16 @@
 """Vectorized GSM8K: sync / async / native agree; SAME_STEP autoreset; GRPO groups; errors."""
 
 import json
-from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import pytest
+from gsm8k_fixture import FIXTURE  # made-up problems, written to a temp folder
 from gymnasium.vector import AutoresetMode
 
 import llm_gym  # noqa: F401  (registers the ids)
 from llm_gym.envs import DatasetChatEnv, DatasetChatVectorEnv, GSM8KEnv
 
-FIXTURE = Path(__file__).parent / "fixtures" / "mini_gsm8k"
 ROWS = [{"query": f"q{i}", "id": i} for i in range(10)]
 RIGHT, WRONG = "<answer>12</answer>", "no answer"
 ANSWERS = {
