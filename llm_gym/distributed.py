@@ -63,6 +63,7 @@ class _LogProbActor:
                 f"generate={getattr(built, 'generate', None)!r}"
             )
         self.policy = built
+        self._takes_response_only = takes_response_only(built)
 
     def describe(self) -> dict[str, Any]:
         policy = self.policy
@@ -74,7 +75,7 @@ class _LogProbActor:
         }
 
     def score(self, obs: Any, responses: Any, response_only: bool = False) -> Any:
-        if response_only and takes_response_only(self.policy):
+        if response_only and self._takes_response_only:
             return self.policy(obs, responses, response_only=True)
         return self.policy(obs, responses)  # full log-probs hold the response's too
 

@@ -109,6 +109,7 @@ class RolloutFromModel:
 
         self.model = model
         self.ref_model = ref_model
+        self._ref_takes_response_only = takes_response_only(ref_model)
         self.reward_model = reward_model
         self.kl_coef = float(kl_coef)
         self.max_new_tokens = max_new_tokens
@@ -305,7 +306,7 @@ class RolloutFromModel:
         starts, ends = rindex.tolist(), (rindex + lengths).tolist()
         prompts = tuple(row[:s] for row, s in zip(rows, starts, strict=True))
         responses = [row[s:e] for row, s, e in zip(rows, starts, ends, strict=True)]
-        only = {"response_only": True} if takes_response_only(self.ref_model) else {}
+        only = {"response_only": True} if self._ref_takes_response_only else {}
         outputs = self.ref_model({"tokens": prompts}, responses, **only)
         log_q = torch.zeros(len(rows), self.max_new_tokens)
         for row, (output, response) in enumerate(zip(outputs, responses, strict=True)):

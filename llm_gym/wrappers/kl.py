@@ -65,16 +65,21 @@ def as_response(action: Any) -> Any:
 
 
 def score(
-    model: Any, prompt: Any, responses: list[Any], assistant_only: bool, batched: bool = False
+    model: Any,
+    prompt: Any,
+    responses: list[Any],
+    assistant_only: bool,
+    batched: bool = False,
+    response_only: bool = False,
 ) -> list[np.ndarray]:
     """Log-probs of each response given its prompt (one observation, or a vector env's batch
     of them), in one forward pass.
 
-    Scorers that take ``response_only`` (TransformersPolicy, RayLogProbModel) are asked for the
-    response positions only when that is all that is kept: it skips the vocabulary projection
-    and log-softmax over the prompt, most of a small model's cost.
+    ``response_only`` asks the scorer for the response positions only (see
+    ``takes_response_only``): it skips the vocabulary projection and log-softmax over the
+    prompt, most of a small model's cost.
     """
-    kwargs = {"response_only": True} if assistant_only and takes_response_only(model) else {}
+    kwargs = {"response_only": True} if response_only else {}
     outputs = model(prompt, responses if batched else responses[0], **kwargs)
     outputs = outputs if batched else [outputs]
     result = []
@@ -143,6 +148,8 @@ class PromptScorer:
     def _setup_scorer(self, model: Any, key: str, assistant_only: bool) -> None:
         check_scoring_model(model, "model")
         self.model, self.log_prob_key, self.assistant_only = model, key, assistant_only
+        # Asked when only the response is kept and the scorer's call takes it (looked up once).
+        self._response_only = assistant_only and takes_response_only(model)
         self._prompt: Any = None
 
     def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
@@ -154,7 +161,9 @@ class PromptScorer:
         if self._prompt is None:
             raise gym.error.ResetNeeded("Cannot call step before reset")
         responses = [as_response(a) for a in actions]
-        return score(self.model, self._prompt, responses, self.assistant_only, batched)
+        return score(
+            self.model, self._prompt, responses, self.assistant_only, batched, self._response_only
+        )
 
 
 class KLCoefficient:
