@@ -351,9 +351,8 @@ class TransformersPolicy:
             window = slice(-keep, None) if keep else slice(None)
             log_probs = token_log_probs(logits, ids[:, window], attention[:, window])
             log_probs = log_probs.cpu().numpy()
-        ids_np, attention_np = ids.cpu().numpy(), attention.cpu().numpy()
         if self.pad_output:
-            return _padded_output(encoded, ids_np, attention_np, log_probs)
+            return _padded_output(encoded, ids.cpu().numpy(), attention.cpu().numpy(), log_probs)
         width = log_probs.shape[1]
         outputs = []
         for row, enc in enumerate(encoded):
