@@ -1,52 +1,79 @@
 """llm_gym: Gymnasium environments for reinforcement learning on language models.
 
-Importing the package registers every environment id with Gymnasium::
+Importing the package registers every environment id with Gymnasium, and loads nothing
+heavy: torch, transformers and datasets load when an env, policy or wrapper that needs them
+is made. The names below are imported on first use::
 
     import gymnasium as gym, llm_gym
     env = gym.make("LLMChat-v0", query="hi")
 """
 
-from gymnasium.envs.registration import register, registry
+import importlib
+from typing import Any
 
-from llm_gym import envs, policies
-from llm_gym.chat import ChatHistory, History, LogProbs, Masks, Response, Text, Tokens
-from llm_gym.envs import ChatEnv, DatasetChatEnv, DatasetChatVectorEnv, GSM8KEnv, TokenEnv
-from llm_gym.policies import TransformersPolicy
-from llm_gym.rollout import RolloutFromModel
+from gymnasium.envs.registration import register, registry
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "ChatEnv",
-    "ChatHistory",
-    "DatasetChatEnv",
-    "DatasetChatVectorEnv",
-    "GSM8KEnv",
-    "History",
-    "LogProbs",
-    "Masks",
-    "Response",
-    "RolloutFromModel",
-    "Text",
-    "TokenEnv",
-    "Tokens",
-    "TransformersPolicy",
-    "envs",
-    "policies",
-]
+# Public name -> the module that defines it (None: the name is a subpackage or module).
+_EXPORTS = {
+    "ChatEnv": "llm_gym.envs",
+    "DatasetChatEnv": "llm_gym.envs",
+    "DatasetChatVectorEnv": "llm_gym.envs",
+    "TokenEnv": "llm_gym.envs",
+    "ChatHistory": "llm_gym.chat",
+    "History": "llm_gym.chat",
+    "LogProbs": "llm_gym.chat",
+    "Masks": "llm_gym.chat",
+    "Response": "llm_gym.chat",
+    "Text": "llm_gym.chat",
+    "Tokens": "llm_gym.chat",
+    "TransformersPolicy": "llm_gym.policies",
+    "RolloutFromModel": "llm_gym.rollout",
+    "chat": None,
+    "envs": None,
+    "lm": None,
+    "policies": None,
+    "rewards": None,
+    "rollout": None,
+    "tasks": None,
+    "wrappers": None,
+}
+
+__all__ = sorted(_EXPORTS)
 
 
-def _register(env_id: str, **kwargs) -> None:
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'llm_gym' has no attribute {name!r}")
+    module = _EXPORTS[name]
+    value = importlib.import_module(f"llm_gym.{name}" if module is None else module)
+    if module is not None:
+        value = getattr(value, name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
+
+def _register(env_id: str, **kwargs: Any) -> None:
     # Re-importing (e.g. under importlib.reload) must not warn about overriding an id.
     if env_id not in registry:
         register(id=env_id, **kwargs)
 
 
+# String entry points: nothing is imported until an env is made.
 _register("LLMChat-v0", entry_point="llm_gym.envs.chat:ChatEnv")
 # No max_episode_steps: TimeLimit would turn the end of a single-turn task into a truncation.
 _register(
     "LLMChat-GSM8K-v0",
-    entry_point="llm_gym.envs.gsm8k:GSM8KEnv",
-    vector_entry_point="llm_gym.envs.gsm8k:make_gsm8k_vector_env",
+    entry_point="llm_gym.tasks.gsm8k:make_gsm8k_env",
+    vector_entry_point="llm_gym.tasks.gsm8k:make_gsm8k_vector_env",
 )
-_register("LLMToken-GSM8K-v0", entry_point="llm_gym.envs.tokens:make_gsm8k_token_env")
+_register(
+    "LLMToken-GSM8K-v0",
+    entry_point="llm_gym.envs.tokens:make_token_env",
+    kwargs={"task": "LLMChat-GSM8K-v0", "max_new_tokens": 256, "max_prompt_length": 512},
+)

@@ -1,10 +1,11 @@
 """Ray as llm_gym's distributed engine: one reference model in an actor, shared by many envs.
 
 ``RayLogProbModel`` is a client for a Ray actor that holds a log-prob-mode
-``TransformersPolicy``. It speaks the same call protocol as that policy (``generate = False``,
-``input_mode``, ``model(obs, responses) -> LogProbOutput``), so it goes wherever a reference
-model does: ``RetrieveLogProb``/``RetrieveKL``/``KLRewardWrapper`` and their vector versions,
-or ``RolloutFromModel(ref_model=...)`` with ``input_mode="tokens"``. Envs in one process or in
+``TransformersPolicy``. It follows the scorer protocol of ``llm_gym.scorer`` (``generate =
+False``, ``model(obs, responses, response_only=...) -> LogProbOutput``, plus ``input_mode``),
+so it goes wherever a reference model does: ``RetrieveLogProb``/``RetrieveKL``/
+``KLRewardWrapper`` and their vector versions, or ``RolloutFromModel(ref_model=...)`` with
+``input_mode="tokens"``. Envs in one process or in
 many (Ray tasks, other actors) reach the same weights through the actor's name.
 
 Start Ray first (``ray.init()``, or ``ray.init(address="auto")`` on a cluster)::
@@ -34,7 +35,7 @@ except ImportError as error:  # ray is an optional dependency (the "ray" extra)
         "llm_gym.distributed needs Ray: pip install 'llm-gym[ray]' (or pip install ray)"
     ) from error
 
-from llm_gym.policies._scoring import takes_response_only
+from llm_gym.scorer import check_scorer
 
 __all__ = ["RayLogProbModel"]
 
@@ -56,14 +57,12 @@ class _LogProbActor:
 
             model, tokenizer = built
             built = TransformersPolicy(model, tokenizer, generate=False, **policy_kwargs)
-        if getattr(built, "generate", None) is not False or not callable(built):
+        try:
+            self.policy = check_scorer(built, "ref_model_factory's result")
+        except ValueError as error:
             raise TypeError(
-                "ref_model_factory must return a TransformersPolicy with generate=False (or "
-                f"(model, tokenizer)), got {type(built).__name__} with "
-                f"generate={getattr(built, 'generate', None)!r}"
-            )
-        self.policy = built
-        self._takes_response_only = takes_response_only(built)
+                f"{error} (ref_model_factory may also return (model, tokenizer))"
+            ) from None
 
     def describe(self) -> dict[str, Any]:
         policy = self.policy
@@ -75,9 +74,7 @@ class _LogProbActor:
         }
 
     def score(self, obs: Any, responses: Any, response_only: bool = False) -> Any:
-        if response_only and self._takes_response_only:
-            return self.policy(obs, responses, response_only=True)
-        return self.policy(obs, responses)  # full log-probs hold the response's too
+        return self.policy(obs, responses, response_only=response_only)
 
 
 _RemoteLogProbActor = ray.remote(_LogProbActor)

@@ -14,8 +14,11 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-__all__ = ["UnicodeText", "history_space", "token_space", "MAX_TEXT_LENGTH"]
+__all__ = ["INPUT_MODES", "MAX_TEXT_LENGTH", "UnicodeText", "history_space", "token_space"]
 
+# The observation keys a chat env can show: the conversation as messages, as the rendered
+# prompt, or as that prompt's token ids.
+INPUT_MODES = ("history", "text", "tokens")
 MAX_TEXT_LENGTH = 1 << 20
 # What sample() draws from: printable ASCII plus a few multi-byte characters and a newline,
 # enough to exercise tokenizers without producing unreadable noise.

@@ -71,8 +71,8 @@ import torch
 import llm_gym  # noqa: F401  (registers LLMChat-GSM8K-v0)
 from llm_gym import Response, TransformersPolicy
 from llm_gym.envs.data_sources import IterableSource
+from llm_gym.lm import left_pad, token_log_probs
 from llm_gym.models import load_default_model, tiny_model
-from llm_gym.policies import left_pad, token_log_probs
 from llm_gym.wrappers import vector as vector_kl
 from llm_gym.wrappers.kl import KLRewardWrapper
 
@@ -297,12 +297,11 @@ def report(times: dict, rounds: int) -> dict[str, float]:
 # (file suffix, function): disjoint parts of vector KLRewardWrapper.step
 PROFILE_PARTS = [
     ("llm_gym/policies/_inputs.py", "scored", "encode N prompt+response (Encoder.scored)"),
-    ("llm_gym/policies/_inputs.py", "left_pad", "left-pad the batch"),
+    ("llm_gym/lm/padding.py", "left_pad", "left-pad the batch"),
     ("llm_gym/policies/transformers.py", "_forward", "model forward (position_ids, no cache)"),
-    ("llm_gym/policies/_scoring.py", "token_log_probs", "log-probs: gather + logsumexp(vocab)"),
+    ("llm_gym/lm/log_probs.py", "token_log_probs", "log-probs: gather + logsumexp(vocab)"),
     ("llm_gym/envs/vector.py", "step", "GSM8K vector env step (score + autoreset)"),
-    ("llm_gym/wrappers/kl.py", "kl_parts", "per-env KL arithmetic (kl_parts)"),
-    ("llm_gym/wrappers/kl.py", "stack_info", "stack per-env info arrays"),
+    ("llm_gym/wrappers/_charges.py", "charge", "per-env KL arithmetic (KLCharge.charge)"),
 ]
 
 

@@ -27,9 +27,9 @@ import numpy as np
 import torch
 
 from llm_gym import History
-from llm_gym.envs.gsm8k import GSM8KEnv
 from llm_gym.models import load_default_model
 from llm_gym.policies import TransformersPolicy
+from llm_gym.tasks import GSM8K_SYSTEM_PROMPT
 
 
 def gsm8k_questions(n: int) -> list[str]:
@@ -108,7 +108,7 @@ def main() -> None:
 
     torch.manual_seed(0)
     model, tokenizer = load_default_model()
-    system = {"role": "system", "content": GSM8KEnv.SYSTEM_PROMPT}
+    system = {"role": "system", "content": GSM8K_SYSTEM_PROMPT}
     histories = [(system, {"role": "user", "content": q}) for q in gsm8k_questions(args.n)]
     obs = {"history": tuple(histories)}
     gen_kwargs = {"max_new_tokens": args.max_new_tokens, "do_sample": False}

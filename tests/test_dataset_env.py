@@ -74,7 +74,7 @@ def test_local_folder_split_by_file_name():
     assert obs["history"][-1]["content"].startswith("Janet’s hens")
     assert info["answer"].endswith("#### 18")
     train = DatasetChatEnv(str(FIXTURE), split="train", field_map={"question": "query"})
-    assert len(train._source) == 10
+    assert len(train.source) == 10
 
 
 def test_hub_name_goes_to_load_dataset(monkeypatch):

@@ -13,8 +13,8 @@ import torch
 from llm_gym import ChatEnv, Response, RolloutFromModel, TransformersPolicy
 from llm_gym.distributed import RayLogProbModel
 from llm_gym.models import load_gpt2_tokenizer, tiny_model
+from llm_gym.scorer import check_scorer
 from llm_gym.wrappers import RetrieveLogProb
-from llm_gym.wrappers.kl import check_scoring_model
 
 ACTOR = "llm-gym-test-ref"
 QUERIES = ["What is 2+2?", "Name a prime number larger than ten."]
@@ -41,7 +41,7 @@ class SleepyScorer:
     generate = False
     input_mode = "tokens"
 
-    def __call__(self, obs, responses=None):
+    def __call__(self, obs, responses=None, *, response_only=False):
         time.sleep(600)
 
 
@@ -101,34 +101,10 @@ def test_two_clients_share_one_actor_and_match_the_local_policy(remote, local):
         np.testing.assert_allclose(g.log_probs.response, w.log_probs.response, atol=1e-5)
 
 
-class PlainProtocolScorer:
-    """A scorer with the older call protocol (no response_only): the actor must not pass it."""
-
-    generate = False
-    input_mode = "tokens"
-
-    def __init__(self):
-        model, tokenizer = make_ref_pair()
-        self.policy = TransformersPolicy(model, tokenizer, generate=False, input_mode="tokens")
-
-    def __call__(self, obs, responses=None):
-        return self.policy(obs, responses)
-
-
-def test_actor_asks_response_only_only_of_scorers_that_take_it(cluster, local):
-    plain = RayLogProbModel(PlainProtocolScorer, num_cpus=0.5, timeout=120)
-    obs = prompts(local.tokenizer)[0]
-    got = plain(obs, RESPONSES[0], response_only=True)
-    assert got.log_probs.full is not None  # computed in full, as that scorer always does
-    want = local(obs, RESPONSES[0], response_only=True).log_probs.response
-    np.testing.assert_allclose(got.log_probs.response, want, atol=1e-5)
-    ray.kill(plain.actor)
-
-
 def test_same_protocol_as_a_log_prob_policy(remote):
     assert remote.generate is False and remote.input_mode == "tokens"
     assert remote.pad_output is False and len(remote.tokenizer) == 50257
-    check_scoring_model(remote, "ref_model")  # what the KL wrappers accept
+    check_scorer(remote, "ref_model")  # what the KL wrappers accept
     assert "actor 'llm-gym-test-ref'" in repr(remote) and "input_mode='tokens'" in repr(remote)
     # The policy's own errors come back with their type.
     with pytest.raises(ValueError, match="obs has no 'tokens' key"):
@@ -200,7 +176,7 @@ def test_stuck_then_killed_actor_raises_instead_of_hanging(cluster):
 
 def test_factory_that_does_not_score_fails_at_start(cluster):
     with pytest.raises(
-        RuntimeError, match="(?s)died: .*must return a TransformersPolicy with generate="
+        RuntimeError, match="(?s)died: .*must score responses: a TransformersPolicy with generate=False"
     ):
         RayLogProbModel(make_generating_policy, num_cpus=0.5, timeout=60)
 

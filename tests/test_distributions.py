@@ -5,7 +5,8 @@ import pytest
 import torch
 from torch.distributions import Categorical
 
-from llm_gym.policies import MaskedCategorical, token_log_probs
+from llm_gym.lm import token_log_probs
+from llm_gym.policies import MaskedCategorical
 
 
 @pytest.fixture

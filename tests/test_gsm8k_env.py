@@ -1,4 +1,4 @@
-"""GSM8KEnv: registration, data loading (local, env var, Hub), rewards, episode ends, errors."""
+"""GSM8K (LLMChat-GSM8K-v0): registration, data loading, rewards, episode ends, errors."""
 
 import datasets
 import gymnasium as gym
@@ -10,10 +10,11 @@ from gymnasium.utils.env_checker import check_env
 
 import llm_gym  # noqa: F401  (registers the ids)
 from llm_gym import Response
-from llm_gym.envs import GSM8KEnv, data_sources, load_gsm8k
+from llm_gym.envs import DatasetChatEnv, data_sources
 from llm_gym.rewards import GSM8KReward
+from llm_gym.tasks import GSM8K_SYSTEM_PROMPT, gsm8k_task, load_gsm8k, make_gsm8k_env
 
-# Copied from torchrl/envs/llm/datasets/gsm8k.py (torchrl 0.14), GSM8KEnv.SYSTEM_PROMPT.
+# Copied from torchrl/envs/llm/datasets/gsm8k.py (torchrl 0.14), GSM8K_SYSTEM_PROMPT.
 TORCHRL_SYSTEM_PROMPT = "\n".join(
     [
         "A conversation between User and Assistant. The user asks a question, and the "
@@ -39,12 +40,12 @@ def janet_env(**kwargs):
 
 def test_registered_without_time_limit():
     env = make()
-    assert env.spec.max_episode_steps is None and env.spec.entry_point.endswith(":GSM8KEnv")
-    assert isinstance(env.unwrapped, GSM8KEnv)
+    assert env.spec.max_episode_steps is None and env.spec.entry_point.endswith(":make_gsm8k_env")
+    assert isinstance(env.unwrapped, DatasetChatEnv)
 
 
 def test_system_prompt_is_torchrls():
-    assert GSM8KEnv.SYSTEM_PROMPT == TORCHRL_SYSTEM_PROMPT
+    assert GSM8K_SYSTEM_PROMPT == TORCHRL_SYSTEM_PROMPT
     obs, info = janet_env().reset(seed=0)
     assert obs["history"][0] == {"role": "system", "content": TORCHRL_SYSTEM_PROMPT}
     assert obs["history"][1]["role"] == "user" and obs["history"][1]["content"].startswith("Janet")
@@ -135,14 +136,14 @@ def test_dataset_argument_overrides_the_loader():
     env.reset(seed=0)
     assert env.step("<answer>4</answer>")[1] == 1.0
     dd = datasets.DatasetDict({"test": datasets.Dataset.from_list(rows)})
-    assert GSM8KEnv(dataset=dd, split="test").reset()[1] == {"answer": "#### 4"}
+    assert make_gsm8k_env(dataset=dd, split="test").reset()[1] == {"answer": "#### 4"}
 
 
 def test_from_dataloader_keeps_the_gsm8k_task():
     rows = [{"question": ["1+1?", "2+2?"], "answer": ["#### 2", "#### 4"]}]  # a collated batch
-    env = GSM8KEnv.from_dataloader(rows, max_turns=2)
+    env = DatasetChatEnv.from_dataloader(rows, max_turns=2, **gsm8k_task())
     obs, info = env.reset()
-    assert obs["history"][0]["content"] == GSM8KEnv.SYSTEM_PROMPT and info == {"answer": "#### 2"}
+    assert obs["history"][0]["content"] == GSM8K_SYSTEM_PROMPT and info == {"answer": "#### 2"}
     assert env.step("<answer>2</answer>")[1:3] == (1.0, True)
     assert env.reset()[1] == {"answer": "#### 4"}
 
@@ -157,14 +158,17 @@ def test_hub_is_tried_when_no_folder_is_given(monkeypatch):
     monkeypatch.delenv("LLM_GYM_GSM8K_PATH", raising=False)
     monkeypatch.setattr(data_sources, "hub_unavailable_reason", lambda: None)
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
-    GSM8KEnv(split="test")
+    make_gsm8k_env(split="test")
     assert calls == [("openai/gsm8k", "main", "test")]
 
 
 @pytest.mark.skipif(not GSM8K_PATH.is_dir(), reason=f"the real GSM8K files are not at {GSM8K_PATH}")
 def test_real_gsm8k_files():
-    train, test = GSM8KEnv(data_dir=GSM8K_PATH), GSM8KEnv(data_dir=GSM8K_PATH, split="test")
-    assert (len(train._source), len(test._source)) == (7473, 1319)
+    train, test = (
+        make_gsm8k_env(data_dir=GSM8K_PATH),
+        make_gsm8k_env(data_dir=GSM8K_PATH, split="test"),
+    )
+    assert (len(train.source), len(test.source)) == (7473, 1319)
     env = gym.make("LLMChat-GSM8K-v0", data_dir=GSM8K_PATH, split="test", shuffle=False)
     obs, info = env.reset(seed=0)
     assert obs["history"][1]["content"].startswith("Janet’s ducks")
@@ -193,7 +197,7 @@ def test_missing_data_folder_names_the_options():
 def test_env_var_pointing_at_a_folder_without_the_split(monkeypatch, tmp_path):
     monkeypatch.setenv("LLM_GYM_GSM8K_PATH", str(tmp_path))
     with pytest.raises(FileNotFoundError, match=r"\$LLM_GYM_GSM8K_PATH=.*has no file test.jsonl"):
-        GSM8KEnv(split="test")
+        make_gsm8k_env(split="test")
 
 
 def test_no_data_anywhere_fails_fast_naming_hub_and_local_options(monkeypatch):
@@ -202,7 +206,7 @@ def test_no_data_anywhere_fails_fast_naming_hub_and_local_options(monkeypatch):
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # refused at once: no network wait
     with pytest.raises(FileNotFoundError) as raised:
-        GSM8KEnv()
+        make_gsm8k_env()
     message = str(raised.value)
     assert "'openai/gsm8k'" in message and "'main'" in message
     assert "data_dir=" in message and "LLM_GYM_GSM8K_PATH" in message
@@ -232,7 +236,7 @@ def test_bad_arguments():
 
 @pytest.mark.skipif(not GSM8K_PATH.is_dir(), reason=f"the real GSM8K files are not at {GSM8K_PATH}")
 def test_real_gsm8k_token_prompts_are_exact(smollm2_tokenizer):
-    env = GSM8KEnv(
+    env = make_gsm8k_env(
         data_dir=GSM8K_PATH,
         split="test",
         input_mode="tokens",

@@ -99,7 +99,7 @@ def test_kl_equals_independent_computation(estimator, policies, models, gpt2_tok
 def test_task_reward_lands_on_the_last_token(policies, models, gpt2_tokenizer):
     _, gen_scorer, ref_scorer = policies
     env = KLRewardWrapper(
-        llm_gym.GSM8KEnv(
+        llm_gym.tasks.make_gsm8k_env(
             dataset=[{"question": "2+2?", "answer": "#### 4"}],
             input_mode="tokens",
             tokenizer=gpt2_tokenizer,
@@ -136,8 +136,7 @@ def test_multi_turn_charges_only_this_steps_response(policies, models, gpt2_toke
 
 
 class RecordingScorer:
-    """Delegates to a policy; records what each call asked for. The second flavour has the
-    older call protocol, without ``response_only``."""
+    """Delegates to a policy; records what each call asked for."""
 
     generate = False
 
@@ -149,19 +148,12 @@ class RecordingScorer:
         return self.policy(obs, responses, response_only=response_only)
 
 
-class PlainScorer(RecordingScorer):
-    def __call__(self, obs, responses=None):
-        self.calls.append("plain")
-        return self.policy(obs, responses)
-
-
-@pytest.mark.parametrize("scorer_class", [RecordingScorer, PlainScorer])
 def test_response_only_is_asked_for_when_only_the_response_is_kept(
-    scorer_class, policies, models, gpt2_tokenizer
+    policies, models, gpt2_tokenizer
 ):
     sampler, _, ref_scorer = policies
     _, ref = models
-    scorer = scorer_class(ref_scorer)
+    scorer = RecordingScorer(ref_scorer)
     answers = {}
     for assistant_only in (True, False):
         env = RetrieveLogProb(make_env(gpt2_tokenizer), scorer, assistant_only=assistant_only)
@@ -169,8 +161,7 @@ def test_response_only_is_asked_for_when_only_the_response_is_kept(
         action = sample(sampler, obs)
         *_, info = env.step(action)
         answers[assistant_only] = (obs["tokens"], action.tokens, info["ref_log_probs"])
-    expected = [True, False] if scorer_class is RecordingScorer else ["plain", "plain"]
-    assert scorer.calls == expected
+    assert scorer.calls == [True, False]
     prompt, response, log_probs = answers[True]
     np.testing.assert_allclose(log_probs, oracle_log_probs(ref, prompt, response), atol=1e-4)
     _, _, full = answers[False]  # the whole conversation: prompt and response

@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from llm_gym import ChatEnv, History, Response
-from llm_gym.envs.gsm8k import make_gsm8k_vector_env
 from llm_gym.models import tiny_model
 from llm_gym.policies import LogProbOutput, MaskedCategorical, TransformersPolicy
 from llm_gym.rewards.gsm8k import extract_answer
+from llm_gym.tasks import make_gsm8k_vector_env
 
 SYSTEM = "You are a helpful assistant."
 QUERIES = ["What is 2+2?", "Name a colour of the sky on a clear day, in one word please."]

@@ -12,8 +12,9 @@ from gymnasium.utils.env_checker import check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 import llm_gym
-from llm_gym.envs import DatasetChatEnv, GSM8KEnv, TokenEnv
+from llm_gym.envs import DatasetChatEnv, TokenEnv
 from llm_gym.models import tiny_model
+from llm_gym.tasks import make_gsm8k_env
 from llm_gym.wrappers import AdaptiveKLController, TokenKLWrapper
 
 JANET = {"question": "Janet has 9 eggs and sells them for $2 each. How much?", "answer": "#### 18"}
@@ -48,7 +49,7 @@ def models(gpt2_tokenizer):
 def test_spaces_and_left_padded_prompt(gpt2_tokenizer):
     env = make(gpt2_tokenizer)
     obs, info = env.reset(seed=0)
-    task = GSM8KEnv(dataset=[JANET], input_mode="tokens", tokenizer=gpt2_tokenizer)
+    task = make_gsm8k_env(dataset=[JANET], input_mode="tokens", tokenizer=gpt2_tokenizer)
     prompt = task.reset(seed=0)[0]["tokens"]
     assert env.observation_space["input_ids"].shape == (208,)
     assert env.observation_space["input_ids"].dtype == np.int64
@@ -129,7 +130,7 @@ def test_seeded_resets_follow_the_task_order(gpt2_tokenizer):
 def test_truncate_prompt_keeps_the_tail(gpt2_tokenizer):
     env = make(gpt2_tokenizer, max_prompt_length=20, truncate_prompt=True)
     obs, info = env.reset(seed=0)
-    full = GSM8KEnv(dataset=[JANET], input_mode="tokens", tokenizer=gpt2_tokenizer).reset()[0]
+    full = make_gsm8k_env(dataset=[JANET], input_mode="tokens", tokenizer=gpt2_tokenizer).reset()[0]
     assert info["prompt_length"] == 20 and obs["attention_mask"].sum() == 20
     np.testing.assert_array_equal(obs["input_ids"][-20:], full["tokens"][-20:])
 
@@ -194,7 +195,7 @@ def test_bad_actions_raise_and_change_nothing(gpt2_tokenizer, action, error, mat
 
 
 def test_step_before_reset(gpt2_tokenizer):
-    env = TokenEnv(GSM8KEnv(dataset=[JANET], input_mode="tokens", tokenizer=gpt2_tokenizer))
+    env = TokenEnv(make_gsm8k_env(dataset=[JANET], input_mode="tokens", tokenizer=gpt2_tokenizer))
     with pytest.raises(gym.error.ResetNeeded, match="needs a reset first"):
         env.step(0)
 
@@ -225,7 +226,7 @@ def test_too_long_prompt_raises_and_keeps_the_episode(gpt2_tokenizer):
     ],
 )
 def test_bad_arguments(gpt2_tokenizer, kwargs, error, match):
-    task = GSM8KEnv(dataset=[JANET], input_mode="tokens", tokenizer=gpt2_tokenizer)
+    task = make_gsm8k_env(dataset=[JANET], input_mode="tokens", tokenizer=gpt2_tokenizer)
     with pytest.raises(error, match=match):
         TokenEnv(task, **kwargs)
 
@@ -234,13 +235,13 @@ def test_bad_task_and_tokenizer(gpt2_tokenizer, smollm2_tokenizer):
     with pytest.raises(TypeError, match="task_env must be a ChatEnv task .* got CartPoleEnv"):
         TokenEnv(gym.make("CartPole-v1"), tokenizer=gpt2_tokenizer)
     with pytest.raises(ValueError, match="single-turn \\(max_turns=1\\).*got max_turns=3"):
-        TokenEnv(GSM8KEnv(dataset=[JANET], max_turns=3), tokenizer=gpt2_tokenizer)
+        TokenEnv(make_gsm8k_env(dataset=[JANET], max_turns=3), tokenizer=gpt2_tokenizer)
     with pytest.raises(ValueError, match="needs tokenizer=.*got None"):
-        TokenEnv(GSM8KEnv(dataset=[JANET]))
-    task = GSM8KEnv(dataset=[JANET], input_mode="tokens", tokenizer=gpt2_tokenizer)
+        TokenEnv(make_gsm8k_env(dataset=[JANET]))
+    task = make_gsm8k_env(dataset=[JANET], input_mode="tokens", tokenizer=gpt2_tokenizer)
     with pytest.raises(ValueError, match="got one with 49152 tokens, task_env's has 50257"):
         TokenEnv(task, tokenizer=smollm2_tokenizer)
-    with pytest.raises(ValueError, match="LLMToken-GSM8K-v0 needs tokenizer="):
+    with pytest.raises(ValueError, match="LLMChat-GSM8K-v0 needs tokenizer="):
         gym.make("LLMToken-GSM8K-v0", dataset=[JANET])
     with pytest.raises(TypeError, match="sets input_mode itself"):
         gym.make("LLMToken-GSM8K-v0", tokenizer=gpt2_tokenizer, input_mode="text")
@@ -306,7 +307,7 @@ def test_token_kl_allowed_tokens_renormalize(gpt2_tokenizer, models):
 def test_token_kl_errors(gpt2_tokenizer, models):
     gen, ref = models
     chat = gym.make("LLMChat-GSM8K-v0", dataset=[JANET])
-    with pytest.raises(TypeError, match="env must be a TokenEnv .* got GSM8KEnv"):
+    with pytest.raises(TypeError, match="env must be a TokenEnv .* got DatasetChatEnv"):
         TokenKLWrapper(chat, gen, ref)
     with pytest.raises(TypeError, match="ref_model must be a transformers causal LM, got str"):
         TokenKLWrapper(make(gpt2_tokenizer), gen, "gpt2")

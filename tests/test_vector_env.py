@@ -9,7 +9,8 @@ from gsm8k_fixture import FIXTURE  # made-up problems, written to a temp folder
 from gymnasium.vector import AutoresetMode
 
 import llm_gym  # noqa: F401  (registers the ids)
-from llm_gym.envs import DatasetChatEnv, DatasetChatVectorEnv, GSM8KEnv
+from llm_gym.envs import DatasetChatEnv, DatasetChatVectorEnv
+from llm_gym.tasks import make_gsm8k_env
 
 ROWS = [{"query": f"q{i}", "id": i} for i in range(10)]
 RIGHT, WRONG = "<answer>12</answer>", "no answer"
@@ -55,7 +56,7 @@ def test_native_is_the_default_vectorization():
     envs = gym.make_vec("LLMChat-GSM8K-v0", num_envs=2, data_dir=FIXTURE)
     assert isinstance(envs, DatasetChatVectorEnv) and envs.num_envs == 2
     assert envs.metadata["autoreset_mode"] == AutoresetMode.SAME_STEP
-    single = GSM8KEnv(data_dir=FIXTURE)
+    single = make_gsm8k_env(data_dir=FIXTURE)
     assert envs.single_observation_space == single.observation_space
     assert envs.single_action_space == single.action_space
     assert envs.observation_space == gym.vector.utils.batch_space(single.observation_space, 2)
@@ -76,7 +77,7 @@ def test_sync_async_and_native_give_the_same_rollout():
 def test_tokens_mode_same_prompts(mode, gpt2_tokenizer):
     envs = make_vec(mode, input_mode="tokens", tokenizer=gpt2_tokenizer)
     obs, _ = envs.reset(seed=1)
-    single = GSM8KEnv(data_dir=FIXTURE, input_mode="tokens", tokenizer=gpt2_tokenizer)
+    single = make_gsm8k_env(data_dir=FIXTURE, input_mode="tokens", tokenizer=gpt2_tokenizer)
     for i in range(3):
         assert np.array_equal(obs["tokens"][i], single.reset(seed=1 + i)[0]["tokens"])
     assert envs.observation_space.contains(obs)
@@ -155,7 +156,7 @@ def test_grpo_groups_fill_consecutive_sub_envs(num_envs, repeats):
 
 
 def test_grpo_group_stays_aligned_when_members_finish_at_different_turns():
-    env = GSM8KEnv(data_dir=FIXTURE, repeats=3, group_repeats=True, max_turns=2)
+    env = make_gsm8k_env(data_dir=FIXTURE, repeats=3, group_repeats=True, max_turns=2)
     envs = DatasetChatVectorEnv(env, 3)
     obs, _ = envs.reset(seed=0)
     assert len(set(user_queries(obs))) == 1

@@ -6,7 +6,6 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from transformers.utils.chat_template_utils import render_jinja_template
 
 from llm_gym.chat.templates import (
     CHAT_FORMATS,
@@ -183,6 +182,9 @@ class History:
         kwargs = dict(getattr(tokenizer, "special_tokens_map", None) or {})
         kwargs.update(template_kwargs)
         marked = with_spans and has_generation_markers(template)
+        # Imported here: rendering needs a tokenizer, so transformers is loaded already.
+        from transformers.utils.chat_template_utils import render_jinja_template
+
         rendered, indices = render_jinja_template(
             conversations=[messages],
             chat_template=template,

@@ -1,8 +1,12 @@
-"""The environments; each is registered with Gymnasium on ``import llm_gym``."""
+"""The environments; each is registered with Gymnasium on ``import llm_gym``.
+
+``ChatEnv`` (a conversation), ``DatasetChatEnv`` (queries from a dataset, scored by a task's
+reward), ``DatasetChatVectorEnv`` (N of those, batched) and ``TokenEnv`` (one token per step
+over any chat task). The tasks themselves (GSM8K) live in ``llm_gym.tasks``.
+"""
 
 from llm_gym.envs.chat import ChatEnv
-from llm_gym.envs.dataset import DatasetChatEnv
-from llm_gym.envs.gsm8k import GSM8KEnv, load_gsm8k
+from llm_gym.envs.dataset import DatasetChatEnv, TaskReward, TaskScore
 from llm_gym.envs.tokens import TokenEnv
 from llm_gym.envs.vector import DatasetChatVectorEnv
 
@@ -10,7 +14,7 @@ __all__ = [
     "ChatEnv",
     "DatasetChatEnv",
     "DatasetChatVectorEnv",
-    "GSM8KEnv",
+    "TaskReward",
+    "TaskScore",
     "TokenEnv",
-    "load_gsm8k",
 ]

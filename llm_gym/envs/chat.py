@@ -12,11 +12,10 @@ from gymnasium import spaces
 from llm_gym.chat.containers import Response
 from llm_gym.chat.history import History
 from llm_gym.chat.templates import CHAT_TEMPLATES, resolve_chat_template
-from llm_gym.spaces import MAX_TEXT_LENGTH, UnicodeText, history_space, token_space
+from llm_gym.spaces import INPUT_MODES, MAX_TEXT_LENGTH, UnicodeText, history_space, token_space
 
-__all__ = ["ChatEnv", "INPUT_MODES"]
+__all__ = ["ChatEnv"]
 
-INPUT_MODES = ("history", "text", "tokens")
 # End-of-turn strings a sampled response may end with; they belong to the template's
 # closing of the turn, not to the message content.
 _END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "</s>")
@@ -185,7 +184,7 @@ class ChatEnv(gym.Env):
     ) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
         if self._history is None:
             raise gym.error.ResetNeeded("Cannot call ChatEnv.step before reset")
-        response = self._as_response(action)
+        response = self.check_action(action)
         content = _strip_end_of_turn(response.text)
         self._append_response(content, response.tokens)
         self._turn += 1
@@ -300,7 +299,8 @@ class ChatEnv(gym.Env):
                 self._tokens = np.concatenate([self._tokens, tokens, self._closing_ids[closing]])
         self._history, self._rendered = history, rendered
 
-    def _as_response(self, action: Any) -> Response:
+    def check_action(self, action: Any) -> Response:
+        """The action as a ``Response``, or a clear error naming what was expected."""
         if isinstance(action, Response):
             response = action
         elif isinstance(action, str):

@@ -22,18 +22,19 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-import datasets
 import numpy as np
 
 __all__ = [
     "IndexedSource",
     "IterableSource",
     "hub_unavailable_reason",
+    "is_iterable_dataset",
     "load_hub_dataset",
     "load_local_dataset",
     "load_records",
@@ -43,6 +44,18 @@ _LOCAL_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 # Reading one row of an Arrow-backed Dataset costs ~20 us, a block of 32 ~3 us a row.
 _PREFETCH = 32
 _HUB_PROBE_TIMEOUT_S = 3.0
+
+
+def _is_datasets(value: Any, class_name: str) -> bool:
+    # `datasets` is imported only to load data: a value can only be one of its classes if
+    # something already imported it.
+    module = sys.modules.get("datasets")
+    return module is not None and isinstance(value, getattr(module, class_name))
+
+
+def is_iterable_dataset(value: Any) -> bool:
+    """Whether ``value`` is a streaming ``datasets.IterableDataset``."""
+    return _is_datasets(value, "IterableDataset")
 
 
 def _fresh_seed() -> int:
@@ -77,7 +90,7 @@ class IndexedSource:
 
     @property
     def columns(self) -> list[str]:
-        if isinstance(self.data, datasets.Dataset):
+        if _is_datasets(self.data, "Dataset"):
             return list(self.data.column_names)
         first = self.data[0]
         return list(first) if isinstance(first, Mapping) else []
@@ -116,7 +129,7 @@ class IndexedSource:
     def next_record(self) -> Any:
         if not self._buffer:
             indices = [self._index_at(p) for p in range(self._position, self._position + _PREFETCH)]
-            if isinstance(self.data, datasets.Dataset):
+            if _is_datasets(self.data, "Dataset"):
                 self._buffer = self.data.__getitems__(indices)
             else:
                 self._buffer = [self.data[i] for i in indices]
@@ -223,6 +236,8 @@ def hub_unavailable_reason() -> str | None:
     about 25 s before giving up. ``HF_HUB_OFFLINE`` / ``HF_DATASETS_OFFLINE`` skip the probe
     (``load_dataset`` then reads only the local cache).
     """
+    import datasets
+
     if datasets.config.HF_HUB_OFFLINE:
         return None  # offline mode: the cache lookup is fast and needs no probe
     url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
@@ -243,6 +258,8 @@ def load_hub_dataset(name: str, config: str | None = None, split: str | None = N
             f"cannot load {name!r} from the Hugging Face Hub: {reason}. "
             "Set HF_HUB_OFFLINE=1 to use a cached copy."
         )
+    import datasets
+
     return datasets.load_dataset(name, config, split=split)
 
 
@@ -252,6 +269,8 @@ def load_local_dataset(path: str | os.PathLike[str], split: str | None = None) -
     A folder's files are matched to splits by name (``train.jsonl``, ``test.parquet``...);
     a single file is the whole dataset, whatever ``split`` says.
     """
+    import datasets
+
     path = Path(path).expanduser()
     if path.is_dir():
         try:
@@ -295,9 +314,9 @@ def load_records(
     >>> len(load_records([{"query": "a"}, {"query": "b"}]))
     2
     """
-    if isinstance(dataset, datasets.Dataset):
+    if _is_datasets(dataset, "Dataset"):
         return dataset
-    if isinstance(dataset, datasets.DatasetDict):
+    if _is_datasets(dataset, "DatasetDict"):
         return _pick_split(dataset, split, "the DatasetDict")
     if isinstance(dataset, (str, os.PathLike)):
         if Path(dataset).expanduser().exists():
@@ -310,7 +329,7 @@ def load_records(
             raise FileNotFoundError(f"dataset path {str(dataset)!r} does not exist")
         else:
             loaded = load_hub_dataset(dataset, name, split)
-        if isinstance(loaded, datasets.DatasetDict):
+        if _is_datasets(loaded, "DatasetDict"):
             return _pick_split(loaded, split, repr(str(dataset)))
         return loaded
     if isinstance(dataset, Sequence) and not isinstance(dataset, bytes):

@@ -1,24 +1,49 @@
-"""``DatasetChatEnv``: a ``ChatEnv`` whose user queries come from a dataset."""
+"""``DatasetChatEnv``: a ``ChatEnv`` whose user queries come from a dataset, scored by a task.
+
+A task is data plus a reward: the dataset, the field mapping that finds each row's query, a
+system prompt, and a reward function ``reward(response, sample) -> (reward, info)`` (or a
+``TaskScore``). ``llm_gym.tasks`` holds the built-in ones (GSM8K).
+"""
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
-import datasets
 import numpy as np
 
 from llm_gym.chat.history import History
 from llm_gym.envs.chat import ChatEnv
-from llm_gym.envs.data_sources import IndexedSource, IterableSource, load_records
-from llm_gym.spaces import MAX_TEXT_LENGTH
+from llm_gym.envs.data_sources import (
+    IndexedSource,
+    IterableSource,
+    is_iterable_dataset,
+    load_records,
+)
 
-__all__ = ["DatasetChatEnv", "QUERY_KEY"]
+__all__ = ["DatasetChatEnv", "QUERY_KEY", "TaskReward", "TaskScore"]
 
 QUERY_KEY = "query"
 FieldMap = Mapping[str, str] | Callable[[Mapping[str, Any]], Mapping[str, Any]]
 _OPTION_KEYS = ("sample",)
+
+
+class TaskScore(NamedTuple):
+    """What a task's reward says of one response.
+
+    ``answered``: whether the response gave an answer, which ends a multi-turn episode
+    (``max_turns > 1``); a plain ``(reward, info)`` pair counts as answered.
+    """
+
+    reward: float
+    info: dict[str, Any]
+    answered: bool = True
+
+
+# reward(response_text, sample) -> TaskScore or (reward, info); sample is the row after
+# field_map, query included.
+TaskReward = Callable[[str, Mapping[str, Any]], "TaskScore | tuple[float, dict[str, Any]]"]
 
 
 class DatasetChatEnv(ChatEnv):
@@ -28,9 +53,8 @@ class DatasetChatEnv(ChatEnv):
 
     The Gymnasium form of TorchRL's ``DatasetChatEnv``. Each ``reset`` draws a sample, puts
     its ``"query"`` field in the user message (after ``system_prompt``) and returns the
-    sample's other fields in ``info``. The env gives no reward itself: a task subclasses it
-    and scores the response in ``_score`` (see ``GSM8KEnv``), where ``self.sample`` holds the
-    current sample.
+    sample's other fields in ``info``. Each step's response is scored by ``reward`` against
+    the current sample (see ``llm_gym.tasks.gsm8k`` for a task built this way).
 
     Samples are served in a seeded order: each epoch serves every sample exactly once
     (``repeats`` times in a row each, so that consecutive episodes form a GRPO group), then
@@ -46,7 +70,8 @@ class DatasetChatEnv(ChatEnv):
 
     ## Rewards
 
-    Always ``0.0``; subclasses score the response.
+    ``reward(response_text, sample)``'s reward, its info merged into the step's ``info``;
+    ``0.0`` and an empty ``info`` without a ``reward``.
 
     ## Starting State
 
@@ -57,7 +82,8 @@ class DatasetChatEnv(ChatEnv):
     ## Episode End
 
     As ``ChatEnv``; ``max_turns`` defaults to 1 here, so one response ends the episode with
-    ``terminated=True``.
+    ``terminated=True``. With ``max_turns > 1`` the first answered response (``TaskScore``'s
+    ``answered``) terminates the episode, else it is truncated after ``max_turns`` responses.
 
     ## Arguments
 
@@ -74,9 +100,12 @@ class DatasetChatEnv(ChatEnv):
     - ``field_map``: renames from dataset columns to env fields, such as
       ``{"question": "query"}``, or a function from a raw record to the fields. The fields
       must include ``"query"`` (a ``str``).
-    - ``input_mode``, ``system_prompt`` (default: the class's ``SYSTEM_PROMPT``),
-      ``tokenizer``, ``template_kwargs``, ``max_turns``, ``observation_keys``,
-      ``max_text_length``, ``render_mode``: as ``ChatEnv``.
+    - ``reward``: the task's reward, ``reward(response_text, sample) -> (reward, info)`` or a
+      ``TaskScore``; None: no reward.
+    - ``system_prompt``, ``max_turns``: as ``ChatEnv`` (``max_turns`` defaults to 1).
+    - ``**chat_options``: ``ChatEnv``'s other arguments (``input_mode``, ``tokenizer``,
+      ``template_kwargs``, ``observation_keys``, ``max_text_length``, ``render_mode``, the
+      role names).
 
     ## Version History
 
@@ -99,8 +128,6 @@ class DatasetChatEnv(ChatEnv):
     (0.0, True, False)
     """
 
-    SYSTEM_PROMPT: str | None = None
-
     def __init__(
         self,
         dataset: Any,
@@ -112,14 +139,10 @@ class DatasetChatEnv(ChatEnv):
         repeats: int | None = 1,
         group_repeats: bool = False,
         field_map: FieldMap | None = None,
-        input_mode: str = "history",
+        reward: TaskReward | None = None,
         system_prompt: str | None = None,
-        tokenizer: Any = None,
-        template_kwargs: Mapping[str, Any] | None = None,
         max_turns: int | None = 1,
-        observation_keys: tuple[str, ...] | list[str] | None = None,
-        max_text_length: int = MAX_TEXT_LENGTH,
-        render_mode: str | None = None,
+        **chat_options: Any,
     ) -> None:
         # Cheap checks first, so that bad arguments fail before any data is loaded.
         if repeats is None:
@@ -133,25 +156,22 @@ class DatasetChatEnv(ChatEnv):
                 "field_map must be a dict of column renames (e.g. {'question': 'query'}) or a "
                 f"function of a record, got {type(field_map).__name__}"
             )
-        if system_prompt is None:
-            system_prompt = self.SYSTEM_PROMPT
-        super().__init__(
-            input_mode,
-            system_prompt=system_prompt,
-            tokenizer=tokenizer,
-            template_kwargs=template_kwargs,
-            max_turns=max_turns,
-            observation_keys=observation_keys,
-            max_text_length=max_text_length,
-            render_mode=render_mode,
-        )
+        if reward is not None and not callable(reward):
+            raise TypeError(
+                "reward must be a function reward(response_text, sample) -> (reward, info), "
+                f"got {type(reward).__name__}"
+            )
+        if "query" in chat_options:
+            raise TypeError("DatasetChatEnv takes its queries from the dataset, got query=")
+        super().__init__(system_prompt=system_prompt, max_turns=max_turns, **chat_options)
+        self.reward = reward
         self.repeats = int(repeats)
         self.group_repeats = group_repeats
         self.field_map = field_map
         self.seed = seed
         if isinstance(dataset, (IndexedSource, IterableSource)):
             self._source = dataset
-        elif isinstance(dataset, datasets.IterableDataset):
+        elif is_iterable_dataset(dataset):
             self._source = IterableSource(dataset)
         else:
             records = load_records(dataset, name=name, split=split)
@@ -186,6 +206,11 @@ class DatasetChatEnv(ChatEnv):
     # -- data ------------------------------------------------------------------------------
 
     @property
+    def source(self) -> IndexedSource | IterableSource:
+        """Where the samples come from (shared with the forks of this env)."""
+        return self._source
+
+    @property
     def sample(self) -> dict[str, Any] | None:
         """The current episode's sample after ``field_map`` (None before the first reset)."""
         return None if self._sample is None else dict(self._sample)
@@ -215,6 +240,18 @@ class DatasetChatEnv(ChatEnv):
         self._sample = sample
         info = {key: value for key, value in sample.items() if key != QUERY_KEY}
         return self._history_for(sample[QUERY_KEY]), info
+
+    def _score(self, response: str) -> tuple[float, bool, dict[str, Any]]:
+        if self.reward is None:
+            return 0.0, False, {}
+        result = self.reward(response, self._sample)
+        if not isinstance(result, tuple) or len(result) not in (2, 3):
+            raise TypeError(
+                "reward must return (reward, info) or a TaskScore, got "
+                f"{type(result).__name__}: {result!r:.80}"
+            )
+        score = TaskScore(*result)
+        return float(score.reward), bool(score.answered), score.info
 
     def _next_sample(self) -> dict[str, Any]:
         if self._current is None or self._served >= self.repeats:
@@ -303,7 +340,7 @@ class DatasetChatEnv(ChatEnv):
         specials = tuple(t.content for t in added if t.special and not t.lstrip)
         return (text, ids, specials, False) if specials else False
 
-    def _fork(self, seed: int | None) -> DatasetChatEnv:
+    def fork(self, seed: int | None) -> DatasetChatEnv:
         """A sub-env sharing this one's data and settings, with its own order and episode.
 
         Vector envs use it so that N sub-envs load the data once, not N times.

@@ -4,11 +4,12 @@ Classic RL libraries (stable-baselines3, CleanRL, RLlib) want fixed-shape array 
 and a ``Discrete`` action. ``TokenEnv`` gives them that over a chat task: the observation is
 the prompt's token ids plus what was generated so far, left-padded to a fixed length; each
 action appends one token; when the response ends, the task env (a ``DatasetChatEnv`` such as
-``GSM8KEnv``) scores it exactly as it scores a policy's ``Response``.
+GSM8K) scores it exactly as it scores a policy's ``Response``.
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import gymnasium as gym
@@ -17,9 +18,8 @@ from gymnasium import spaces
 
 from llm_gym.chat.containers import Response
 from llm_gym.envs.chat import ChatEnv
-from llm_gym.envs.gsm8k import GSM8KEnv
 
-__all__ = ["TokenEnv", "make_gsm8k_token_env"]
+__all__ = ["TokenEnv", "make_token_env"]
 
 
 class TokenEnv(gym.Env):
@@ -120,7 +120,7 @@ class TokenEnv(gym.Env):
         task = getattr(task_env, "unwrapped", None)
         if not isinstance(task, ChatEnv):
             raise TypeError(
-                "task_env must be a ChatEnv task such as a DatasetChatEnv or GSM8KEnv (possibly "
+                "task_env must be a ChatEnv task such as a DatasetChatEnv (possibly "
                 f"wrapped), got {type(task).__name__}"
             )
         if task.max_turns != 1:
@@ -221,7 +221,7 @@ class TokenEnv(gym.Env):
             raise gym.error.ResetNeeded(
                 "TokenEnv.step needs a reset first: the episode has not started or has ended"
             )
-        token = self._check_action(action)
+        token = self.check_action(action)
         generated = [*self._generated, token]
         terminated = token in self.eos_token_ids
         truncated = not terminated and len(generated) >= self.max_new_tokens
@@ -278,7 +278,8 @@ class TokenEnv(gym.Env):
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         return np.asarray(ids, dtype=np.int64)
 
-    def _check_action(self, action: Any) -> int:
+    def check_action(self, action: Any) -> int:
+        """The action as a token id, or a clear error (NumPy scalars and 1-element arrays ok)."""
         # SB3 and vector envs hand over NumPy scalars or one-element arrays.
         if isinstance(action, np.ndarray) and action.size == 1 and action.ndim <= 1:
             if np.issubdtype(action.dtype, np.integer):
@@ -296,38 +297,33 @@ class TokenEnv(gym.Env):
         return {"input_ids": self._input_ids.copy(), "attention_mask": self._attention_mask.copy()}
 
 
-def make_gsm8k_token_env(
-    tokenizer: Any = None,
-    *,
-    max_new_tokens: int = 256,
-    max_prompt_length: int = 512,
-    truncate_prompt: bool = False,
-    eos_token_ids: int | list[int] | tuple[int, ...] | None = None,
-    terminate_at_max_new_tokens: bool = False,
-    render_mode: str | None = None,
-    **gsm8k_kwargs: Any,
-) -> TokenEnv:
-    """``LLMToken-GSM8K-v0``: ``TokenEnv`` over ``GSM8KEnv(input_mode="tokens", **gsm8k_kwargs)``.
+def make_token_env(task: str, **kwargs: Any) -> TokenEnv:
+    """``TokenEnv`` over the registered chat task ``task``, made in tokens mode and single-turn.
 
-    ``gsm8k_kwargs`` are ``GSM8KEnv``'s (``split``, ``data_dir``, ``dataset``, ``reward``,
-    ``seed``, ``system_prompt``, ``template_kwargs``, ...); ``max_turns`` is fixed to 1.
+    The entry point of the ``LLMToken-*`` ids (``LLMToken-GSM8K-v0``: ``task=
+    "LLMChat-GSM8K-v0"``). ``kwargs`` holds both envs' arguments: ``TokenEnv``'s
+    (``tokenizer``, ``max_new_tokens``, ``max_prompt_length``, ...) go to it, all others to
+    the task (``split``, ``data_dir``, ``dataset``, ``seed``, ...).
     """
-    if tokenizer is None:
+    own = {name: kwargs.pop(name) for name in _TOKEN_ENV_ARGUMENTS if name in kwargs}
+    if own.get("tokenizer") is None:
         raise ValueError(
-            "LLMToken-GSM8K-v0 needs tokenizer= (a transformers tokenizer, e.g. "
+            f"a token-level {task} needs tokenizer= (a transformers tokenizer, e.g. "
             "llm_gym.models.load_gpt2_tokenizer()), got None"
         )
     for key in ("input_mode", "max_turns", "observation_keys"):
-        if key in gsm8k_kwargs:
-            raise TypeError(f"LLMToken-GSM8K-v0 sets {key} itself; got {key}=")
-    task = GSM8KEnv(input_mode="tokens", tokenizer=tokenizer, max_turns=1, **gsm8k_kwargs)
-    return TokenEnv(
+        if key in kwargs:
+            raise TypeError(f"a token-level {task} sets {key} itself; got {key}=")
+    task_env = gym.make(
         task,
-        tokenizer=tokenizer,
-        max_new_tokens=max_new_tokens,
-        max_prompt_length=max_prompt_length,
-        truncate_prompt=truncate_prompt,
-        eos_token_ids=eos_token_ids,
-        terminate_at_max_new_tokens=terminate_at_max_new_tokens,
-        render_mode=render_mode,
+        input_mode="tokens",
+        tokenizer=own["tokenizer"],
+        max_turns=1,
+        disable_env_checker=True,
+        **kwargs,
     )
+    return TokenEnv(task_env, **own)
+
+
+# TokenEnv's own arguments, after task_env: what make_token_env keeps from the task.
+_TOKEN_ENV_ARGUMENTS = tuple(inspect.signature(TokenEnv).parameters)[1:]

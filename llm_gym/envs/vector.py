@@ -63,7 +63,7 @@ class DatasetChatVectorEnv(VectorEnv):
                 f"(each group fills that many sub-envs), got num_envs={num_envs}"
             )
         seeds = [None if env.seed is None else env.seed + i for i in range(self.num_envs)]
-        self.envs = [env] + [env._fork(seed) for seed in seeds[1:]]
+        self.envs = [env] + [env.fork(seed) for seed in seeds[1:]]
         self.render_mode = env.render_mode
         self.single_observation_space = env.observation_space
         self.single_action_space = env.action_space
@@ -75,9 +75,7 @@ class DatasetChatVectorEnv(VectorEnv):
         # Groups: each draws raw records from its own fork of the data (never reset by the
         # sub-envs themselves); member i's k-th episode gets the group's k-th record.
         n_groups = self.num_envs // self.group_size
-        self._group_sources = [
-            env._source.fork(seeds[g * self.group_size]) for g in range(n_groups)
-        ]
+        self._group_sources = [env.source.fork(seeds[g * self.group_size]) for g in range(n_groups)]
         self._group_records: list[dict[int, Any]] = [{} for _ in range(n_groups)]
         self._group_drawn = [0] * n_groups
         self._episode = [0] * self.num_envs
@@ -192,7 +190,7 @@ class DatasetChatVectorEnv(VectorEnv):
         responses = []
         for i, (env, action) in enumerate(zip(self.envs, actions, strict=True)):
             try:
-                responses.append(env._as_response(action))
+                responses.append(env.check_action(action))
             except (TypeError, ValueError) as err:
                 raise type(err)(f"actions[{i}]: {err}") from None
         return responses
@@ -205,13 +203,14 @@ def batch_infos(infos: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Gymnasium's vector ``info`` from per-env infos, as ``VectorEnv._add_info`` builds it.
 
     Each key becomes an array over envs (dtype from the first env that has it: bool, int,
-    float and NumPy numbers as themselves, arrays stacked, anything else ``object``) with a
-    boolean mask ``"_key"``; dicts nest; ``"final_obs"`` is an object array. Building each
-    array once is what makes it faster than ``_add_info``'s per-env, per-key updates.
+    float and NumPy numbers as themselves, anything else, arrays included, ``object``) with a
+    boolean mask ``"_key"``; dicts nest. Building each array once is what makes it faster
+    than ``_add_info``'s per-env, per-key updates. The KL wrappers stack their per-token
+    arrays (one length per response) with it too.
 
-    >>> info = batch_infos([{"a": 1.0}, {}, {"a": 2.0, "b": "x"}])
-    >>> info["a"].tolist(), info["_a"].tolist(), info["b"].tolist()
-    ([1.0, 0.0, 2.0], [True, False, True], [None, None, 'x'])
+    >>> info = batch_infos([{"a": 1.0}, {}, {"a": 2.0, "b": np.zeros(2)}])
+    >>> info["a"].tolist(), info["_a"].tolist(), [None if b is None else b.shape for b in info["b"]]
+    ([1.0, 0.0, 2.0], [True, False, True], [None, None, (2,)])
     """
     n = len(infos)
     keys = dict.fromkeys(key for info in infos for key in info)
@@ -222,12 +221,10 @@ def batch_infos(infos: Sequence[dict[str, Any]]) -> dict[str, Any]:
         if key != "final_obs" and isinstance(first, dict):
             array: Any = batch_infos([info.get(key, {}) for info in infos])
         else:
-            if key == "final_obs":
-                array = np.full(n, None, dtype=object)
-            elif type(first) in (int, float, bool) or isinstance(first, np.number):
+            if key != "final_obs" and (
+                type(first) in (int, float, bool) or isinstance(first, np.number)
+            ):
                 array = np.zeros(n, dtype=type(first))
-            elif isinstance(first, np.ndarray):
-                array = np.zeros((n, *first.shape), dtype=first.dtype)
             else:
                 array = np.full(n, None, dtype=object)
             for i, value in present:

@@ -2,7 +2,7 @@
 
 An observation is a ChatEnv ``dict`` keyed by input mode; a vector env's observation has a
 tuple per key. Each conversation becomes an ``Encoded`` (its token ids, where the response
-starts, which tokens are the assistant's), and a batch of them is left-padded for the model.
+starts, which tokens are the assistant's); ``llm_gym.lm.left_pad`` batches them for the model.
 Sampled token ids are used as given: nothing here decodes and re-tokenizes a response.
 """
 
@@ -13,12 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
 from llm_gym.chat.containers import Response
 from llm_gym.chat.history import History
 
-__all__ = ["Encoded", "Encoder", "left_pad", "position_ids", "split_observation", "split_responses"]
+__all__ = ["Encoded", "Encoder", "split_observation", "split_responses"]
 
 
 @dataclass
@@ -218,21 +217,3 @@ class Encoder:
                 f"ids from {int(ids.min())} to {int(ids.max())}"
             )
         return encoded
-
-
-def left_pad(
-    sequences: Sequence[np.ndarray], pad_id: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded ``(B, T)`` ids and their bool attention mask."""
-    length = max(len(s) for s in sequences)
-    ids = np.full((len(sequences), length), pad_id, dtype=np.int64)
-    mask = np.zeros((len(sequences), length), dtype=bool)
-    for row, seq in enumerate(sequences):
-        ids[row, length - len(seq) :] = seq
-        mask[row, length - len(seq) :] = True
-    return torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device)
-
-
-def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Positions counted from each row's first real token, as transformers' generate does."""
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)

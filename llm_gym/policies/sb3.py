@@ -28,7 +28,7 @@ from stable_baselines3.common.policies import ActorCriticPolicy
 from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
 from torch import nn
 
-from llm_gym.policies._inputs import position_ids
+from llm_gym.lm import position_ids
 
 __all__ = ["LLMActorCriticPolicy", "ModelSpec", "resolve_model"]
 

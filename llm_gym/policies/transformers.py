@@ -9,7 +9,6 @@ given conversations in one padded forward pass and returns ``LogProbs`` and ``Ma
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -18,45 +17,23 @@ import torch.nn.functional as F
 
 from llm_gym.chat.containers import LogProbs, Masks, Response, Tokens
 from llm_gym.chat.templates import get_chat_template
-from llm_gym.envs.chat import INPUT_MODES
-from llm_gym.policies._generation import first_eos_lengths, first_id, generation_settings
-from llm_gym.policies._inputs import (
-    Encoded,
-    Encoder,
-    left_pad,
-    position_ids,
-    split_observation,
-    split_responses,
-)
-from llm_gym.policies._scoring import (
-    dist_mask,
+from llm_gym.lm import (
+    first_eos_lengths,
+    first_id,
+    forward_logits,
     gather_log_probs,
+    generation_settings,
     has_prefix,
-    keeps_logits,
+    left_pad,
     token_log_probs,
 )
+from llm_gym.policies._inputs import Encoded, Encoder, split_observation, split_responses
+from llm_gym.policies._masks import dist_mask
 from llm_gym.policies.distributions import MaskedCategorical
+from llm_gym.scorer import LogProbOutput
+from llm_gym.spaces import INPUT_MODES
 
 __all__ = ["TransformersPolicy", "LogProbOutput"]
-
-
-@dataclass
-class LogProbOutput:
-    """What log-prob mode returns for one conversation (or a whole batch with ``pad_output``).
-
-    - ``input_ids``: the token ids that were scored, ``(T,)``; ``(B, T)`` left-padded.
-    - ``log_probs``: ``full[t] = log π(input_ids[t] | input_ids[:t])``; the first token has no
-      prefix and gets 0.0 (TorchRL's and vLLM's convention), as does padding. ``prompt`` and
-      ``response`` split ``full`` where the response starts (None if unknown or padded).
-    - ``masks``: ``all_attention_mask`` (True on real tokens) and ``all_assistant_mask`` (True
-      on the assistant's tokens; None when the input does not say which they are).
-    - ``tokens``: prompt/response/full ids (unpadded output only; None with ``pad_output``).
-    """
-
-    input_ids: np.ndarray
-    log_probs: LogProbs
-    masks: Masks
-    tokens: Tokens | None = None
 
 
 class TransformersPolicy:
@@ -168,7 +145,6 @@ class TransformersPolicy:
         self._user_generate_kwargs = dict(generate_kwargs or {})
         template = {"chat_template_name": chat_template_name, "chat_template": chat_template}
         self._encoder = Encoder(tokenizer, vocab_size, {k: v for k, v in template.items() if v})
-        self._keeps_logits = keeps_logits(model)  # else logits are sliced after the forward
         gen = model.generation_config
         self.pad_token_id = first_id(
             self.generate_kwargs.get("pad_token_id"), gen.pad_token_id,
@@ -325,18 +301,9 @@ class TransformersPolicy:
                 f"a conversation has {ids.shape[1]} tokens, more than the model's "
                 f"max_position_embeddings ({max_positions})"
             )
-        # Explicit positions: with left padding, absolute-position models (GPT-2) would
-        # otherwise see each sequence shifted by its padding. keep > 0: logits of the last
-        # `keep` positions only (left padding puts every response at the end).
-        kwargs = {"logits_to_keep": keep} if keep and self._keeps_logits else {}
-        out = self.model(
-            input_ids=ids,
-            attention_mask=attention.long(),
-            position_ids=position_ids(attention),
-            use_cache=False,
-            **kwargs,
-        )
-        return out.logits[:, -keep:] if keep else out.logits
+        # keep > 0: logits of the last `keep` positions only (left padding puts every
+        # response at the end).
+        return forward_logits(self.model, ids, attention, keep)
 
     def _score(
         self, values: list[Any], responses: list[Any], batched: bool, response_only: bool = False

@@ -9,7 +9,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["check_int", "check_settings", "check_tensor", "is_log_prob_policy", "read_batch"]
+from llm_gym.scorer import is_scorer
+
+__all__ = ["check_int", "check_settings", "check_tensor", "read_batch"]
 
 _LENGTH_KEYS = ("max_new_tokens", "max_tokens", "max_length", "min_length")
 
@@ -35,7 +37,7 @@ def check_settings(
         raise TypeError(
             f"ref_model must be a causal LM or a log-prob policy, got {type(ref_model).__name__}"
         )
-    if is_log_prob_policy(ref_model) and getattr(ref_model, "input_mode", None) != "tokens":
+    if is_scorer(ref_model) and getattr(ref_model, "input_mode", None) != "tokens":
         raise ValueError(
             "a log-prob policy as ref_model must read token ids (input_mode='tokens'), got "
             f"input_mode={getattr(ref_model, 'input_mode', None)!r}"
@@ -139,8 +141,3 @@ def check_int(name: str, value: Any) -> None:
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     if value < 1:
         raise ValueError(f"{name} must be >= 1, got {value}")
-
-
-def is_log_prob_policy(model: Any) -> bool:
-    # A scoring policy says so with generate=False; a transformers model has a generate method.
-    return getattr(model, "generate", None) is False

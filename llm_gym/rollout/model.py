@@ -15,9 +15,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from llm_gym.policies._generation import first_eos_lengths, first_id, generation_settings
-from llm_gym.policies._scoring import gather_log_probs, keeps_logits, takes_response_only
-from llm_gym.rollout.checks import check_settings, check_tensor, is_log_prob_policy, read_batch
+from llm_gym.lm import (
+    first_eos_lengths,
+    first_id,
+    forward_logits,
+    gather_log_probs,
+    generation_settings,
+)
+from llm_gym.rollout.checks import check_settings, check_tensor, read_batch
+from llm_gym.scorer import is_scorer, response_log_probs
 
 __all__ = ["RolloutFromModel"]
 
@@ -109,7 +115,6 @@ class RolloutFromModel:
 
         self.model = model
         self.ref_model = ref_model
-        self._ref_takes_response_only = takes_response_only(ref_model)
         self.reward_model = reward_model
         self.kl_coef = float(kl_coef)
         self.max_new_tokens = max_new_tokens
@@ -293,7 +298,7 @@ class RolloutFromModel:
         )
         real = steps < lengths[:, None]
         log_p = _lm_log_probs(self.model, generated, rindex, lengths, m)
-        if is_log_prob_policy(self.ref_model):
+        if is_scorer(self.ref_model):
             log_q = self._policy_log_probs(generated, rindex, lengths)
         else:
             log_q = _lm_log_probs(self.ref_model, generated, rindex, lengths, m)
@@ -306,18 +311,23 @@ class RolloutFromModel:
         starts, ends = rindex.tolist(), (rindex + lengths).tolist()
         prompts = tuple(row[:s] for row, s in zip(rows, starts, strict=True))
         responses = [row[s:e] for row, s, e in zip(rows, starts, ends, strict=True)]
-        only = {"response_only": True} if self._ref_takes_response_only else {}
-        outputs = self.ref_model({"tokens": prompts}, responses, **only)
+        try:
+            scored = response_log_probs(
+                self.ref_model, {"tokens": prompts}, responses, batched=True
+            )
+        except AttributeError as error:  # an output without .log_probs.response
+            raise ValueError(
+                f"ref_model must return one LogProbOutput per sequence, got: {error}"
+            ) from error
         log_q = torch.zeros(len(rows), self.max_new_tokens)
-        for row, (output, response) in enumerate(zip(outputs, responses, strict=True)):
-            values = getattr(getattr(output, "log_probs", None), "response", None)
-            if values is None or len(values) != len(response):
+        for row, (values, response) in enumerate(zip(scored, responses, strict=True)):
+            if values.shape != (len(response),):
                 raise ValueError(
                     "ref_model must return one LogProbOutput per sequence with "
                     f"log_probs.response of the response's length ({len(response)}), got "
-                    f"{type(output).__name__}"
+                    f"shape {values.shape}"
                 )
-            log_q[row, : len(response)] = torch.tensor(np.asarray(values, dtype=np.float32))
+            log_q[row, : len(response)] = torch.tensor(values)
         return log_q
 
     def _score(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -354,10 +364,7 @@ def _lm_log_probs(
     # The logits at rindex - 1 + k predict generated token k; only the last `keep` positions,
     # from the shortest prompt's end on, hold any (right padding), so only those are computed.
     keep = width - int(rindex.min()) + 1
-    kwargs = {"logits_to_keep": keep} if keeps_logits(model) else {}
-    # Right padding: every row starts at position 0, so default positions are right.
-    out = model(input_ids=ids, attention_mask=real.long(), use_cache=False, **kwargs)
-    logits = out.logits[:, -keep:]
+    logits = forward_logits(model, ids, real, keep)
     steps = torch.arange(m, device=device)
     source = (rindex[:, None] - 1 + steps - (width - keep)).clamp(max=keep - 1)
     logits = logits.gather(1, source[..., None].expand(-1, -1, logits.shape[-1]))

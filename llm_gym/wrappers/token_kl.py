@@ -7,7 +7,6 @@ one token, so the penalty can be charged where it arises, as RL4LMs and TRL's PP
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,39 +15,15 @@ import numpy as np
 import torch
 
 from llm_gym.envs.tokens import TokenEnv
+from llm_gym.lm import next_token_log_probs
+from llm_gym.wrappers._charges import KLCoefficient
 from llm_gym.wrappers.controllers import KLController
-from llm_gym.wrappers.estimators import kl_estimate
-from llm_gym.wrappers.kl import KLCoefficient, check_kl_settings, record_args
+from llm_gym.wrappers.estimators import ESTIMATORS, kl_estimate
 
-__all__ = ["TokenKLWrapper", "next_token_log_probs"]
-
-
-def next_token_log_probs(
-    model: Any, input_ids: np.ndarray, attention_mask: np.ndarray, allowed: torch.Tensor | None
-) -> torch.Tensor:
-    """log π(· | s) over the vocabulary at the last position of left-padded rows ``(B, L)``."""
-    ids = torch.as_tensor(input_ids, dtype=torch.long, device=model.device)
-    mask = torch.as_tensor(attention_mask, dtype=torch.long, device=model.device)
-    kwargs = {"logits_to_keep": 1} if _keeps_logits(model) else {}
-    with torch.inference_mode():
-        out = model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-            use_cache=False,
-            **kwargs,
-        )
-        logits = out.logits[:, -1].float()
-        if allowed is not None:
-            logits = logits[:, : allowed.shape[0]].masked_fill(~allowed, float("-inf"))
-        return torch.log_softmax(logits, dim=-1)
+__all__ = ["TokenKLWrapper"]
 
 
-def _keeps_logits(model: Any) -> bool:
-    return "logits_to_keep" in inspect.signature(model.forward).parameters
-
-
-class TokenKLWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs, KLCoefficient):
+class TokenKLWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
     """Subtract ``coef · kl_t`` from each ``TokenEnv`` step's reward.
 
     ``kl_t`` is the estimator applied to the generator's and the reference's log-prob of the
@@ -95,7 +70,17 @@ class TokenKLWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs, KLCoefficient
         allowed_token_ids: Sequence[int] | None = None,
         kl_controller: KLController | None = None,
     ) -> None:
-        record_args(self, locals())
+        gym.utils.RecordConstructorArgs.__init__(
+            self,
+            _disable_deepcopy=True,
+            gen_model=gen_model,
+            ref_model=ref_model,
+            coef=coef,
+            estimator=estimator,
+            add_to_reward=add_to_reward,
+            allowed_token_ids=allowed_token_ids,
+            kl_controller=kl_controller,
+        )
         if not isinstance(env.unwrapped, TokenEnv):
             raise TypeError(
                 f"env must be a TokenEnv (possibly wrapped), got {type(env.unwrapped).__name__}; "
@@ -113,7 +98,9 @@ class TokenKLWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs, KLCoefficient
                     f"{name}'s LM head has {head.weight.shape[0]} outputs, fewer than the "
                     f"env's {vocab} tokens: model and tokenizer do not match"
                 )
-        self.kl_controller = check_kl_settings(coef, estimator, kl_controller)
+        if estimator not in ESTIMATORS:
+            raise ValueError(f"estimator must be one of {sorted(ESTIMATORS)}, got {estimator!r}")
+        self._coefficient = KLCoefficient(coef, kl_controller)
         allowed = None
         if allowed_token_ids is not None:
             ids = [int(i) for i in allowed_token_ids]
@@ -129,7 +116,19 @@ class TokenKLWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs, KLCoefficient
         self.estimator, self.add_to_reward = estimator, add_to_reward
         self._allowed = allowed
         self._obs: dict[str, np.ndarray] | None = None
-        self._kl_rewards = []
+
+    @property
+    def kl_controller(self) -> KLController:
+        return self._coefficient.controller
+
+    @property
+    def coef(self) -> float:
+        return self._coefficient.coef
+
+    def update_kl_coef(self) -> float:
+        """Update the coefficient from the KL rewards (``-kl_penalty``) of the steps since the
+        last update, and return it."""
+        return self._coefficient.update()
 
     def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
         obs, info = self.env.reset(**kwargs)
@@ -141,19 +140,26 @@ class TokenKLWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs, KLCoefficient
             raise gym.error.ResetNeeded("Cannot call TokenKLWrapper.step before reset")
         state = self._obs
         # Checked and scored before the env steps, so that a bad action changes nothing.
-        token = self.env.unwrapped._check_action(action)
-        allowed = None if self._allowed is None else self._allowed.to(self.gen_model.device)
-        if allowed is not None and not allowed[token]:
+        token = self.env.unwrapped.check_action(action)
+        if self._allowed is not None and not self._allowed[token]:
             raise ValueError(f"action {token} is not among allowed_token_ids")
-        ids, mask = state["input_ids"][None], state["attention_mask"][None]
-        gen = float(next_token_log_probs(self.gen_model, ids, mask, allowed)[0, token])
-        ref = float(next_token_log_probs(self.ref_model, ids, mask, allowed)[0, token])
+        gen = self._log_prob(self.gen_model, state, self._allowed, token)
+        ref = self._log_prob(self.ref_model, state, self._allowed, token)
         obs, reward, terminated, truncated, info = self.env.step(action)
         kl = float(kl_estimate(np.array([gen]), np.array([ref]), self.estimator)[0])
         penalty = self.coef * kl
-        self._kl_rewards.append(-penalty)
+        self._coefficient.kl_rewards.append(-penalty)
         self._obs = obs
         info = {**info, "log_prob": gen, "ref_log_prob": ref, "kl": kl, "kl_penalty": penalty}
         if self.add_to_reward:
             reward = float(reward) - penalty
         return obs, reward, terminated, truncated, info
+
+    @staticmethod
+    def _log_prob(model: Any, state: dict[str, np.ndarray], allowed: Any, token: int) -> float:
+        """log π(token | state) under ``model``, on the model's device."""
+        device = model.device
+        ids = torch.as_tensor(state["input_ids"][None], dtype=torch.long, device=device)
+        mask = torch.as_tensor(state["attention_mask"][None], dtype=torch.bool, device=device)
+        allowed = None if allowed is None else allowed.to(device)
+        return float(next_token_log_probs(model, ids, mask, allowed)[0, token])

@@ -1,78 +1,104 @@
 """Vector versions of the KL wrappers: one padded forward pass scores all N responses.
 
-Same arguments and info keys as ``llm_gym.wrappers.kl``; per-env values are stacked the
-Gymnasium way (``info[key]`` an array over envs, ``info["_" + key]`` its mask), with
-per-token arrays in ``object`` arrays. With SAME_STEP autoreset the next prompt of a finished
-sub-env is its new episode's first observation, so nothing has to be thrown away.
+Each takes the same arguments as its single-env namesake in ``llm_gym.wrappers.kl`` (one
+signature, bound here by name) and runs the same per-batch logic; per-env values are stacked
+the Gymnasium way (``info[key]`` an array over envs, ``info["_" + key]`` its mask), per-token
+arrays in ``object`` arrays. With SAME_STEP autoreset the next prompt of a finished sub-env is
+its new episode's first observation, so nothing has to be thrown away.
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 from gymnasium.vector import VectorEnv, VectorWrapper
 
-from llm_gym.wrappers.controllers import KLController
-from llm_gym.wrappers.kl import (
-    KLCharge,
-    PromptScorer,
-    compose_retrievers,
-    record_args,
-    stack_info,
-)
+from llm_gym.envs.vector import batch_infos
+from llm_gym.scorer import check_scorer
+from llm_gym.wrappers import kl as single
+from llm_gym.wrappers._charges import KLCharge, check_pair, score
 
 __all__ = ["RetrieveLogProb", "KLComputation", "RetrieveKL", "KLRewardWrapper"]
 
 
-class RetrieveLogProb(PromptScorer, VectorWrapper, gym.utils.RecordConstructorArgs):
+def _arguments(wrapper: type, env: VectorEnv, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """``args``/``kwargs`` by name, as the single-env ``wrapper`` takes them (defaults filled
+    in, ``**options`` flattened): a wrong argument fails as it would there."""
+    bound = inspect.signature(wrapper).bind(env, *args, **kwargs)
+    bound.apply_defaults()
+    named = dict(bound.arguments)
+    del named["env"]
+    for name, parameter in inspect.signature(wrapper).parameters.items():
+        if parameter.kind is inspect.Parameter.VAR_KEYWORD:
+            named.update(named.pop(name))
+    return named
+
+
+def _check_count(actions: Any, num_envs: int) -> list[Any]:
+    if len(actions) != num_envs:
+        raise ValueError(f"actions must hold {num_envs} responses, got {len(actions)}")
+    return list(actions)
+
+
+class RetrieveLogProb(VectorWrapper, gym.utils.RecordConstructorArgs):
     """``info[key][i]``: the model's log-probs of sub-env i's response tokens this step.
 
     All N (prompt, response) pairs go through the model in one left-padded forward pass.
     """
 
-    def __init__(
-        self, env: VectorEnv, model: Any, key: str = "ref_log_probs", assistant_only: bool = True
-    ) -> None:
-        record_args(self, locals())
-        self._setup_scorer(model, key, assistant_only)
+    __signature__ = inspect.signature(single.RetrieveLogProb)
+
+    def __init__(self, env: VectorEnv, *args: Any, **kwargs: Any) -> None:
+        named = _arguments(single.RetrieveLogProb, env, args, kwargs)
+        gym.utils.RecordConstructorArgs.__init__(self, _disable_deepcopy=True, **named)
         VectorWrapper.__init__(self, env)
+        self.model = check_scorer(named["model"], "model")
+        self.log_prob_key, self.assistant_only = named["key"], named["assistant_only"]
+        self._prompt: Any = None
+
+    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        obs, info = self.env.reset(**kwargs)
+        self._prompt = obs
+        return obs, info
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict]:
-        if len(actions) != self.num_envs:
-            raise ValueError(f"actions must hold {self.num_envs} responses, got {len(actions)}")
-        log_probs = self._score_actions(list(actions), batched=True)
+        actions = _check_count(actions, self.num_envs)
+        log_probs = score(
+            self.model, self._prompt, actions, batched=True, assistant_only=self.assistant_only
+        )
         obs, rewards, terminated, truncated, info = self.env.step(actions)
-        info.update(stack_info([{self.log_prob_key: lp} for lp in log_probs]))
+        info.update(batch_infos([{self.log_prob_key: lp} for lp in log_probs]))
         self._prompt = obs
         return obs, rewards, terminated, truncated, info
 
 
-class KLComputation(KLCharge, VectorWrapper, gym.utils.RecordConstructorArgs):
+class KLComputation(VectorWrapper, gym.utils.RecordConstructorArgs):
     """Per-token KL for each sub-env, as ``llm_gym.wrappers.KLComputation``."""
 
-    def __init__(
-        self,
-        env: VectorEnv,
-        gen_key: str = "log_probs",
-        ref_key: str = "ref_log_probs",
-        coef: float = 1.0,
-        estimator: str = "k1",
-        add_to_reward: bool = True,
-        kl_key: str = "kl",
-        kl_controller: KLController | None = None,
-    ) -> None:
-        record_args(self, locals())
-        self._setup_kl(env, gen_key, ref_key, coef, estimator, add_to_reward, kl_key, kl_controller)
+    __signature__ = inspect.signature(single.KLComputation)
+
+    def __init__(self, env: VectorEnv, *args: Any, **kwargs: Any) -> None:
+        named = _arguments(single.KLComputation, env, args, kwargs)
+        gym.utils.RecordConstructorArgs.__init__(self, _disable_deepcopy=True, **named)
+        self.charge = KLCharge(env, **named)
         VectorWrapper.__init__(self, env)
 
+    # The single-env accessors: both versions keep their settings in self.charge.
+    kl_controller = single.KLComputation.kl_controller
+    coef = single.KLComputation.coef
+    update_kl_coef = single.KLComputation.update_kl_coef
+
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict]:
-        gens = self._actions_log_probs(list(actions))
+        actions = _check_count(actions, self.num_envs)
+        gens = self.charge.action_log_probs(actions)
         obs, rewards, terminated, truncated, info = self.env.step(actions)
-        parts = self._charge(gens or list(info[self.gen_key]), info[self.ref_key], rewards)
-        info.update(stack_info(parts))
-        if self.add_to_reward:
+        gens = gens or list(info[self.charge.gen_key])
+        parts = self.charge.charge(gens, info[self.charge.ref_key], rewards)
+        info.update(batch_infos(parts))
+        if self.charge.add_to_reward:
             penalties = info["kl_penalty"].astype(np.float64)
             rewards = (np.asarray(rewards, dtype=np.float64) - penalties).astype(rewards.dtype)
         return obs, rewards, terminated, truncated, info
@@ -81,50 +107,26 @@ class KLComputation(KLCharge, VectorWrapper, gym.utils.RecordConstructorArgs):
 class RetrieveKL(KLComputation):
     """Vector ``RetrieveLogProb`` for gen (optional) and ref, then ``KLComputation``."""
 
-    def __init__(
-        self,
-        env: VectorEnv,
-        gen_model: Any = None,
-        ref_model: Any = None,
-        *,
-        gen_key: str = "log_probs",
-        ref_key: str = "ref_log_probs",
-        coef: float = 1.0,
-        estimator: str = "k1",
-        add_to_reward: bool = True,
-        kl_key: str = "kl",
-        assistant_only: bool = True,
-        kl_controller: KLController | None = None,
-    ) -> None:
-        record_args(self, locals())
-        inner = compose_retrievers(
-            env, gen_model, ref_model, gen_key, ref_key, assistant_only, RetrieveLogProb
-        )
-        super().__init__(
-            inner, gen_key, ref_key, coef, estimator, add_to_reward, kl_key, kl_controller
-        )
+    __signature__ = inspect.signature(single.RetrieveKL)
+
+    def __init__(self, env: VectorEnv, *args: Any, **kwargs: Any) -> None:
+        named = _arguments(single.RetrieveKL, env, args, kwargs)
+        gym.utils.RecordConstructorArgs.__init__(self, _disable_deepcopy=True, **named)
+        gen_model, ref_model = named.pop("gen_model"), named.pop("ref_model")
+        assistant_only = named.pop("assistant_only")
+        check_pair(gen_model, ref_model)
+        if gen_model is not None:
+            env = RetrieveLogProb(env, gen_model, named["gen_key"], assistant_only)
+        env = RetrieveLogProb(env, ref_model, named["ref_key"], assistant_only)
+        super().__init__(env, **named)
 
 
 class KLRewardWrapper(RetrieveKL):
     """Vector form of TorchRL's legacy ``KLRewardTransform`` (gen log-probs from Responses)."""
 
-    def __init__(
-        self,
-        env: VectorEnv,
-        ref_model: Any,
-        coef: float = 1.0,
-        *,
-        estimator: str = "k1",
-        add_to_reward: bool = True,
-        kl_controller: KLController | None = None,
-    ) -> None:
-        record_args(self, locals())
-        super().__init__(
-            env,
-            None,
-            ref_model,
-            coef=coef,
-            estimator=estimator,
-            add_to_reward=add_to_reward,
-            kl_controller=kl_controller,
-        )
+    __signature__ = inspect.signature(single.KLRewardWrapper)
+
+    def __init__(self, env: VectorEnv, *args: Any, **kwargs: Any) -> None:
+        named = _arguments(single.KLRewardWrapper, env, args, kwargs)
+        gym.utils.RecordConstructorArgs.__init__(self, _disable_deepcopy=True, **named)
+        super().__init__(env, None, **named)

@@ -1,4 +1,4 @@
-"""Generation settings shared by ``TransformersPolicy`` and ``RolloutFromModel``.
+"""Generation settings and response lengths, shared by every caller of ``model.generate``.
 
 ``generate_kwargs`` are checked before anything is generated: unknown keys, aliases given twice
 and settings that would break the log-probs fail at construction with a message naming the
@@ -7,12 +7,12 @@ key, not deep inside ``model.generate``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
-from transformers import GenerationConfig
 
 __all__ = [
     "DEFAULT_MAX_NEW_TOKENS",
@@ -24,10 +24,6 @@ __all__ = [
 
 DEFAULT_MAX_NEW_TOKENS = 256
 GENERATE_ALIASES = {"max_tokens": "max_new_tokens", "n": "num_return_sequences"}
-_VALID_KEYS = frozenset(GenerationConfig().to_dict()) - {
-    "transformers_version",
-    "_from_model_config",
-}
 _RESERVED = {
     "return_dict_in_generate": "the policy always asks for a dict output",
     "output_logits": "the policy reads raw logits itself (set return_log_probs instead)",
@@ -55,7 +51,7 @@ def generation_settings(
                 f"generate_kwargs gives both {given_as[name]!r} and {key!r}, which set {name!r}"
             )
         kwargs[name], given_as[name] = value, key
-    unknown = sorted(set(kwargs) - _VALID_KEYS)
+    unknown = sorted(set(kwargs) - _valid_keys())
     if unknown:
         raise ValueError(
             f"generate_kwargs has unknown keys {unknown}: expected GenerationConfig attributes "
@@ -93,7 +89,16 @@ def generation_settings(
     return kwargs, num_samples
 
 
+@functools.cache
+def _valid_keys() -> frozenset[str]:
+    # transformers is imported on first use: this layer is torch-only at import time.
+    from transformers import GenerationConfig
+
+    return frozenset(GenerationConfig().to_dict()) - {"transformers_version", "_from_model_config"}
+
+
 def first_id(*candidates: Any, default: int) -> int:
+    """The first candidate that is not None (the first of a list), as an int."""
     for candidate in candidates:
         if candidate is not None:
             return int(np.atleast_1d(candidate)[0])
@@ -101,7 +106,11 @@ def first_id(*candidates: Any, default: int) -> int:
 
 
 def first_eos_lengths(tokens: torch.Tensor, eos_token_ids: list[int]) -> torch.Tensor:
-    """Tokens up to and including the first EOS of each row; all of them when there is none."""
+    """Tokens up to and including the first EOS of each row; all of them when there is none.
+
+    >>> first_eos_lengths(torch.tensor([[5, 2, 7], [5, 6, 7]]), eos_token_ids=[2]).tolist()
+    [2, 3]
+    """
     full = torch.full((tokens.shape[0],), tokens.shape[1], dtype=torch.long, device=tokens.device)
     if not eos_token_ids or tokens.shape[1] == 0:
         return full

@@ -1,21 +1,33 @@
-"""``GSM8KEnv``: grade-school math word problems, scored on the ``<answer>`` the policy gives."""
+"""GSM8K as a task: grade-school math word problems, TorchRL's prompt and reward.
+
+The task is data plus a reward: the GSM8K rows (``load_gsm8k``), TorchRL's system prompt,
+the field map ``question -> query``, and ``llm_gym.rewards.GSM8KReward`` applied to the
+row's ``answer``. ``make_gsm8k_env`` puts them in a ``DatasetChatEnv``; ``gsm8k_task`` gives
+them as ``DatasetChatEnv`` arguments for any other data source.
+"""
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import datasets
-
 from llm_gym.envs.data_sources import load_hub_dataset, load_local_dataset
-from llm_gym.envs.dataset import DatasetChatEnv
+from llm_gym.envs.dataset import DatasetChatEnv, TaskScore
 from llm_gym.envs.vector import DatasetChatVectorEnv
 from llm_gym.rewards.gsm8k import GSM8KReward
-from llm_gym.spaces import MAX_TEXT_LENGTH
 
-__all__ = ["GSM8KEnv", "GSM8K_ENV_VAR", "GSM8K_HUB_ID", "load_gsm8k", "make_gsm8k_vector_env"]
+__all__ = [
+    "GSM8K_ENV_VAR",
+    "GSM8K_HUB_ID",
+    "GSM8K_SYSTEM_PROMPT",
+    "gsm8k_task",
+    "load_gsm8k",
+    "make_gsm8k_env",
+    "make_gsm8k_vector_env",
+]
 
 GSM8K_HUB_ID, GSM8K_CONFIG = "openai/gsm8k", "main"
 GSM8K_ENV_VAR = "LLM_GYM_GSM8K_PATH"
@@ -58,7 +70,56 @@ def load_gsm8k(split: str = "train", data_dir: str | os.PathLike[str] | None = N
         ) from error
 
 
-class GSM8KEnv(DatasetChatEnv):
+GSM8K_SYSTEM_PROMPT = (
+    "A conversation between User and Assistant. The user asks a question, and the "
+    "Assistant solves it.\nThe assistant first thinks about the reasoning process in the "
+    "mind and then provides the user with the answer.\nThe reasoning process and answer "
+    "are enclosed within <think></think> and <answer></answer> tags, respectively,\ni.e., "
+    "<think>reasoning process here</think> <answer>answer here</answer>. The answer "
+    "should be a number."
+)
+
+
+def _score(reward: GSM8KReward, response: str, sample: Mapping[str, Any]) -> TaskScore:
+    answer = sample["answer"]
+    score = reward(response, answer)
+    info = {  # not score.as_dict(): dataclasses.asdict deep-copies, 4x slower
+        "reward_answer": score.reward_answer,
+        "reward_think": score.reward_think,
+        "reward_right": score.reward_right,
+        "reward": score.reward,
+        "success": score.success,
+        "answer": answer,
+    }
+    # A given answer, right or wrong, ends a multi-turn episode.
+    return TaskScore(score.reward, info, answered=score.reward_answer > 0)
+
+
+def gsm8k_task(reward: GSM8KReward | None = None) -> dict[str, Any]:
+    """GSM8K's prompt, field map and reward, as ``DatasetChatEnv`` keyword arguments.
+
+    For GSM8K-format rows from any source, e.g. ``DatasetChatEnv.from_dataloader(loader,
+    **gsm8k_task())``; the reward is picklable, so async vector envs can take it.
+    """
+    if reward is None:
+        reward = GSM8KReward()
+    if not isinstance(reward, GSM8KReward):
+        raise TypeError(f"reward must be a GSM8KReward, got {type(reward).__name__}")
+    return {
+        "system_prompt": GSM8K_SYSTEM_PROMPT,
+        "field_map": {"question": "query"},
+        "reward": functools.partial(_score, reward),
+    }
+
+
+def make_gsm8k_env(
+    *,
+    split: str = "train",
+    data_dir: str | os.PathLike[str] | None = None,
+    dataset: Any = None,
+    reward: GSM8KReward | None = None,
+    **env_kwargs: Any,
+) -> DatasetChatEnv:
     """GSM8K math word problems; the reward checks the number in the ``<answer>`` tag.
 
     ## Description
@@ -101,9 +162,9 @@ class GSM8KEnv(DatasetChatEnv):
       ``$LLM_GYM_GSM8K_PATH``, else the Hub's ``openai/gsm8k``.
     - ``dataset``: any other data ``DatasetChatEnv`` accepts, with ``question``/``answer``.
     - ``reward``: a ``GSM8KReward`` (default: tags mode, 1.0 / 0.1 / 0.0).
-    - ``shuffle``, ``seed``, ``repeats``, ``group_repeats``, ``input_mode``, ``system_prompt``,
-      ``tokenizer``, ``template_kwargs``, ``max_turns``, ``observation_keys``,
-      ``max_text_length``, ``render_mode``: as ``DatasetChatEnv``.
+    - ``env_kwargs``: ``DatasetChatEnv``'s other arguments (``shuffle``, ``seed``,
+      ``repeats``, ``group_repeats``, ``system_prompt``, ``max_turns``, ``input_mode``,
+      ``tokenizer``, ...).
 
     ## Version History
 
@@ -122,80 +183,16 @@ class GSM8KEnv(DatasetChatEnv):
     >>> reward, terminated, truncated, info["success"]
     (1.0, True, False, True)
     """
-
-    SYSTEM_PROMPT = (
-        "A conversation between User and Assistant. The user asks a question, and the "
-        "Assistant solves it.\nThe assistant first thinks about the reasoning process in the "
-        "mind and then provides the user with the answer.\nThe reasoning process and answer "
-        "are enclosed within <think></think> and <answer></answer> tags, respectively,\ni.e., "
-        "<think>reasoning process here</think> <answer>answer here</answer>. The answer "
-        "should be a number."
-    )
-
-    def __init__(
-        self,
-        *,
-        split: str = "train",
-        data_dir: str | os.PathLike[str] | None = None,
-        dataset: Any = None,
-        reward: GSM8KReward | None = None,
-        shuffle: bool = True,
-        seed: int | None = None,
-        repeats: int | None = 1,
-        group_repeats: bool = False,
-        input_mode: str = "history",
-        system_prompt: str | None = None,
-        tokenizer: Any = None,
-        template_kwargs: Mapping[str, Any] | None = None,
-        max_turns: int | None = 1,
-        observation_keys: tuple[str, ...] | list[str] | None = None,
-        max_text_length: int = MAX_TEXT_LENGTH,
-        render_mode: str | None = None,
-    ) -> None:
-        if split not in SPLITS:
-            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-        if reward is None:
-            reward = GSM8KReward()
-        if not isinstance(reward, GSM8KReward):
-            raise TypeError(f"reward must be a GSM8KReward, got {type(reward).__name__}")
-        if dataset is not None and data_dir is not None:
-            raise ValueError("pass either dataset= or data_dir=, not both")
-        self.split, self.reward = split, reward
-        if dataset is None:
-            dataset = load_gsm8k(split, data_dir)
-        elif isinstance(dataset, datasets.DatasetDict):
-            dataset = dataset[split]
-        super().__init__(
-            dataset,
-            split=split,
-            shuffle=shuffle,
-            seed=seed,
-            repeats=repeats,
-            group_repeats=group_repeats,
-            field_map={"question": "query"},
-            input_mode=input_mode,
-            system_prompt=system_prompt,
-            tokenizer=tokenizer,
-            template_kwargs=template_kwargs,
-            max_turns=max_turns,
-            observation_keys=observation_keys,
-            max_text_length=max_text_length,
-            render_mode=render_mode,
-        )
-
-    def _score(self, response: str) -> tuple[float, bool, dict[str, Any]]:
-        answer = self._sample["answer"]
-        score = self.reward(response, answer)
-        info = {  # not score.as_dict(): dataclasses.asdict deep-copies, 4x slower
-            "reward_answer": score.reward_answer,
-            "reward_think": score.reward_think,
-            "reward_right": score.reward_right,
-            "reward": score.reward,
-            "success": score.success,
-            "answer": answer,
-        }
-        # A given answer ends a multi-turn episode; single-turn ones end in ChatEnv.step.
-        return score.reward, score.reward_answer > 0, info
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    if dataset is not None and data_dir is not None:
+        raise ValueError("pass either dataset= or data_dir=, not both")
+    task = gsm8k_task(reward)
+    if env_kwargs.get("system_prompt", "") is None:
+        del env_kwargs["system_prompt"]  # None: TorchRL's prompt, as before
+    if dataset is None:
+        dataset = load_gsm8k(split, data_dir)
+    return DatasetChatEnv(dataset, split=split, **(task | env_kwargs))
 
 
 def make_gsm8k_vector_env(num_envs: int = 1, **kwargs: Any) -> DatasetChatVectorEnv:
@@ -209,4 +206,4 @@ def make_gsm8k_vector_env(num_envs: int = 1, **kwargs: Any) -> DatasetChatVector
     >>> obs["history"][0] == obs["history"][1], list(info["answer"]) == [info["answer"][0]] * 2
     (True, True)
     """
-    return DatasetChatVectorEnv(GSM8KEnv(**kwargs), num_envs)
+    return DatasetChatVectorEnv(make_gsm8k_env(**kwargs), num_envs)

@@ -1,0 +1,132 @@
+"""Per-token log-probs of a causal LM's forward pass, over left-padded batches.
+
+Position ``t``'s logits predict token ``t + 1``, so each scored token is read from the logits
+one position before it; a sequence's first token has no prefix and gets 0.0 (TorchRL's and
+vLLM's convention), as does padding. Everything runs on the device of the logits given.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from llm_gym.lm.padding import position_ids
+
+__all__ = [
+    "forward_logits",
+    "gather_log_probs",
+    "has_prefix",
+    "keeps_logits",
+    "next_token_log_probs",
+    "token_log_probs",
+]
+
+# About 24 MB of float32 logits per chunk: log_softmax's temporary then stays in cache, which
+# measured 2x faster on CPU than one logsumexp over the whole (B, T, V) batch (whose composite
+# kernel writes several batch-sized temporaries), and peak memory stays flat.
+_CHUNK_ELEMENTS = 6 * 2**20
+
+
+def keeps_logits(model: Any) -> bool:
+    """Whether a causal LM's forward takes ``logits_to_keep`` (most transformers models do)."""
+    forward = getattr(model, "forward", model)
+    function = getattr(forward, "__func__", None)
+    if function is not None:  # a method: one lookup per model class, not per call
+        return _takes_logits_to_keep(function)
+    return "logits_to_keep" in _parameters(forward)
+
+
+@functools.cache
+def _takes_logits_to_keep(function: Any) -> bool:
+    return "logits_to_keep" in _parameters(function)
+
+
+def _parameters(function: Any) -> Any:
+    try:
+        return inspect.signature(function).parameters
+    except (TypeError, ValueError):  # builtins and some C callables have no signature
+        return {}
+
+
+def forward_logits(
+    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, keep: int = 0
+) -> torch.Tensor:
+    """The ``(B, T, V)`` logits of a padded batch; with ``keep > 0`` the last ``keep`` only.
+
+    Positions are counted from each row's first real token (left or right padding alike).
+    ``keep`` uses the model's ``logits_to_keep`` where it has one, so the vocabulary
+    projection runs for those positions only; other models are sliced afterwards.
+    """
+    kwargs = {"logits_to_keep": keep} if keep and keeps_logits(model) else {}
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask.long(),
+        position_ids=position_ids(attention_mask),
+        use_cache=False,
+        **kwargs,
+    )
+    return out.logits[:, -keep:] if keep else out.logits
+
+
+def gather_log_probs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """``log_softmax(logits)[i, targets[i]]`` for ``(N, V)`` logits, in float32, chunked.
+
+    >>> logits = torch.tensor([[0.0, 0.0], [2.0, 2.0]])
+    >>> gather_log_probs(logits, torch.tensor([0, 1])).round(decimals=4).tolist()
+    [-0.6931, -0.6931]
+    """
+    rows = max(1, _CHUNK_ELEMENTS // logits.shape[-1])
+    out = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+    for start in range(0, logits.shape[0], rows):
+        chunk = logits[start : start + rows].float()
+        picked = torch.log_softmax(chunk, dim=-1).gather(-1, targets[start : start + rows, None])
+        out[start : start + rows] = picked.squeeze(-1)
+    return out
+
+
+def has_prefix(attention: torch.Tensor) -> torch.Tensor:
+    """Real tokens that have at least one real token before them (padding is by mask only)."""
+    before = F.pad(attention[:, :-1], (1, 0), value=False)
+    return attention & before
+
+
+def token_log_probs(
+    logits: torch.Tensor, ids: torch.Tensor, attention: torch.Tensor
+) -> torch.Tensor:
+    """``(B, T)`` log π(ids[t] | ids[:t]); 0 at padding and at each sequence's first token."""
+    scored = has_prefix(attention)
+    log_probs = torch.zeros(ids.shape, dtype=torch.float32, device=logits.device)
+    # Row by row over the span of scored tokens only: the log-softmax over the vocabulary is
+    # most of the cost, and padding (a fifth of a GSM8K batch) need not pay it. Position t's
+    # logits predict token t + 1, so the span's logits are a view shifted by one, not a copy.
+    width = ids.shape[1]
+    spans = torch.stack(
+        [scored.any(1), scored.int().argmax(1), width - scored.flip(1).int().argmax(1)], dim=1
+    ).tolist()  # (any scored, first, end) per row, in one device sync
+    for row, (any_scored, first, end) in enumerate(spans):
+        if any_scored:
+            span = gather_log_probs(logits[row, first - 1 : end - 1], ids[row, first:end])
+            log_probs[row, first:end] = span
+    return log_probs.masked_fill(~scored, 0.0)
+
+
+def next_token_log_probs(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    allowed: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """log π(· | s) over the vocabulary after the last position of left-padded rows ``(B, L)``.
+
+    ``allowed``: a bool mask over the first ``len(allowed)`` token ids; the distribution is
+    renormalized over those.
+    """
+    with torch.inference_mode():
+        logits = forward_logits(model, input_ids, attention_mask, keep=1)[:, -1].float()
+        if allowed is not None:
+            logits = logits[:, : allowed.shape[0]].masked_fill(~allowed, float("-inf"))
+        return torch.log_softmax(logits, dim=-1)
