@@ -76,7 +76,7 @@ def gather_log_probs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tenso
     """``log_softmax(logits)[i, targets[i]]`` for ``(N, V)`` logits, in float32, chunked.
 
     >>> logits = torch.tensor([[0.0, 0.0], [2.0, 2.0]])
-    >>> gather_log_probs(logits, torch.tensor([0, 1])).round(decimals=4).tolist()
+    >>> [round(x, 4) for x in gather_log_probs(logits, torch.tensor([0, 1])).tolist()]
     [-0.6931, -0.6931]
     """
     rows = max(1, _CHUNK_ELEMENTS // logits.shape[-1])
