@@ -17,7 +17,15 @@ from llm_gym.scorer import Scorer, check_scorer, response_log_probs
 from llm_gym.wrappers.controllers import ConstantKLController, KLController
 from llm_gym.wrappers.estimators import ESTIMATORS, kl_estimate
 
-__all__ = ["KLCharge", "KLCoefficient", "as_response", "check_pair", "provides_key", "score"]
+__all__ = [
+    "KLCharge",
+    "KLCoefficient",
+    "as_response",
+    "check_estimator",
+    "check_pair",
+    "provides_key",
+    "score",
+]
 
 
 def as_response(action: Any) -> Any:
@@ -67,6 +75,11 @@ def check_pair(gen_model: Any, ref_model: Any) -> None:
         )
 
 
+def check_estimator(estimator: str) -> None:
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"estimator must be one of {sorted(ESTIMATORS)}, got {estimator!r}")
+
+
 class KLCoefficient:
     """The KL coefficient, its controller, and the KL rewards (``-kl_penalty``) collected
     since the controller's last update."""
@@ -106,8 +119,7 @@ class KLCharge:
         kl_key: str,
         kl_controller: KLController | None,
     ) -> None:
-        if estimator not in ESTIMATORS:
-            raise ValueError(f"estimator must be one of {sorted(ESTIMATORS)}, got {estimator!r}")
+        check_estimator(estimator)
         self.coefficient = KLCoefficient(coef, kl_controller)
         if not provides_key(env, ref_key):
             raise ValueError(
@@ -117,6 +129,16 @@ class KLCharge:
         self.gen_key, self.ref_key, self.kl_key = gen_key, ref_key, kl_key
         self.estimator, self.add_to_reward = estimator, add_to_reward
         self.gen_from_info = provides_key(env, gen_key)
+        # What KLComputation records as its constructor arguments.
+        self.arguments = {
+            "gen_key": gen_key,
+            "ref_key": ref_key,
+            "coef": coef,
+            "estimator": estimator,
+            "add_to_reward": add_to_reward,
+            "kl_key": kl_key,
+            "kl_controller": kl_controller,
+        }
 
     def action_log_probs(self, actions: Sequence[Any]) -> list[np.ndarray] | None:
         """The generator's log-probs carried by the actions, unless an inner wrapper supplies

@@ -13,6 +13,7 @@ with ``generate=False``, or ``llm_gym.distributed.RayLogProbModel``.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import gymnasium as gym
@@ -97,35 +98,30 @@ class KLComputation(gym.Wrapper, gym.utils.RecordConstructorArgs):
         kl_key: str = "kl",
         kl_controller: KLController | None = None,
     ) -> None:
-        gym.utils.RecordConstructorArgs.__init__(
-            self,
-            _disable_deepcopy=True,
-            gen_key=gen_key,
-            ref_key=ref_key,
-            coef=coef,
-            estimator=estimator,
-            add_to_reward=add_to_reward,
-            kl_key=kl_key,
-            kl_controller=kl_controller,
-        )
         # Checks the settings before anything changes.
         self.charge = KLCharge(
             env, gen_key, ref_key, coef, estimator, add_to_reward, kl_key, kl_controller
         )
+        self.kl_coefficient = self.charge.coefficient
+        gym.utils.RecordConstructorArgs.__init__(
+            self, _disable_deepcopy=True, **self.charge.arguments
+        )
         gym.Wrapper.__init__(self, env)
 
+    # KLComputation, its vector version and TokenKLWrapper share these accessors: each keeps
+    # its coefficient in self.kl_coefficient.
     @property
     def kl_controller(self) -> KLController:
-        return self.charge.coefficient.controller
+        return self.kl_coefficient.controller
 
     @property
     def coef(self) -> float:
-        return self.charge.coefficient.coef
+        return self.kl_coefficient.coef
 
     def update_kl_coef(self) -> float:
         """Update the coefficient from the KL rewards (``-kl_penalty``) of the steps since the
         last update, and return it. Call it at your update point, e.g. after each batch."""
-        return self.charge.coefficient.update()
+        return self.kl_coefficient.update()
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         gens = self.charge.action_log_probs([action])
@@ -143,9 +139,9 @@ class RetrieveKL(KLComputation):
     ``KLComputation``, in one wrapper.
 
     ``gen_model`` may be omitted when the actions are Responses that carry their log-probs
-    (what ``TransformersPolicy`` returns). ``assistant_only`` as ``RetrieveLogProb``; the
-    other keyword arguments (``coef``, ``estimator``, ``add_to_reward``, ``kl_key``,
-    ``kl_controller``) as ``KLComputation``.
+    (what ``TransformersPolicy`` returns). ``assistant_only`` as ``RetrieveLogProb``;
+    ``kl_options`` are ``KLComputation``'s arguments (``gen_key``, ``ref_key``, ``coef``,
+    ``estimator``, ``add_to_reward``, ``kl_key``, ``kl_controller``), its defaults included.
     """
 
     def __init__(
@@ -154,26 +150,26 @@ class RetrieveKL(KLComputation):
         gen_model: Any = None,
         ref_model: Any = None,
         *,
-        gen_key: str = "log_probs",
-        ref_key: str = "ref_log_probs",
         assistant_only: bool = True,
         **kl_options: Any,
     ) -> None:
+        models = {"gen_model": gen_model, "ref_model": ref_model, "assistant_only": assistant_only}
         gym.utils.RecordConstructorArgs.__init__(
-            self,
-            _disable_deepcopy=True,
-            gen_model=gen_model,
-            ref_model=ref_model,
-            gen_key=gen_key,
-            ref_key=ref_key,
-            assistant_only=assistant_only,
-            **kl_options,
+            self, _disable_deepcopy=True, **models, **kl_options
         )
         check_pair(gen_model, ref_model)
+        keys = _KL_DEFAULTS | kl_options  # where the retrievers write what KLComputation reads
         if gen_model is not None:
-            env = RetrieveLogProb(env, gen_model, key=gen_key, assistant_only=assistant_only)
-        env = RetrieveLogProb(env, ref_model, key=ref_key, assistant_only=assistant_only)
-        super().__init__(env, gen_key=gen_key, ref_key=ref_key, **kl_options)
+            env = RetrieveLogProb(env, gen_model, keys["gen_key"], assistant_only)
+        env = RetrieveLogProb(env, ref_model, keys["ref_key"], assistant_only)
+        super().__init__(env, **kl_options)
+
+
+_KL_DEFAULTS = {
+    name: parameter.default
+    for name, parameter in inspect.signature(KLComputation).parameters.items()
+    if parameter.default is not inspect.Parameter.empty
+}
 
 
 class KLRewardWrapper(RetrieveKL):

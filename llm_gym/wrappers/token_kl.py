@@ -16,9 +16,10 @@ import torch
 
 from llm_gym.envs.tokens import TokenEnv
 from llm_gym.lm import next_token_log_probs
-from llm_gym.wrappers._charges import KLCoefficient
+from llm_gym.wrappers._charges import KLCoefficient, check_estimator
 from llm_gym.wrappers.controllers import KLController
-from llm_gym.wrappers.estimators import ESTIMATORS, kl_estimate
+from llm_gym.wrappers.estimators import kl_estimate
+from llm_gym.wrappers.kl import KLComputation
 
 __all__ = ["TokenKLWrapper"]
 
@@ -98,9 +99,8 @@ class TokenKLWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
                     f"{name}'s LM head has {head.weight.shape[0]} outputs, fewer than the "
                     f"env's {vocab} tokens: model and tokenizer do not match"
                 )
-        if estimator not in ESTIMATORS:
-            raise ValueError(f"estimator must be one of {sorted(ESTIMATORS)}, got {estimator!r}")
-        self._coefficient = KLCoefficient(coef, kl_controller)
+        check_estimator(estimator)
+        self.kl_coefficient = KLCoefficient(coef, kl_controller)
         allowed = None
         if allowed_token_ids is not None:
             ids = [int(i) for i in allowed_token_ids]
@@ -117,18 +117,9 @@ class TokenKLWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         self._allowed = allowed
         self._obs: dict[str, np.ndarray] | None = None
 
-    @property
-    def kl_controller(self) -> KLController:
-        return self._coefficient.controller
-
-    @property
-    def coef(self) -> float:
-        return self._coefficient.coef
-
-    def update_kl_coef(self) -> float:
-        """Update the coefficient from the KL rewards (``-kl_penalty``) of the steps since the
-        last update, and return it."""
-        return self._coefficient.update()
+    kl_controller = KLComputation.kl_controller
+    coef = KLComputation.coef
+    update_kl_coef = KLComputation.update_kl_coef
 
     def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
         obs, info = self.env.reset(**kwargs)
@@ -148,7 +139,7 @@ class TokenKLWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         obs, reward, terminated, truncated, info = self.env.step(action)
         kl = float(kl_estimate(np.array([gen]), np.array([ref]), self.estimator)[0])
         penalty = self.coef * kl
-        self._coefficient.kl_rewards.append(-penalty)
+        self.kl_coefficient.kl_rewards.append(-penalty)
         self._obs = obs
         info = {**info, "log_prob": gen, "ref_log_prob": ref, "kl": kl, "kl_penalty": penalty}
         if self.add_to_reward:

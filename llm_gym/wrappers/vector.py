@@ -82,11 +82,11 @@ class KLComputation(VectorWrapper, gym.utils.RecordConstructorArgs):
 
     def __init__(self, env: VectorEnv, *args: Any, **kwargs: Any) -> None:
         named = _arguments(single.KLComputation, env, args, kwargs)
-        gym.utils.RecordConstructorArgs.__init__(self, _disable_deepcopy=True, **named)
         self.charge = KLCharge(env, **named)
+        self.kl_coefficient = self.charge.coefficient
+        gym.utils.RecordConstructorArgs.__init__(self, _disable_deepcopy=True, **named)
         VectorWrapper.__init__(self, env)
 
-    # The single-env accessors: both versions keep their settings in self.charge.
     kl_controller = single.KLComputation.kl_controller
     coef = single.KLComputation.coef
     update_kl_coef = single.KLComputation.update_kl_coef
@@ -115,9 +115,10 @@ class RetrieveKL(KLComputation):
         gen_model, ref_model = named.pop("gen_model"), named.pop("ref_model")
         assistant_only = named.pop("assistant_only")
         check_pair(gen_model, ref_model)
+        keys = single._KL_DEFAULTS | named
         if gen_model is not None:
-            env = RetrieveLogProb(env, gen_model, named["gen_key"], assistant_only)
-        env = RetrieveLogProb(env, ref_model, named["ref_key"], assistant_only)
+            env = RetrieveLogProb(env, gen_model, keys["gen_key"], assistant_only)
+        env = RetrieveLogProb(env, ref_model, keys["ref_key"], assistant_only)
         super().__init__(env, **named)
 
 
