@@ -176,7 +176,8 @@ def test_stuck_then_killed_actor_raises_instead_of_hanging(cluster):
 
 def test_factory_that_does_not_score_fails_at_start(cluster):
     with pytest.raises(
-        RuntimeError, match="(?s)died: .*must score responses: a TransformersPolicy with generate=False"
+        RuntimeError,
+        match="(?s)died: .*must score responses: a TransformersPolicy with generate=Fa",
     ):
         RayLogProbModel(make_generating_policy, num_cpus=0.5, timeout=60)
 

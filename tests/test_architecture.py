@@ -1,0 +1,252 @@
+"""The seams: a free import, tasks as data plus a reward, the scorer protocol, one signature
+for single-env and vector KL wrappers, the token env over any task, the info stacker."""
+
+import inspect
+import json
+import subprocess
+import sys
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+import llm_gym
+from llm_gym.envs import DatasetChatEnv, TaskScore
+from llm_gym.envs.vector import batch_infos
+from llm_gym.lm import forward_logits, keeps_logits
+from llm_gym.models import tiny_model
+from llm_gym.scorer import check_scorer, is_scorer, response_log_probs
+from llm_gym.wrappers import kl as single_kl
+from llm_gym.wrappers import vector as vector_kl
+
+HEAVY = ("torch", "transformers", "datasets")
+ROWS = [{"q": "2+2?", "a": "4"}, {"q": "3+3?", "a": "6"}]
+
+
+def loaded_after(code: str) -> list[str]:
+    report = f"import json, sys\nprint(json.dumps([m for m in {HEAVY} if m in sys.modules]))"
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"{code}\n{report}",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_import_llm_gym_loads_nothing_heavy():
+    assert loaded_after("import llm_gym") == []
+    # A chat env without a tokenizer needs none of them either, through gym.make and a step.
+    code = "import gymnasium as gym, llm_gym\nenv = gym.make('LLMChat-v0', query='hi')\n"
+    assert loaded_after(code + "env.reset(seed=0); env.step('x')") == []
+    # Names load on first use, and unknown ones fail as attributes do.
+    assert "torch" in loaded_after("import llm_gym\nllm_gym.TransformersPolicy")
+    with pytest.raises(AttributeError, match="module 'llm_gym' has no attribute 'Nope'"):
+        llm_gym.Nope  # noqa: B018
+
+
+# -- tasks as data plus a reward -------------------------------------------------------
+
+
+def exact_match(response, sample):
+    right = response.strip() == sample["a"]
+    return float(right), {"expected": sample["a"]}
+
+
+def test_reward_value_scores_each_step_with_its_sample():
+    env = DatasetChatEnv(ROWS, field_map={"q": "query"}, reward=exact_match, shuffle=False)
+    obs, info = env.reset(seed=0)
+    assert obs["history"][-1]["content"] == "2+2?" and info == {"a": "4"}
+    obs, reward, terminated, truncated, info = env.step(" 4 ")
+    assert (reward, terminated, truncated, info) == (1.0, True, False, {"expected": "4"})
+    env.reset()
+    assert env.step("5")[1:] == (0.0, True, False, {"expected": "6"})
+
+
+def test_answered_decides_the_end_of_a_multi_turn_episode():
+    def only_numbers_answer(response, sample):
+        answered = response.isdigit()
+        return TaskScore(float(response == sample["a"]), {"n": len(response)}, answered)
+
+    env = DatasetChatEnv(
+        ROWS, field_map={"q": "query"}, reward=only_numbers_answer, shuffle=False, max_turns=3
+    )
+    env.reset(seed=0)
+    assert env.step("let me think")[1:] == (0.0, False, False, {"n": 12})
+    assert env.step("4")[1:] == (1.0, True, False, {"n": 1})
+    env.reset()
+    # A plain (reward, info) pair counts as an answer.
+    plain = DatasetChatEnv(ROWS, field_map={"q": "query"}, reward=exact_match, max_turns=3)
+    plain.reset(seed=0)
+    assert plain.step("no")[2] is True
+
+
+def test_bad_reward_arguments_and_results_are_named():
+    with pytest.raises(TypeError, match="reward must be a function reward\\(response_text, "):
+        DatasetChatEnv(ROWS, field_map={"q": "query"}, reward="exact")
+    with pytest.raises(TypeError, match="takes its queries from the dataset, got query="):
+        DatasetChatEnv(ROWS, field_map={"q": "query"}, query="hi")
+    env = DatasetChatEnv(ROWS, field_map={"q": "query"}, reward=lambda r, s: 1.0)
+    env.reset(seed=0)
+    with pytest.raises(
+        TypeError, match="reward must return \\(reward, info\\) or a TaskScore, got "
+    ):
+        env.step("4")
+
+
+def test_gsm8k_is_a_dataset_env_with_the_gsm8k_task():
+    rows = [{"question": "9*2?", "answer": "9*2=18\n#### 18"}]
+    env = gym.make("LLMChat-GSM8K-v0", dataset=rows, max_turns=2)
+    assert type(env.unwrapped) is DatasetChatEnv
+    env.reset(seed=0)
+    # No answer: the episode goes on; a wrong answer ends it with TorchRL's 0.1.
+    assert env.step("<think>hmm</think>")[1:3] == (0.0, False)
+    assert env.step("<answer>17</answer>")[1:3] == (0.1, True)
+    custom = gym.make("LLMChat-GSM8K-v0", dataset=rows, system_prompt="Answer.")
+    assert custom.reset(seed=0)[0]["history"][0] == {"role": "system", "content": "Answer."}
+
+
+# -- the scorer protocol ---------------------------------------------------------------
+
+
+class EchoScorer:
+    """Scores every response token -1.0; counts the calls."""
+
+    generate = False
+
+    def __init__(self, outputs=None):
+        self.calls, self.outputs = [], outputs
+
+    def __call__(self, obs, responses=None, *, response_only=False):
+        self.calls.append(response_only)
+        batch = responses if isinstance(responses, list) else [responses]
+        outs = [
+            type("Out", (), {"log_probs": llm_gym.LogProbs(response=-np.ones(len(r.tokens)))})
+            for r in batch
+        ]
+        outs = outs if self.outputs is None else outs[: self.outputs]
+        return outs if isinstance(responses, list) else outs[0]
+
+
+def test_scorer_protocol_and_its_one_validation():
+    scorer = EchoScorer()
+    assert is_scorer(scorer) and check_scorer(scorer, "ref_model") is scorer
+    model = tiny_model(vocab_size=16)
+    assert not is_scorer(model)  # a transformers model's generate is a method
+    generating = type("G", (), {"generate": True, "__call__": lambda self, *a, **k: None})()
+    with pytest.raises(ValueError, match="ref_model must score responses: .* got G in generate"):
+        check_scorer(generating, "ref_model")
+    with pytest.raises(ValueError, match="gen_model must score responses: .* got int in not a"):
+        check_scorer(3, "gen_model")
+    padded = EchoScorer()
+    padded.pad_output = True
+    with pytest.raises(ValueError, match="model must return one unpadded output .*pad_output=True"):
+        check_scorer(padded, "model")
+
+
+def test_response_log_probs_asks_for_the_response_only_and_checks_the_count():
+    responses = [llm_gym.Response("ab", [1, 2]), llm_gym.Response("c", [3])]
+    scorer = EchoScorer()
+    got = response_log_probs(scorer, {"tokens": ([0], [0])}, responses, batched=True)
+    assert [g.tolist() for g in got] == [[-1.0, -1.0], [-1.0]] and got[0].dtype == np.float32
+    assert scorer.calls == [True]
+    with pytest.raises(ValueError, match="returned 1 outputs for 2 responses"):
+        response_log_probs(EchoScorer(outputs=1), {}, responses, batched=True)
+
+
+# -- one signature for the single-env and vector KL wrappers ---------------------------
+
+
+@pytest.mark.parametrize(
+    "name", ["RetrieveLogProb", "KLComputation", "RetrieveKL", "KLRewardWrapper"]
+)
+def test_vector_wrappers_take_the_single_env_signature(name):
+    single, vector = getattr(single_kl, name), getattr(vector_kl, name)
+    assert inspect.signature(vector) == inspect.signature(single)
+
+
+def test_vector_wrapper_arguments_fail_and_record_as_the_single_env_ones():
+    rows = [{"query": "hi"}, {"query": "yo"}]
+    envs = llm_gym.DatasetChatVectorEnv(DatasetChatEnv(rows), 2)
+    scorer = EchoScorer()
+    with pytest.raises(TypeError, match="unexpected keyword argument 'cof'"):
+        vector_kl.KLRewardWrapper(envs, scorer, cof=0.1)
+    with pytest.raises(ValueError, match="estimator must be one of \\['k1', 'k2', 'k3'\\]"):
+        vector_kl.KLRewardWrapper(envs, scorer, estimator="k9")
+    wrapped = vector_kl.KLRewardWrapper(envs, scorer, 0.3, estimator="k3")
+    assert wrapped._saved_kwargs == {"ref_model": scorer, "coef": 0.3, "estimator": "k3"}
+    assert (wrapped.coef, wrapped.charge.estimator, wrapped.charge.ref_key) == (
+        0.3,
+        "k3",
+        "ref_log_probs",
+    )
+
+
+def test_retrieve_kl_passes_its_keys_to_the_retrievers():
+    env = single_kl.RetrieveKL(
+        llm_gym.ChatEnv(query="hi"), None, EchoScorer(), ref_key="theirs", coef=0.5
+    )
+    assert env.env.log_prob_key == "theirs" and env.charge.ref_key == "theirs"
+    obs, _ = env.reset(seed=0)
+    _, reward, _, _, info = env.step(llm_gym.Response("x", [5, 6], [-0.5, -0.5]))
+    # k1 = log p - log q = -0.5 - (-1.0) per token; penalty 0.5 * (0.5 + 0.5).
+    assert info["theirs"].tolist() == [-1.0, -1.0] and reward == pytest.approx(-0.5)
+
+
+# -- the token env over any registered task ---------------------------------------------
+
+
+def test_token_env_splits_its_arguments_from_the_task(gpt2_tokenizer):
+    rows = [{"question": "9*2?", "answer": "#### 18"}]
+    env = gym.make(
+        "LLMToken-GSM8K-v0",
+        tokenizer=gpt2_tokenizer,
+        max_new_tokens=3,
+        max_prompt_length=160,
+        dataset=rows,
+        repeats=2,
+    )
+    assert env.unwrapped.max_new_tokens == 3 and env.unwrapped.length == 163
+    assert env.unwrapped.task_env.unwrapped.repeats == 2
+    with pytest.raises(TypeError, match="token-level LLMChat-GSM8K-v0 sets max_turns itself"):
+        gym.make("LLMToken-GSM8K-v0", tokenizer=gpt2_tokenizer, dataset=rows, max_turns=2)
+
+
+# -- lm and info stacking ----------------------------------------------------------------
+
+
+def test_forward_logits_keeps_the_last_positions_with_or_without_logits_to_keep():
+    model = tiny_model(vocab_size=32)
+    ids = torch.tensor([[0, 0, 5, 6, 7], [1, 2, 3, 4, 5]])
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]], dtype=torch.bool)
+    assert keeps_logits(model)
+    full = forward_logits(model, ids, mask)
+    assert full.shape == (2, 5, 32)
+    torch.testing.assert_close(forward_logits(model, ids, mask, keep=2), full[:, -2:])
+
+    class NoKeep(torch.nn.Module):  # a forward without logits_to_keep: sliced afterwards
+        def __init__(self):
+            super().__init__()
+            self.inner = model
+
+        def forward(self, input_ids, attention_mask, position_ids, use_cache):
+            return self.inner(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                use_cache=use_cache,
+            )
+
+    assert not keeps_logits(NoKeep())
+    torch.testing.assert_close(forward_logits(NoKeep(), ids, mask, keep=2), full[:, -2:])
+
+
+def test_batch_infos_keeps_ragged_arrays_per_env():
+    info = batch_infos([{"kl": np.zeros(3, np.float32), "p": 0.5}, {"kl": np.ones(1), "p": 1.5}])
+    assert info["kl"].dtype == object and [a.shape for a in info["kl"]] == [(3,), (1,)]
+    assert info["p"].tolist() == [0.5, 1.5] and info["_kl"].tolist() == [True, True]
