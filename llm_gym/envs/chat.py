@@ -29,7 +29,7 @@ class ChatEnv(gym.Env):
     The Gymnasium form of TorchRL's ``ChatEnv``. Each episode starts from a user query
     (optionally after a system prompt); each action is the assistant's reply, which is appended
     to the conversation, and the conversation so far becomes the next prompt. ``ChatEnv`` gives
-    no reward itself: tasks subclass it (see ``DatasetChatEnv``) or wrappers add one.
+    no reward itself: ``DatasetChatEnv`` scores with a task's reward, or wrappers add one.
 
     ## Action Space
 
@@ -52,7 +52,7 @@ class ChatEnv(gym.Env):
 
     ## Rewards
 
-    Always ``0.0``; subclasses score the response.
+    Always ``0.0`` (``DatasetChatEnv`` takes a task's reward).
 
     ## Starting State
 
