@@ -79,6 +79,10 @@ class ChatEnv(gym.Env):
     - ``max_turns``: assistant turns per episode, or ``None`` for no limit.
     - ``observation_keys``: which of history/text/tokens to expose (text/tokens need a tokenizer).
     - ``max_text_length``: length limit of the text spaces.
+    - ``assistant_prefix``: text that starts every assistant turn (e.g. ``"<think>"``): the
+      text and tokens prompts end with it, so the policy's tokens continue it; the turn in
+      the history and the text scored are the prefix plus the response. Text and tokens
+      modes only (a history observation cannot hold a started turn).
 
     ## Version History
 
@@ -112,6 +116,7 @@ class ChatEnv(gym.Env):
         max_turns: int | None = None,
         observation_keys: tuple[str, ...] | list[str] | None = None,
         max_text_length: int = MAX_TEXT_LENGTH,
+        assistant_prefix: str = "",
         render_mode: str | None = None,
     ) -> None:
         if input_mode not in INPUT_MODES:
@@ -128,6 +133,16 @@ class ChatEnv(gym.Env):
             )
         if max_turns is not None and (not isinstance(max_turns, int) or max_turns < 1):
             raise ValueError(f"max_turns must be None or an int >= 1, got {max_turns!r}")
+        if not isinstance(assistant_prefix, str):
+            raise TypeError(
+                f"assistant_prefix must be a str, got {type(assistant_prefix).__name__}"
+            )
+        if assistant_prefix and input_mode == "history":
+            raise ValueError(
+                "assistant_prefix needs input_mode 'text' or 'tokens' (a history observation "
+                f"cannot hold a started assistant turn), got input_mode='history' and "
+                f"assistant_prefix={assistant_prefix!r}"
+            )
         if query is not None and not isinstance(query, str):
             raise TypeError(f"query must be a str or None, got {type(query).__name__}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
@@ -142,6 +157,7 @@ class ChatEnv(gym.Env):
         self.tokenizer = tokenizer
         self.template_kwargs = dict(template_kwargs or {})
         self.max_turns = max_turns
+        self.assistant_prefix = assistant_prefix
         self.render_mode = render_mode
 
         key_spaces: dict[str, spaces.Space] = {
@@ -166,6 +182,7 @@ class ChatEnv(gym.Env):
         self._rendered: str | None = None  # the chat template's rendering of _history
         self._text: str | None = None
         self._tokens: np.ndarray | None = None
+        self._prefix_ids: np.ndarray | None = None  # assistant_prefix's tokens, when needed
         self._turn = 0
 
     # -- episode -----------------------------------------------------------------------
@@ -188,7 +205,7 @@ class ChatEnv(gym.Env):
         content = _strip_end_of_turn(response.text)
         self._append_response(content, response.tokens)
         self._turn += 1
-        reward, terminated, info = self._score(content)
+        reward, terminated, info = self._score(self.assistant_prefix + content)
         truncated = False
         if self.max_turns is not None and self._turn >= self.max_turns and not terminated:
             if self.max_turns == 1:
@@ -261,32 +278,48 @@ class ChatEnv(gym.Env):
 
     def _set_prompt(self, history: History) -> None:
         rendered = self._render(history) if self._needs_render() else None
-        self._history, self._rendered, self._text = history, rendered, rendered
-        self._tokens = self._encode(rendered) if "tokens" in self.observation_keys else None
+        self._history, self._rendered = history, rendered
+        self._text = None if rendered is None else rendered + self.assistant_prefix
+        self._tokens = None
+        if "tokens" in self.observation_keys:
+            self._tokens = np.concatenate([self._encode(rendered), self._prefix_tokens()])
+
+    def _prefix_tokens(self) -> np.ndarray:
+        # The assistant's turn starts with the prefix, so every prompt ends with its tokens.
+        if self._prefix_ids is None:
+            prefix = self.assistant_prefix
+            self._prefix_ids = self._encode(prefix) if prefix else np.zeros(0, dtype=np.int64)
+        return self._prefix_ids
 
     def _append_response(self, content: str, tokens: np.ndarray | None) -> None:
-        history = self._history.copy().append({"role": self.policy_role, "content": content})
+        # The turn holds the prefix the prompt started it with, then the response.
+        prefix = self.assistant_prefix
+        turn = prefix + content
+        history = self._history.copy().append({"role": self.policy_role, "content": turn})
         if not self._needs_render():
             self._history = history
             return
         if self._closing is not None:  # a built-in template: the turn closes the same way
             closing = self._closing
-            rendered = self._rendered + content + closing
+            rendered = self._rendered + turn + closing
         else:
             rendered = self._render(history)
-            body = self._rendered + content
+            body = self._rendered + turn
             # The template closes the turn (and opens the next); that text is all the prompt
             # gains beyond the response itself, so the response is never re-tokenized.
             closing = rendered[len(body) :] if rendered.startswith(body) else None
             if closing is not None and self._fixed_closing:
                 self._closing = closing
         # A template that rewrites earlier turns (closing None): only the full rendering is right.
-        self._text = rendered if closing is None else self._text + content + closing
+        if closing is None:
+            self._text = rendered + prefix
+        else:
+            self._text = self._text + content + closing + prefix
         if self._tokens is not None:
             if tokens is None:
                 tokens = self._encode(content)
             if closing is None:
-                self._tokens = self._encode(rendered)
+                self._tokens = np.concatenate([self._encode(rendered), self._prefix_tokens()])
             else:
                 # An end-of-turn string spans a few tokens at most: decode only the tail.
                 sampled = self.tokenizer.decode(tokens[-16:].tolist(), skip_special_tokens=False)
@@ -296,7 +329,8 @@ class ChatEnv(gym.Env):
                         break
                 if closing not in self._closing_ids:
                     self._closing_ids[closing] = self._encode(closing)
-                self._tokens = np.concatenate([self._tokens, tokens, self._closing_ids[closing]])
+                parts = [self._tokens, tokens, self._closing_ids[closing], self._prefix_tokens()]
+                self._tokens = np.concatenate(parts)
         self._history, self._rendered = history, rendered
 
     def check_action(self, action: Any) -> Response:

@@ -21,6 +21,7 @@ from llm_gym.envs.data_sources import (
     is_iterable_dataset,
     load_records,
 )
+from llm_gym.envs.procedural import ProceduralSource
 
 __all__ = ["DatasetChatEnv", "QUERY_KEY", "TaskReward", "TaskScore"]
 
@@ -169,7 +170,7 @@ class DatasetChatEnv(ChatEnv):
         self.group_repeats = group_repeats
         self.field_map = field_map
         self.seed = seed
-        if isinstance(dataset, (IndexedSource, IterableSource)):
+        if isinstance(dataset, (IndexedSource, IterableSource, ProceduralSource)):
             self._source = dataset
         elif is_iterable_dataset(dataset):
             self._source = IterableSource(dataset)
@@ -206,9 +207,29 @@ class DatasetChatEnv(ChatEnv):
     # -- data ------------------------------------------------------------------------------
 
     @property
-    def source(self) -> IndexedSource | IterableSource:
+    def source(self) -> IndexedSource | IterableSource | ProceduralSource:
         """Where the samples come from (shared with the forks of this env)."""
         return self._source
+
+    @property
+    def level(self) -> int | None:
+        """The difficulty level of the next samples; None for data without levels."""
+        return getattr(self._source, "level", None)
+
+    @property
+    def num_levels(self) -> int | None:
+        """How many levels the task has (``0 .. num_levels - 1``); None without levels."""
+        return getattr(self._source, "num_levels", None)
+
+    def set_level(self, level: int) -> None:
+        """Draw the next samples at ``level`` (a procedural task's difficulty). The current
+        sample's remaining repeats keep theirs, so a GRPO group is never split."""
+        if self.num_levels is None:
+            raise ValueError(
+                "this task has no difficulty levels: its data is a fixed dataset, not a "
+                "procedural generator"
+            )
+        self._source.set_level(level)
 
     @property
     def sample(self) -> dict[str, Any] | None:

@@ -146,6 +146,16 @@ class DatasetChatVectorEnv(VectorEnv):
         self._episode = [-1] * self.num_envs
         return self
 
+    @property
+    def level(self) -> int | None:
+        """The task's difficulty level (None for data without levels)."""
+        return self.envs[0].level
+
+    def set_level(self, level: int) -> None:
+        """Draw the next samples of every sub-env and group at ``level``: their sources are
+        forks of one procedural source, which share the level."""
+        self.envs[0].set_level(level)
+
     # -- internals ----------------------------------------------------------------------
 
     def _autoreset(self, i: int) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -25,6 +25,7 @@ __all__ = [
     "MODES",
     "AnswerScore",
     "check_answer_format",
+    "completion_text",
     "extract_answer",
     "extract_tags",
     "score_answer",
@@ -189,6 +190,26 @@ def score_answer(
         reward_right=float(right),
         reward=float(right),
         success=grade_value >= 1.0,
+    )
+
+
+def completion_text(completion: Any) -> str:
+    """The text a TRL completion holds: a string, or the last assistant message's content."""
+    # TRL passes plain strings, or for conversational data the generated messages; with
+    # tool calls there may be several, and the last assistant turn holds the final answer.
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, (list, tuple)) and all(isinstance(m, dict) for m in completion):
+        turns = [m for m in completion if m.get("role", "assistant") == "assistant"]
+        if not turns:
+            roles = [m.get("role") for m in completion]
+            raise ValueError(f"completion must hold an assistant message, got roles {roles}")
+        content = turns[-1].get("content")
+        if isinstance(content, list):  # multimodal parts: keep the text ones
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        return content if isinstance(content, str) else ""
+    raise TypeError(
+        f"completion must be a str or a list of message dicts, got {type(completion).__name__}"
     )
 
 

@@ -21,6 +21,7 @@ from llm_gym.rewards.answers import (
     check_answer_format,
     check_reward,
     check_str,
+    completion_text,
     extract_answer,
     extract_tags,
     score_answer,
@@ -139,7 +140,7 @@ class GSM8KReward:
                     f"got {len(completions)} and {len(answer)}"
                 )
             pairs = zip(completions, answer, strict=True)
-            return [self(_completion_text(c), a).reward for c, a in pairs]
+            return [self(completion_text(c), a).reward for c, a in pairs]
 
         reward_func.__name__ = reward_func.__qualname__ = f"gsm8k_{self.mode}_reward"
         return reward_func
@@ -160,25 +161,6 @@ def gsm8k_reward_func(
     [1.0]
     """
     return _DEFAULT_FUNC(prompts, completions, answer, **kwargs)
-
-
-def _completion_text(completion: Any) -> str:
-    # TRL passes plain strings, or for conversational data the generated messages; with
-    # tool calls there may be several, and the last assistant turn holds the final answer.
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, (list, tuple)) and all(isinstance(m, dict) for m in completion):
-        turns = [m for m in completion if m.get("role", "assistant") == "assistant"]
-        if not turns:
-            roles = [m.get("role") for m in completion]
-            raise ValueError(f"completion must hold an assistant message, got roles {roles}")
-        content = turns[-1].get("content")
-        if isinstance(content, list):  # multimodal parts: keep the text ones
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-        return content if isinstance(content, str) else ""
-    raise TypeError(
-        f"completion must be a str or a list of message dicts, got {type(completion).__name__}"
-    )
 
 
 _DEFAULT_FUNC = GSM8KReward().as_reward_func()
