@@ -78,6 +78,11 @@ _register(
     vector_entry_point="llm_gym.tasks.countdown:make_countdown_vector_env",
 )
 _register(
+    "LLMChat-ReasoningGym-v0",
+    entry_point="llm_gym.tasks.reasoning_gym:make_reasoning_gym_env",
+    vector_entry_point="llm_gym.tasks.reasoning_gym:make_reasoning_gym_vector_env",
+)
+_register(
     "LLMToken-GSM8K-v0",
     entry_point="llm_gym.envs.tokens:make_token_env",
     kwargs={"task": "LLMChat-GSM8K-v0", "max_new_tokens": 256, "max_prompt_length": 512},
