@@ -83,6 +83,11 @@ _register(
     vector_entry_point="llm_gym.tasks.reasoning_gym:make_reasoning_gym_vector_env",
 )
 _register(
+    "LLMChat-MATH-v0",
+    entry_point="llm_gym.tasks.math:make_math_env",
+    vector_entry_point="llm_gym.tasks.math:make_math_vector_env",
+)
+_register(
     "LLMToken-GSM8K-v0",
     entry_point="llm_gym.envs.tokens:make_token_env",
     kwargs={"task": "LLMChat-GSM8K-v0", "max_new_tokens": 256, "max_prompt_length": 512},

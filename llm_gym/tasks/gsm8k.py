@@ -11,13 +11,14 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
-from llm_gym.envs.data_sources import load_hub_dataset, load_local_dataset
 from llm_gym.envs.dataset import DatasetChatEnv, TaskScore
 from llm_gym.envs.vector import DatasetChatVectorEnv
 from llm_gym.rewards.gsm8k import GSM8KReward
+from llm_gym.rewards.answers import check_answer_format
+from llm_gym.tasks._splits import SPLITS, load_split
+from llm_gym.tasks.formats import system_prompt
 
 __all__ = [
     "GSM8K_ENV_VAR",
@@ -31,7 +32,6 @@ __all__ = [
 
 GSM8K_HUB_ID, GSM8K_CONFIG = "openai/gsm8k", "main"
 GSM8K_ENV_VAR = "LLM_GYM_GSM8K_PATH"
-SPLITS = ("train", "test")
 
 
 def load_gsm8k(split: str = "train", data_dir: str | os.PathLike[str] | None = None) -> Any:
@@ -40,73 +40,47 @@ def load_gsm8k(split: str = "train", data_dir: str | os.PathLike[str] | None = N
     From ``data_dir`` (a folder holding ``train.jsonl``/``test.jsonl``) if given, else from
     ``$LLM_GYM_GSM8K_PATH`` if set, else from the Hub's ``openai/gsm8k`` (config ``main``).
     """
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    if data_dir is not None:
-        origin = f"data_dir={str(data_dir)!r}"
-    elif os.environ.get(GSM8K_ENV_VAR):
-        data_dir, origin = (
-            os.environ[GSM8K_ENV_VAR],
-            f"${GSM8K_ENV_VAR}={os.environ[GSM8K_ENV_VAR]!r}",
-        )
-    if data_dir is not None:
-        path = Path(data_dir).expanduser() / f"{split}.jsonl"
-        if not path.is_file():
-            raise FileNotFoundError(
-                f"GSM8K's {split!r} split was not found: {origin} has no file {path.name} "
-                f"({path}). Point data_dir= or ${GSM8K_ENV_VAR} at a folder holding "
-                f"train.jsonl and test.jsonl, or leave both unset to load {GSM8K_HUB_ID!r} "
-                "from the Hugging Face Hub."
-            )
-        return load_local_dataset(path)
-    try:
-        return load_hub_dataset(GSM8K_HUB_ID, GSM8K_CONFIG, split)
-    except Exception as error:  # any Hub failure gets the same advice
-        raise FileNotFoundError(
-            f"GSM8K could not be loaded from the Hugging Face Hub ({GSM8K_HUB_ID!r}, config "
-            f"{GSM8K_CONFIG!r}): {str(error).rstrip('.')}. Offline, pass data_dir= (or set "
-            f"${GSM8K_ENV_VAR}) to "
-            "a folder holding train.jsonl and test.jsonl."
-        ) from error
+    return load_split("GSM8K", split, data_dir, GSM8K_ENV_VAR, GSM8K_HUB_ID, GSM8K_CONFIG)
 
 
-GSM8K_SYSTEM_PROMPT = (
-    "A conversation between User and Assistant. The user asks a question, and the "
-    "Assistant solves it.\nThe assistant first thinks about the reasoning process in the "
-    "mind and then provides the user with the answer.\nThe reasoning process and answer "
-    "are enclosed within <think></think> and <answer></answer> tags, respectively,\ni.e., "
-    "<think>reasoning process here</think> <answer>answer here</answer>. The answer "
-    "should be a number."
-)
+_DESCRIPTION = "The user asks a question, and the Assistant solves it."
+_HINT = "The answer should be a number."
+# TorchRL's GSM8KEnv.SYSTEM_PROMPT, word for word (the tests hold it against TorchRL's text).
+GSM8K_SYSTEM_PROMPT = system_prompt(_DESCRIPTION, "tags", _HINT)
 
 
 def _score(reward: GSM8KReward, response: str, sample: Mapping[str, Any]) -> TaskScore:
     answer = sample["answer"]
     score = reward(response, answer)
-    info = {  # not score.as_dict(): dataclasses.asdict deep-copies, 4x slower
-        "reward_answer": score.reward_answer,
-        "reward_think": score.reward_think,
-        "reward_right": score.reward_right,
-        "reward": score.reward,
-        "success": score.success,
-        "answer": answer,
-    }
+    info = score.info() | {"answer": answer}
     # A given answer, right or wrong, ends a multi-turn episode.
     return TaskScore(score.reward, info, answered=score.reward_answer > 0)
 
 
-def gsm8k_task(reward: GSM8KReward | None = None) -> dict[str, Any]:
+def gsm8k_task(
+    reward: GSM8KReward | None = None, answer_format: str | None = None
+) -> dict[str, Any]:
     """GSM8K's prompt, field map and reward, as ``DatasetChatEnv`` keyword arguments.
 
-    For GSM8K-format rows from any source, e.g. ``DatasetChatEnv.from_dataloader(loader,
-    **gsm8k_task())``; the reward is picklable, so async vector envs can take it.
+    ``answer_format`` picks the prompt and the reward's extraction (default: the reward's
+    mode, ``"tags"``). For GSM8K-format rows from any source, e.g.
+    ``DatasetChatEnv.from_dataloader(loader, **gsm8k_task())``; the reward is picklable, so
+    async vector envs can take it.
     """
     if reward is None:
-        reward = GSM8KReward()
+        reward = GSM8KReward(mode=check_answer_format(answer_format or "tags"))
     if not isinstance(reward, GSM8KReward):
         raise TypeError(f"reward must be a GSM8KReward, got {type(reward).__name__}")
+    if answer_format is not None and answer_format != reward.mode:
+        raise ValueError(
+            f"answer_format={answer_format!r} differs from reward.mode={reward.mode!r}: give "
+            "one of them"
+        )
+    prompt = GSM8K_SYSTEM_PROMPT
+    if reward.mode != "tags":
+        prompt = system_prompt(_DESCRIPTION, reward.mode, _HINT)
     return {
-        "system_prompt": GSM8K_SYSTEM_PROMPT,
+        "system_prompt": prompt,
         "field_map": {"question": "query"},
         "reward": functools.partial(_score, reward),
     }
@@ -118,6 +92,7 @@ def make_gsm8k_env(
     data_dir: str | os.PathLike[str] | None = None,
     dataset: Any = None,
     reward: GSM8KReward | None = None,
+    answer_format: str | None = None,
     **env_kwargs: Any,
 ) -> DatasetChatEnv:
     """GSM8K math word problems; the reward checks the number in the ``<answer>`` tag.
@@ -162,6 +137,8 @@ def make_gsm8k_env(
       ``$LLM_GYM_GSM8K_PATH``, else the Hub's ``openai/gsm8k``.
     - ``dataset``: any other data ``DatasetChatEnv`` accepts, with ``question``/``answer``.
     - ``reward``: a ``GSM8KReward`` (default: tags mode, 1.0 / 0.1 / 0.0).
+    - ``answer_format``: ``"tags"`` (TorchRL's prompt, default), ``"boxed"``, ``"hash"`` or
+      ``"last_number"``: the prompt asks for it and the reward extracts it.
     - ``env_kwargs``: ``DatasetChatEnv``'s other arguments (``shuffle``, ``seed``,
       ``repeats``, ``group_repeats``, ``system_prompt``, ``max_turns``, ``input_mode``,
       ``tokenizer``, ...).
@@ -187,7 +164,7 @@ def make_gsm8k_env(
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     if dataset is not None and data_dir is not None:
         raise ValueError("pass either dataset= or data_dir=, not both")
-    task = gsm8k_task(reward)
+    task = gsm8k_task(reward, answer_format)
     if env_kwargs.get("system_prompt", "") is None:
         del env_kwargs["system_prompt"]  # None: TorchRL's prompt, as before
     if dataset is None:

@@ -1,0 +1,125 @@
+"""MATH scoring, TorchRL's ``MATHRewardParser`` rules: ``math-verify`` equivalence of the
+answer and the solution's last ``\\boxed{}``, 1.0 / 0.1 / 0.0.
+
+``math-verify`` (the ``math`` extra; TorchRL and TRL use it) compares answers symbolically:
+``1/2``, ``0.5`` and ``\\frac{1}{2}`` are one answer. Without it, or when it fails, answers are
+compared as strings after TorchRL's normalization. An answer longer than
+``MAX_ANSWER_LENGTH`` is wrong unread, and math-verify's own timeouts apply in the main
+thread, so a hostile answer is scored fast.
+
+>>> math_equal("0.5", "\\\\frac{1}{2}")
+True
+>>> MATHReward(mode="boxed")(r"so \\boxed{\\dfrac12}", r"... \\boxed{\\frac{1}{2}}").success
+True
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from llm_gym.rewards.answers import (
+    AnswerScore,
+    check_answer_format,
+    check_reward,
+    check_str,
+    completion_text,
+    extract_answer,
+    score_answer,
+)
+
+__all__ = ["MAX_ANSWER_LENGTH", "MATHReward", "boxed_answer", "math_equal", "math_reward_func"]
+
+MAX_ANSWER_LENGTH = 512
+_TIMEOUT_S = 2
+
+
+def boxed_answer(solution: str) -> str:
+    """The content of a solution's last ``\\boxed{}``; the whole text, stripped, without one.
+
+    >>> boxed_answer(r"so $x = \\boxed{\\frac{1}{2}}$.")
+    '\\\\frac{1}{2}'
+    """
+    check_str("solution", solution)
+    boxed = extract_answer(solution, "boxed")
+    return solution.strip() if boxed is None else boxed
+
+
+def _normalize(s: str) -> str:
+    # TorchRL's _normalize_math.
+    for old in (" ", ",", "$", "\\left", "\\right", "\\!", "\\,", "\\;", "\\:"):
+        s = s.replace(old, "")
+    return s
+
+
+def math_equal(predicted: str, reference: str) -> bool:
+    """Whether two answers are mathematically the same (``math-verify``), or equal as
+    normalized strings when it is missing or cannot tell."""
+    check_str("predicted", predicted)
+    check_str("reference", reference)
+    if len(predicted) > MAX_ANSWER_LENGTH:
+        return False
+    try:
+        from math_verify import parse, verify
+    except ImportError:
+        return _normalize(predicted.strip()) == _normalize(reference.strip())
+    # math-verify times out with signal.alarm, which only the main thread may set.
+    timeout = _TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
+    try:
+        gold = parse(f"${reference}$", parsing_timeout=timeout)
+        guess = parse(f"${predicted}$", parsing_timeout=timeout)
+        if gold and guess and verify(gold, guess, timeout_seconds=timeout):
+            return True
+    except Exception:  # a parse or verify failure is a wrong answer, not a crash
+        pass
+    return _normalize(predicted.strip()) == _normalize(reference.strip())
+
+
+@dataclass(frozen=True)
+class MATHReward:
+    """MATH scoring settings, validated once. ``reference`` may be a whole solution (its
+    last ``\\boxed{}`` is the answer) or the answer itself."""
+
+    mode: str = "tags"
+    correct_reward: float = 1.0
+    format_reward: float = 0.1
+
+    def __post_init__(self) -> None:
+        check_answer_format(self.mode, "mode")
+        check_reward("correct_reward", self.correct_reward)
+        check_reward("format_reward", self.format_reward)
+
+    def __call__(self, response: str, reference: str) -> AnswerScore:
+        check_str("response", response)
+        truth = boxed_answer(reference)
+        return score_answer(
+            response,
+            self.mode,
+            lambda answer: math_equal(answer, truth),
+            correct_reward=self.correct_reward,
+            format_reward=self.format_reward,
+            numeric=False,
+        )
+
+
+def math_reward_func(
+    prompts: Any, completions: Sequence[Any], solution: Sequence[str], **kwargs: Any
+) -> list[float]:
+    """MATH reward for TRL's ``GRPOTrainer(reward_funcs=[math_reward_func])``: the dataset's
+    ``solution`` column arrives by name.
+
+    >>> math_reward_func(None, ["<answer>0.5</answer>"], solution=[r"\\boxed{\\frac12}"])
+    [1.0]
+    """
+    if len(completions) != len(solution):
+        raise ValueError(
+            "completions and solution must have the same length, got "
+            f"{len(completions)} and {len(solution)}"
+        )
+    pairs = zip(completions, solution, strict=True)
+    return [_DEFAULT(completion_text(c), s).reward for c, s in pairs]
+
+
+_DEFAULT = MATHReward()
