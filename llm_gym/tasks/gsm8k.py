@@ -15,8 +15,8 @@ from typing import Any
 
 from llm_gym.envs.dataset import DatasetChatEnv, TaskScore
 from llm_gym.envs.vector import DatasetChatVectorEnv
-from llm_gym.rewards.gsm8k import GSM8KReward
 from llm_gym.rewards.answers import check_answer_format
+from llm_gym.rewards.gsm8k import GSM8KReward
 from llm_gym.tasks._splits import SPLITS, load_split
 from llm_gym.tasks.formats import system_prompt
 
