@@ -1,15 +1,18 @@
-"""Gymnasium wrappers: KL rewards (single-env and vector), KL estimators and controllers."""
+"""Gymnasium wrappers: KL rewards (single-env and vector), KL estimators and controllers, and
+a difficulty curriculum."""
 
 from llm_gym.wrappers.controllers import (
     AdaptiveKLController,
     ConstantKLController,
     KLController,
 )
+from llm_gym.wrappers.curriculum import DifficultyCurriculum
 from llm_gym.wrappers.estimators import ESTIMATORS, kl_estimate
 from llm_gym.wrappers.kl import KLComputation, KLRewardWrapper, RetrieveKL, RetrieveLogProb
 from llm_gym.wrappers.token_kl import TokenKLWrapper
 
 __all__ = [
+    "DifficultyCurriculum",
     "RetrieveLogProb",
     "KLComputation",
     "RetrieveKL",
