@@ -18,6 +18,7 @@ True
 from __future__ import annotations
 
 import ast
+import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -44,6 +45,8 @@ __all__ = [
 # Longer answers are not expressions over a handful of numbers; refusing them bounds the
 # parse time whatever the model writes.
 MAX_EXPRESSION_LENGTH = 512
+# Decimal digits, the four operators, parentheses and spaces: no hex, exponent or "_" literals.
+_CHARACTERS = re.compile(r"[\d\s+\-*/()]*")
 _OPERATORS = {
     ast.Add: lambda a, b: a + b,
     ast.Sub: lambda a, b: a - b,
@@ -53,7 +56,7 @@ _OPERATORS = {
 
 
 def _parse(expression: str) -> ast.expr | None:
-    if len(expression) > MAX_EXPRESSION_LENGTH:
+    if len(expression) > MAX_EXPRESSION_LENGTH or not _CHARACTERS.fullmatch(expression):
         return None
     try:
         return ast.parse(expression.strip(), mode="eval").body
@@ -66,6 +69,8 @@ def _literals(node: ast.expr) -> list[int] | None:
     if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
         left, right = _literals(node.left), _literals(node.right)
         return None if left is None or right is None else left + right
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return _literals(node.operand)  # "-3 + 5" uses 3 and 5, as TorchRL's eval reads it
     if isinstance(node, ast.Constant) and type(node.value) is int and node.value >= 0:
         return [node.value]
     return None
@@ -74,11 +79,13 @@ def _literals(node: ast.expr) -> list[int] | None:
 def _value(node: ast.expr) -> Fraction:
     if isinstance(node, ast.BinOp):
         return _OPERATORS[type(node.op)](_value(node.left), _value(node.right))
+    if isinstance(node, ast.UnaryOp):
+        return -_value(node.operand)
     return Fraction(node.value)
 
 
 def evaluate(expression: str) -> Fraction | None:
-    """The exact value of an expression of non-negative integers, ``+ - * /`` and
+    """The exact value of an expression of decimal integers, ``+ - * /``, unary minus and
     parentheses; None for anything else (other operators, names, calls, a division by 0).
 
     >>> evaluate("7 / 2"), evaluate("2 ** 10"), evaluate("__import__('os')"), evaluate("1/0")
