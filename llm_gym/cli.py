@@ -8,16 +8,18 @@ gets a one-line ``llm-gym: error: ...`` and exit code 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import gymnasium as gym
 import torch
 import transformers
 
 import llm_gym
+from llm_gym.rewards.answers import ANSWER_FORMATS
 from llm_gym.runner import Rollout, RolloutConfig
 from llm_gym.wrappers import ESTIMATORS
 
@@ -50,6 +52,16 @@ def _number(kind: type, low: float, inclusive: bool = True) -> Callable[[str], i
     return parse
 
 
+def _env_arg(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.isidentifier():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value  # a plain string, e.g. task=leg_counting
+
+
 def llm_gym_env_ids() -> list[str]:
     """The environment ids llm_gym registers."""
     return sorted(
@@ -72,10 +84,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     defaults = RolloutConfig()
     add = rollout.add_argument
-    add("--env", default=defaults.env, help="registered env id (default: %(default)s)")
-    add("--split", default=defaults.split, help="data split (default: %(default)s)")
+    add("--env", default=defaults.env, help="registered env id (default: %(default)s, "
+        "procedural and offline; LLMChat-GSM8K-v0 with --split test for GSM8K)")  # fmt: skip
+    add("--env-arg", action="append", default=[], type=_env_arg, metavar="KEY=VALUE",
+        help="an env argument, repeatable; VALUE is read as JSON when it parses, e.g. "
+        "task=leg_counting, level=2, task_config='{\"max_terms\": 3}'")  # fmt: skip
+    add("--split", default=None, help="data split of dataset tasks (GSM8K, MATH)")
     add("--data-dir", default=None, help="folder with the task's data files "
         "(GSM8K: train.jsonl/test.jsonl; default: $LLM_GYM_GSM8K_PATH)")  # fmt: skip
+    add("--answer-format", choices=ANSWER_FORMATS, default=None,
+        help="the answer format the prompt asks for and the reward reads "
+        "(default: the env's)")  # fmt: skip
+    add("--curriculum", type=_number(int, 1), default=None, metavar="WINDOW",
+        help="move the task's level with the success rate over WINDOW episodes (tasks with "
+        "levels: Countdown, ReasoningGym)")  # fmt: skip
     add("--num-envs", type=_number(int, 1), default=defaults.num_envs)
     add("--episodes", type=_number(int, 1), default=defaults.episodes)
     add("--model", default=defaults.model, help="'default' (SmolLM2-135M-Instruct) or a folder")
@@ -103,8 +125,11 @@ def _prepare(args: argparse.Namespace) -> Rollout:
         raise ValueError(f"unknown env id {args.env!r}; known ids: {', '.join(known)}")
     config = RolloutConfig(
         env=args.env,
+        env_args=dict(args.env_arg),
         split=args.split,
         data_dir=args.data_dir,
+        answer_format=args.answer_format,
+        curriculum=args.curriculum or 0,
         num_envs=args.num_envs,
         episodes=args.episodes,
         model=args.model,

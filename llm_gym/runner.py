@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 
 from llm_gym.models import load_model
 from llm_gym.policies import TransformersPolicy
-from llm_gym.wrappers import vector as vector_kl
+from llm_gym.wrappers import vector as vector_wrappers
 
 __all__ = ["RolloutConfig", "Rollout", "Summary", "run_rollout", "make_envs", "EPISODES_FILE"]
 
@@ -35,9 +35,12 @@ PLOT_FILE = "rollout.png"
 class RolloutConfig:
     """What ``llm-gym rollout`` was asked to do (its command-line options)."""
 
-    env: str = "LLMChat-GSM8K-v0"
-    split: str | None = "test"
+    env: str = "LLMChat-ReasoningGym-v0"  # procedural and offline: runs anywhere
+    env_args: dict[str, Any] = field(default_factory=dict)
+    split: str | None = None
     data_dir: str | None = None
+    answer_format: str | None = None
+    curriculum: int = 0  # the window of the difficulty curriculum; 0: off
     num_envs: int = 8
     episodes: int = 64
     model: str = "default"
@@ -59,6 +62,7 @@ class Summary:
     format_rate: float
     mean_reward: float
     mean_kl: float | None
+    level: int | None
     tokens_per_second: float
     generated_tokens: int
     seconds: float
@@ -71,6 +75,7 @@ class Summary:
             ("format rate", f"{self.format_rate:.3f}"),
             ("mean reward", f"{self.mean_reward:.4f}"),
             ("mean KL / token", kl),
+            *([("level (last episode)", f"{self.level}")] if self.level is not None else []),
             ("tokens/s", f"{self.tokens_per_second:.1f}"),
         ]
         width = max(len(name) for name, _ in rows)
@@ -81,16 +86,19 @@ def make_envs(config: RolloutConfig, tokenizer: Any) -> gym.vector.VectorEnv:
     """The vector env: the registration's native one when it has one, else sync."""
     spec = gym.spec(config.env)
     kwargs: dict[str, Any] = {
+        **config.env_args,
         "input_mode": "tokens",
         "tokenizer": tokenizer,
         "observation_keys": ("tokens", "history"),
     }
-    if config.split is not None:
-        kwargs["split"] = config.split
-    if config.data_dir is not None:
-        kwargs["data_dir"] = config.data_dir
+    for name in ("split", "data_dir", "answer_format"):
+        if getattr(config, name) is not None:
+            kwargs[name] = getattr(config, name)
     mode = "vector_entry_point" if spec.vector_entry_point is not None else "sync"
-    return gym.make_vec(config.env, num_envs=config.num_envs, vectorization_mode=mode, **kwargs)
+    envs = gym.make_vec(config.env, num_envs=config.num_envs, vectorization_mode=mode, **kwargs)
+    if config.curriculum:
+        envs = vector_wrappers.DifficultyCurriculum(envs, window=config.curriculum)
+    return envs
 
 
 def check_out(out: Path, overwrite: bool) -> None:
@@ -122,6 +130,15 @@ def _scalar(value: Any) -> Any:
     return value
 
 
+def _entry(info: dict[str, Any], i: int) -> dict[str, Any]:
+    """Env ``i``'s values of a vector info, nested dicts (a task's metadata) included."""
+    return {
+        key: _entry(value, i) if isinstance(value, dict) else _scalar(value[i])
+        for key, value in info.items()
+        if not key.startswith("_")
+    }
+
+
 class _Episodes:
     """Per-env bookkeeping of running episodes, and the records of finished ones."""
 
@@ -141,8 +158,9 @@ class _Episodes:
         self.rewards += rewards
 
     def finish(self, i: int, info: dict[str, Any], next_obs: dict[str, Any]) -> dict[str, Any]:
-        final = info.get("final_info", {})
-        parts = {k: _scalar(v[i]) for k, v in final.items() if not k.startswith("_")}
+        parts = _entry(info.get("final_info", {}), i)
+        if "level" in info:  # the curriculum's level this episode was played at
+            parts["level"] = _scalar(info["level"][i])
         kl = np.concatenate(self.kl[i]) if self.kl[i] else None
         # The task's own "reward" is kept as reward_task; "reward" is the episode's return,
         # KL penalty included.
@@ -188,7 +206,7 @@ class Rollout:
         if config.ref_model is not None:
             ref_model, ref_tokenizer = load_model(config.ref_model)
             ref = TransformersPolicy(ref_model, ref_tokenizer, input_mode="tokens", generate=False)
-            envs = vector_kl.KLRewardWrapper(
+            envs = vector_wrappers.KLRewardWrapper(
                 envs, ref, coef=config.kl_coef, estimator=config.estimator
             )
         self.envs = envs
@@ -255,6 +273,7 @@ def summarize(items: list[dict[str, Any]], seconds: float) -> Summary:
         format_rate=sum(float(r.get("reward_answer", 0.0)) > 0 for r in items) / max(n, 1),
         mean_reward=float(np.mean([r["reward"] for r in items])) if n else math.nan,
         mean_kl=float(np.mean(kls)) if kls else None,
+        level=items[-1].get("level") if n else None,
         tokens_per_second=tokens / seconds if seconds > 0 else 0.0,
         generated_tokens=tokens,
         seconds=seconds,

@@ -139,6 +139,9 @@ def test_interrupted_run_keeps_finished_episodes(model_dirs, tmp_path):
         (["--episodes", "many"], r"argument --episodes: expected int, got 'many'"),
         (["--kl-coef", "nan"], r"argument --kl-coef: expected a number >= 0.0, got 'nan'"),
         (["--estimator", "k9"], r"argument --estimator: invalid choice: 'k9'"),
+        (["--env-arg", "level"], r"argument --env-arg: expected KEY=VALUE, got 'level'"),
+        (["--answer-format", "xml"], r"argument --answer-format: invalid choice: 'xml'"),
+        (["--curriculum", "0"], r"argument --curriculum: expected a number >= 1, got '0'"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_code_2(args, message, model_dirs, tmp_path, capsys):
@@ -156,6 +159,26 @@ def test_bad_input_is_one_line_and_exit_code_2(args, message, model_dirs, tmp_pa
     assert err.count("\n") == 1 and "Traceback" not in err
     assert re.search(message, err), err
     assert not (tmp_path / "run").exists()  # nothing written for a run that never started
+
+
+def test_default_task_is_procedural_with_env_args_and_curriculum(model_dirs, tmp_path):
+    # No --env, no data: the default task is generated offline.
+    out = tmp_path / "run"
+    args = ["rollout", "--model", model_dirs[0], "--num-envs", "2", "--episodes", "4",
+            "--max-new-tokens", "4", "--out", str(out), "--threads", "1", "--no-progress",
+            "--env-arg", "task=leg_counting", "--env-arg", "level=1",
+            "--answer-format", "last_number", "--curriculum", "2"]  # fmt: skip
+    result = cli(*args)
+    assert result.returncode == 0, result.stderr
+    assert "level (last episode)" in result.stdout
+    episodes = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
+    assert len(episodes) == 4 and {e["task"] for e in episodes} == {"leg_counting"}
+    assert all(e["level"] in (0, 1, 2) for e in episodes) and episodes[0]["level"] == 1
+    assert "final answer as a number" in episodes[0]["prompt"][0]["content"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["config"]["env_args"] == {"task": "leg_counting", "level": 1}
+    bad = cli(*args[:-6], "--overwrite", "--env-arg", "task=nope")
+    assert bad.returncode == 2 and "task must be a reasoning-gym task" in bad.stderr
 
 
 def test_missing_gsm8k_data_says_how_to_provide_it(model_dirs, tmp_path):

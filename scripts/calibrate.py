@@ -1,0 +1,88 @@
+"""How well the default model does on each task, greedy: where can learning start?
+
+Runs ``llm-gym rollout``'s job (SmolLM2-135M-Instruct unless ``--model``) for N episodes per
+(task, level, answer format) with greedy decoding and prints a Markdown table of success rate,
+answer-format rate and mean reward. README's calibration table is its output.
+
+    python scripts/calibrate.py --episodes 64 --max-new-tokens 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+
+import torch
+
+from llm_gym.runner import Rollout, RolloutConfig
+
+# (label, env id, env arguments, answer format); level None is the task's default.
+CASES = [
+    ("ReasoningGym basic_arithmetic", "LLMChat-ReasoningGym-v0", {"level": 0}, "last_number"),
+    ("ReasoningGym basic_arithmetic", "LLMChat-ReasoningGym-v0", {"level": 0}, "tags"),
+    ("ReasoningGym basic_arithmetic", "LLMChat-ReasoningGym-v0", {"level": None}, "last_number"),
+    (
+        "ReasoningGym leg_counting",
+        "LLMChat-ReasoningGym-v0",
+        {"task": "leg_counting", "level": 0},
+        "last_number",
+    ),
+    (
+        "ReasoningGym leg_counting",
+        "LLMChat-ReasoningGym-v0",
+        {"task": "leg_counting", "level": None},
+        "last_number",
+    ),
+    ("Countdown", "LLMChat-Countdown-v0", {"level": 0}, "tags"),
+    ("Countdown", "LLMChat-Countdown-v0", {"level": 0}, "boxed"),
+    ("Countdown", "LLMChat-Countdown-v0", {"level": 4}, "tags"),
+]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="default")
+    parser.add_argument("--episodes", type=int, default=64)
+    parser.add_argument("--num-envs", type=int, default=16)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--gsm8k-dir", default=None, help="also GSM8K test (a folder)")
+    parser.add_argument("--math-dir", default=None, help="also MATH test (a folder)")
+    args = parser.parse_args()
+    cases = list(CASES)
+    if args.gsm8k_dir:
+        cases += [
+            ("GSM8K test", "LLMChat-GSM8K-v0", {"split": "test", "data_dir": args.gsm8k_dir}, f)
+            for f in ("tags", "last_number")
+        ]
+    if args.math_dir:
+        cases += [
+            ("MATH test", "LLMChat-MATH-v0", {"split": "test", "data_dir": args.math_dir}, "boxed")
+        ]
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads; greedy, "
+        f"{args.episodes} episodes, {args.max_new_tokens} new tokens at most\n"
+    )
+    print("| task | level | answer format | success | answer given | mean reward | seconds |")
+    print("|---|---|---|---|---|---|---|")
+    for label, env_id, env_args, answer_format in cases:
+        env_args = dict(env_args)
+        split, data_dir = env_args.pop("split", None), env_args.pop("data_dir", None)
+        level = env_args.get("level", "-")
+        with tempfile.TemporaryDirectory() as out:
+            config = RolloutConfig(
+                env=env_id, env_args=env_args, split=split, data_dir=data_dir,
+                answer_format=answer_format, num_envs=args.num_envs, episodes=args.episodes,
+                model=args.model, max_new_tokens=args.max_new_tokens, temperature=0.0,
+                seed=0, out=out, progress=False,
+            )  # fmt: skip
+            start = time.perf_counter()
+            summary = Rollout(config).run()
+        level_name = "default" if level is None else level
+        print(f"| {label} | {level_name} | {answer_format} | {summary.accuracy:.3f} | "
+              f"{summary.format_rate:.3f} | {summary.mean_reward:.3f} | "
+              f"{time.perf_counter() - start:.0f} |", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
