@@ -1,25 +1,58 @@
-"""Reward functions for LLM environments and for TRL-style trainers."""
+"""Reward functions for LLM environments and for TRL-style trainers.
 
-from llm_gym.rewards.gsm8k import (
+Each works without an env: ``answers`` (the answer formats and TorchRL's 1.0 / 0.1 / 0.0
+shape), ``gsm8k``, ``countdown`` (safe expression evaluation) and ``math`` (``math-verify``);
+``gsm8k_reward_func``, ``countdown_reward_func`` and ``math_reward_func`` take TRL's
+``reward_funcs`` signature.
+"""
+
+from llm_gym.rewards.answers import (
+    ANSWER_FORMATS,
     MODES,
+    AnswerReward,
+    AnswerScore,
+    extract_answer,
+    extract_tags,
+    score_answer,
+)
+from llm_gym.rewards.countdown import (
+    CountdownReward,
+    countdown_reward_func,
+    evaluate,
+    score_countdown,
+    uses_numbers,
+)
+from llm_gym.rewards.gsm8k import (
     GSM8KReward,
     GSM8KScore,
-    extract_answer,
     extract_ground_truth,
-    extract_tags,
     gsm8k_reward_func,
     normalize_number,
     score_gsm8k,
 )
+from llm_gym.rewards.math import MATHReward, boxed_answer, math_equal, math_reward_func
 
 __all__ = [
+    "ANSWER_FORMATS",
     "MODES",
+    "AnswerReward",
+    "AnswerScore",
+    "CountdownReward",
     "GSM8KReward",
     "GSM8KScore",
+    "MATHReward",
+    "boxed_answer",
+    "countdown_reward_func",
+    "evaluate",
     "extract_answer",
     "extract_ground_truth",
     "extract_tags",
     "gsm8k_reward_func",
+    "math_equal",
+    "math_reward_func",
     "normalize_number",
+    "score_answer",
+    "score_countdown",
     "score_gsm8k",
+    "uses_numbers",
 ]

@@ -16,19 +16,21 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 __all__ = [
     "ANSWER_FORMATS",
     "MODES",
+    "AnswerReward",
     "AnswerScore",
     "check_answer_format",
     "completion_text",
     "extract_answer",
     "extract_tags",
     "score_answer",
+    "trl_rows",
 ]
 
 ANSWER_FORMATS = ("tags", "hash", "boxed", "last_number")
@@ -211,6 +213,54 @@ def completion_text(completion: Any) -> str:
     raise TypeError(
         f"completion must be a str or a list of message dicts, got {type(completion).__name__}"
     )
+
+
+@dataclass(frozen=True)
+class AnswerReward:
+    """A task reward's settings, validated once: the answer format it reads (``mode``) and
+    its values. Each task's reward subclasses it with a ``__call__`` that grades the answer
+    (``GSM8KReward``, ``CountdownReward``, ``MATHReward``)."""
+
+    mode: str = "tags"
+    correct_reward: float = 1.0
+    format_reward: float = 0.1
+
+    def __post_init__(self) -> None:
+        check_answer_format(self.mode, "mode")
+        check_reward("correct_reward", self.correct_reward)
+        check_reward("format_reward", self.format_reward)
+
+    def score(
+        self, response: str, grade: Callable[[str], float | bool], *, numeric: bool = True
+    ) -> AnswerScore:
+        """``score_answer`` of ``response`` with these settings."""
+        check_str("response", response)
+        return score_answer(
+            response,
+            self.mode,
+            grade,
+            correct_reward=self.correct_reward,
+            format_reward=self.format_reward,
+            numeric=numeric,
+        )
+
+
+def trl_rows(completions: Sequence[Any], **columns: Sequence[Any]) -> list[tuple[Any, ...]]:
+    """TRL's batch as rows: each completion's text, then its value of each dataset column.
+
+    >>> trl_rows(["a", [{"role": "assistant", "content": "b"}]], answer=["1", "2"])
+    [('a', '1'), ('b', '2')]
+    """
+    for name, column in (("completions", completions), *columns.items()):
+        if isinstance(column, str) or not isinstance(column, Sequence):
+            raise TypeError(f"{name} must be a list, got {type(column).__name__}")
+        if len(column) != len(completions):
+            raise ValueError(
+                f"completions and {name} must have the same length, "
+                f"got {len(completions)} and {len(column)}"
+            )
+    texts = [completion_text(c) for c in completions]
+    return list(zip(texts, *columns.values(), strict=True))
 
 
 def check_str(name: str, value: Any) -> None:

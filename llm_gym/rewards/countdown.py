@@ -25,14 +25,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from llm_gym.rewards.answers import (
-    AnswerScore,
-    check_answer_format,
-    check_reward,
-    check_str,
-    completion_text,
-    score_answer,
-)
+from llm_gym.rewards.answers import AnswerReward, AnswerScore, check_str, trl_rows
 
 __all__ = [
     "CountdownReward",
@@ -125,7 +118,7 @@ def _grade(target: int, numbers: Sequence[int]) -> Callable[[str], bool]:
 
 
 @dataclass(frozen=True)
-class CountdownReward:
+class CountdownReward(AnswerReward):
     """Countdown scoring settings, validated once.
 
     >>> reward = CountdownReward(mode="boxed")
@@ -133,31 +126,17 @@ class CountdownReward:
     True
     """
 
-    mode: str = "tags"
-    correct_reward: float = 1.0
-    format_reward: float = 0.1
-
     def __post_init__(self) -> None:
-        check_answer_format(self.mode, "mode")
+        super().__post_init__()
         if self.mode == "last_number":
             raise ValueError(
                 "mode must be one of 'tags', 'hash', 'boxed' for Countdown (its answer is an "
                 "expression, not a number); got 'last_number'"
             )
-        check_reward("correct_reward", self.correct_reward)
-        check_reward("format_reward", self.format_reward)
 
     def __call__(self, response: str, target: int, numbers: Sequence[int]) -> AnswerScore:
-        check_str("response", response)
         _check_problem(target, numbers)
-        return score_answer(
-            response,
-            self.mode,
-            _grade(target, numbers),
-            correct_reward=self.correct_reward,
-            format_reward=self.format_reward,
-            numeric=False,
-        )
+        return self.score(response, _grade(target, numbers), numeric=False)
 
 
 def score_countdown(
@@ -180,13 +159,8 @@ def countdown_reward_func(
     >>> countdown_reward_func(None, ["<answer>3 * 4</answer>"], target=[12], numbers=[[3, 4]])
     [1.0]
     """
-    if not len(completions) == len(target) == len(numbers):
-        raise ValueError(
-            "completions, target and numbers must have the same length, got "
-            f"{len(completions)}, {len(target)} and {len(numbers)}"
-        )
-    rows = zip(completions, target, numbers, strict=True)
-    return [_DEFAULT(completion_text(c), int(t), list(n)).reward for c, t, n in rows]
+    rows = trl_rows(completions, target=target, numbers=numbers)
+    return [_DEFAULT(text, int(t), list(n)).reward for text, t, n in rows]
 
 
 _DEFAULT = CountdownReward()

@@ -17,14 +17,12 @@ from typing import Any
 
 from llm_gym.rewards.answers import (
     MODES,
+    AnswerReward,
     AnswerScore,
-    check_answer_format,
-    check_reward,
     check_str,
-    completion_text,
     extract_answer,
     extract_tags,
-    score_answer,
+    trl_rows,
 )
 
 __all__ = [
@@ -96,7 +94,7 @@ def score_gsm8k(
 
 
 @dataclass(frozen=True)
-class GSM8KReward:
+class GSM8KReward(AnswerReward):
     """The scoring settings, validated once, for an env to call per response.
 
     >>> reward = GSM8KReward(mode="boxed", correct_reward=2.0)
@@ -106,41 +104,16 @@ class GSM8KReward:
     [0.1]
     """
 
-    mode: str = "tags"
-    correct_reward: float = 1.0
-    format_reward: float = 0.1
-
-    def __post_init__(self) -> None:
-        check_answer_format(self.mode, "mode")
-        check_reward("correct_reward", self.correct_reward)
-        check_reward("format_reward", self.format_reward)
-
     def __call__(self, response: str, answer: str) -> GSM8KScore:
-        check_str("response", response)
         check_str("answer", answer)
         truth = normalize_number(extract_ground_truth(answer))
-        return score_answer(
-            response,
-            self.mode,
-            lambda predicted: normalize_number(predicted) == truth,
-            correct_reward=self.correct_reward,
-            format_reward=self.format_reward,
-        )
+        return self.score(response, lambda predicted: normalize_number(predicted) == truth)
 
     def as_reward_func(self) -> Callable[..., list[float]]:
         """A TRL ``reward_funcs`` entry with these settings (TRL logs it by ``__name__``)."""
 
         def reward_func(prompts: Any, completions: Sequence[Any], answer: Sequence[str], **_: Any):
-            for name, column in (("completions", completions), ("answer", answer)):
-                if isinstance(column, str) or not isinstance(column, Sequence):
-                    raise TypeError(f"{name} must be a list, got {type(column).__name__}")
-            if len(completions) != len(answer):
-                raise ValueError(
-                    "completions and answer must have the same length, "
-                    f"got {len(completions)} and {len(answer)}"
-                )
-            pairs = zip(completions, answer, strict=True)
-            return [self(completion_text(c), a).reward for c, a in pairs]
+            return [self(text, a).reward for text, a in trl_rows(completions, answer=answer)]
 
         reward_func.__name__ = reward_func.__qualname__ = f"gsm8k_{self.mode}_reward"
         return reward_func

@@ -21,13 +21,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from llm_gym.rewards.answers import (
+    AnswerReward,
     AnswerScore,
-    check_answer_format,
-    check_reward,
     check_str,
-    completion_text,
     extract_answer,
-    score_answer,
+    trl_rows,
 )
 
 __all__ = ["MAX_ANSWER_LENGTH", "MATHReward", "boxed_answer", "math_equal", "math_reward_func"]
@@ -78,30 +76,13 @@ def math_equal(predicted: str, reference: str) -> bool:
 
 
 @dataclass(frozen=True)
-class MATHReward:
+class MATHReward(AnswerReward):
     """MATH scoring settings, validated once. ``reference`` may be a whole solution (its
     last ``\\boxed{}`` is the answer) or the answer itself."""
 
-    mode: str = "tags"
-    correct_reward: float = 1.0
-    format_reward: float = 0.1
-
-    def __post_init__(self) -> None:
-        check_answer_format(self.mode, "mode")
-        check_reward("correct_reward", self.correct_reward)
-        check_reward("format_reward", self.format_reward)
-
     def __call__(self, response: str, reference: str) -> AnswerScore:
-        check_str("response", response)
         truth = boxed_answer(reference)
-        return score_answer(
-            response,
-            self.mode,
-            lambda answer: math_equal(answer, truth),
-            correct_reward=self.correct_reward,
-            format_reward=self.format_reward,
-            numeric=False,
-        )
+        return self.score(response, lambda answer: math_equal(answer, truth), numeric=False)
 
 
 def math_reward_func(
@@ -113,13 +94,7 @@ def math_reward_func(
     >>> math_reward_func(None, ["<answer>0.5</answer>"], solution=[r"\\boxed{\\frac12}"])
     [1.0]
     """
-    if len(completions) != len(solution):
-        raise ValueError(
-            "completions and solution must have the same length, got "
-            f"{len(completions)} and {len(solution)}"
-        )
-    pairs = zip(completions, solution, strict=True)
-    return [_DEFAULT(completion_text(c), s).reward for c, s in pairs]
+    return [_DEFAULT(text, s).reward for text, s in trl_rows(completions, solution=solution)]
 
 
 _DEFAULT = MATHReward()

@@ -100,11 +100,7 @@ class DifficultyCurriculum(gym.Wrapper, gym.utils.RecordConstructorArgs):
         success_key: str = "success",
     ) -> None:
         gym.utils.RecordConstructorArgs.__init__(
-            self,
-            window=window,
-            raise_at=raise_at,
-            lower_below=lower_below,
-            success_key=success_key,
+            self, window=window, raise_at=raise_at, lower_below=lower_below, success_key=success_key
         )
         num_levels, level = levels_of(env.unwrapped)
         self.schedule = LevelSchedule(num_levels, level, window, raise_at, lower_below)
