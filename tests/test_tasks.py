@@ -201,7 +201,9 @@ def test_reasoning_gym_scores_with_the_task_verifier():
     assert env.step("<answer>not a number</answer>")[1] == 0.0  # format_reward defaults to 0.0
     floor = gym.make("LLMChat-ReasoningGym-v0", format_reward=0.25, seed=0)
     floor.reset(seed=0)
-    assert floor.step("<answer>wrong</answer>")[1] == 0.25 and floor.step("no tags")[1] == 0.0
+    assert floor.step("<answer>wrong</answer>")[1] == 0.25
+    floor.reset()
+    assert floor.step("no tags")[1] == 0.0
 
 
 def test_reasoning_gym_levels_and_other_tasks():

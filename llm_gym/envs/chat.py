@@ -183,7 +183,7 @@ class ChatEnv(gym.Env):
         self._text: str | None = None
         self._tokens: np.ndarray | None = None
         self._prefix_ids: np.ndarray | None = None  # assistant_prefix's tokens, when needed
-        self._turn = 0
+        self._turn, self._done = 0, False
 
     # -- episode -----------------------------------------------------------------------
 
@@ -193,25 +193,33 @@ class ChatEnv(gym.Env):
         super().reset(seed=seed)
         history, info = self._initial_history(options or {})
         self._set_prompt(history)
-        self._turn = 0
+        self._turn, self._done = 0, False
         return self._observation(), info
 
     def step(
         self, action: str | np.ndarray | Response | Mapping[str, Any]
     ) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
-        if self._history is None:
-            raise gym.error.ResetNeeded("Cannot call ChatEnv.step before reset")
+        if self._history is None or self._done:
+            raise gym.error.ResetNeeded(
+                "Cannot call ChatEnv.step before reset"
+                if self._history is None
+                else "ChatEnv.step needs a reset: the episode has ended (terminated or truncated)"
+            )
         response = self.check_action(action)
         content = _strip_end_of_turn(response.text)
-        self._append_response(content, response.tokens)
-        self._turn += 1
+        # Scored and the next prompt built before anything is stored: a step that raises
+        # (a reward that rejects its sample, text that cannot be tokenized) changes nothing.
         reward, terminated, info = self._score(self.assistant_prefix + content)
+        state = self._next_state(content, response.tokens)
+        self._history, self._rendered, self._text, self._tokens = state
+        self._turn += 1
         truncated = False
         if self.max_turns is not None and self._turn >= self.max_turns and not terminated:
             if self.max_turns == 1:
                 terminated = True
             else:
                 truncated = True
+        self._done = bool(terminated or truncated)
         if self.render_mode == "human":
             self.render()
         return self._observation(), float(reward), bool(terminated), bool(truncated), info
@@ -291,14 +299,16 @@ class ChatEnv(gym.Env):
             self._prefix_ids = self._encode(prefix) if prefix else np.zeros(0, dtype=np.int64)
         return self._prefix_ids
 
-    def _append_response(self, content: str, tokens: np.ndarray | None) -> None:
+    def _next_state(
+        self, content: str, tokens: np.ndarray | None
+    ) -> tuple[History, str | None, str | None, np.ndarray | None]:
+        """The conversation, rendering, text and tokens after this response (not stored)."""
         # The turn holds the prefix the prompt started it with, then the response.
         prefix = self.assistant_prefix
         turn = prefix + content
         history = self._history.copy().append({"role": self.policy_role, "content": turn})
         if not self._needs_render():
-            self._history = history
-            return
+            return history, None, None, None
         if self._closing is not None:  # a built-in template: the turn closes the same way
             closing = self._closing
             rendered = self._rendered + turn + closing
@@ -311,15 +321,13 @@ class ChatEnv(gym.Env):
             if closing is not None and self._fixed_closing:
                 self._closing = closing
         # A template that rewrites earlier turns (closing None): only the full rendering is right.
-        if closing is None:
-            self._text = rendered + prefix
-        else:
-            self._text = self._text + content + closing + prefix
+        text = rendered + prefix if closing is None else self._text + content + closing + prefix
+        new_tokens = None
         if self._tokens is not None:
             if tokens is None:
                 tokens = self._encode(content)
             if closing is None:
-                self._tokens = np.concatenate([self._encode(rendered), self._prefix_tokens()])
+                new_tokens = np.concatenate([self._encode(rendered), self._prefix_tokens()])
             else:
                 # An end-of-turn string spans a few tokens at most: decode only the tail.
                 sampled = self.tokenizer.decode(tokens[-16:].tolist(), skip_special_tokens=False)
@@ -330,8 +338,8 @@ class ChatEnv(gym.Env):
                 if closing not in self._closing_ids:
                     self._closing_ids[closing] = self._encode(closing)
                 parts = [self._tokens, tokens, self._closing_ids[closing], self._prefix_tokens()]
-                self._tokens = np.concatenate(parts)
-        self._history, self._rendered = history, rendered
+                new_tokens = np.concatenate(parts)
+        return history, rendered, text, new_tokens
 
     def check_action(self, action: Any) -> Response:
         """The action as a ``Response``, or a clear error naming what was expected."""
