@@ -48,6 +48,9 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--gsm8k-dir", default=None, help="also GSM8K test (a folder)")
     parser.add_argument("--math-dir", default=None, help="also MATH test (a folder)")
+    parser.add_argument(
+        "--only", action="append", default=[], help="run the cases whose label holds this text"
+    )
     args = parser.parse_args()
     cases = list(CASES)
     if args.gsm8k_dir:
@@ -59,6 +62,8 @@ def main() -> None:
         cases += [
             ("MATH test", "LLMChat-MATH-v0", {"split": "test", "data_dir": args.math_dir}, "boxed")
         ]
+    if args.only:
+        cases = [case for case in cases if any(text in case[0] for text in args.only)]
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads; greedy, "
         f"{args.episodes} episodes, {args.max_new_tokens} new tokens at most\n"

@@ -68,7 +68,23 @@ def test_controllers_reject_none_and_bad_settings():
         c.update([])
     assert c.coef == 0.1  # a failed update changes nothing
     assert ConstantKLController(0.05).update([-1.0, -2.0]) == 0.05
-    with pytest.raises(ValueError, match="horizon must be > 0, got 0"):
+    with pytest.raises(ValueError, match="horizon must be a finite number > 0, got 0"):
         AdaptiveKLController(0.1, 6.0, 0)
+    with pytest.raises(ValueError, match="horizon must be a finite number > 0, got nan"):
+        AdaptiveKLController(0.1, 6.0, float("nan"))
+    with pytest.raises(TypeError, match="kl_coef must be a number, got str: '0.1'"):
+        ConstantKLController("0.1")
+    with pytest.raises(ValueError, match="kl_values must be finite, got nan at index 1"):
+        c.update([-0.1, float("nan")])
+    assert c.coef == 0.1
+
+
+def test_adaptive_coefficient_stays_positive_when_n_exceeds_the_horizon():
+    # TorchRL's and Ziegler et al.'s factor 1 - 0.2 * 10 / 1 = -1 would make it -0.1.
+    c = AdaptiveKLController(0.1, 6.0, 1)
+    assert c.update([0.0] * 10) == pytest.approx(0.08)
+    for _ in range(50):
+        c.update([0.0] * 100)
+    assert 0 < c.coef < 0.08
     with pytest.raises(ValueError, match="kl_coef must be a finite number >= 0, got -1"):
         ConstantKLController(-1)

@@ -8,6 +8,7 @@ itself; the adaptive rule then moves ``coef`` towards the KL ``target``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -17,10 +18,30 @@ __all__ = ["KLController", "ConstantKLController", "AdaptiveKLController"]
 def _check_values(kl_values: Sequence[float] | np.ndarray | None) -> np.ndarray:
     if kl_values is None:
         raise ValueError("kl_values must be a non-empty sequence of KL rewards, got None")
-    values = np.asarray(kl_values, dtype=np.float64).reshape(-1)
+    try:
+        values = np.asarray(kl_values, dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError):
+        raise TypeError(f"kl_values must be numbers, got {kl_values!r:.80}") from None
     if values.size == 0:
         raise ValueError("kl_values must be a non-empty sequence of KL rewards, got an empty one")
+    bad = np.flatnonzero(~np.isfinite(values))
+    if bad.size:
+        raise ValueError(
+            f"kl_values must be finite, got {values[bad[0]]} at index {bad[0]}: a NaN or inf "
+            "KL would set the coefficient for good (check the log-probs for -inf)"
+        )
     return values
+
+
+def _check_number(name: str, value: Any, low: float, strict: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}: {value!r:.40}")
+    ok = np.isfinite(value) and (value > low if strict else value >= low)
+    if not ok:
+        raise ValueError(
+            f"{name} must be a finite number {'>' if strict else '>='} {low:g}, got {value!r}"
+        )
+    return float(value)
 
 
 class KLController:
@@ -43,9 +64,7 @@ class ConstantKLController(KLController):
     """
 
     def __init__(self, kl_coef: float) -> None:
-        if not np.isfinite(kl_coef) or kl_coef < 0:
-            raise ValueError(f"kl_coef must be a finite number >= 0, got {kl_coef!r}")
-        self.coef = float(kl_coef)
+        self.coef = _check_number("kl_coef", kl_coef, 0.0, strict=False)
 
     def update(self, kl_values: Sequence[float] | np.ndarray) -> float:
         _check_values(kl_values)
@@ -53,9 +72,13 @@ class ConstantKLController(KLController):
 
 
 class AdaptiveKLController(KLController):
-    """Adaptive coefficient: ``coef *= 1 + clip(KL / target - 1, ±0.2) * n / horizon``.
+    """Adaptive coefficient: ``coef *= 1 + clip(KL / target - 1, ±0.2) * min(n / horizon, 1)``.
 
-    ``KL = -mean(kl_values) / coef`` and ``n = len(kl_values)``, exactly as TorchRL.
+    ``KL = -mean(kl_values) / coef`` and ``n = len(kl_values)``, as TorchRL and Ziegler et al.
+    clip the proportional error. They do not bound ``n / horizon``: with more values than the
+    horizon in one update their factor can reach or pass 0 (``update([0.0] * 10)`` with
+    ``horizon=1`` gives -0.1), and the penalty becomes a bonus. Here one update moves the
+    coefficient by at most 20%, so it stays finite and positive.
 
     >>> c = AdaptiveKLController(init_kl_coef=0.2, target=6.0, horizon=10000)
     >>> round(c.update([-2.4] * 100), 6)  # KL = 12 > target: err clipped to +0.2
@@ -63,19 +86,13 @@ class AdaptiveKLController(KLController):
     """
 
     def __init__(self, init_kl_coef: float, target: float, horizon: int) -> None:
-        if not np.isfinite(init_kl_coef) or init_kl_coef <= 0:
-            raise ValueError(f"init_kl_coef must be a finite number > 0, got {init_kl_coef!r}")
-        if not np.isfinite(target) or target <= 0:
-            raise ValueError(f"target must be a finite number > 0, got {target!r}")
-        if horizon <= 0:
-            raise ValueError(f"horizon must be > 0, got {horizon!r}")
-        self.coef = float(init_kl_coef)
-        self.target = float(target)
-        self.horizon = horizon
+        self.coef = _check_number("init_kl_coef", init_kl_coef, 0.0, strict=True)
+        self.target = _check_number("target", target, 0.0, strict=True)
+        self.horizon = _check_number("horizon", horizon, 0.0, strict=True)
 
     def update(self, kl_values: Sequence[float] | np.ndarray) -> float:
         values = _check_values(kl_values)
         kl = -values.mean() / self.coef
         error = float(np.clip(kl / self.target - 1.0, -0.2, 0.2))
-        self.coef *= 1.0 + error * len(values) / self.horizon
+        self.coef *= 1.0 + error * min(len(values) / self.horizon, 1.0)
         return self.coef
