@@ -5,7 +5,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-import llm_gym  # noqa: F401  (registers the ids)
+import llm_gym
 from llm_gym.envs import DatasetChatEnv
 from llm_gym.rewards import extract_answer, score_gsm8k
 
@@ -76,3 +76,53 @@ def test_hostile_text_is_scored_in_linear_time(hostile):
     # These took 27 s and 140 s with backtracking regexes; each mode is now one pass.
     assert score_gsm8k(hostile, "#### 1").reward == 0.0
     assert all(extract_answer(hostile, mode) is None for mode in ("tags", "boxed", "hash"))
+
+
+# -- the KL path ------------------------------------------------------------------------
+
+
+class ConstantScorer:
+    """Scores every response token with one value."""
+
+    generate = False
+
+    def __init__(self, value):
+        self.value = value
+
+    def __call__(self, obs, responses=None, *, response_only=False):
+        from llm_gym.chat import LogProbs
+
+        batch = responses if isinstance(responses, list) else [responses]
+        outs = [
+            type("Out", (), {"log_probs": LogProbs(response=np.full(len(r.tokens), self.value))})
+            for r in batch
+        ]
+        return outs if isinstance(responses, list) else outs[0]
+
+
+def test_non_finite_log_probs_are_rejected_before_the_env_steps():
+    from llm_gym import ChatEnv, Response
+    from llm_gym.wrappers import KLRewardWrapper, vector
+
+    env = KLRewardWrapper(ChatEnv(query="hi", max_turns=1), ConstantScorer(-1.0), coef=0.1)
+    env.reset(seed=0)
+    bad = Response("ab", [1, 2], [-0.5, -np.inf])
+    with pytest.raises(
+        ValueError, match="Response.log_probs must be finite, got -inf at response token 1"
+    ):
+        env.step(bad)
+    assert env.unwrapped.history.roles == ["user"]  # nothing happened
+    ref_inf = KLRewardWrapper(ChatEnv(query="hi", max_turns=1), ConstantScorer(-np.inf))
+    ref_inf.reset(seed=0)
+    with pytest.raises(
+        ValueError, match="info\\['ref_log_probs'\\] must be finite, got -inf at response token 0"
+    ):
+        ref_inf.step(Response("ab", [1, 2], [-0.5, -0.5]))
+    envs = llm_gym.DatasetChatVectorEnv(DatasetChatEnv([{"query": "a"}, {"query": "b"}]), 2)
+    venv = vector.KLRewardWrapper(envs, ConstantScorer(-1.0))
+    venv.reset(seed=0)
+    good = Response("ab", [1, 2], [-0.5, -0.5])
+    with pytest.raises(
+        ValueError, match="sub-env 1: the action's Response.log_probs must be finite, got nan"
+    ):
+        venv.step([good, Response("ab", [1, 2], [-0.5, np.nan])])

@@ -22,6 +22,7 @@ __all__ = [
     "KLCoefficient",
     "as_response",
     "check_estimator",
+    "check_finite",
     "check_pair",
     "provides_key",
     "score",
@@ -35,16 +36,42 @@ def as_response(action: Any) -> Any:
     return action
 
 
+def check_finite(log_probs: np.ndarray, what: str, env_index: int | None) -> np.ndarray:
+    """``log_probs`` if every value is finite; else an error naming the env and the token.
+
+    A ``-inf`` log-prob makes k1's KL ``+inf`` and k3's NaN, which would then set an
+    adaptive coefficient to NaN for good.
+    """
+    bad = np.flatnonzero(~np.isfinite(log_probs))
+    if bad.size:
+        where = "" if env_index is None else f"sub-env {env_index}: "
+        raise ValueError(
+            f"{where}{what} must be finite, got {log_probs[bad[0]]} at response token "
+            f"{bad[0]} ({bad.size} non-finite of {len(log_probs)}): a sampler that masks "
+            "tokens (top-k/top-p) must report the raw model's log-probs"
+        )
+    return log_probs
+
+
 def score(
-    model: Scorer, prompt: Any, actions: Sequence[Any], *, batched: bool, assistant_only: bool
+    model: Scorer,
+    prompt: Any,
+    actions: Sequence[Any],
+    *,
+    batched: bool,
+    assistant_only: bool,
+    key: str,
 ) -> list[np.ndarray]:
     """Log-probs of each action's response given the prompt the env showed, one forward."""
     if prompt is None:
         raise gym.error.ResetNeeded("Cannot call step before reset")
     responses = [as_response(a) for a in actions]
-    return response_log_probs(
+    scored = response_log_probs(
         model, prompt, responses, batched=batched, assistant_only=assistant_only
     )
+    return [
+        check_finite(lp, f"info[{key!r}]", i if batched else None) for i, lp in enumerate(scored)
+    ]
 
 
 def provides_key(env: Any, key: str) -> bool:
@@ -140,14 +167,14 @@ class KLCharge:
             "kl_controller": kl_controller,
         }
 
-    def action_log_probs(self, actions: Sequence[Any]) -> list[np.ndarray] | None:
+    def action_log_probs(self, actions: Sequence[Any], batched: bool) -> list[np.ndarray] | None:
         """The generator's log-probs carried by the actions, unless an inner wrapper supplies
         them; checked before the env steps, so a missing one changes nothing."""
         if self.gen_from_info:
             return None
-        return [self._carried(a) for a in actions]
+        return [self._carried(a, i if batched else None) for i, a in enumerate(actions)]
 
-    def _carried(self, action: Any) -> np.ndarray:
+    def _carried(self, action: Any, env_index: int | None) -> np.ndarray:
         log_probs = getattr(as_response(action), "log_probs", None)
         if log_probs is None:
             raise ValueError(
@@ -156,7 +183,8 @@ class KLCharge:
                 f"return_log_probs=True), or wrap the env in RetrieveLogProb(env, gen_model, "
                 f"key={self.gen_key!r}) / RetrieveKL(env, gen_model=..., ref_model=...)"
             )
-        return np.asarray(log_probs, dtype=np.float32)
+        values = np.asarray(log_probs, dtype=np.float32)
+        return check_finite(values, "the action's Response.log_probs", env_index)
 
     def charge(self, gens: Any, refs: Any, rewards: Any) -> list[dict[str, Any]]:
         """Per env: the info entries (gen log-probs, per-token KL, penalty, token rewards)."""

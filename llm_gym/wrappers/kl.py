@@ -59,7 +59,12 @@ class RetrieveLogProb(gym.Wrapper, gym.utils.RecordConstructorArgs):
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         # Scored before the env steps, so a response the model rejects changes nothing.
         (log_probs,) = score(
-            self.model, self._prompt, [action], batched=False, assistant_only=self.assistant_only
+            self.model,
+            self._prompt,
+            [action],
+            batched=False,
+            assistant_only=self.assistant_only,
+            key=self.log_prob_key,
         )
         obs, reward, terminated, truncated, info = self.env.step(action)
         info[self.log_prob_key] = log_probs
@@ -124,7 +129,7 @@ class KLComputation(gym.Wrapper, gym.utils.RecordConstructorArgs):
         return self.kl_coefficient.update()
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
-        gens = self.charge.action_log_probs([action])
+        gens = self.charge.action_log_probs([action], batched=False)
         obs, reward, terminated, truncated, info = self.env.step(action)
         gens = gens or [info[self.charge.gen_key]]
         (part,) = self.charge.charge(gens, [info[self.charge.ref_key]], [reward])

@@ -67,7 +67,12 @@ class RetrieveLogProb(VectorWrapper, gym.utils.RecordConstructorArgs):
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict]:
         actions = _check_count(actions, self.num_envs)
         log_probs = score(
-            self.model, self._prompt, actions, batched=True, assistant_only=self.assistant_only
+            self.model,
+            self._prompt,
+            actions,
+            batched=True,
+            assistant_only=self.assistant_only,
+            key=self.log_prob_key,
         )
         obs, rewards, terminated, truncated, info = self.env.step(actions)
         info.update(batch_infos([{self.log_prob_key: lp} for lp in log_probs]))
@@ -93,7 +98,7 @@ class KLComputation(VectorWrapper, gym.utils.RecordConstructorArgs):
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict]:
         actions = _check_count(actions, self.num_envs)
-        gens = self.charge.action_log_probs(actions)
+        gens = self.charge.action_log_probs(actions, batched=True)
         obs, rewards, terminated, truncated, info = self.env.step(actions)
         gens = gens or list(info[self.charge.gen_key])
         parts = self.charge.charge(gens, info[self.charge.ref_key], rewards)
