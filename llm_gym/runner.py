@@ -114,10 +114,12 @@ def check_out(out: Path, overwrite: bool) -> None:
 
 
 def prepare_out(out: Path) -> Path:
-    """Create the run folder with an empty episodes file."""
+    """Create the run folder with an empty episodes file and no earlier run's summary or plot
+    (an interrupted run must not leave another run's summary beside its episodes)."""
     episodes = out / EPISODES_FILE
     out.mkdir(parents=True, exist_ok=True)
-    episodes.unlink(missing_ok=True)
+    for name in (EPISODES_FILE, SUMMARY_FILE, PLOT_FILE):
+        (out / name).unlink(missing_ok=True)
     return episodes
 
 

@@ -126,3 +126,13 @@ def test_non_finite_log_probs_are_rejected_before_the_env_steps():
         ValueError, match="sub-env 1: the action's Response.log_probs must be finite, got nan"
     ):
         venv.step([good, Response("ab", [1, 2], [-0.5, np.nan])])
+
+
+def test_overwrite_leaves_no_file_of_the_earlier_run(tmp_path):
+    from llm_gym.runner import EPISODES_FILE, PLOT_FILE, SUMMARY_FILE, prepare_out
+
+    for name in (EPISODES_FILE, SUMMARY_FILE, PLOT_FILE):
+        (tmp_path / name).write_text("earlier run")
+    episodes = prepare_out(tmp_path)
+    assert episodes == tmp_path / EPISODES_FILE
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
