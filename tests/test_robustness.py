@@ -1,6 +1,8 @@
 """Nothing lost, nothing silently wrong: a step happens whole or not at all, a finished
 episode takes no more steps, hostile text is scored fast."""
 
+import warnings
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -136,3 +138,21 @@ def test_overwrite_leaves_no_file_of_the_earlier_run(tmp_path):
     episodes = prepare_out(tmp_path)
     assert episodes == tmp_path / EPISODES_FILE
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_reference_below_float32_warns_once(gpt2_tokenizer):
+    import torch
+
+    from llm_gym import ChatEnv, TransformersPolicy
+    from llm_gym.models import tiny_model
+    from llm_gym.wrappers import KLRewardWrapper, _charges
+
+    ref = TransformersPolicy(
+        tiny_model(gpt2_tokenizer).to(torch.bfloat16), gpt2_tokenizer, generate=False
+    )
+    _charges._warned_low_precision = False
+    with pytest.warns(UserWarning, match="scores in bfloat16, below float32.*Pass gen_model="):
+        KLRewardWrapper(ChatEnv(query="hi"), ref)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per process
+        KLRewardWrapper(ChatEnv(query="hi"), ref)

@@ -19,7 +19,7 @@ from typing import Any
 import gymnasium as gym
 
 from llm_gym.scorer import check_scorer
-from llm_gym.wrappers._charges import KLCharge, check_pair, score
+from llm_gym.wrappers._charges import KLCharge, check_pair, score, warn_low_precision
 from llm_gym.wrappers.controllers import KLController
 
 __all__ = ["RetrieveLogProb", "KLComputation", "RetrieveKL", "KLRewardWrapper"]
@@ -163,6 +163,8 @@ class RetrieveKL(KLComputation):
             self, _disable_deepcopy=True, **models, **kl_options
         )
         check_pair(gen_model, ref_model)
+        if gen_model is None:
+            warn_low_precision(ref_model)
         keys = _KL_DEFAULTS | kl_options  # where the retrievers write what KLComputation reads
         if gen_model is not None:
             env = RetrieveLogProb(env, gen_model, keys["gen_key"], assistant_only)

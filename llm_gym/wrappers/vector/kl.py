@@ -19,7 +19,7 @@ from gymnasium.vector import VectorEnv, VectorWrapper
 from llm_gym.envs.vector import batch_infos
 from llm_gym.scorer import check_scorer
 from llm_gym.wrappers import kl as single
-from llm_gym.wrappers._charges import KLCharge, check_pair, score
+from llm_gym.wrappers._charges import KLCharge, check_pair, score, warn_low_precision
 
 __all__ = ["RetrieveLogProb", "KLComputation", "RetrieveKL", "KLRewardWrapper"]
 
@@ -120,6 +120,8 @@ class RetrieveKL(KLComputation):
         gen_model, ref_model = named.pop("gen_model"), named.pop("ref_model")
         assistant_only = named.pop("assistant_only")
         check_pair(gen_model, ref_model)
+        if gen_model is None:
+            warn_low_precision(ref_model)
         keys = single._KL_DEFAULTS | named
         if gen_model is not None:
             env = RetrieveLogProb(env, gen_model, keys["gen_key"], assistant_only)
