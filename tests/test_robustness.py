@@ -156,3 +156,85 @@ def test_a_reference_below_float32_warns_once(gpt2_tokenizer):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once per process
         KLRewardWrapper(ChatEnv(query="hi"), ref)
+
+
+# -- errors that name the argument ---------------------------------------------------------
+
+
+def test_bad_arguments_and_actions_name_what_was_expected(gpt2_tokenizer):
+    from llm_gym import ChatEnv
+    from llm_gym.wrappers import KLComputation
+
+    tokens = ChatEnv("tokens", tokenizer=gpt2_tokenizer, query="hi", max_text_length=50)
+    tokens.reset(seed=0)
+    cases = [
+        (
+            lambda: tokens.step(np.array([-1, 5])),
+            ValueError,
+            "token ids must lie in \\[0, 50257\\), got -1",
+        ),
+        (
+            lambda: tokens.step("\ud800"),
+            ValueError,
+            "action text is not valid Unicode: surrogates not allowed",
+        ),
+        (
+            lambda: tokens.step("x" * 51),
+            ValueError,
+            "action text has 51 characters, more than max_text_length=50",
+        ),
+        (
+            lambda: ChatEnv(observation_keys="history"),
+            TypeError,
+            "observation_keys must be a tuple of input modes, e.g. \\('history',\\)",
+        ),
+        (
+            lambda: ChatEnv(max_turns=True),
+            ValueError,
+            "max_turns must be None or an int >= 1, got True",
+        ),
+        (
+            lambda: ChatEnv(query="q").reset(options=["q"]),
+            TypeError,
+            "options must be a dict or None, got list",
+        ),
+        (
+            lambda: ChatEnv(query="q").reset(options={"qury": "x"}),
+            ValueError,
+            "options may hold 'query' or 'history', got unknown keys \\['qury'\\]",
+        ),
+        (
+            lambda: DatasetChatEnv(ROWS, field_map={"question": "query"}, shuffle="no"),
+            TypeError,
+            "shuffle must be a bool, got str",
+        ),
+        (
+            lambda: KLComputation(ChatEnv(query="q"), coef="0.1"),
+            TypeError,
+            "coef must be a number, got str",
+        ),
+    ]
+    for call, error, match in cases:
+        with pytest.raises(error, match=match):
+            call()
+    assert tokens.step(np.array([40, 41]))[0]["tokens"][-2:].tolist() != [-1, 5]  # still usable
+
+
+def test_a_dataset_without_the_fields_the_reward_reads_fails_at_construction():
+    with pytest.raises(
+        ValueError,
+        match="lack the fields \\['answer'\\] the task's reward reads; its fields are \\['qu",
+    ):
+        gym.make("LLMChat-GSM8K-v0", dataset=[{"question": "q"}])
+    with pytest.raises(ValueError, match="lack the fields \\['solution'\\]"):
+        gym.make("LLMChat-MATH-v0", dataset=[{"problem": "q"}])
+
+
+def test_native_vector_reset_checks_its_seed():
+    envs = llm_gym.DatasetChatVectorEnv(DatasetChatEnv([{"query": "a"}]), 2)
+    with pytest.raises(
+        TypeError, match="seed must be None, an int or a list of num_envs ints, got float: 1.5"
+    ):
+        envs.reset(seed=1.5)
+    with pytest.raises(ValueError, match="must have num_envs=2 entries, got 3"):
+        envs.reset(seed=[1, 2, 3])

@@ -121,6 +121,11 @@ class ChatEnv(gym.Env):
     ) -> None:
         if input_mode not in INPUT_MODES:
             raise ValueError(f"input_mode must be one of {INPUT_MODES}, got {input_mode!r}")
+        if isinstance(observation_keys, str):
+            raise TypeError(
+                f"observation_keys must be a tuple of input modes, e.g. ({observation_keys!r},), "
+                f"got the str {observation_keys!r}"
+            )
         keys = tuple(observation_keys) if observation_keys is not None else (input_mode,)
         for key in keys:
             if key not in INPUT_MODES:
@@ -131,7 +136,9 @@ class ChatEnv(gym.Env):
                 f"input_mode {mode!r} needs tokenizer= (a transformers tokenizer, to render "
                 "the chat template and tokenize), got tokenizer=None"
             )
-        if max_turns is not None and (not isinstance(max_turns, int) or max_turns < 1):
+        if max_turns is not None and (
+            isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1
+        ):
             raise ValueError(f"max_turns must be None or an int >= 1, got {max_turns!r}")
         if not isinstance(assistant_prefix, str):
             raise TypeError(
@@ -145,6 +152,10 @@ class ChatEnv(gym.Env):
             )
         if query is not None and not isinstance(query, str):
             raise TypeError(f"query must be a str or None, got {type(query).__name__}")
+        if isinstance(max_text_length, bool) or not isinstance(max_text_length, int):
+            raise TypeError(f"max_text_length must be an int, got {type(max_text_length).__name__}")
+        if max_text_length < 1:
+            raise ValueError(f"max_text_length must be >= 1, got {max_text_length}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(
                 f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}"
@@ -157,6 +168,7 @@ class ChatEnv(gym.Env):
         self.tokenizer = tokenizer
         self.template_kwargs = dict(template_kwargs or {})
         self.max_turns = max_turns
+        self.max_text_length = max_text_length
         self.assistant_prefix = assistant_prefix
         self.render_mode = render_mode
 
@@ -191,6 +203,8 @@ class ChatEnv(gym.Env):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         super().reset(seed=seed)
+        if options is not None and not isinstance(options, Mapping):
+            raise TypeError(f"options must be a dict or None, got {type(options).__name__}")
         history, info = self._initial_history(options or {})
         self._set_prompt(history)
         self._turn, self._done = 0, False
@@ -243,6 +257,9 @@ class ChatEnv(gym.Env):
 
     def _initial_history(self, options: Mapping[str, Any]) -> tuple[History, dict[str, Any]]:
         """The conversation an episode starts from, and the reset ``info``."""
+        unknown = sorted(set(options) - {"history", "query"})
+        if unknown:
+            raise ValueError(f"options may hold 'query' or 'history', got unknown keys {unknown}")
         if "history" in options:
             return History(options["history"]), {}
         query = options.get("query", self.query)
@@ -354,6 +371,7 @@ class ChatEnv(gym.Env):
                 raise ValueError(f"a token action must be 1-D, got shape {action.shape}")
             if self.tokenizer is None:
                 raise ValueError("a token-id action needs ChatEnv(tokenizer=...), got None")
+            self._check_token_ids(action)  # before decoding: -1 would overflow in the tokenizer
             text = self.tokenizer.decode(action.tolist(), skip_special_tokens=True)
             response = Response(text, action)
         else:
@@ -363,12 +381,27 @@ class ChatEnv(gym.Env):
                 f"got {type(action).__name__}"
             )
         if self.tokenizer is not None and response.tokens is not None:
-            vocab = len(self.tokenizer)
-            if response.tokens.size and (
-                response.tokens.min() < 0 or response.tokens.max() >= vocab
-            ):
-                raise ValueError(f"action token ids must lie in [0, {vocab}), got out-of-range ids")
+            self._check_token_ids(response.tokens)
+        text = response.text
+        if len(text) > self.max_text_length:
+            raise ValueError(
+                f"action text has {len(text)} characters, more than max_text_length="
+                f"{self.max_text_length} (the action space's bound)"
+            )
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise ValueError(
+                f"action text is not valid Unicode: {error.reason} ({text[error.start]!r} at "
+                f"character {error.start}); it cannot be tokenized or stored"
+            ) from None
         return response
+
+    def _check_token_ids(self, tokens: np.ndarray) -> None:
+        vocab = len(self.tokenizer)
+        if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab):
+            bad = int(tokens[(tokens < 0) | (tokens >= vocab)][0])
+            raise ValueError(f"action token ids must lie in [0, {vocab}), got {bad}")
 
     def _observation(self) -> dict[str, Any]:
         obs: dict[str, Any] = {}

@@ -103,6 +103,8 @@ class DatasetChatEnv(ChatEnv):
       must include ``"query"`` (a ``str``).
     - ``reward``: the task's reward, ``reward(response_text, sample) -> (reward, info)`` or a
       ``TaskScore``; None: no reward.
+    - ``required_fields``: the fields the reward reads, checked on the first sample at
+      construction (a dataset without them fails here, not at the first step).
     - ``system_prompt``, ``max_turns``: as ``ChatEnv`` (``max_turns`` defaults to 1).
     - ``**chat_options``: ``ChatEnv``'s other arguments (``input_mode``, ``tokenizer``,
       ``template_kwargs``, ``observation_keys``, ``max_text_length``, ``render_mode``, the
@@ -141,6 +143,7 @@ class DatasetChatEnv(ChatEnv):
         group_repeats: bool = False,
         field_map: FieldMap | None = None,
         reward: TaskReward | None = None,
+        required_fields: tuple[str, ...] = (),
         system_prompt: str | None = None,
         max_turns: int | None = 1,
         **chat_options: Any,
@@ -150,6 +153,8 @@ class DatasetChatEnv(ChatEnv):
             repeats = 1
         if isinstance(repeats, bool) or not isinstance(repeats, (int, np.integer)) or repeats < 1:
             raise ValueError(f"repeats must be an int >= 1 (or None for 1), got {repeats!r}")
+        if not isinstance(shuffle, bool):
+            raise TypeError(f"shuffle must be a bool, got {type(shuffle).__name__}: {shuffle!r}")
         if not isinstance(group_repeats, bool):
             raise TypeError(f"group_repeats must be a bool, got {type(group_repeats).__name__}")
         if field_map is not None and not (isinstance(field_map, Mapping) or callable(field_map)):
@@ -166,6 +171,7 @@ class DatasetChatEnv(ChatEnv):
             raise TypeError("DatasetChatEnv takes its queries from the dataset, got query=")
         super().__init__(system_prompt=system_prompt, max_turns=max_turns, **chat_options)
         self.reward = reward
+        self.required_fields = tuple(required_fields)
         self.repeats = int(repeats)
         self.group_repeats = group_repeats
         self.field_map = field_map
@@ -318,9 +324,15 @@ class DatasetChatEnv(ChatEnv):
                     f"its columns are {columns}"
                 )
         try:
-            self._map(first)
+            sample = self._map(first)
         except KeyError as error:
             raise ValueError(f"dataset's samples do not fit: {error.args[0]}") from None
+        missing = [name for name in self.required_fields if name not in sample]
+        if missing:
+            raise ValueError(
+                f"dataset's samples lack the fields {missing} the task's reward reads; its "
+                f"fields are {sorted(sample)} (rename a column with field_map=...)"
+            )
 
     # -- tokens ----------------------------------------------------------------------------
 

@@ -88,14 +88,19 @@ class DatasetChatVectorEnv(VectorEnv):
         seed: int | Sequence[int | None] | None = None,
         options: dict[str, Any] | None = None,
     ) -> tuple[dict[str, Any], dict[str, Any]]:
-        if seed is None or isinstance(seed, (int, np.integer)):
+        if seed is None or (isinstance(seed, (int, np.integer)) and not isinstance(seed, bool)):
             seeds = [None if seed is None else int(seed) + i for i in range(self.num_envs)]
-        else:
+        elif isinstance(seed, (list, tuple, np.ndarray)):
             seeds = list(seed)
-            if len(seeds) != self.num_envs:
-                raise ValueError(
-                    f"seed as a list must have num_envs={self.num_envs} entries, got {len(seeds)}"
-                )
+        else:
+            raise TypeError(
+                "seed must be None, an int or a list of num_envs ints, got "
+                f"{type(seed).__name__}: {seed!r:.40}"
+            )
+        if len(seeds) != self.num_envs:
+            raise ValueError(
+                f"seed as a list must have num_envs={self.num_envs} entries, got {len(seeds)}"
+            )
         if options and self.group_size > 1:
             raise ValueError(
                 "options cannot be given with group_repeats=True: each group's sample comes "

@@ -83,6 +83,7 @@ def gsm8k_task(
         "system_prompt": prompt,
         "field_map": {"question": "query"},
         "reward": functools.partial(_score, reward),
+        "required_fields": ("answer",),
     }
 
 

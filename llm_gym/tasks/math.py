@@ -143,6 +143,7 @@ def make_math_env(
         "system_prompt": prompt,
         "field_map": {"problem": "query"},
         "reward": functools.partial(_score, reward),
+        "required_fields": ("solution",),
     }
     if env_kwargs.get("system_prompt", "") is None:
         del env_kwargs["system_prompt"]

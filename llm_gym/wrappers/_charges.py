@@ -137,6 +137,10 @@ class KLCoefficient:
 
     def __init__(self, coef: float, kl_controller: KLController | None) -> None:
         if kl_controller is None:
+            if isinstance(coef, bool) or not isinstance(coef, (int, float, np.number)):
+                raise TypeError(f"coef must be a number, got {type(coef).__name__}: {coef!r:.40}")
+            if not (np.isfinite(coef) and coef >= 0):
+                raise ValueError(f"coef must be a finite number >= 0, got {coef!r}")
             kl_controller = ConstantKLController(coef)
         if not isinstance(kl_controller, KLController):
             raise TypeError(
