@@ -120,9 +120,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _prepare(args: argparse.Namespace) -> Rollout:
-    known = llm_gym_env_ids()
-    if args.env not in known:
-        raise ValueError(f"unknown env id {args.env!r}; known ids: {', '.join(known)}")
+    runnable = [i for i in llm_gym_env_ids() if gym.spec(i).vector_entry_point is not None]
+    if args.env not in runnable:
+        what = "is not a task env" if args.env in llm_gym_env_ids() else "is unknown"
+        raise ValueError(
+            f"env id {args.env!r} {what}; rollout runs the task envs: {', '.join(runnable)}"
+        )
     config = RolloutConfig(
         env=args.env,
         env_args=dict(args.env_arg),

@@ -196,6 +196,12 @@ class Rollout:
         self.out = Path(config.out)
         check_out(self.out, config.overwrite)
         model, tokenizer = load_model(config.model)
+        context = getattr(model.config, "max_position_embeddings", None)
+        if context is not None and config.max_new_tokens >= context:
+            raise ValueError(
+                f"max_new_tokens={config.max_new_tokens} leaves no room for a prompt in the "
+                f"model's context of {context} tokens"
+            )
         generate_kwargs: dict[str, Any] = {"max_new_tokens": config.max_new_tokens}
         if config.temperature > 0:
             generate_kwargs.update(do_sample=True, temperature=config.temperature)

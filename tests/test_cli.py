@@ -131,7 +131,12 @@ def test_interrupted_run_keeps_finished_episodes(model_dirs, tmp_path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--env", "CartPole-v1"], "unknown env id 'CartPole-v1'; known ids: .*LLMChat-GSM8K-v0"),
+        (["--env", "CartPole-v1"], "env id 'CartPole-v1' is unknown; rollout runs the task envs: "),
+        (
+            ["--env", "LLMChat-v0"],
+            "'LLMChat-v0' is not a task env; rollout runs .*LLMChat-GSM8K-v0",
+        ),
+        (["--max-new-tokens", "100000"], "max_new_tokens=100000 leaves no room for a prompt"),
         (["--model", "/no/such/model"], "Model path '/no/such/model' is not a readable folder"),
         (["--data-dir", "/no/such/data"], "/no/such/data"),
         (["--num-envs", "0"], r"argument --num-envs: expected a number >= 1, got '0'"),

@@ -238,3 +238,13 @@ def test_native_vector_reset_checks_its_seed():
         envs.reset(seed=1.5)
     with pytest.raises(ValueError, match="must have num_envs=2 entries, got 3"):
         envs.reset(seed=[1, 2, 3])
+
+
+def test_an_empty_or_blank_data_file_is_named(tmp_path):
+    (tmp_path / "test.jsonl").write_text("")
+    (tmp_path / "train.jsonl").write_text("\n \n")
+    for split in ("test", "train"):
+        with pytest.raises(
+            ValueError, match=f"{split}.jsonl' holds no samples \\(it is empty or only blank"
+        ):
+            gym.make("LLMChat-GSM8K-v0", data_dir=tmp_path, split=split)

@@ -285,8 +285,22 @@ def load_local_dataset(path: str | os.PathLike[str], split: str | None = None) -
             raise ValueError(
                 f"dataset file must end in {', '.join(_LOCAL_BUILDERS)}, got {path.name!r}"
             )
+        if builder == "json" and not _has_content(path):
+            raise ValueError(
+                f"dataset file {str(path)!r} holds no samples (it is empty or only blank lines)"
+            )
         return datasets.load_dataset(builder, data_files=str(path), split="train")
     raise FileNotFoundError(f"dataset path {str(path)!r} does not exist")
+
+
+def _has_content(path: Path) -> bool:
+    # Reads up to the first non-blank character: datasets raises a bare StopIteration for an
+    # empty file and "corresponds to no data" for blank lines.
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 16):
+            if chunk.strip():
+                return True
+    return False
 
 
 def _pick_split(dataset_dict: Mapping[str, Any], split: str | None, what: str) -> Any:
