@@ -248,3 +248,28 @@ def test_an_empty_or_blank_data_file_is_named(tmp_path):
             ValueError, match=f"{split}.jsonl' holds no samples \\(it is empty or only blank"
         ):
             gym.make("LLMChat-GSM8K-v0", data_dir=tmp_path, split=split)
+
+
+def test_what_the_policy_said_is_kept_as_said(smollm2_tokenizer):
+    from llm_gym import ChatEnv, Response
+
+    env = ChatEnv(
+        "tokens", tokenizer=smollm2_tokenizer, query="hi", max_turns=3,
+        observation_keys=("tokens", "text", "history"),
+    )  # fmt: skip
+    env.reset(seed=0)
+    obs, *_ = env.step("<|im_end|><|im_end|>")
+    assert obs["history"][-1]["content"] == "<|im_end|><|im_end|>"
+    decoded = smollm2_tokenizer.decode(obs["tokens"].tolist(), skip_special_tokens=False)
+    assert decoded == obs["text"]  # tokens and text agree
+    # A sampled response's closing end-of-turn token is the turn's end, counted once.
+    end = smollm2_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    sampled = np.asarray(smollm2_tokenizer("fine")["input_ids"] + [end])
+    obs, *_ = env.step(Response("fine<|im_end|>", sampled))
+    assert obs["history"][-1]["content"] == "fine"
+    assert (
+        smollm2_tokenizer.decode(obs["tokens"].tolist(), skip_special_tokens=False) == obs["text"]
+    )
+    history = ChatEnv(query="hi", max_turns=1)
+    history.reset(seed=0)
+    assert history.step("Use <s>old</s>")[0]["history"][-1]["content"] == "Use <s>old</s>"

@@ -220,7 +220,7 @@ class ChatEnv(gym.Env):
                 else "ChatEnv.step needs a reset: the episode has ended (terminated or truncated)"
             )
         response = self.check_action(action)
-        content = _strip_end_of_turn(response.text)
+        content = self._content(response)
         # Scored and the next prompt built before anything is stored: a step that raises
         # (a reward that rejects its sample, text that cannot be tokenized) changes nothing.
         reward, terminated, info = self._score(self.assistant_prefix + content)
@@ -341,15 +341,18 @@ class ChatEnv(gym.Env):
         text = rendered + prefix if closing is None else self._text + content + closing + prefix
         new_tokens = None
         if self._tokens is not None:
-            if tokens is None:
+            sampled = tokens is not None
+            if not sampled:
                 tokens = self._encode(content)
             if closing is None:
                 new_tokens = np.concatenate([self._encode(rendered), self._prefix_tokens()])
             else:
                 # An end-of-turn string spans a few tokens at most: decode only the tail.
-                sampled = self.tokenizer.decode(tokens[-16:].tolist(), skip_special_tokens=False)
-                for end in _END_OF_TURN:
-                    if sampled.endswith(end) and closing.startswith(end):
+                # A sampled response ends with the end-of-turn token the template would add:
+                # it is not added twice. Text given as a str is kept as said, its tokens too.
+                tail = self.tokenizer.decode(tokens[-16:].tolist(), skip_special_tokens=False)
+                for end in _END_OF_TURN if sampled else ():
+                    if tail.endswith(end) and closing.startswith(end):
                         closing = closing[len(end) :]
                         break
                 if closing not in self._closing_ids:
@@ -396,6 +399,17 @@ class ChatEnv(gym.Env):
                 f"character {error.start}); it cannot be tokenized or stored"
             ) from None
         return response
+
+    def _content(self, response: Response) -> str:
+        """The turn's content: the text as said, less the end-of-turn token a sampled response
+        ends with (that token closes the turn; it is not part of what was said)."""
+        text, tokens = response.text, response.tokens
+        if tokens is None or not len(tokens):
+            return text
+        if self.tokenizer is None:
+            return _strip_end_of_turn(text)
+        last = self.tokenizer.decode(tokens[-1:].tolist(), skip_special_tokens=False)
+        return text[: -len(last)] if last in _END_OF_TURN and text.endswith(last) else text
 
     def _check_token_ids(self, tokens: np.ndarray) -> None:
         vocab = len(self.tokenizer)
