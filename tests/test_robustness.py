@@ -6,6 +6,8 @@ import warnings
 import gymnasium as gym
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import llm_gym
 from llm_gym.envs import DatasetChatEnv
@@ -273,3 +275,40 @@ def test_what_the_policy_said_is_kept_as_said(smollm2_tokenizer):
     history = ChatEnv(query="hi", max_turns=1)
     history.reset(seed=0)
     assert history.step("Use <s>old</s>")[0]["history"][-1]["content"] == "Use <s>old</s>"
+
+
+# -- all-or-nothing vector steps ------------------------------------------------------------
+
+VALID = st.sampled_from(["<answer>1</answer>", "thinking", "", "<answer>2</answer>"])
+INVALID = st.one_of(
+    st.integers(),
+    st.just("\ud800"),
+    st.just("x" * 300),
+    st.builds(lambda n: np.arange(n, dtype=np.int64), st.integers(1, 3)),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.lists(st.one_of(VALID, INVALID), min_size=3, max_size=3), min_size=1, max_size=6)
+)
+def test_vector_step_is_all_or_nothing(batches):
+    rows = [{"question": f"{i}+0?", "answer": f"#### {i}"} for i in range(5)]
+    envs = gym.make_vec(
+        "LLMChat-GSM8K-v0", num_envs=3, dataset=rows, max_turns=2, max_text_length=200
+    )
+    obs, _ = envs.reset(seed=0)
+    for actions in batches:
+        before = [(e.history.to_chats(), e._turn, e.source.position) for e in envs.unwrapped.envs]
+        try:
+            obs, *_ = envs.step(actions)
+        except (TypeError, ValueError) as error:
+            assert str(error).startswith("actions[")
+            after = [
+                (e.history.to_chats(), e._turn, e.source.position) for e in envs.unwrapped.envs
+            ]
+            assert after == before  # no sub-env moved
+        else:
+            assert all(isinstance(a, str) and len(a) <= 200 and a != "\ud800" for a in actions)
+            # Each sub-env took its turn: an assistant turn, or a new episode's user turn.
+            assert {h[-1]["role"] for h in obs["history"]} <= {"assistant", "user"}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
@@ -14,11 +15,22 @@ from llm_gym.chat.history import History
 from llm_gym.chat.templates import CHAT_TEMPLATES, resolve_chat_template
 from llm_gym.spaces import INPUT_MODES, MAX_TEXT_LENGTH, UnicodeText, history_space, token_space
 
-__all__ = ["ChatEnv"]
+__all__ = ["ChatEnv", "StepPlan"]
 
 # End-of-turn strings a sampled response may end with; they belong to the template's
 # closing of the turn, not to the message content.
 _END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "</s>")
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """A step of a ``ChatEnv``, computed but not yet stored (see ``ChatEnv.plan_step``)."""
+
+    state: tuple[History, str | None, str | None, np.ndarray | None]
+    reward: float
+    terminated: bool
+    truncated: bool
+    info: dict[str, Any]
 
 
 class ChatEnv(gym.Env):
@@ -213,6 +225,15 @@ class ChatEnv(gym.Env):
     def step(
         self, action: str | np.ndarray | Response | Mapping[str, Any]
     ) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
+        return self.commit_step(self.plan_step(action))
+
+    def plan_step(self, action: str | np.ndarray | Response | Mapping[str, Any]) -> StepPlan:
+        """Everything ``step`` would do, computed and checked but not stored.
+
+        A step that raises (a bad action, a reward that rejects its sample, text that cannot
+        be tokenized) therefore changes nothing; a vector env plans all its sub-envs' steps
+        before it commits any.
+        """
         if self._history is None or self._done:
             raise gym.error.ResetNeeded(
                 "Cannot call ChatEnv.step before reset"
@@ -221,22 +242,26 @@ class ChatEnv(gym.Env):
             )
         response = self.check_action(action)
         content = self._content(response)
-        # Scored and the next prompt built before anything is stored: a step that raises
-        # (a reward that rejects its sample, text that cannot be tokenized) changes nothing.
         reward, terminated, info = self._score(self.assistant_prefix + content)
         state = self._next_state(content, response.tokens)
-        self._history, self._rendered, self._text, self._tokens = state
-        self._turn += 1
         truncated = False
-        if self.max_turns is not None and self._turn >= self.max_turns and not terminated:
+        if self.max_turns is not None and self._turn + 1 >= self.max_turns and not terminated:
             if self.max_turns == 1:
                 terminated = True
             else:
                 truncated = True
-        self._done = bool(terminated or truncated)
+        return StepPlan(state, float(reward), bool(terminated), bool(truncated), info)
+
+    def commit_step(
+        self, plan: StepPlan
+    ) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
+        """Store a planned step (nothing here can fail) and return what ``step`` returns."""
+        self._history, self._rendered, self._text, self._tokens = plan.state
+        self._turn += 1
+        self._done = plan.terminated or plan.truncated
         if self.render_mode == "human":
             self.render()
-        return self._observation(), float(reward), bool(terminated), bool(truncated), info
+        return self._observation(), plan.reward, plan.terminated, plan.truncated, plan.info
 
     def render(self) -> str | None:
         """``"ansi"``: the conversation as text; ``"human"``: print it."""

@@ -10,7 +10,7 @@ from gymnasium import error
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
 
-from llm_gym.chat.containers import Response
+from llm_gym.envs.chat import StepPlan
 from llm_gym.envs.dataset import DatasetChatEnv
 
 __all__ = ["DatasetChatVectorEnv", "batch_infos"]
@@ -124,13 +124,13 @@ class DatasetChatVectorEnv(VectorEnv):
     ) -> tuple[dict[str, Any], np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         if self._needs_reset:
             raise error.ResetNeeded("Cannot call DatasetChatVectorEnv.step before reset")
-        responses = self._check_actions(actions)  # all checked before any sub-env changes
+        plans = self._plan(actions)  # every sub-env's step computed before any is stored
         rewards = np.zeros(self.num_envs, dtype=np.float64)
         terminated = np.zeros(self.num_envs, dtype=np.bool_)
         truncated = np.zeros(self.num_envs, dtype=np.bool_)
         infos: list[dict[str, Any]] = []
-        for i, (env, response) in enumerate(zip(self.envs, responses, strict=True)):
-            obs, rewards[i], terminated[i], truncated[i], info = env.step(response)
+        for i, (env, plan) in enumerate(zip(self.envs, plans, strict=True)):
+            obs, rewards[i], terminated[i], truncated[i], info = env.commit_step(plan)
             if terminated[i] or truncated[i]:
                 final = {"final_obs": obs, "final_info": info}
                 obs, info = self._autoreset(i)
@@ -192,7 +192,7 @@ class DatasetChatVectorEnv(VectorEnv):
             del records[old]
         return {"sample": record}
 
-    def _check_actions(self, actions: Sequence[Any]) -> list[Response]:
+    def _plan(self, actions: Sequence[Any]) -> list[StepPlan]:
         if isinstance(actions, (str, bytes)) or not hasattr(actions, "__len__"):
             raise TypeError(
                 f"actions must be a sequence of {self.num_envs} responses, "
@@ -202,13 +202,13 @@ class DatasetChatVectorEnv(VectorEnv):
             raise ValueError(
                 f"actions must hold num_envs={self.num_envs} responses, got {len(actions)}"
             )
-        responses = []
+        plans = []
         for i, (env, action) in enumerate(zip(self.envs, actions, strict=True)):
             try:
-                responses.append(env.check_action(action))
-            except (TypeError, ValueError) as err:
-                raise type(err)(f"actions[{i}]: {err}") from None
-        return responses
+                plans.append(env.plan_step(action))
+            except (TypeError, ValueError, KeyError) as err:
+                raise type(err)(f"actions[{i}]: {err}") from err
+        return plans
 
     def _batched_obs(self) -> dict[str, Any]:
         return concatenate(self.single_observation_space, self._obs, self._out)
