@@ -312,3 +312,14 @@ def test_vector_step_is_all_or_nothing(batches):
             assert all(isinstance(a, str) and len(a) <= 200 and a != "\ud800" for a in actions)
             # Each sub-env took its turn: an assistant turn, or a new episode's user turn.
             assert {h[-1]["role"] for h in obs["history"]} <= {"assistant", "user"}
+
+
+def test_generation_lengths_are_checked_at_construction(gpt2_tokenizer):
+    from llm_gym import TransformersPolicy
+    from llm_gym.models import tiny_model
+
+    model = tiny_model(gpt2_tokenizer)
+    for key, value in (("max_new_tokens", -1), ("max_tokens", 0), ("max_length", 2.5)):
+        name = "max_new_tokens" if key == "max_tokens" else key
+        with pytest.raises(ValueError, match=f"generate_kwargs\\['{name}'\\] must be an int >= 1"):
+            TransformersPolicy(model, gpt2_tokenizer, generate_kwargs={key: value})

@@ -60,6 +60,12 @@ def generation_settings(
     for key, why in _RESERVED.items():
         if key in kwargs:
             raise ValueError(f"generate_kwargs may not set {key!r}: {why}")
+    for key in ("max_new_tokens", "min_new_tokens", "max_length"):
+        value = kwargs.get(key)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
+            raise ValueError(f"generate_kwargs[{key!r}] must be an int >= 1, got {value!r}")
     if kwargs.get("num_beams", 1) != 1:
         raise ValueError(
             f"generate_kwargs['num_beams'] must be 1, got {kwargs['num_beams']}: beam search "
