@@ -21,7 +21,14 @@ from llm_gym.runner import Rollout, RolloutConfig
 CASES = [
     ("ReasoningGym basic_arithmetic", "LLMChat-ReasoningGym-v0", {"level": 0}, "last_number"),
     ("ReasoningGym basic_arithmetic", "LLMChat-ReasoningGym-v0", {"level": 0}, "tags"),
+    ("ReasoningGym basic_arithmetic", "LLMChat-ReasoningGym-v0", {"level": 1}, "last_number"),
     ("ReasoningGym basic_arithmetic", "LLMChat-ReasoningGym-v0", {"level": None}, "last_number"),
+    (
+        "ReasoningGym chain_sum",
+        "LLMChat-ReasoningGym-v0",
+        {"task": "chain_sum", "level": 0},
+        "last_number",
+    ),
     (
         "ReasoningGym leg_counting",
         "LLMChat-ReasoningGym-v0",
