@@ -18,6 +18,7 @@ from llm_gym.envs.dataset import DatasetChatEnv, TaskScore
 from llm_gym.envs.procedural import ProceduralSource
 from llm_gym.envs.vector import DatasetChatVectorEnv
 from llm_gym.rewards.countdown import CountdownReward
+from llm_gym.tasks._build import task_env
 from llm_gym.tasks.formats import system_prompt
 
 __all__ = [
@@ -181,9 +182,7 @@ def make_countdown_env(
         else system_prompt(_DESCRIPTION, answer_format, _HINT.replace("ONLY", "only"))
     )
     task = {"system_prompt": prompt, "reward": functools.partial(_score, reward)}
-    if env_kwargs.get("system_prompt", "") is None:
-        del env_kwargs["system_prompt"]
-    return DatasetChatEnv(source, seed=seed, **(task | env_kwargs))
+    return task_env(source, task, env_kwargs, seed=seed)
 
 
 def make_countdown_vector_env(num_envs: int = 1, **kwargs: Any) -> DatasetChatVectorEnv:

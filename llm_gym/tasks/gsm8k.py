@@ -17,6 +17,7 @@ from llm_gym.envs.dataset import DatasetChatEnv, TaskScore
 from llm_gym.envs.vector import DatasetChatVectorEnv
 from llm_gym.rewards.answers import check_answer_format
 from llm_gym.rewards.gsm8k import GSM8KReward
+from llm_gym.tasks._build import task_env
 from llm_gym.tasks._splits import SPLITS, load_split
 from llm_gym.tasks.formats import system_prompt
 
@@ -166,11 +167,9 @@ def make_gsm8k_env(
     if dataset is not None and data_dir is not None:
         raise ValueError("pass either dataset= or data_dir=, not both")
     task = gsm8k_task(reward, answer_format)
-    if env_kwargs.get("system_prompt", "") is None:
-        del env_kwargs["system_prompt"]  # None: TorchRL's prompt, as before
     if dataset is None:
         dataset = load_gsm8k(split, data_dir)
-    return DatasetChatEnv(dataset, split=split, **(task | env_kwargs))
+    return task_env(dataset, task, env_kwargs, split=split)
 
 
 def make_gsm8k_vector_env(num_envs: int = 1, **kwargs: Any) -> DatasetChatVectorEnv:

@@ -16,6 +16,7 @@ from typing import Any
 from llm_gym.envs.dataset import DatasetChatEnv, TaskScore
 from llm_gym.envs.vector import DatasetChatVectorEnv
 from llm_gym.rewards.math import MATHReward, boxed_answer
+from llm_gym.tasks._build import task_env
 from llm_gym.tasks._splits import SPLITS, load_split
 from llm_gym.tasks.formats import system_prompt
 
@@ -145,11 +146,9 @@ def make_math_env(
         "reward": functools.partial(_score, reward),
         "required_fields": ("solution",),
     }
-    if env_kwargs.get("system_prompt", "") is None:
-        del env_kwargs["system_prompt"]
     if dataset is None:
         dataset = load_math(split, data_dir)
-    return DatasetChatEnv(dataset, split=split, **(task | env_kwargs))
+    return task_env(dataset, task, env_kwargs, split=split)
 
 
 def make_math_vector_env(num_envs: int = 1, **kwargs: Any) -> DatasetChatVectorEnv:

@@ -18,6 +18,7 @@ from llm_gym.envs.dataset import DatasetChatEnv, TaskScore
 from llm_gym.envs.procedural import ProceduralSource
 from llm_gym.envs.vector import DatasetChatVectorEnv
 from llm_gym.rewards.answers import check_answer_format, check_reward, score_answer
+from llm_gym.tasks._build import task_env
 from llm_gym.tasks.formats import system_prompt
 
 __all__ = ["ReasoningGymTask", "make_reasoning_gym_env", "make_reasoning_gym_vector_env"]
@@ -229,9 +230,7 @@ def make_reasoning_gym_env(
     source = ProceduralSource(generate, num_levels=num_levels, level=level or 0, seed=seed)
     reward = functools.partial(_score, rg_task, answer_format, format_reward)
     task_kwargs = {"system_prompt": system_prompt(_DESCRIPTION, answer_format), "reward": reward}
-    if env_kwargs.get("system_prompt", "") is None:
-        del env_kwargs["system_prompt"]
-    return DatasetChatEnv(source, seed=seed, **(task_kwargs | env_kwargs))
+    return task_env(source, task_kwargs, env_kwargs, seed=seed)
 
 
 def make_reasoning_gym_vector_env(num_envs: int = 1, **kwargs: Any) -> DatasetChatVectorEnv:

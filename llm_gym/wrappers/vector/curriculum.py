@@ -12,6 +12,7 @@ from gymnasium.vector import VectorEnv, VectorWrapper
 
 from llm_gym.wrappers import curriculum as single
 from llm_gym.wrappers.curriculum import LevelSchedule, levels_of
+from llm_gym.wrappers.vector._signature import single_env_arguments
 
 __all__ = ["DifficultyCurriculum"]
 
@@ -49,9 +50,7 @@ class DifficultyCurriculum(VectorWrapper, gym.utils.RecordConstructorArgs):
     __signature__ = inspect.signature(single.DifficultyCurriculum)
 
     def __init__(self, env: VectorEnv, *args: Any, **kwargs: Any) -> None:
-        bound = inspect.signature(single.DifficultyCurriculum).bind(env, *args, **kwargs)
-        bound.apply_defaults()
-        named = {k: v for k, v in bound.arguments.items() if k != "env"}
+        named = single_env_arguments(single.DifficultyCurriculum, env, args, kwargs)
         gym.utils.RecordConstructorArgs.__init__(self, **named)
         num_levels, level = _levels(env)
         self.schedule = LevelSchedule(

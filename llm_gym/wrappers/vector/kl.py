@@ -20,21 +20,9 @@ from llm_gym.envs.vector import batch_infos
 from llm_gym.scorer import check_scorer
 from llm_gym.wrappers import kl as single
 from llm_gym.wrappers._charges import KLCharge, check_pair, score, warn_low_precision
+from llm_gym.wrappers.vector._signature import single_env_arguments
 
 __all__ = ["RetrieveLogProb", "KLComputation", "RetrieveKL", "KLRewardWrapper"]
-
-
-def _arguments(wrapper: type, env: VectorEnv, args: tuple, kwargs: dict) -> dict[str, Any]:
-    """``args``/``kwargs`` by name, as the single-env ``wrapper`` takes them (defaults filled
-    in, ``**options`` flattened): a wrong argument fails as it would there."""
-    bound = inspect.signature(wrapper).bind(env, *args, **kwargs)
-    bound.apply_defaults()
-    named = dict(bound.arguments)
-    del named["env"]
-    for name, parameter in inspect.signature(wrapper).parameters.items():
-        if parameter.kind is inspect.Parameter.VAR_KEYWORD:
-            named.update(named.pop(name))
-    return named
 
 
 def _check_count(actions: Any, num_envs: int) -> list[Any]:
@@ -52,7 +40,7 @@ class RetrieveLogProb(VectorWrapper, gym.utils.RecordConstructorArgs):
     __signature__ = inspect.signature(single.RetrieveLogProb)
 
     def __init__(self, env: VectorEnv, *args: Any, **kwargs: Any) -> None:
-        named = _arguments(single.RetrieveLogProb, env, args, kwargs)
+        named = single_env_arguments(single.RetrieveLogProb, env, args, kwargs)
         gym.utils.RecordConstructorArgs.__init__(self, _disable_deepcopy=True, **named)
         VectorWrapper.__init__(self, env)
         self.model = check_scorer(named["model"], "model")
@@ -86,7 +74,7 @@ class KLComputation(VectorWrapper, gym.utils.RecordConstructorArgs):
     __signature__ = inspect.signature(single.KLComputation)
 
     def __init__(self, env: VectorEnv, *args: Any, **kwargs: Any) -> None:
-        named = _arguments(single.KLComputation, env, args, kwargs)
+        named = single_env_arguments(single.KLComputation, env, args, kwargs)
         self.charge = KLCharge(env, **named)
         self.kl_coefficient = self.charge.coefficient
         gym.utils.RecordConstructorArgs.__init__(self, _disable_deepcopy=True, **named)
@@ -115,7 +103,7 @@ class RetrieveKL(KLComputation):
     __signature__ = inspect.signature(single.RetrieveKL)
 
     def __init__(self, env: VectorEnv, *args: Any, **kwargs: Any) -> None:
-        named = _arguments(single.RetrieveKL, env, args, kwargs)
+        named = single_env_arguments(single.RetrieveKL, env, args, kwargs)
         gym.utils.RecordConstructorArgs.__init__(self, _disable_deepcopy=True, **named)
         gen_model, ref_model = named.pop("gen_model"), named.pop("ref_model")
         assistant_only = named.pop("assistant_only")
@@ -135,6 +123,6 @@ class KLRewardWrapper(RetrieveKL):
     __signature__ = inspect.signature(single.KLRewardWrapper)
 
     def __init__(self, env: VectorEnv, *args: Any, **kwargs: Any) -> None:
-        named = _arguments(single.KLRewardWrapper, env, args, kwargs)
+        named = single_env_arguments(single.KLRewardWrapper, env, args, kwargs)
         gym.utils.RecordConstructorArgs.__init__(self, _disable_deepcopy=True, **named)
         super().__init__(env, None, **named)
