@@ -99,7 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="move the task's level with the success rate over WINDOW episodes (tasks with "
         "levels: Countdown, ReasoningGym)")  # fmt: skip
     add("--num-envs", type=_number(int, 1), default=defaults.num_envs)
-    add("--episodes", type=_number(int, 1), default=defaults.episodes)
+    add("--episodes", type=_number(int, 1), default=None,
+        help="episodes to run (default: one epoch of a dataset split, each question "
+        "exactly once across the envs; 64 for procedural tasks)")  # fmt: skip
     add("--model", default=defaults.model, help="'default' (SmolLM2-135M-Instruct) or a folder")
     add("--ref-model", default=None, help="reference model for the KL penalty ('default' or a "
         "folder); without it no KL is charged")  # fmt: skip

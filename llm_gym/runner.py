@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from llm_gym.wrappers import vector as vector_wrappers
 __all__ = ["RolloutConfig", "Rollout", "Summary", "run_rollout", "make_envs", "EPISODES_FILE"]
 
 EPISODES_FILE = "episodes.jsonl"
+PROCEDURAL_EPISODES = 64  # the default for tasks without a fixed size
 SUMMARY_FILE = "summary.json"
 PLOT_FILE = "rollout.png"
 
@@ -42,7 +43,7 @@ class RolloutConfig:
     answer_format: str | None = None
     curriculum: int = 0  # the window of the difficulty curriculum; 0: off
     num_envs: int = 8
-    episodes: int = 64
+    episodes: int | None = None  # None: one epoch of a dataset split, else 64
     model: str = "default"
     ref_model: str | None = None
     kl_coef: float = 0.05
@@ -211,6 +212,9 @@ class Rollout:
             model, tokenizer, input_mode="tokens", generate_kwargs=generate_kwargs
         )
         envs = make_envs(config, tokenizer)
+        if config.episodes is None:
+            epoch = getattr(envs.unwrapped, "epoch_size", None)
+            self.config = config = replace(config, episodes=epoch or PROCEDURAL_EPISODES)
         if config.ref_model is not None:
             ref_model, ref_tokenizer = load_model(config.ref_model)
             ref = TransformersPolicy(ref_model, ref_tokenizer, input_mode="tokens", generate=False)

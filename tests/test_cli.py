@@ -15,6 +15,7 @@ from gsm8k_fixture import FIXTURE  # made-up problems, written to a temp folder
 
 from llm_gym.cli import main
 from llm_gym.models import tiny_model
+from llm_gym.runner import Rollout, RolloutConfig
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +89,24 @@ def test_rollout_writes_episodes_summary_and_plot(model_dirs, tmp_path):
     for name in ("episodes", "accuracy", "format rate", "mean reward", "mean KL", "tokens/s"):
         assert name in result.stdout
     assert "episodes         3" in result.stdout.replace("\t", " ")
+
+
+def test_default_episodes_cover_the_split_exactly_once(model_dirs, tmp_path):
+    out = tmp_path / "run"
+    args = rollout_args(model_dirs, out, "--max-new-tokens", "2")
+    del args[args.index("--episodes") : args.index("--episodes") + 2]
+    assert main(args) == 0
+    episodes = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
+    questions = [json.loads(line)["question"] for line in (FIXTURE / "test.jsonl").open()]
+    # 3 questions over 2 envs: each exactly once, the last step's extra episode left out.
+    assert sorted(e["prompt"][-1]["content"] for e in episodes) == sorted(questions)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["config"]["episodes"] == summary["summary"]["episodes"] == 3
+
+
+def test_default_episodes_of_a_procedural_task(model_dirs, tmp_path):
+    config = RolloutConfig(env="LLMChat-Countdown-v0", model=model_dirs[0], out=str(tmp_path))
+    assert Rollout(config).config.episodes == 64
 
 
 def test_second_run_refuses_then_overwrites(model_dirs, tmp_path):

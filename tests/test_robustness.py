@@ -323,3 +323,27 @@ def test_generation_lengths_are_checked_at_construction(gpt2_tokenizer):
         name = "max_new_tokens" if key == "max_tokens" else key
         with pytest.raises(ValueError, match=f"generate_kwargs\\['{name}'\\] must be an int >= 1"):
             TransformersPolicy(model, gpt2_tokenizer, generate_kwargs={key: value})
+
+
+@pytest.mark.parametrize(
+    "env_id, kwargs",
+    [
+        ("LLMChat-v0", {"query": "hi"}),
+        ("LLMChat-GSM8K-v0", {"dataset": ROWS}),
+        ("LLMChat-Countdown-v0", {}),
+        ("LLMChat-ReasoningGym-v0", {}),
+        ("LLMToken-GSM8K-v0", {"dataset": ROWS, "max_new_tokens": 2}),
+    ],
+)
+def test_a_rejected_first_reset_leaves_the_env_usable(env_id, kwargs, gpt2_tokenizer):
+    if env_id.startswith("LLMToken"):
+        kwargs = {**kwargs, "tokenizer": gpt2_tokenizer}
+    env = gym.make(env_id, **kwargs)
+    # Gymnasium's PassiveEnvChecker would keep no reset data after this and fail the
+    # first step with "cannot unpack non-iterable NoneType"; llm_gym's ids run without it.
+    assert env.spec.disable_env_checker is True
+    with pytest.raises(ValueError, match="bogus"):
+        env.reset(options={"bogus": 1})
+    obs, _ = env.reset(seed=0)
+    action = 0 if env_id.startswith("LLMToken") else "an answer"
+    assert env.observation_space.contains(env.step(action)[0])

@@ -7,9 +7,11 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
+from gymnasium.vector import AutoresetMode
 
 import llm_gym  # noqa: F401  (registers the ids)
 from llm_gym import Response
+from llm_gym.envs import sharded_env_fns
 from llm_gym.rewards.countdown import CountdownReward, evaluate, score_countdown, uses_numbers
 from llm_gym.rewards.math import MATHReward, math_equal, math_reward_func
 from llm_gym.tasks.countdown import COUNTDOWN_SYSTEM_PROMPT
@@ -62,10 +64,13 @@ def test_check_env_in_every_input_mode(env_id, mode, gpt2_tokenizer, math_dir):
 @pytest.mark.parametrize("env_id", list(TASKS))
 def test_the_same_seed_gives_the_same_questions_in_every_vectorization(env_id):
     def questions(mode, seed):
-        kw = {"vector_kwargs": {"shared_memory": False}} if mode == "async" else {}
-        envs = gym.make_vec(
-            env_id, num_envs=3, vectorization_mode=mode, seed=seed, **TASKS[env_id], **kw
-        )
+        if mode == "vector_entry_point":
+            envs = gym.make_vec(env_id, num_envs=3, seed=seed, **TASKS[env_id])
+        else:  # sub-envs that split one stream, as the native env's do
+            fns = sharded_env_fns(env_id, 3, seed=seed, **TASKS[env_id])
+            kw = {"shared_memory": False} if mode == "async" else {}
+            vector = gym.vector.AsyncVectorEnv if mode == "async" else gym.vector.SyncVectorEnv
+            envs = vector(fns, autoreset_mode=AutoresetMode.SAME_STEP, **kw)
         obs, _ = envs.reset(seed=seed)
         seen = [h[-1]["content"] for h in obs["history"]]
         obs, *_ = envs.step(["x"] * 3)  # native: SAME_STEP autoreset serves the next ones

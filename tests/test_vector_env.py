@@ -1,15 +1,17 @@
 """Vectorized GSM8K: sync / async / native agree; SAME_STEP autoreset; GRPO groups; errors."""
 
 import json
+from collections import Counter
 
 import gymnasium as gym
 import numpy as np
 import pytest
+from conftest import GSM8K_PATH
 from gsm8k_fixture import FIXTURE  # made-up problems, written to a temp folder
 from gymnasium.vector import AutoresetMode
 
 import llm_gym  # noqa: F401  (registers the ids)
-from llm_gym.envs import DatasetChatEnv, DatasetChatVectorEnv
+from llm_gym.envs import DatasetChatEnv, DatasetChatVectorEnv, sharded_env_fns
 from llm_gym.tasks import make_gsm8k_env
 
 ROWS = [{"query": f"q{i}", "id": i} for i in range(10)]
@@ -21,18 +23,16 @@ ANSWERS = {
 
 
 def make_vec(mode, num_envs=3, **kwargs):
+    """The native vector env, or Sync/AsyncVectorEnv over sharded copies of the task."""
     kwargs.setdefault("data_dir", FIXTURE)
-    vector_kwargs = {}
-    if mode != "vector_entry_point":  # Gymnasium's default is NEXT_STEP; compare like with like
-        vector_kwargs["autoreset_mode"] = AutoresetMode.SAME_STEP
-    if mode == "async":
-        vector_kwargs["shared_memory"] = False  # text spaces need it
-    return gym.make_vec(
-        "LLMChat-GSM8K-v0",
-        num_envs=num_envs,
-        vectorization_mode=mode,
-        vector_kwargs=vector_kwargs,
-        **kwargs,
+    if mode == "vector_entry_point":
+        return gym.make_vec("LLMChat-GSM8K-v0", num_envs=num_envs, **kwargs)
+    fns = sharded_env_fns("LLMChat-GSM8K-v0", num_envs, **kwargs)
+    # Gymnasium's default is NEXT_STEP; compare like with like.
+    if mode == "sync":
+        return gym.vector.SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP)
+    return gym.vector.AsyncVectorEnv(  # text spaces need shared_memory=False
+        fns, shared_memory=False, autoreset_mode=AutoresetMode.SAME_STEP
     )
 
 
@@ -70,15 +70,32 @@ def test_sync_async_and_native_give_the_same_rollout():
         envs.close()
     assert traces["sync"] == traces["async"] == traces["vector_entry_point"]
     queries = traces["sync"][0][0]
-    assert len(set(queries)) == 3  # sub-envs are seeded 5, 6, 7: different questions
+    # One order (seed 5), split among the sub-envs: its first three questions.
+    single = make_gsm8k_env(data_dir=FIXTURE)
+    assert queries == [single.reset(seed=5)[0]["history"][1]["content"]] + [
+        single.reset()[0]["history"][1]["content"] for _ in range(2)
+    ]
+
+
+def test_plain_make_vec_sync_shuffles_each_sub_env_on_its_own():
+    # What sharded_env_fns is for: gym.make_vec gives every sub-env the same arguments.
+    envs = gym.make_vec("LLMChat-GSM8K-v0", 3, vectorization_mode="sync", data_dir=FIXTURE)
+    assert [env.unwrapped.shard for env in envs.envs] == [(0, 1)] * 3
+    assert [env.unwrapped.shard for env in make_vec("sync").envs] == [(0, 3), (1, 3), (2, 3)]
+    with pytest.raises(TypeError, match="sets each sub-env's shard itself"):
+        sharded_env_fns("LLMChat-GSM8K-v0", 2, shard=(0, 2))
+    with pytest.raises(ValueError, match="num_envs must be an int >= 1, got 0"):
+        sharded_env_fns("LLMChat-GSM8K-v0", 0)
 
 
 @pytest.mark.parametrize("mode", ["sync", "async", "vector_entry_point"])
 def test_tokens_mode_same_prompts(mode, gpt2_tokenizer):
     envs = make_vec(mode, input_mode="tokens", tokenizer=gpt2_tokenizer)
     obs, _ = envs.reset(seed=1)
-    single = make_gsm8k_env(data_dir=FIXTURE, input_mode="tokens", tokenizer=gpt2_tokenizer)
     for i in range(3):
+        single = make_gsm8k_env(
+            data_dir=FIXTURE, input_mode="tokens", tokenizer=gpt2_tokenizer, shard=(i, 3)
+        )
         assert np.array_equal(obs["tokens"][i], single.reset(seed=1 + i)[0]["tokens"])
     assert envs.observation_space.contains(obs)
     envs.close()
@@ -144,15 +161,15 @@ def test_grpo_groups_fill_consecutive_sub_envs(num_envs, repeats):
         assert terminated.all()
         served.append(info["id"].tolist())
     served = np.array(served)  # (episodes, num_envs)
-    groups = served.reshape(10, num_envs // repeats, repeats)
+    n_groups = num_envs // repeats
+    groups = served.reshape(10, n_groups, repeats)
     assert (groups == groups[..., :1]).all()  # sub-envs g*G .. g*G+G-1 share a sample
-    for g in range(num_envs // repeats):
-        # Group g serves the order of seed 10 + g*G, every sample once per epoch.
-        single = DatasetChatEnv(ROWS)
-        expected = [single.reset(seed=10 + g * repeats)[1]["id"]]
-        expected += [single.reset()[1]["id"] for _ in range(9)]
-        assert groups[:, g, 0].tolist() == expected
-        assert sorted(expected) == list(range(10))
+    # The groups split seed 10's order between them: step k, group g has sample k*n + g,
+    # so every sample once per epoch.
+    single = DatasetChatEnv(ROWS)
+    order = [single.reset(seed=10)[1]["id"]] + [single.reset()[1]["id"] for _ in range(19)]
+    assert groups[..., 0].ravel().tolist() == order[: 10 * n_groups]
+    assert sorted(order[:10]) == list(range(10))
 
 
 def test_grpo_group_stays_aligned_when_members_finish_at_different_turns():
@@ -169,31 +186,35 @@ def test_grpo_group_stays_aligned_when_members_finish_at_different_turns():
     assert user_queries(obs)[1:] == [ahead, ahead]  # the laggards join the leader's sample
 
 
-def test_repeats_without_groups_repeat_in_time_like_sync():
-    native = make_vec("vector_entry_point", num_envs=2, repeats=2)
-    sync = make_vec("sync", num_envs=2, repeats=2)
+def test_repeats_without_groups_split_the_stream_like_sharded_sync():
+    # 3 sub-envs, repeats 2: stream q0 q0 q1 q1 q2 q2 ..., a sample's copies may span steps.
+    native = make_vec("vector_entry_point", num_envs=3, repeats=2)
+    sync = make_vec("sync", num_envs=3, repeats=2)
     for envs in (native, sync):
         obs, _ = envs.reset(seed=3)
-        queries = [user_queries(obs)]
+        queries = user_queries(obs)
         for _ in range(3):
-            queries.append(user_queries(envs.step([WRONG, WRONG])[0]))
+            queries += user_queries(envs.step([WRONG] * 3)[0])
         envs.trace = queries
     assert native.trace == sync.trace
-    assert native.trace[0] == native.trace[1] and native.trace[2] == native.trace[3]
-    assert native.trace[0] != native.trace[2]
+    stream = native.trace
+    assert stream[0::2] == stream[1::2] and len(set(stream[0::2])) == 6
 
 
-def test_constructor_seed_offsets_each_sub_env():
+def test_constructor_seed_is_the_shared_order():
     envs = DatasetChatVectorEnv(DatasetChatEnv(ROWS, seed=4), 3)
     _, info = envs.reset()
-    expected = [DatasetChatEnv(ROWS, seed=4 + i).reset()[1]["id"] for i in range(3)]
-    assert info["id"].tolist() == expected
+    single = DatasetChatEnv(ROWS, seed=4)
+    assert info["id"].tolist() == [single.reset()[1]["id"] for _ in range(3)]
 
 
 def test_seed_list_and_dataloader_stream():
     envs = DatasetChatVectorEnv(DatasetChatEnv(ROWS), 2)
-    _, info = envs.reset(seed=[8, 8])
-    assert info["id"][0] == info["id"][1]
+    _, info = envs.reset(seed=[8, 9])  # what reset(seed=8) gives: one order, split
+    _, same = envs.reset(seed=8)
+    single = DatasetChatEnv(ROWS)
+    expected = [single.reset(seed=8)[1]["id"], single.reset()[1]["id"]]
+    assert info["id"].tolist() == same["id"].tolist() == expected
     # A dataloader is one stream shared by the sub-envs, drawn in sub-env order.
     envs = DatasetChatVectorEnv(DatasetChatEnv.from_dataloader(ROWS), 3)
     _, info = envs.reset(seed=0)
@@ -252,18 +273,28 @@ def test_bad_actions_change_nothing():
     assert [h[-1]["content"] for h in obs["history"]] == ["a", "b", "c"]
 
 
-def test_options_with_groups_are_an_error():
+def test_a_given_sample_goes_to_every_sub_env_and_keeps_the_stream():
     envs = DatasetChatVectorEnv(DatasetChatEnv(ROWS, repeats=2, group_repeats=True), 2)
-    with pytest.raises(
-        ValueError, match=r"options cannot be given with group_repeats.*\['sample'\]"
-    ):
-        envs.reset(options={"sample": ROWS[0]})
+    _, info = envs.reset(seed=0, options={"sample": ROWS[7]})
+    assert info["id"].tolist() == [7, 7]
+    _, _, _, _, info = envs.step(["x", "y"])  # then the order's first sample, as a group
+    assert info["id"].tolist() == [DatasetChatEnv(ROWS).reset(seed=0)[1]["id"]] * 2
 
 
 def test_bad_seed_list():
     envs = DatasetChatVectorEnv(DatasetChatEnv(ROWS), 2)
+    obs, _ = envs.reset(seed=0)
     with pytest.raises(ValueError, match="seed as a list must have num_envs=2 entries, got 3"):
         envs.reset(seed=[1, 2, 3])
+    with pytest.raises(ValueError, match=r"seed\[1\] must be None or an int >= 1.*got 0"):
+        envs.reset(seed=[5, 0])
+    # Checked before any sub-env reset: the vector env is as before.
+    assert [env.history.to_chats() for env in envs.envs] == list(obs["history"])
+
+
+def test_a_sharded_env_cannot_be_vectorized_again():
+    with pytest.raises(ValueError, match=r"env must serve the whole stream.*got shard=\(1, 2\)"):
+        DatasetChatVectorEnv(DatasetChatEnv(ROWS, shard=(1, 2)), 2)
 
 
 def assert_same_info(a, b):
@@ -285,3 +316,47 @@ def test_native_info_is_built_exactly_like_sync():
         infos = [envs.step(actions)[4] for envs in (sync, native)]
         assert infos[0]["_final_obs"].any() and not infos[0]["_final_obs"].all()
         assert_same_info(*infos)
+
+
+# -- exactly-once epochs --------------------------------------------------------------
+
+
+def finished_episodes(envs, count):
+    """The (question, answer) of the first ``count`` finished episodes, step by step and in
+    sub-env order, as a rollout loop collects them."""
+    envs.reset(seed=11)
+    seen = []
+    while len(seen) < count:
+        _, _, terminated, _, info = envs.step([WRONG] * envs.num_envs)
+        assert terminated.all()
+        for final, answer in zip(info["final_obs"], info["final_info"]["answer"], strict=True):
+            seen.append((final["history"][1]["content"], answer))
+    return seen[:count]
+
+
+def gsm8k_test_split():
+    rows = [json.loads(line) for line in (GSM8K_PATH / "test.jsonl").read_text().splitlines()]
+    return Counter((row["question"], row["answer"]) for row in rows)
+
+
+@pytest.mark.parametrize("repeats", [1, 3])
+def test_one_epoch_of_the_gsm8k_test_split_serves_each_question_repeats_times(repeats):
+    split = gsm8k_test_split()
+    assert sum(split.values()) == 1319
+    envs = gym.make_vec(
+        "LLMChat-GSM8K-v0", num_envs=7, split="test", data_dir=GSM8K_PATH, repeats=repeats
+    )
+    seen = finished_episodes(envs, 2 * 1319 * repeats)
+    first, second = seen[: 1319 * repeats], seen[1319 * repeats :]
+    assert Counter(first) == Counter({key: n * repeats for key, n in split.items()})
+    assert Counter(second) == Counter(first)  # the next epoch too, in a new order
+    assert first != second
+
+
+def test_sharded_sync_serves_one_epoch_exactly_once_like_native():
+    fns = sharded_env_fns("LLMChat-GSM8K-v0", 7, split="test", data_dir=GSM8K_PATH)
+    sync = gym.vector.SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP)
+    native = gym.make_vec("LLMChat-GSM8K-v0", 7, split="test", data_dir=GSM8K_PATH)
+    seen = finished_episodes(sync, 1319)
+    assert Counter(seen) == gsm8k_test_split()
+    assert finished_episodes(native, 1319) == seen

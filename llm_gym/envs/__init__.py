@@ -8,7 +8,7 @@ over any chat task). The tasks themselves (GSM8K) live in ``llm_gym.tasks``.
 from llm_gym.envs.chat import ChatEnv
 from llm_gym.envs.dataset import DatasetChatEnv, TaskReward, TaskScore
 from llm_gym.envs.tokens import TokenEnv
-from llm_gym.envs.vector import DatasetChatVectorEnv
+from llm_gym.envs.vector import DatasetChatVectorEnv, sharded_env_fns
 
 __all__ = [
     "ChatEnv",
@@ -17,4 +17,5 @@ __all__ = [
     "TaskReward",
     "TaskScore",
     "TokenEnv",
+    "sharded_env_fns",
 ]

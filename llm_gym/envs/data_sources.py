@@ -33,6 +33,7 @@ import numpy as np
 __all__ = [
     "IndexedSource",
     "IterableSource",
+    "Shard",
     "hub_unavailable_reason",
     "is_iterable_dataset",
     "load_hub_dataset",
@@ -70,19 +71,66 @@ def _check_seed(name: str, seed: Any) -> int | None:
     return int(seed)
 
 
+class Shard:
+    """Which samples of one seeded stream a source serves, and how often each.
+
+    The stream serves every record ``repeats`` times in a row. A source with shard
+    ``(index, count)`` serves stream positions ``index, index + count, index + 2 * count, ...``:
+    ``count`` sources with indices ``0 .. count - 1`` (the sub-envs of one vector env, or
+    the processes of a data-parallel run) split the stream between them, so that together
+    they serve every record exactly ``repeats`` times per epoch, as TorchRL's batched env
+    does by drawing each batch from one dataloader. With ``count`` a multiple of
+    ``repeats``, each record's copies go to ``repeats`` consecutive sources at once.
+
+    >>> shard = Shard(index=1, count=2, repeats=2)
+    >>> [shard.record(k) for k in range(4)]  # stream positions 1, 3, 5, 7
+    [0, 1, 2, 3]
+    """
+
+    def __init__(self, index: int = 0, count: int = 1, repeats: int = 1) -> None:
+        self.index, self.count, self.repeats = index, count, repeats
+
+    @classmethod
+    def parse(cls, shard: Any, repeats: int = 1) -> Shard:
+        """Checks a user's ``shard=(index, count)`` (None: the whole stream)."""
+        if shard is None:
+            return cls(0, 1, repeats)
+        if (
+            not isinstance(shard, (tuple, list))
+            or len(shard) != 2
+            or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in shard)
+            or not 0 <= shard[0] < shard[1]
+        ):
+            raise ValueError(
+                f"shard must be None or (index, count) with ints 0 <= index < count, got {shard!r}"
+            )
+        return cls(int(shard[0]), int(shard[1]), repeats)
+
+    def record(self, k: int) -> int:
+        """The stream record that this source's ``k``-th sample is."""
+        return (self.index + k * self.count) // self.repeats
+
+
 class IndexedSource:
     """Serves an indexable dataset in a seeded order, epoch after epoch.
 
-    Forks share the data (loaded once) and keep their own position and seed.
+    Its ``k``-th sample is record ``shard.record(k)`` of the order (see ``Shard``). Forks
+    share the data (loaded once) and the seed, and keep their own position.
     """
 
     def __init__(
-        self, data: Sequence[Any], *, shuffle: bool = True, seed: int | None = None
+        self,
+        data: Sequence[Any],
+        *,
+        shuffle: bool = True,
+        seed: int | None = None,
+        shard: Shard | None = None,
     ) -> None:
         if len(data) == 0:
             raise ValueError("dataset must hold at least one sample, got an empty dataset")
         self.data = data
         self.shuffle = bool(shuffle)
+        self.shard = shard or Shard()
         self.reseed(seed)
 
     def __len__(self) -> int:
@@ -112,11 +160,11 @@ class IndexedSource:
         self._epoch, self._order = -1, None
         self._buffer: list[Any] = []  # prefetched rows for positions _position...
 
-    def fork(self, seed: int | None) -> IndexedSource:
-        """An independent source over the same data, ordered by ``seed``."""
+    def fork(self, shard: Shard) -> IndexedSource:
+        """A source over the same data and seed that serves ``shard`` of the stream."""
         other = object.__new__(IndexedSource)
-        other.data, other.shuffle = self.data, self.shuffle
-        other.reseed(seed)
+        other.data, other.shuffle, other.shard = self.data, self.shuffle, shard
+        other.reseed(self.seed)
         return other
 
     def order(self, epoch: int) -> np.ndarray:
@@ -128,7 +176,8 @@ class IndexedSource:
 
     def next_record(self) -> Any:
         if not self._buffer:
-            indices = [self._index_at(p) for p in range(self._position, self._position + _PREFETCH)]
+            ahead = range(self._position, self._position + _PREFETCH)
+            indices = [self._index_at(self.shard.record(k)) for k in ahead]
             if _is_datasets(self.data, "Dataset"):
                 self._buffer = self.data.__getitems__(indices)
             else:
@@ -137,8 +186,8 @@ class IndexedSource:
         self._position += 1
         return self._buffer.pop()
 
-    def _index_at(self, position: int) -> int:
-        epoch, index = divmod(position, len(self.data))
+    def _index_at(self, record: int) -> int:
+        epoch, index = divmod(record, len(self.data))
         if epoch != self._epoch:
             self._epoch, self._order = epoch, self.order(epoch)
         return int(self._order[index])
@@ -150,17 +199,20 @@ class IterableSource:
     A yielded item may be one sample (a dict), a list of dicts, or a collated batch (a dict of
     equal-length lists or arrays, what a ``DataLoader`` returns); batches are split into
     samples. Shuffling and seeding belong to the iterable (e.g. ``DataLoader(generator=...)``).
-    Forks share the iterator, so a vector env draws one stream, as TorchRL's batched env does.
+    Each sample is served ``repeats`` times in a row. Forks share the stream, so a vector
+    env's sub-envs draw from one stream, as TorchRL's batched env does: that is how they
+    split it, whatever their shard.
     """
 
-    def __init__(self, iterable: Iterable[Any]) -> None:
+    def __init__(self, iterable: Iterable[Any], *, repeats: int = 1) -> None:
         if isinstance(iterable, (str, bytes, Mapping)) or not isinstance(iterable, Iterable):
             raise TypeError(
                 f"dataloader must be an iterable of samples or batches (a DataLoader, a list "
                 f"of dicts), got {type(iterable).__name__}"
             )
         self.iterable = iterable
-        self.rewind()
+        self.repeats = repeats
+        self._stream = _Stream(iterable)
 
     def reseed(self, seed: int | None) -> None:
         """No-op: the iterable owns its order."""
@@ -168,17 +220,40 @@ class IterableSource:
 
     def rewind(self) -> None:
         """Restart the iterable from its beginning (``iter()`` again)."""
-        self._iterator: Iterator[Any] | None = None
-        self._pending: list[Any] = []
+        self._stream.restart()
 
-    def fork(self, seed: int | None) -> IterableSource:
-        return self
+    def fork(self, shard: Shard) -> IterableSource:
+        """A source sharing this one's stream (a shared stream needs no shard)."""
+        other = object.__new__(IterableSource)
+        other.iterable, other._stream = self.iterable, self._stream
+        other.repeats = shard.repeats
+        return other
 
     def next_record(self) -> Any:
-        while not self._pending:
-            self._pending = _unbatch(self._next_item())
-            self._pending.reverse()  # pop() from the end serves them in order
-        return self._pending.pop()
+        return self._stream.next_record(self.repeats)
+
+
+class _Stream:
+    """One pass after another over an iterable, each sample handed out ``repeats`` times."""
+
+    def __init__(self, iterable: Iterable[Any]) -> None:
+        self.iterable = iterable
+        self.restart()
+
+    def restart(self) -> None:
+        self._iterator: Iterator[Any] | None = None
+        self._pending: list[Any] = []
+        self._current: Any = None
+        self._served = 0
+
+    def next_record(self, repeats: int) -> Any:
+        if self._current is None or self._served >= repeats:
+            while not self._pending:
+                self._pending = _unbatch(self._next_item())
+                self._pending.reverse()  # pop() from the end serves them in order
+            self._current, self._served = self._pending.pop(), 0
+        self._served += 1
+        return self._current
 
     def _next_item(self) -> Any:
         if self._iterator is None:

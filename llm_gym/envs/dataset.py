@@ -18,6 +18,7 @@ from llm_gym.envs.chat import ChatEnv
 from llm_gym.envs.data_sources import (
     IndexedSource,
     IterableSource,
+    Shard,
     is_iterable_dataset,
     load_records,
 )
@@ -60,6 +61,8 @@ class DatasetChatEnv(ChatEnv):
     Samples are served in a seeded order: each epoch serves every sample exactly once
     (``repeats`` times in a row each, so that consecutive episodes form a GRPO group), then
     the next epoch reshuffles. The order depends only on the seed, also across processes.
+    With ``shard=(i, n)`` the env serves every ``n``-th sample of that order from the
+    ``i``-th on, so ``n`` envs (processes, sub-envs) share one epoch exactly once.
 
     ## Action Space
 
@@ -78,7 +81,9 @@ class DatasetChatEnv(ChatEnv):
 
     ``[system_prompt?, user query]`` with the query of the next sample, or of
     ``options={"sample": {...}}`` (a record with the dataset's columns) when given.
-    ``reset(seed=s)`` restarts the order that seed ``s`` defines; ``reset()`` serves the next.
+    ``reset(seed=s)`` restarts the order that seed ``s`` defines (``s - i`` with
+    ``shard=(i, n)``, so that a vector env's ``reset(seed=s)``, which gives sub-env ``i`` the
+    seed ``s + i``, puts every shard on one order); ``reset()`` serves the next.
 
     ## Episode End
 
@@ -96,8 +101,14 @@ class DatasetChatEnv(ChatEnv):
     - ``shuffle``: shuffle each epoch (default True); ``seed``: the order's seed (None:
       random, until ``reset(seed=...)``).
     - ``repeats``: serve each sample this many times in a row (default 1).
-    - ``group_repeats``: in ``DatasetChatVectorEnv``, give each sample's ``repeats`` copies to
-      consecutive sub-envs (a GRPO group side by side); a single env is unaffected.
+    - ``group_repeats``: in ``DatasetChatVectorEnv``, require ``num_envs`` to be a multiple
+      of ``repeats``, so that each sample's copies fill consecutive sub-envs in one step (a
+      GRPO group side by side); a single env is unaffected.
+    - ``shard``: ``(index, count)``: serve stream positions ``index, index + count, ...``
+      (see ``llm_gym.envs.data_sources.Shard``); None: all. ``count`` envs with indices
+      ``0 .. count - 1`` and one seed serve each sample exactly ``repeats`` times per epoch
+      between them, e.g. the sub-envs of ``SyncVectorEnv``/``AsyncVectorEnv`` or the ranks of
+      a data-parallel run. Not for ``from_dataloader`` (shard the dataloader's sampler).
     - ``field_map``: renames from dataset columns to env fields, such as
       ``{"question": "query"}``, or a function from a raw record to the fields. The fields
       must include ``"query"`` (a ``str``).
@@ -141,6 +152,7 @@ class DatasetChatEnv(ChatEnv):
         seed: int | None = None,
         repeats: int | None = 1,
         group_repeats: bool = False,
+        shard: tuple[int, int] | None = None,
         field_map: FieldMap | None = None,
         reward: TaskReward | None = None,
         required_fields: tuple[str, ...] = (),
@@ -157,6 +169,7 @@ class DatasetChatEnv(ChatEnv):
             raise TypeError(f"shuffle must be a bool, got {type(shuffle).__name__}: {shuffle!r}")
         if not isinstance(group_repeats, bool):
             raise TypeError(f"group_repeats must be a bool, got {type(group_repeats).__name__}")
+        sharding = Shard.parse(shard, int(repeats))
         if field_map is not None and not (isinstance(field_map, Mapping) or callable(field_map)):
             raise TypeError(
                 "field_map must be a dict of column renames (e.g. {'question': 'query'}) or a "
@@ -176,17 +189,21 @@ class DatasetChatEnv(ChatEnv):
         self.group_repeats = group_repeats
         self.field_map = field_map
         self.seed = seed
+        self.shard = (sharding.index, sharding.count)
         if isinstance(dataset, (IndexedSource, IterableSource, ProceduralSource)):
-            self._source = dataset
+            self._source = dataset.fork(sharding)
         elif is_iterable_dataset(dataset):
-            self._source = IterableSource(dataset)
+            self._source = IterableSource(dataset, repeats=self.repeats)
         else:
             records = load_records(dataset, name=name, split=split)
-            self._source = IndexedSource(records, shuffle=shuffle, seed=seed)
+            self._source = IndexedSource(records, shuffle=shuffle, seed=seed, shard=sharding)
+        if isinstance(self._source, IterableSource) and sharding.count > 1:
+            raise ValueError(
+                f"shard={shard!r} needs an indexable dataset or a procedural task; an "
+                "iterable's order is its own (shard the dataloader's sampler instead)"
+            )
         if isinstance(self._source, IndexedSource):
             self._check_fields(self._source.data[0], self._source.columns)
-        self._current: dict[str, Any] | None = None  # the sample being repeated
-        self._served = 0  # how many times _current was served
         self._sample: dict[str, Any] | None = None
         # The rendered system prompt and its tokens, reused by every prompt: (text, ids,
         # special tokens the rest may start with, checked on a real prompt), None until
@@ -223,6 +240,14 @@ class DatasetChatEnv(ChatEnv):
         return getattr(self._source, "level", None)
 
     @property
+    def epoch_size(self) -> int | None:
+        """Episodes in one epoch of the whole stream: every sample ``repeats`` times (None
+        for procedural tasks and iterables, which have no fixed size)."""
+        if not isinstance(self._source, IndexedSource):
+            return None
+        return len(self._source) * self.repeats
+
+    @property
     def num_levels(self) -> int | None:
         """How many levels the task has (``0 .. num_levels - 1``); None without levels."""
         return getattr(self._source, "num_levels", None)
@@ -245,7 +270,6 @@ class DatasetChatEnv(ChatEnv):
     def reset_dataloader(self) -> DatasetChatEnv:
         """Serve from the start of the order again (same seed), as TorchRL's method does."""
         self._source.rewind()
-        self._current, self._served = None, 0
         return self
 
     def reset(
@@ -258,8 +282,7 @@ class DatasetChatEnv(ChatEnv):
         # Map a given sample before reseeding, so a bad one changes nothing.
         given = self._map(options["sample"]) if "sample" in options else None
         if seed is not None:
-            self._source.reseed(seed)
-            self._current, self._served = None, 0
+            self._source.reseed(self._order_seed(seed))
         return super().reset(seed=seed, options={"sample": given} if given else None)
 
     def _initial_history(self, options: Mapping[str, Any]) -> tuple[History, dict[str, Any]]:
@@ -281,11 +304,18 @@ class DatasetChatEnv(ChatEnv):
         return float(score.reward), bool(score.answered), score.info
 
     def _next_sample(self) -> dict[str, Any]:
-        if self._current is None or self._served >= self.repeats:
-            sample = self._map(self._source.next_record())  # raises before anything changes
-            self._current, self._served = sample, 0
-        self._served += 1
-        return self._current
+        return self._map(self._source.next_record())
+
+    def _order_seed(self, seed: Any) -> Any:
+        index = self.shard[0]
+        if index == 0 or isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+            return seed  # the source names a bad seed
+        if seed < index:
+            raise ValueError(
+                f"seed must be >= the shard index {index} (shard={self.shard}: reset(seed=s) "
+                f"orders by s - {index}, as a vector env seeds sub-env i with s + i), got {seed}"
+            )
+        return int(seed) - index
 
     def _map(self, record: Any) -> dict[str, Any]:
         if not isinstance(record, Mapping):
@@ -373,15 +403,18 @@ class DatasetChatEnv(ChatEnv):
         specials = tuple(t.content for t in added if t.special and not t.lstrip)
         return (text, ids, specials, False) if specials else False
 
-    def fork(self, seed: int | None) -> DatasetChatEnv:
-        """A sub-env sharing this one's data and settings, with its own order and episode.
+    def fork(self, shard: tuple[int, int]) -> DatasetChatEnv:
+        """A sub-env sharing this one's data, seed and settings that serves ``shard`` of the
+        order, with its own position and episode.
 
-        Vector envs use it so that N sub-envs load the data once, not N times.
+        Vector envs use it so that N sub-envs load the data once, not N times, and share one
+        epoch exactly once.
         """
+        sharding = Shard.parse(shard, self.repeats)
         env = copy.copy(self)
-        env._source = self._source.fork(seed)
-        env.seed = seed
+        env._source = self._source.fork(sharding)
+        env.shard = (sharding.index, sharding.count)
         env._np_random, env._np_random_seed = None, None
-        env._current, env._served, env._sample = None, 0, None
+        env._sample = None
         env._history = None  # needs its own reset before step
         return env

@@ -3,17 +3,17 @@
 Where ``IndexedSource`` serves a stored dataset, this one asks a generator for sample
 ``index`` of ``seed`` at the current level: ``generate(seed, index, level) -> dict``. The same
 seed gives the same samples in every process, and there are no epochs (every sample is new).
-Forks (the sub-envs of one vector env) keep their own seed and position but share the level,
-so a curriculum that raises it raises it for all of them.
+Forks (the sub-envs of one vector env) share the seed and the level and serve their own
+``Shard`` of the indices, so a curriculum that raises the level raises it for all of them.
 
 >>> source = ProceduralSource(lambda seed, i, level: {"query": f"{seed}:{i}:{level}"},
 ...                           num_levels=3, level=1, seed=7)
 >>> [source.next_record()["query"] for _ in range(2)]
 ['7:0:1', '7:1:1']
->>> fork = source.fork(8)
+>>> fork = source.fork(Shard(index=1, count=2))
 >>> source.set_level(2)
->>> fork.next_record()["query"]
-'8:0:2'
+>>> [fork.next_record()["query"] for _ in range(2)]
+['7:1:2', '7:3:2']
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+from llm_gym.envs.data_sources import Shard
 
 __all__ = ["ProceduralSource"]
 
@@ -36,10 +38,17 @@ class ProceduralSource:
         num_levels: how many difficulty levels there are (``0 .. num_levels - 1``).
         level: the level to start at.
         seed: the samples' seed (None: a fresh random one, until ``reseed``).
+        shard: which indices this source serves, each how often (default: all, once).
     """
 
     def __init__(
-        self, generate: Generate, *, num_levels: int, level: int, seed: int | None = None
+        self,
+        generate: Generate,
+        *,
+        num_levels: int,
+        level: int,
+        seed: int | None = None,
+        shard: Shard | None = None,
     ) -> None:
         if not callable(generate):
             raise TypeError(f"generate must be callable, got {type(generate).__name__}")
@@ -47,6 +56,7 @@ class ProceduralSource:
             raise ValueError(f"num_levels must be an int >= 1, got {num_levels!r}")
         self.generate, self.num_levels = generate, num_levels
         self._level = [_check_level(level, num_levels)]  # one cell, shared with the forks
+        self.shard = shard or Shard()
         self.reseed(seed)
 
     @property
@@ -74,18 +84,24 @@ class ProceduralSource:
     def rewind(self) -> None:
         """Restart from the first sample of the current seed."""
         self._position = 0
+        self._last: tuple[int, dict[str, Any]] | None = None
 
-    def fork(self, seed: int | None) -> ProceduralSource:
-        """A source with its own seed and position, sharing the generator and the level."""
+    def fork(self, shard: Shard) -> ProceduralSource:
+        """A source serving ``shard``, sharing the generator, the seed and the level."""
         other = object.__new__(ProceduralSource)
         other.generate, other.num_levels, other._level = self.generate, self.num_levels, self._level
-        other.reseed(seed)
+        other.shard = shard
+        other.reseed(self.seed)
         return other
 
     def next_record(self) -> dict[str, Any]:
-        record = self.generate(self.seed, self._position, self.level)
+        index = self.shard.record(self._position)
+        # A repeat of the last sample is served as generated, so a level change between
+        # two repeats does not split a GRPO group.
+        if self._last is None or self._last[0] != index:
+            self._last = (index, self.generate(self.seed, index, self.level))
         self._position += 1
-        return record
+        return self._last[1]
 
 
 def _check_level(level: Any, num_levels: int) -> int:

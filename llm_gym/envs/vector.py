@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 from gymnasium import error
 from gymnasium.vector import AutoresetMode, VectorEnv
@@ -13,24 +15,28 @@ from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
 from llm_gym.envs.chat import StepPlan
 from llm_gym.envs.dataset import DatasetChatEnv
 
-__all__ = ["DatasetChatVectorEnv", "batch_infos"]
+__all__ = ["DatasetChatVectorEnv", "batch_infos", "sharded_env_fns"]
 
 
 class DatasetChatVectorEnv(VectorEnv):
     """N conversations of one ``DatasetChatEnv`` task, stepped together with batched results.
 
-    Sub-env ``i`` behaves exactly like its own copy of the task reset with seed ``seed + i``
-    (Gymnasium's rule), so the prompts equal those of ``gym.make_vec`` in ``"sync"`` and
-    ``"async"`` modes; the data is loaded once and shared. Finished conversations reset in
+    The sub-envs share one seeded stream of samples, as TorchRL's batched env draws each
+    batch from one dataloader: sub-env ``i`` serves stream positions ``i, i + N, i + 2N,
+    ...`` (``shard=(i, N)``), so the first ``len(dataset) * repeats`` episodes of single-turn
+    tasks hold every sample exactly ``repeats`` times, and each later epoch does too.
+    ``reset(seed=s)`` gives sub-env ``i`` the seed ``s + i`` (Gymnasium's rule), which a
+    shard turns back into the order ``s``: sub-env ``i`` equals its own copy of the task with
+    ``shard=(i, N)``, so ``SyncVectorEnv``/``AsyncVectorEnv`` of such copies see the same
+    prompts. The data is loaded once and shared. Finished conversations reset in
     the same step (``AutoresetMode.SAME_STEP``), so no generation is wasted: their last
     observation and info are in ``info["final_obs"]`` / ``info["final_info"]`` (masks
     ``info["_final_obs"]`` / ``info["_final_info"]``) and the returned observation is the
     new episode's first.
 
-    With ``group_repeats=True`` on the task and ``repeats=G``, sub-envs ``b*G .. b*G+G-1``
-    form group ``b``: its members always hold the same sample (a GRPO group side by side),
-    drawn from the order that sub-env ``b*G``'s seed defines, each sample once per epoch.
-    ``num_envs`` must then be a multiple of ``G``.
+    With ``repeats=G`` and ``num_envs`` a multiple of ``G`` (which ``group_repeats=True``
+    on the task requires), sub-envs ``b*G .. b*G+G-1`` always hold the same sample, each
+    episode: a GRPO group side by side. Otherwise a sample's copies may span two steps.
 
     Observations are ``batch_space(single_observation_space, N)``: a dict of N-tuples.
     Actions are a sequence of N responses (``str``, token arrays or ``Response``).
@@ -62,8 +68,12 @@ class DatasetChatVectorEnv(VectorEnv):
                 f"num_envs must be a multiple of repeats={env.repeats} with group_repeats=True "
                 f"(each group fills that many sub-envs), got num_envs={num_envs}"
             )
-        seeds = [None if env.seed is None else env.seed + i for i in range(self.num_envs)]
-        self.envs = [env] + [env.fork(seed) for seed in seeds[1:]]
+        if env.shard != (0, 1):
+            raise ValueError(
+                f"env must serve the whole stream (shard=None) to be split among the sub-envs, "
+                f"got shard={env.shard}"
+            )
+        self.envs = [env.fork((i, self.num_envs)) for i in range(self.num_envs)]
         self.render_mode = env.render_mode
         self.single_observation_space = env.observation_space
         self.single_action_space = env.action_space
@@ -72,13 +82,6 @@ class DatasetChatVectorEnv(VectorEnv):
         self._out = create_empty_array(self.single_observation_space, self.num_envs)
         self._obs: list[Any] = [None] * self.num_envs
         self._needs_reset = True
-        # Groups: each draws raw records from its own fork of the data (never reset by the
-        # sub-envs themselves); member i's k-th episode gets the group's k-th record.
-        n_groups = self.num_envs // self.group_size
-        self._group_sources = [env.source.fork(seeds[g * self.group_size]) for g in range(n_groups)]
-        self._group_records: list[dict[int, Any]] = [{} for _ in range(n_groups)]
-        self._group_drawn = [0] * n_groups
-        self._episode = [0] * self.num_envs
 
     # -- Gymnasium API ------------------------------------------------------------------
 
@@ -101,20 +104,18 @@ class DatasetChatVectorEnv(VectorEnv):
             raise ValueError(
                 f"seed as a list must have num_envs={self.num_envs} entries, got {len(seeds)}"
             )
-        if options and self.group_size > 1:
-            raise ValueError(
-                "options cannot be given with group_repeats=True: each group's sample comes "
-                f"from the group's order, got options {sorted(options)}"
-            )
+        for i, s in enumerate(seeds):  # checked before any sub-env resets
+            if s is not None and (
+                isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < i
+            ):
+                raise ValueError(
+                    f"seed[{i}] must be None or an int >= {i} (sub-env {i} orders by "
+                    f"seed[{i}] - {i}, so that seeds s, s+1, ... share one order), got {s!r}"
+                )
         super().reset(seed=seeds[0])
         infos: list[dict[str, Any]] = []
-        if self.group_size > 1:
-            self._restart_groups(seeds)
         for i, env in enumerate(self.envs):
-            if self.group_size > 1:
-                self._obs[i], info = env.reset(seed=seeds[i], options=self._group_options(i))
-            else:
-                self._obs[i], info = env.reset(seed=seeds[i], options=options)
+            self._obs[i], info = env.reset(seed=seeds[i], options=options)
             infos.append(info)
         self._needs_reset = False
         return self._batched_obs(), batch_infos(infos)
@@ -133,23 +134,22 @@ class DatasetChatVectorEnv(VectorEnv):
             obs, rewards[i], terminated[i], truncated[i], info = env.commit_step(plan)
             if terminated[i] or truncated[i]:
                 final = {"final_obs": obs, "final_info": info}
-                obs, info = self._autoreset(i)
+                obs, info = self.envs[i].reset()
                 info = {**final, **info}
             self._obs[i] = obs
             infos.append(info)
         return self._batched_obs(), rewards, terminated, truncated, batch_infos(infos)
 
     def reset_dataloader(self) -> DatasetChatVectorEnv:
-        """Every sub-env (and group) serves from the start of its order again."""
+        """Every sub-env serves from the start of its shard of the order again."""
         for env in self.envs:
             env.reset_dataloader()
-        for source in self._group_sources:
-            source.rewind()
-        self._group_records = [{} for _ in self._group_sources]
-        self._group_drawn = [0] * len(self._group_sources)
-        # The next episode of every sub-env, after an autoreset or a reset, is episode 0.
-        self._episode = [-1] * self.num_envs
         return self
+
+    @property
+    def epoch_size(self) -> int | None:
+        """Episodes in one epoch, split among the sub-envs (None without a fixed size)."""
+        return self.envs[0].epoch_size
 
     @property
     def level(self) -> int | None:
@@ -157,40 +157,11 @@ class DatasetChatVectorEnv(VectorEnv):
         return self.envs[0].level
 
     def set_level(self, level: int) -> None:
-        """Draw the next samples of every sub-env and group at ``level``: their sources are
-        forks of one procedural source, which share the level."""
+        """Draw the next samples of every sub-env at ``level``: their sources are forks of
+        one procedural source, which share the level."""
         self.envs[0].set_level(level)
 
     # -- internals ----------------------------------------------------------------------
-
-    def _autoreset(self, i: int) -> tuple[dict[str, Any], dict[str, Any]]:
-        if self.group_size == 1:
-            return self.envs[i].reset()
-        self._episode[i] += 1
-        return self.envs[i].reset(options=self._group_options(i))
-
-    def _restart_groups(self, seeds: list[int | None]) -> None:
-        # A vector reset starts every group afresh, members aligned on one new record.
-        for g, source in enumerate(self._group_sources):
-            if seeds[g * self.group_size] is not None:
-                source.reseed(seeds[g * self.group_size])
-            self._group_records[g] = {}
-            members = range(g * self.group_size, (g + 1) * self.group_size)
-            for i in members:
-                self._episode[i] = self._group_drawn[g]
-
-    def _group_options(self, i: int) -> dict[str, Any]:
-        g, k = i // self.group_size, self._episode[i]
-        records = self._group_records[g]
-        while self._group_drawn[g] <= k:
-            records[self._group_drawn[g]] = self._group_sources[g].next_record()
-            self._group_drawn[g] += 1
-        record = records[k]
-        # Members move on at their own pace (multi-turn); a record is kept until all took it.
-        lowest = min(self._episode[g * self.group_size : (g + 1) * self.group_size])
-        for old in [key for key in records if key < lowest]:
-            del records[old]
-        return {"sample": record}
 
     def _plan(self, actions: Sequence[Any]) -> list[StepPlan]:
         if isinstance(actions, (str, bytes)) or not hasattr(actions, "__len__"):
@@ -248,3 +219,25 @@ def batch_infos(infos: Sequence[dict[str, Any]]) -> dict[str, Any]:
         mask[[i for i, _ in present]] = True
         out[key], out[f"_{key}"] = array, mask
     return out
+
+
+def sharded_env_fns(env_id: str, num_envs: int, **kwargs: Any) -> list[Callable[[], gym.Env]]:
+    """``num_envs`` constructors of ``env_id`` for ``SyncVectorEnv`` or ``AsyncVectorEnv``,
+    constructor ``i`` with ``shard=(i, num_envs)``: the sub-envs split one stream of samples,
+    each served exactly ``repeats`` times per epoch, as in ``DatasetChatVectorEnv``, whose
+    prompts they match. ``gym.make_vec`` in those modes gives every sub-env the same
+    arguments, so each would shuffle the whole dataset on its own.
+
+    >>> from gymnasium.vector import SyncVectorEnv
+    >>> fns = sharded_env_fns("LLMChat-Countdown-v0", 2, level=0)
+    >>> envs = SyncVectorEnv(fns)
+    >>> [env.unwrapped.shard for env in envs.envs]
+    [(0, 2), (1, 2)]
+    """
+    if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
+        raise ValueError(f"num_envs must be an int >= 1, got {num_envs!r}")
+    if "shard" in kwargs:
+        raise TypeError("sharded_env_fns() sets each sub-env's shard itself, got shard=")
+    return [
+        functools.partial(gym.make, env_id, shard=(i, num_envs), **kwargs) for i in range(num_envs)
+    ]

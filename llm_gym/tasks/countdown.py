@@ -142,7 +142,7 @@ def make_countdown_env(
     - ``max_target``: targets above it become the sum of the numbers (TorchRL's rule).
     - ``answer_format``: ``"tags"`` (TorchRL's prompt), ``"boxed"`` or ``"hash"``.
     - ``correct_reward`` / ``format_reward``: the reward values.
-    - ``seed``: the problems' seed (sub-env ``i`` of a vector env uses ``seed + i``).
+    - ``seed``: the problems' seed (the sub-envs of a vector env split its problems).
     - ``env_kwargs``: ``DatasetChatEnv``'s other arguments (``repeats``, ``group_repeats``,
       ``input_mode``, ``tokenizer``, ``assistant_prefix``, ``max_turns``, ...).
 

@@ -193,7 +193,7 @@ def make_reasoning_gym_env(
       without a curriculum has one level.
     - ``answer_format``: ``"tags"`` (default), ``"boxed"``, ``"hash"`` or ``"last_number"``.
     - ``format_reward``: the reward's floor for a well-formed answer.
-    - ``seed``: the questions' seed (sub-env ``i`` of a vector env uses ``seed + i``).
+    - ``seed``: the questions' seed (the sub-envs of a vector env split its questions).
     - ``env_kwargs``: ``DatasetChatEnv``'s other arguments (``repeats``, ``group_repeats``,
       ``input_mode``, ``tokenizer``, ``assistant_prefix``, ``system_prompt``, ...).
 
