@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 
 from llm_gym.models import load_model
 from llm_gym.policies import TransformersPolicy
+from llm_gym.train.setup import make_task_envs, resolve_device, resolve_dtype
 from llm_gym.wrappers import vector as vector_wrappers
 
 __all__ = ["RolloutConfig", "Rollout", "Summary", "run_rollout", "make_envs", "EPISODES_FILE"]
@@ -50,6 +51,8 @@ class RolloutConfig:
     estimator: str = "k1"
     max_new_tokens: int = 256
     temperature: float = 0.7
+    device: str = "auto"
+    dtype: str = "float32"
     seed: int = 0
     out: str = "runs/rollout"
     overwrite: bool = False
@@ -84,19 +87,11 @@ class Summary:
 
 
 def make_envs(config: RolloutConfig, tokenizer: Any) -> gym.vector.VectorEnv:
-    """The vector env: the registration's native one when it has one, else sync."""
-    spec = gym.spec(config.env)
-    kwargs: dict[str, Any] = {
-        **config.env_args,
-        "input_mode": "tokens",
-        "tokenizer": tokenizer,
-        "observation_keys": ("tokens", "history"),
-    }
-    for name in ("split", "data_dir", "answer_format"):
-        if getattr(config, name) is not None:
-            kwargs[name] = getattr(config, name)
-    mode = "vector_entry_point" if spec.vector_entry_point is not None else "sync"
-    envs = gym.make_vec(config.env, num_envs=config.num_envs, vectorization_mode=mode, **kwargs)
+    """The task's vector env in tokens mode, with the curriculum when asked for."""
+    envs = make_task_envs(
+        config.env, config.num_envs, tokenizer, config.env_args,
+        split=config.split, data_dir=config.data_dir, answer_format=config.answer_format,
+    )  # fmt: skip
     if config.curriculum:
         envs = vector_wrappers.DifficultyCurriculum(envs, window=config.curriculum)
     return envs
@@ -196,7 +191,8 @@ class Rollout:
         self.config = config
         self.out = Path(config.out)
         check_out(self.out, config.overwrite)
-        model, tokenizer = load_model(config.model)
+        device, dtype = resolve_device(config.device), resolve_dtype(config.dtype)
+        model, tokenizer = load_model(config.model, device=device, dtype=dtype)
         context = getattr(model.config, "max_position_embeddings", None)
         if context is not None and config.max_new_tokens >= context:
             raise ValueError(
@@ -216,7 +212,7 @@ class Rollout:
             epoch = getattr(envs.unwrapped, "epoch_size", None)
             self.config = config = replace(config, episodes=epoch or PROCEDURAL_EPISODES)
         if config.ref_model is not None:
-            ref_model, ref_tokenizer = load_model(config.ref_model)
+            ref_model, ref_tokenizer = load_model(config.ref_model, device=device, dtype=dtype)
             ref = TransformersPolicy(ref_model, ref_tokenizer, input_mode="tokens", generate=False)
             envs = vector_wrappers.KLRewardWrapper(
                 envs, ref, coef=config.kl_coef, estimator=config.estimator

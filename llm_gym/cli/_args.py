@@ -1,0 +1,118 @@
+"""What the ``llm-gym`` commands share: one-line errors, number and KEY=VALUE parsing, the
+task options, and which env ids a command can run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+import gymnasium as gym
+
+from llm_gym.rewards.answers import ANSWER_FORMATS
+from llm_gym.train.setup import DTYPES
+
+EXIT_USAGE = 2
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with its errors on one line (no usage block) and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def number(kind: type, low: float, inclusive: bool = True) -> Callable[[str], int | float]:
+    relation = ">=" if inclusive else ">"
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {kind.__name__}, got {text!r}") from None
+        if (isinstance(value, float) and not math.isfinite(value)) or (
+            value < low if inclusive else value <= low
+        ):
+            raise argparse.ArgumentTypeError(f"expected a number {relation} {low}, got {text!r}")
+        return value
+
+    return parse
+
+
+def env_arg(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.isidentifier():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value  # a plain string, e.g. task=leg_counting
+
+
+def llm_gym_env_ids() -> list[str]:
+    """The environment ids llm_gym registers."""
+    return sorted(
+        env_id
+        for env_id, spec in gym.registry.items()
+        if isinstance(spec.entry_point, str) and spec.entry_point.startswith("llm_gym.")
+    )
+
+
+def check_task_env(env_id: str, command: str) -> None:
+    """A clear error unless ``env_id`` is a task env (one with a native vector env)."""
+    runnable = [i for i in llm_gym_env_ids() if gym.spec(i).vector_entry_point is not None]
+    if env_id not in runnable:
+        what = "is not a task env" if env_id in llm_gym_env_ids() else "is unknown"
+        raise ValueError(
+            f"env id {env_id!r} {what}; {command} runs the task envs: {', '.join(runnable)}"
+        )
+
+
+def add_task_options(add: Callable[..., Any], defaults: Any) -> None:
+    """The options ``rollout`` and ``train`` share: task, model, sampling, device, run folder."""
+    add("--env", default=defaults.env, help="registered env id (default: %(default)s, "
+        "procedural and offline; LLMChat-GSM8K-v0 for GSM8K)")  # fmt: skip
+    add("--env-arg", action="append", default=[], type=env_arg, metavar="KEY=VALUE",
+        help="an env argument, repeatable; VALUE is read as JSON when it parses, e.g. "
+        "task=leg_counting, level=2, task_config='{\"max_terms\": 3}'")  # fmt: skip
+    add("--answer-format", choices=ANSWER_FORMATS, default=defaults.answer_format,
+        help="the answer format the prompt asks for and the reward reads "
+        "(default: %(default)s; None: the env's)")  # fmt: skip
+    add("--curriculum", type=number(int, 1), default=None, metavar="WINDOW",
+        help="move the task's level with the success rate over WINDOW episodes (tasks with "
+        "levels: Countdown, ReasoningGym)")  # fmt: skip
+    add("--model", default=defaults.model, help="'default' (SmolLM2-135M-Instruct) or a folder")
+    add("--max-new-tokens", type=number(int, 1), default=defaults.max_new_tokens)
+    add("--temperature", type=number(float, 0.0), default=defaults.temperature,
+        help="sampling temperature (default: %(default)s)")  # fmt: skip
+    add("--device", default=defaults.device,
+        help="'auto' (CUDA when there is a GPU), 'cpu', 'cuda' or 'cuda:N'")  # fmt: skip
+    add("--dtype", choices=sorted(DTYPES), default=defaults.dtype,
+        help="the models' dtype (default: %(default)s)")  # fmt: skip
+    add("--seed", type=number(int, 0), default=defaults.seed)
+    add("--threads", type=number(int, 1), default=None, help="torch CPU threads (default: "
+        "torch's); 1 is much faster when other processes load the cores")  # fmt: skip
+    add("--out", default=defaults.out, help="run folder (default: %(default)s)")
+    add("--overwrite", action="store_true", help="replace an earlier run in --out")
+    add("--no-progress", action="store_true", help="no progress bar")
+
+
+def task_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The shared options as config fields."""
+    return {
+        "env": args.env,
+        "env_args": dict(args.env_arg),
+        "answer_format": args.answer_format,
+        "curriculum": args.curriculum or 0,
+        "model": args.model,
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
+        "device": args.device,
+        "dtype": args.dtype,
+        "seed": args.seed,
+        "out": args.out,
+        "overwrite": args.overwrite,
+        "progress": not args.no_progress,
+    }

@@ -1,0 +1,1 @@
+"""Bridges to other RL libraries: ``trl`` (a ``rollout_func`` for TRL's ``GRPOTrainer``)."""

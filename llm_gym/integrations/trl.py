@@ -1,0 +1,167 @@
+"""Train with TRL's ``GRPOTrainer`` on any llm_gym env: a ``rollout_func`` and its reward.
+
+``make_rollout_func(env_id, **env_kwargs)`` returns what ``GRPOTrainer(rollout_func=...)``
+calls with each batch of prompts. It plays one episode per prompt with the trainer's model
+(multi-turn included), token-in/token-out, and returns ``prompt_ids``, ``completion_ids``
+and ``logprobs`` with the env's return as the extra field ``env_reward``, which
+``env_reward_func`` hands to the trainer as a reward. For episodes of several turns it also
+returns ``env_mask`` (TRL's name for the mask of the tokens the model produced: 1 for the
+policy's, 0 for those the env inserted between turns), so that TRL never trains on them.
+
+Task envs (GSM8K, Countdown, reasoning-gym, MATH) draw their own questions: the trainer's
+dataset only paces the run (its prompts are placeholders, e.g. ``["solve"] * 1000``), and
+each group of ``num_generations`` consecutive prompts gets one question of the env's stream,
+exactly once per epoch. ``LLMChat-v0`` takes each prompt (a string, or the last user message
+of a conversation) as its query.
+
+    from trl import GRPOConfig, GRPOTrainer
+    from llm_gym.integrations.trl import env_reward_func, make_rollout_func
+
+    trainer = GRPOTrainer(
+        model=model, processing_class=tokenizer, args=GRPOConfig(...),
+        train_dataset=Dataset.from_dict({"prompt": ["solve"] * 1000}),
+        reward_funcs=[env_reward_func],
+        rollout_func=make_rollout_func("LLMChat-Countdown-v0", level=0),
+    )
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from llm_gym.policies import TransformersPolicy
+
+__all__ = ["EnvRollout", "env_reward_func", "make_rollout_func"]
+
+
+def env_reward_func(completions: Sequence[Any], env_reward: Sequence[float], **_: Any) -> list:
+    """The env's return of each completion, as ``make_rollout_func`` recorded it."""
+    if len(env_reward) != len(completions):
+        raise ValueError(
+            f"env_reward must hold one return per completion, got {len(env_reward)} for "
+            f"{len(completions)}: pass make_rollout_func's rollout_func to the trainer"
+        )
+    return [float(r) for r in env_reward]
+
+
+def make_rollout_func(env_id: str, *, seed: int = 0, **env_kwargs: Any) -> EnvRollout:
+    """A ``rollout_func`` for ``GRPOTrainer`` that plays ``env_id`` (made with
+    ``env_kwargs``; the first batch's questions come from ``seed``)."""
+    gym.spec(env_id)  # an unknown id fails here, not at the first batch
+    return EnvRollout(env_id, seed=seed, **env_kwargs)
+
+
+class EnvRollout:
+    """Plays one episode per prompt, all prompts' turns generated in one batch per turn."""
+
+    def __init__(self, env_id: str, *, seed: int = 0, **env_kwargs: Any) -> None:
+        self.env_id, self.seed, self.env_kwargs = env_id, seed, env_kwargs
+        self.is_task = gym.spec(env_id).vector_entry_point is not None
+        self._envs: list[gym.Env] = []
+        self._key: tuple[int, int, int] | None = None
+        self._fresh = True  # the next reset starts the stream of `seed`
+
+    def __call__(self, prompts: Sequence[Any], trainer: Any) -> dict[str, list]:
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        tokenizer = trainer.processing_class
+        group = trainer.num_generations if model.training else trainer.num_generations_eval
+        envs = self._envs_for(len(prompts), group, tokenizer)
+        if self.is_task:  # sub-env i seeded seed + i: one order, split (see Shard)
+            seeds = [self.seed + i if self._fresh else None for i in range(len(envs))]
+            obs = [env.reset(seed=s)[0] for env, s in zip(envs, seeds, strict=True)]
+            self._fresh = False
+        else:
+            queries = [_query(p) for p in prompts]
+            obs = [env.reset(options={"query": q})[0] for env, q in zip(envs, queries, strict=True)]
+        args = trainer.args
+        policy = TransformersPolicy(
+            model, tokenizer, input_mode="tokens",
+            generate_kwargs={"max_new_tokens": args.max_completion_length, "do_sample": True,
+                             "temperature": args.temperature},
+        )  # fmt: skip
+        return _play(envs, obs, policy)
+
+    def _envs_for(self, n: int, group: int, tokenizer: Any) -> list[gym.Env]:
+        # One env per prompt; a task's envs split one stream (shard), each group of `group`
+        # consecutive envs on one question (repeats). Rebuilt only when the batch changes.
+        key = (n, group, id(tokenizer))
+        if key != self._key:
+            if self.is_task and n % group:
+                raise ValueError(
+                    f"the trainer's batch of {n} prompts is not whole groups of "
+                    f"num_generations={group}"
+                )
+            kwargs = {**self.env_kwargs, "input_mode": "tokens", "tokenizer": tokenizer}
+            if self.is_task:
+                make = [{"shard": (i, n), "repeats": group} for i in range(n)]
+            else:
+                make = [{} for _ in range(n)]
+            self._envs = [gym.make(self.env_id, **kwargs, **extra) for extra in make]
+            self._key, self._fresh = key, True
+        return self._envs
+
+
+def _play(envs: list[gym.Env], obs: list[dict], policy: TransformersPolicy) -> dict[str, list]:
+    n = len(envs)
+    prompt_ids = [np.asarray(o["tokens"]).tolist() for o in obs]
+    completion: list[list[int]] = [[] for _ in range(n)]
+    logprobs: list[list[float]] = [[] for _ in range(n)]
+    mask: list[list[int]] = [[] for _ in range(n)]
+    returns = [0.0] * n
+    turns = [0] * n
+    active = list(range(n))
+    with torch.no_grad():
+        while active:
+            batch = {"tokens": tuple(obs[i]["tokens"] for i in active)}
+            responses = policy(batch)
+            still = []
+            for i, response in zip(active, responses, strict=True):
+                tokens = np.asarray(response.tokens).tolist()
+                completion[i] += tokens
+                logprobs[i] += np.asarray(response.log_probs, dtype=float).tolist()
+                mask[i] += [1] * len(tokens)
+                seen = len(prompt_ids[i]) + len(completion[i])
+                obs[i], reward, terminated, truncated, _ = envs[i].step(response)
+                returns[i] += float(reward)
+                turns[i] += 1
+                if not (terminated or truncated):
+                    # The env's next prompt continues the exact tokens so far (token-in/out):
+                    # what it adds is the env's, never trained on.
+                    nxt = np.asarray(obs[i]["tokens"]).tolist()
+                    if nxt[:seen] != prompt_ids[i] + completion[i]:
+                        raise RuntimeError(
+                            f"env {i}'s next prompt does not continue the tokens so far: the "
+                            "env must keep the policy's tokens as they were sampled"
+                        )
+                    inserted = nxt[seen:]
+                    completion[i] += inserted
+                    logprobs[i] += [0.0] * len(inserted)
+                    mask[i] += [0] * len(inserted)
+                    still.append(i)
+            active = still
+    out: dict[str, list] = {
+        "prompt_ids": prompt_ids,
+        "completion_ids": completion,
+        "logprobs": logprobs,
+        "env_reward": returns,
+    }
+    if max(turns) > 1:
+        out["env_mask"] = mask
+    return out
+
+
+def _query(prompt: Any) -> str:
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, Sequence):
+        users = [m["content"] for m in prompt if isinstance(m, Mapping) and m.get("role") == "user"]
+        if users:
+            return users[-1]
+    raise TypeError(
+        f"a prompt must be a str or a conversation with a user message, got {prompt!r:.60}"
+    )

@@ -1,0 +1,368 @@
+"""GRPO through llm_gym, in one file: what ``llm-gym train`` runs.
+
+Each iteration:
+
+1. The native vector env holds ``groups`` questions, each in ``group_size`` sub-envs side by
+   side (``repeats=G, group_repeats=True``). ``TransformersPolicy`` samples one response per
+   sub-env in one batch and returns the exact tokens (token-in/token-out).
+2. The env scores them. With ``kl_coef > 0`` the KL wrappers charge ``coef · KL`` against a
+   frozen copy of the starting model, with a constant or adaptive coefficient.
+3. Advantages are group-relative: ``(r - mean_g) / (std_g + eps)``.
+4. The old log-probs are re-scored by the same forward that computes the new ones (not taken
+   from generation), so that ratio and KL compare like with like in any dtype: in bfloat16
+   the log-probs ``generate`` reports differ from a forward's by up to 0.2 nats per token.
+5. ``update_epochs`` optimizer steps on GRPO's clipped surrogate, each accumulated over
+   minibatches: per token, averaged over each response, then over responses.
+
+SAME_STEP autoreset hands back the next questions in the same ``step``: no generation is
+wasted. A line of ``metrics.jsonl`` is written per iteration, a checkpoint every
+``save_every``; greedy success on held-out questions is measured before and after.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from llm_gym.models import load_model
+from llm_gym.policies import TransformersPolicy
+from llm_gym.train.evaluation import evaluate
+from llm_gym.train.records import (
+    CHECKPOINT_DIR,
+    METRICS_FILE,
+    PLOT_FILE,
+    load_trainer_state,
+    plot_metrics,
+    read_metrics,
+    save_checkpoint,
+)
+from llm_gym.train.setup import make_task_envs, resolve_device, resolve_dtype
+from llm_gym.wrappers import AdaptiveKLController
+from llm_gym.wrappers import vector as vector_wrappers
+
+__all__ = ["GRPOConfig", "GRPOTrainer", "group_advantages", "grpo_loss"]
+
+SUMMARY_FILE = "summary.json"
+
+
+def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-4) -> torch.Tensor:
+    """GRPO's advantages: each reward standardized within its group of ``group_size``
+    consecutive entries (a group whose rewards are all equal gets 0).
+
+    >>> group_advantages(torch.tensor([1.0, 0.0, 0.5, 0.5]), 2).tolist()
+    [0.9998000264167786, -0.9998000264167786, 0.0, 0.0]
+    """
+    groups = rewards.reshape(-1, group_size)
+    mean, std = groups.mean(1, keepdim=True), groups.std(1, keepdim=True, unbiased=False)
+    return ((groups - mean) / (std + eps)).reshape(-1)
+
+
+def grpo_loss(
+    log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    mask: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_coef: float,
+) -> torch.Tensor:
+    """GRPO's clipped surrogate, negated: per token, averaged over each response's tokens,
+    then over responses. ``log_probs``/``old_log_probs``/``mask`` are ``(B, T)``,
+    ``advantages`` ``(B,)``.
+
+    >>> lp = torch.zeros(1, 2)
+    >>> grpo_loss(lp, lp, torch.ones(1, 2, dtype=torch.bool), torch.tensor([2.0]), 0.2).item()
+    -2.0
+    """
+    ratio = torch.exp(log_probs - old_log_probs)
+    adv = advantages[:, None]
+    surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - clip_coef, 1 + clip_coef) * adv)
+    mask = mask.to(surrogate.dtype)
+    per_response = (surrogate * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    return -per_response.mean()
+
+
+@dataclass
+class GRPOConfig:
+    """What ``llm-gym train`` is asked to do (its command-line options)."""
+
+    env: str = "LLMChat-ReasoningGym-v0"  # procedural and offline: runs anywhere
+    env_args: dict[str, Any] = field(default_factory=dict)
+    answer_format: str | None = "last_number"
+    curriculum: int = 0  # the difficulty curriculum's window; 0: off
+    model: str = "default"
+    iterations: int = 30
+    groups: int = 4  # questions per iteration
+    group_size: int = 8  # responses per question
+    learning_rate: float = 2e-5
+    update_epochs: int = 1
+    minibatch_size: int = 8
+    clip_coef: float = 0.2
+    max_grad_norm: float = 1.0
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    kl_coef: float = 0.0  # 0: no KL penalty, no reference model
+    kl_target: float | None = None  # adaptive controller's target KL; None: constant coef
+    kl_horizon: int = 10000
+    estimator: str = "k1"
+    eval_episodes: int = 64
+    eval_seed: int = 1_000_003  # held out: the training stream's seed is `seed`
+    device: str = "auto"
+    dtype: str = "float32"
+    seed: int = 0
+    out: str = "runs/train"
+    save_every: int = 10
+    resume: bool = False
+    overwrite: bool = False
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        positive = ("iterations", "groups", "update_epochs", "minibatch_size", "max_new_tokens")
+        for name in (*positive, "save_every", "kl_horizon"):
+            _check_int(name, getattr(self, name), 1)
+        _check_int("group_size", self.group_size, 2)  # one response has no group to compare
+        _check_int("eval_episodes", self.eval_episodes, 0)
+        _check_int("curriculum", self.curriculum, 0)
+        for name in ("learning_rate", "clip_coef", "max_grad_norm", "temperature"):
+            _check_float(name, getattr(self, name), strict=True)
+        _check_float("kl_coef", self.kl_coef, strict=False)
+        if self.kl_target is not None:
+            _check_float("kl_target", self.kl_target, strict=True)
+            if self.kl_coef == 0:
+                raise ValueError("kl_target needs kl_coef > 0 (the adaptive controller's start)")
+        resolve_dtype(self.dtype)
+        if self.resume and self.overwrite:
+            raise ValueError("resume and overwrite contradict each other: pass one")
+
+
+class GRPOTrainer:
+    """A prepared run: models loaded, envs made, run folder claimed; ``train()`` runs it.
+
+    Everything that can fail on the user's input fails here, before any generation.
+    """
+
+    def __init__(self, config: GRPOConfig) -> None:
+        self.config = config
+        self.out = Path(config.out)
+        self.device, self.dtype = resolve_device(config.device), resolve_dtype(config.dtype)
+        state = self._claim_out()
+        torch.manual_seed(config.seed)
+        source = self.out / CHECKPOINT_DIR if state else config.model
+        self.model, self.tokenizer = load_model(source, device=self.device, dtype=self.dtype)
+        self.sampler = TransformersPolicy(
+            self.model,
+            self.tokenizer,
+            input_mode="tokens",
+            generate_kwargs={
+                "max_new_tokens": config.max_new_tokens,
+                "do_sample": True,
+                "temperature": config.temperature,
+            },
+        )
+        self.scorer = self.sampler.get_new_version(generate=False)  # same model: it is trained
+        n = config.groups * config.group_size
+        self.envs = make_task_envs(
+            config.env, n, self.tokenizer, config.env_args,
+            answer_format=config.answer_format, repeats=config.group_size, group_repeats=True,
+        )  # fmt: skip
+        if config.curriculum:
+            self.envs = vector_wrappers.DifficultyCurriculum(self.envs, window=config.curriculum)
+        if config.kl_coef > 0:
+            self.envs = self._charge_kl(self.envs)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.learning_rate)
+        self.start, self.before = 0, None
+        if state:
+            self._restore(state)
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def train(self) -> dict[str, Any]:
+        """Run the iterations; write metrics, plot, checkpoints and ``summary.json``."""
+        config, started = self.config, time.perf_counter()
+        if self.before is None and config.eval_episodes:
+            self.before = self.evaluate()
+        rows = read_metrics(self.out / METRICS_FILE, before=self.start)
+        bar = tqdm(
+            total=config.iterations, initial=self.start, unit="it",
+            disable=not config.progress, dynamic_ncols=True,
+        )  # fmt: skip
+        obs, _ = self.envs.reset(seed=config.seed + self.start)  # a resumed run: new questions
+        with (self.out / METRICS_FILE).open("a", encoding="utf-8") as f:
+            for iteration in range(self.start, config.iterations):
+                obs, row = self.iteration(obs, iteration)
+                rows.append(row)
+                f.write(json.dumps(row) + "\n")
+                f.flush()  # a line per iteration, readable after Ctrl-C
+                bar.update(1)
+                bar.set_postfix(reward=f"{row['reward']:.3f}", success=f"{row['success']:.2f}")
+                if (iteration + 1) % config.save_every == 0 or iteration + 1 == config.iterations:
+                    self.save(iteration + 1)
+        bar.close()
+        self.envs.close()
+        plot_metrics(rows, self.out / PLOT_FILE)
+        after = self.evaluate() if config.eval_episodes else None
+        summary = {
+            "before": self.before,
+            "after": after,
+            "iterations": config.iterations,
+            "minutes_this_run": (time.perf_counter() - started) / 60,
+            "device": str(self.device),
+            "config": asdict(config),
+        }
+        (self.out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+        return summary
+
+    def iteration(self, obs: dict[str, Any], iteration: int) -> tuple[dict[str, Any], dict]:
+        """One batch of groups: sample, score, update. The next observation and a metrics row."""
+        config, start = self.config, time.perf_counter()
+        with torch.no_grad():
+            responses = self.sampler(obs)
+        generation_seconds = time.perf_counter() - start
+        next_obs, rewards, terminated, truncated, info = self.envs.step(responses)
+        if not (terminated | truncated).all():
+            raise ValueError(
+                f"train needs a single-turn task (every response ends its episode); {config.env} "
+                "went on: leave max_turns at 1"
+            )
+        rewards_t = torch.as_tensor(rewards, dtype=torch.float32, device=self.device)
+        advantages = group_advantages(rewards_t, config.group_size)
+        loss = self.update(obs, responses, advantages)
+        final, lengths = info["final_info"], [len(r.tokens) for r in responses]
+        row = {
+            "iteration": iteration,
+            "reward": float(np.mean(rewards)),
+            "task_reward": float(np.mean(final["reward"])),
+            "success": float(np.mean(final["success"])),
+            "kl": None,
+            "kl_coef": None,
+            "loss": loss,
+            "response_tokens": float(np.mean(lengths)),
+            "level": getattr(self.envs.unwrapped, "level", None),
+            "tokens_per_second": sum(lengths) / generation_seconds,
+            "seconds": time.perf_counter() - start,
+        }
+        if config.kl_coef > 0:
+            row["kl"] = float(np.mean(np.concatenate(list(info["kl"]))))
+            row["kl_coef"] = float(self.envs.coef)
+            self.envs.update_kl_coef()
+        return next_obs, row
+
+    def update(self, obs: dict[str, Any], responses: list[Any], advantages: torch.Tensor) -> float:
+        """``update_epochs`` optimizer steps on the clipped surrogate; the last step's loss."""
+        config, n = self.config, len(responses)
+        size = config.minibatch_size
+        batches = [range(i, min(i + size, n)) for i in range(0, n, size)]
+        tokens = obs["tokens"]
+
+        def scored(rows: range) -> tuple[torch.Tensor, torch.Tensor]:
+            part = {"tokens": tuple(tokens[i] for i in rows)}
+            dist, ids = self.scorer.get_dist(part, [responses[i] for i in rows], mask="prompt")
+            return dist.log_prob(ids).float(), dist.mask
+
+        with torch.no_grad():  # the old policy, through the very forward the update uses
+            old = [scored(rows)[0] for rows in batches]
+        total = 0.0
+        for _ in range(config.update_epochs):
+            self.optimizer.zero_grad(set_to_none=True)
+            total = 0.0
+            for rows, old_log_probs in zip(batches, old, strict=True):
+                log_probs, mask = scored(rows)
+                adv = advantages[rows.start : rows.stop]
+                loss = grpo_loss(log_probs, old_log_probs, mask, adv, config.clip_coef)
+                (loss * len(rows) / n).backward()
+                total += loss.item() * len(rows) / n
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.max_grad_norm)
+            self.optimizer.step()
+        return total
+
+    def evaluate(self) -> dict[str, float]:
+        """Greedy success on ``eval_episodes`` questions of the held-out seed."""
+        config = self.config
+        return evaluate(
+            self.model, self.tokenizer, config.env,
+            episodes=config.eval_episodes, seed=config.eval_seed,
+            max_new_tokens=config.max_new_tokens, env_args=config.env_args,
+            answer_format=config.answer_format,
+        )  # fmt: skip
+
+    # -- checkpoints ------------------------------------------------------------------------
+
+    def save(self, iteration: int) -> Path:
+        """Checkpoint after ``iteration`` iterations (what ``--resume`` continues from)."""
+        state = {
+            "iteration": iteration,
+            "optimizer": self.optimizer.state_dict(),
+            "before": self.before,
+            "kl_coef": float(self.envs.coef) if self.config.kl_coef > 0 else None,
+            "level": getattr(self.envs.unwrapped, "level", None),
+            "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        }
+        return save_checkpoint(self.out, self.model, self.tokenizer, state)
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        self.start, self.before = int(state["iteration"]), state["before"]
+        if self.start >= self.config.iterations:
+            raise ValueError(
+                f"the checkpoint in {self.out} is after {self.start} iterations; pass "
+                f"--iterations above {self.start} to train on"
+            )
+        self.optimizer.load_state_dict(state["optimizer"])
+        if state["kl_coef"] is not None and self.config.kl_coef > 0:
+            self.envs.kl_controller.coef = state["kl_coef"]
+        if state["level"] is not None:
+            self.envs.unwrapped.set_level(state["level"])
+        torch.set_rng_state(state["torch_rng"])
+        if state["cuda_rng"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda_rng"])
+
+    def _claim_out(self) -> dict[str, Any] | None:
+        # Refuse to mix two runs in one folder; --resume continues one, --overwrite clears it.
+        config, metrics = self.config, self.out / METRICS_FILE
+        if config.resume:
+            return load_trainer_state(self.out)
+        if metrics.exists() and not config.overwrite:
+            raise FileExistsError(
+                f"{metrics} holds an earlier run; pass --resume to continue it, --overwrite to "
+                "start over, or another --out"
+            )
+        for name in (METRICS_FILE, PLOT_FILE, SUMMARY_FILE):
+            (self.out / name).unlink(missing_ok=True)
+        shutil.rmtree(self.out / CHECKPOINT_DIR, ignore_errors=True)
+        self.out.mkdir(parents=True, exist_ok=True)
+        return None
+
+    def _charge_kl(self, envs: Any) -> Any:
+        config = self.config
+        reference, _ = load_model(config.model, device=self.device, dtype=self.dtype)
+        reference.requires_grad_(False)
+        ref = TransformersPolicy(reference, self.tokenizer, input_mode="tokens", generate=False)
+        controller = None
+        if config.kl_target is not None:
+            controller = AdaptiveKLController(config.kl_coef, config.kl_target, config.kl_horizon)
+        # Below float32, generation's log-probs are mostly rounding noise against a forward's:
+        # re-score the responses with the policy in the same forward path as the reference.
+        gen = self.scorer if self.dtype != torch.float32 else None
+        return vector_wrappers.RetrieveKL(
+            envs, gen, ref, coef=config.kl_coef, estimator=config.estimator,
+            kl_controller=controller,
+        )  # fmt: skip
+
+
+def _check_int(name: str, value: Any, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+
+
+def _check_float(name: str, value: Any, *, strict: bool) -> None:
+    ok = not isinstance(value, bool) and isinstance(value, (int, float, np.number))
+    if not ok or not math.isfinite(value) or (value <= 0 if strict else value < 0):
+        relation = ">" if strict else ">="
+        raise ValueError(f"{name} must be a finite number {relation} 0, got {value!r}")

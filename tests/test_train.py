@@ -1,0 +1,196 @@
+"""``llm-gym train``: GRPO's math, a run end to end with a tiny model (metrics, plot,
+checkpoint, resume), the KL penalty in bfloat16, CUDA, and one-line errors."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from llm_gym.cli import main
+from llm_gym.models import tiny_model
+from llm_gym.train import GRPOConfig, GRPOTrainer, group_advantages, grpo_loss
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory, smollm2_tokenizer):
+    folder = tmp_path_factory.mktemp("tiny")
+    tiny_model(smollm2_tokenizer, seed=0).save_pretrained(folder)
+    smollm2_tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture(autouse=True)
+def _keep_torch_threads():
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def train_args(model, out, *extra):
+    return [
+        "train", "--model", model, "--out", str(out),
+        "--env-arg", "task=chain_sum",
+        "--iterations", "2", "--groups", "2", "--group-size", "2",
+        "--max-new-tokens", "4", "--eval-episodes", "4", "--save-every", "1",
+        "--threads", "1", "--no-progress", *extra,
+    ]  # fmt: skip
+
+
+# -- the math ---------------------------------------------------------------------------
+
+
+def test_group_advantages_standardize_within_each_group():
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 0.1, 1.0])
+    adv = group_advantages(rewards, 3)
+    first = np.array([1.0, 0.0, 0.0])
+    expected = (first - first.mean()) / (first.std() + 1e-4)
+    assert adv[:3].tolist() == pytest.approx(expected.tolist(), rel=1e-5)
+    assert adv[3:].sum().item() == pytest.approx(0.0, abs=1e-5)
+    assert group_advantages(torch.ones(4), 2).tolist() == [0.0] * 4  # nothing to learn
+
+
+def test_grpo_loss_clips_the_ratio_and_averages_per_response():
+    old = torch.zeros(2, 3)
+    new = torch.tensor([[0.5, 0.5, 0.0], [-0.5, 0.0, 0.0]])  # ratios e^0.5, e^-0.5
+    mask = torch.tensor([[True, True, False], [True, False, False]])
+    adv = torch.tensor([1.0, -1.0])
+    # Row 0: ratio 1.65 > 1.2 with a positive advantage: clipped to 1.2 per token.
+    # Row 1: ratio 0.61 < 0.8 with a negative advantage: min(-0.61, -0.8) = -0.8.
+    loss = grpo_loss(new, old, mask, adv, clip_coef=0.2)
+    assert loss.item() == pytest.approx(-(1.2 + -0.8) / 2)
+    # Unclipped, the gradient flows: d(-loss)/d(new[0, 0]) = ratio * adv / 2 tokens / 2 rows.
+    new = torch.zeros(2, 3, requires_grad=True)
+    grpo_loss(new, old, mask, adv, clip_coef=0.2).backward()
+    assert new.grad[0, 0].item() == pytest.approx(-0.25) and new.grad[0, 2].item() == 0.0
+
+
+# -- a run ------------------------------------------------------------------------------
+
+
+def test_train_writes_metrics_plot_checkpoint_and_resumes(tiny_dir, tmp_path):
+    out = tmp_path / "run"
+    assert main(train_args(tiny_dir, out)) == 0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == [0, 1]
+    for row in rows:
+        assert 0.0 <= row["success"] <= 1.0 and 1 <= row["response_tokens"] <= 4
+        assert row["level"] == 0 and row["kl"] is None and row["tokens_per_second"] > 0
+        assert np.isfinite(row["loss"])
+    assert (out / "training.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    state = torch.load(out / "checkpoint" / "trainer.pt", weights_only=False)
+    assert state["iteration"] == 2 and "state" in state["optimizer"]
+    assert (out / "checkpoint" / "model.safetensors").is_file()
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["before"]) == {"success", "reward", "response_tokens"}
+    assert summary["config"]["iterations"] == 2
+
+    # A second run in the same folder is refused; --resume continues the curves.
+    assert main(train_args(tiny_dir, out)) == 2
+    assert main(train_args(tiny_dir, out, "--resume", "--iterations", "3")) == 0
+    resumed = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in resumed] == [0, 1, 2] and resumed[:2] == rows
+    assert torch.load(out / "checkpoint" / "trainer.pt", weights_only=False)["iteration"] == 3
+    after = json.loads((out / "summary.json").read_text())
+    assert after["before"] == summary["before"]  # measured once, before the first iteration
+
+
+def test_an_update_moves_the_policy_toward_the_better_response(tiny_dir, tmp_path):
+    config = GRPOConfig(
+        model=tiny_dir, out=str(tmp_path), env_args={"task": "chain_sum"},
+        groups=1, group_size=2, max_new_tokens=4, eval_episodes=0,
+        learning_rate=1e-2, progress=False,
+    )  # fmt: skip
+    trainer = GRPOTrainer(config)
+    obs, _ = trainer.envs.reset(seed=0)
+    responses = trainer.sampler(obs)
+    with torch.no_grad():
+        dist, ids = trainer.scorer.get_dist(obs, responses, mask="prompt")
+        before = (dist.log_prob(ids).sum(-1)).tolist()
+    trainer.update(obs, responses, torch.tensor([1.0, -1.0]))
+    with torch.no_grad():
+        dist, ids = trainer.scorer.get_dist(obs, responses, mask="prompt")
+        after = (dist.log_prob(ids).sum(-1)).tolist()
+    assert after[0] > before[0] and after[1] < before[1]
+
+
+def test_kl_penalty_in_bfloat16_compares_like_with_like(tiny_dir, tmp_path):
+    # The reference is the starting model: before the first update the policy's re-scored
+    # log-probs and the reference's come from the same forward, so the KL is exactly 0.
+    config = GRPOConfig(
+        model=tiny_dir, out=str(tmp_path), env_args={"task": "chain_sum"}, groups=1,
+        group_size=2, max_new_tokens=4, eval_episodes=0, kl_coef=0.1, kl_target=1.0, kl_horizon=1,
+        dtype="bfloat16", progress=False,
+    )  # fmt: skip
+    trainer = GRPOTrainer(config)
+    assert trainer.model.dtype == torch.bfloat16
+    obs, _ = trainer.envs.reset(seed=0)
+    _, row = trainer.iteration(obs, 0)
+    assert row["kl"] == 0.0 and row["kl_coef"] == 0.1
+    assert row["reward"] == row["task_reward"]
+    assert trainer.envs.coef == pytest.approx(0.1 * 0.8)  # adaptive: KL 0 < target, -20%
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_an_iteration_on_cuda(tiny_dir, tmp_path):
+    config = GRPOConfig(
+        model=tiny_dir, out=str(tmp_path), env_args={"task": "chain_sum"}, groups=2,
+        group_size=2, max_new_tokens=4, eval_episodes=2, kl_coef=0.1, device="cuda",
+        dtype="bfloat16", progress=False,
+    )  # fmt: skip
+    trainer = GRPOTrainer(config)
+    assert trainer.model.device.type == "cuda"
+    obs, _ = trainer.envs.reset(seed=0)
+    _, row = trainer.iteration(obs, 0)
+    assert np.isfinite(row["loss"]) and row["kl"] is not None
+    assert 0.0 <= trainer.evaluate()["success"] <= 1.0
+
+
+# -- errors -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--env", "LLMChat-v0"], "env id 'LLMChat-v0' is not a task env; train runs"),
+        (["--env", "Nope-v0"], "env id 'Nope-v0' is unknown"),
+        (["--resume"], "--resume needs a checkpoint of an earlier run"),
+        (["--device", "cuda:7"] if not torch.cuda.is_available() else ["--device", "bogus"],
+         "device"),
+        (["--kl-target", "1.0"], "kl_target needs kl_coef > 0"),
+        (["--resume", "--overwrite"], "resume and overwrite contradict each other"),
+    ],
+)  # fmt: skip
+def test_bad_input_gets_one_line(tiny_dir, tmp_path, capsys, extra, message):
+    assert main(train_args(tiny_dir, tmp_path / "run", *extra)) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--group-size", "1"], "expected a number >= 2, got '1'"),
+        (["--learning-rate", "0"], "expected a number > 0.0, got '0'"),
+        (["--dtype", "int8"], "invalid choice: 'int8'"),
+    ],
+)
+def test_bad_numbers_are_refused_by_the_parser(tiny_dir, tmp_path, capsys, extra, message):
+    with pytest.raises(SystemExit) as exit_info:
+        main(train_args(tiny_dir, tmp_path / "run", *extra))
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("group_size", 1, "group_size must be an int >= 2, got 1"),
+        ("iterations", 0.5, "iterations must be an int >= 1, got 0.5"),
+        ("temperature", float("nan"), "temperature must be a finite number > 0, got nan"),
+        ("kl_coef", -1.0, "kl_coef must be a finite number >= 0, got -1.0"),
+        ("dtype", "fp8", "dtype must be one of"),
+    ],
+)
+def test_bad_config_values_name_the_field(field, value, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        GRPOConfig(**{field: value})
