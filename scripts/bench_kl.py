@@ -73,6 +73,7 @@ from llm_gym import Response, TransformersPolicy
 from llm_gym.envs.data_sources import IterableSource
 from llm_gym.lm import left_pad, token_log_probs
 from llm_gym.models import load_default_model, tiny_model
+from llm_gym.train import DTYPES, resolve_device, resolve_dtype
 from llm_gym.wrappers import vector as vector_kl
 from llm_gym.wrappers.kl import KLRewardWrapper
 
@@ -156,8 +157,12 @@ class Timed:
 
     def run(self) -> tuple[float, float, Any]:
         arg = self.prepare() if self.prepare is not None else None  # not timed
+        if torch.cuda.is_available():  # CUDA calls return before the GPU is done
+            torch.cuda.synchronize()
         wall, cpu = time.perf_counter(), time.process_time()
         out = self.call() if self.prepare is None else self.call(arg)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
         return time.perf_counter() - wall, time.process_time() - cpu, out
 
 
@@ -464,19 +469,24 @@ def main() -> None:
     parser.add_argument("--profile-reps", type=int, default=3, help="profiled steps")
     parser.add_argument("--no-install", action="store_true", help="never pip-install torchrl")
     parser.add_argument("--no-torchrl", action="store_true", help="skip TorchRL (D, F, H)")
+    parser.add_argument("--device", default="auto", help="'auto', 'cpu' or 'cuda'")
+    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     args = parser.parse_args()
     warnings.filterwarnings("ignore", message=".*nested tensors is in prototype stage.*")
     warnings.filterwarnings("ignore", message=".*size_average and reduce args.*")
 
     torchrl_version = None if args.no_torchrl else ensure_torchrl(not args.no_install)
-    smollm2, tokenizer = load_default_model()
+    device, dtype = resolve_device(args.device), resolve_dtype(args.dtype)
+    smollm2, tokenizer = load_default_model(device=device, dtype=dtype)
     with open(Path(args.data_dir) / "test.jsonl", encoding="utf-8") as f:
         rows = [json.loads(line) for line in itertools.islice(f, args.num_envs)]
     print(f"torch {torch.__version__}, torchrl {torchrl_version or 'not available'}")
     print(f"{len(rows)} GSM8K test questions from {args.data_dir}; tokens mode; coef {COEF}")
 
     models = [] if args.tiny_only else [("SmolLM2-135M-Instruct", smollm2)]
-    models.append(("tiny (llama, 2 layers x 64, SmolLM2 tokenizer)", tiny_model(tokenizer)))
+    models.append(
+        ("tiny (llama, 2 layers x 64, SmolLM2 tokenizer)", tiny_model(tokenizer).to(device, dtype))
+    )
     for name, model in models:
         print(f"\n== {name} ==")
         case = make_case(name, model, tokenizer, rows, args.max_new_tokens)

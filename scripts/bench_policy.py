@@ -30,6 +30,7 @@ from llm_gym import History
 from llm_gym.models import load_default_model
 from llm_gym.policies import TransformersPolicy
 from llm_gym.tasks import GSM8K_SYSTEM_PROMPT
+from llm_gym.train import DTYPES, resolve_device, resolve_dtype
 
 
 def gsm8k_questions(n: int) -> list[str]:
@@ -39,14 +40,19 @@ def gsm8k_questions(n: int) -> list[str]:
         return [json.loads(line)["question"] for line in itertools.islice(f, n)]
 
 
-def left_pad(rows: list[np.ndarray], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+def left_pad(rows: list[np.ndarray], pad_id: int, device: torch.device) -> tuple[torch.Tensor, ...]:
     width = max(len(r) for r in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     for i, row in enumerate(rows):
         ids[i, width - len(row) :] = torch.as_tensor(row)
         mask[i, width - len(row) :] = 1
-    return ids, mask
+    return ids.to(device), mask.to(device)
+
+
+def synchronize() -> None:
+    if torch.cuda.is_available():  # CUDA calls return before the GPU is done
+        torch.cuda.synchronize()
 
 
 def interleaved(a: Callable[[], object], b: Callable[[], object], rounds: int) -> dict[str, list]:
@@ -59,8 +65,10 @@ def interleaved(a: Callable[[], object], b: Callable[[], object], rounds: int) -
     times: dict[str, list] = {"a_wall": [], "a_cpu": [], "b_wall": [], "b_cpu": []}
     for i in range(rounds):
         for fn, name in ((a, "a"), (b, "b")) if i % 2 == 0 else ((b, "b"), (a, "a")):
+            synchronize()
             wall, cpu = time.perf_counter(), time.process_time()
             fn()
+            synchronize()
             times[f"{name}_wall"].append(time.perf_counter() - wall)
             times[f"{name}_cpu"].append(time.process_time() - cpu)
     return times
@@ -102,12 +110,15 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, default=None, help="torch threads (default: torch's)"
     )
+    parser.add_argument("--device", default="auto", help="'auto', 'cpu' or 'cuda'")
+    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     args = parser.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
 
     torch.manual_seed(0)
-    model, tokenizer = load_default_model()
+    device, dtype = resolve_device(args.device), resolve_dtype(args.dtype)
+    model, tokenizer = load_default_model(device=device, dtype=dtype)
     system = {"role": "system", "content": GSM8K_SYSTEM_PROMPT}
     histories = [(system, {"role": "user", "content": q}) for q in gsm8k_questions(args.n)]
     obs = {"history": tuple(histories)}
@@ -120,7 +131,7 @@ def main() -> None:
         History(h).apply_chat_template(tokenizer, add_generation_prompt=True, tokenize=True)
         for h in histories
     ]
-    prompt_ids, prompt_mask = left_pad(prompts, pad_id)
+    prompt_ids, prompt_mask = left_pad(prompts, pad_id, model.device)
 
     def raw_generate() -> torch.Tensor:
         with torch.inference_mode():
@@ -135,7 +146,9 @@ def main() -> None:
         ends = (row == eos_id).nonzero()
         n = int(ends[0]) + 1 if len(ends) else len(row)
         raw_tokens += n
-        assert np.array_equal(row[:n].numpy(), response.tokens), "policy and raw generate differ"
+        assert np.array_equal(row[:n].cpu().numpy(), response.tokens), (
+            "policy and raw generate differ"
+        )
     policy_tokens = sum(len(r.tokens) for r in responses)
 
     policy_call = OwnTime(model, "generate", lambda: policy(obs))
@@ -157,7 +170,9 @@ def main() -> None:
 
     scorer = policy.get_new_version(generate=False)
     full_ids, full_mask = left_pad(
-        [np.concatenate([p, r.tokens]) for p, r in zip(prompts, responses, strict=True)], pad_id
+        [np.concatenate([p, r.tokens]) for p, r in zip(prompts, responses, strict=True)],
+        pad_id,
+        model.device,
     )
 
     def bare_forward() -> torch.Tensor:

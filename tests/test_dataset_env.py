@@ -13,7 +13,8 @@ from gsm8k_fixture import FIXTURE  # made-up problems, written to a temp folder
 from gymnasium.utils.env_checker import check_env
 
 from llm_gym.envs import DatasetChatEnv, data_sources
-from llm_gym.envs.data_sources import IndexedSource, Shard
+from llm_gym.envs.data_sources import IndexedSource
+from llm_gym.envs.sharding import Shard
 
 ROWS = [{"query": f"q{i}", "id": i} for i in range(10)]
 

@@ -5,12 +5,15 @@ import functools
 import json
 
 import datasets
+import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 from gsm8k_fixture import FIXTURE  # made-up problems, written to a temp folder
 from trl import GRPOConfig, GRPOTrainer
 
 from llm_gym.chat.templates import CHATML_TEMPLATE
+from llm_gym.integrations.trl import env_reward_func, make_rollout_func
 from llm_gym.models import tiny_model
 from llm_gym.rewards import GSM8KReward, gsm8k_reward_func
 
@@ -146,3 +149,128 @@ def test_grpo_trainer_runs_the_reward_function(gpt2_tokenizer, tmp_path, convers
         assert all(len(ids) <= 8 for ids in kwargs["completion_ids"])
         assert log["rewards/gsm8k_reward_func/mean"] == pytest.approx(sum(rewards) / 4)
         assert log["reward"] == pytest.approx(sum(rewards) / 4)
+
+
+# -- the rollout_func bridge ------------------------------------------------------------
+
+
+def grpo_config(tmp_path, **changes):
+    return GRPOConfig(
+        **{
+            "output_dir": str(tmp_path), "max_steps": 2, "per_device_train_batch_size": 4,
+            "num_generations": 2, "max_completion_length": 6, "use_cpu": True, "bf16": False,
+            "report_to": "none", "logging_steps": 1, "save_strategy": "no",
+            "disable_tqdm": True, "seed": 0, **changes,
+        }
+    )  # fmt: skip
+
+
+class Recording:
+    """Wraps a rollout_func and keeps what it returned."""
+
+    def __init__(self, func):
+        self.func, self.outputs = func, []
+
+    def __call__(self, prompts, trainer):
+        out = self.func(prompts, trainer)
+        self.outputs.append((list(prompts), out))
+        return out
+
+
+@pytest.mark.parametrize("max_turns", [1, 2])
+def test_rollout_func_drives_an_env_and_its_rewards_reach_the_trainer(
+    smollm2_tokenizer, tmp_path, max_turns
+):
+    torch.manual_seed(0)
+    rollout = Recording(
+        make_rollout_func("LLMChat-GSM8K-v0", dataset=fixture_rows(10), max_turns=max_turns)
+    )
+    trainer = GRPOTrainer(
+        model=tiny_model(smollm2_tokenizer, seed=0),
+        reward_funcs=[env_reward_func],
+        args=grpo_config(tmp_path),
+        train_dataset=datasets.Dataset.from_dict({"prompt": ["solve"] * 8}),
+        processing_class=smollm2_tokenizer,
+        rollout_func=rollout,
+    )
+    trainer.train()
+    logs = [entry for entry in trainer.state.log_history if "reward" in entry]
+    assert len(rollout.outputs) == len(logs) == 2
+    questions = {row["question"] for row in fixture_rows(10)}
+    for (prompts, out), log in zip(rollout.outputs, logs, strict=True):
+        n = len(prompts)
+        assert n == 4 and len(out["completion_ids"]) == len(out["logprobs"]) == n
+        assert log["rewards/env_reward_func/mean"] == pytest.approx(np.mean(out["env_reward"]))
+        texts = [smollm2_tokenizer.decode(ids) for ids in out["prompt_ids"]]
+        asked = [next(q for q in questions if q in text) for text in texts]
+        assert asked[0] == asked[1] and asked[2] == asked[3]  # a group shares its question
+        for ids, logprobs in zip(out["completion_ids"], out["logprobs"], strict=True):
+            assert len(ids) == len(logprobs) >= 1
+        if "env_mask" in out:
+            assert max_turns == 2
+            for ids, mask, logprobs in zip(
+                out["completion_ids"], out["env_mask"], out["logprobs"], strict=True
+            ):
+                assert len(mask) == len(ids) and set(mask) <= {0, 1} and mask[0] == 1
+                # What the env inserted between turns carries no log-prob and no gradient.
+                assert all(lp == 0.0 for lp, m in zip(logprobs, mask, strict=True) if m == 0)
+    # Over both steps, 4 groups: the env's stream, no question twice in an epoch of 10.
+    all_asked = [
+        next(q for q in questions if q in smollm2_tokenizer.decode(ids))
+        for _, out in rollout.outputs
+        for ids in out["prompt_ids"][::2]
+    ]
+    assert len(set(all_asked)) == 4
+
+
+def fake_trainer(tokenizer, tmp_path, group=2):
+    class Trainer:  # what rollout_func reads of GRPOTrainer
+        model = tiny_model(tokenizer, seed=1)
+        processing_class = tokenizer
+        num_generations = num_generations_eval = group
+        args = grpo_config(tmp_path)
+
+        class accelerator:  # noqa: N801
+            unwrap_model = staticmethod(lambda m: m)
+
+    return Trainer
+
+
+def test_multi_turn_env_mask_marks_the_env_tokens(smollm2_tokenizer, tmp_path):
+    # A model that never answers: every episode runs its two turns.
+    rollout = make_rollout_func("LLMChat-GSM8K-v0", dataset=fixture_rows(4), max_turns=2)
+    out = rollout(["x"] * 2, fake_trainer(smollm2_tokenizer, tmp_path))
+    for ids, mask in zip(out["completion_ids"], out["env_mask"], strict=True):
+        assert 0 in mask and mask[0] == 1 and mask[-1] == 1  # policy, env, policy
+        inserted = smollm2_tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if m == 0])
+        assert "<|im_start|>user" in inserted or "<|im_start|>" in inserted
+
+
+def test_rollout_func_errors(smollm2_tokenizer):
+    with pytest.raises(gym.error.Error):
+        make_rollout_func("Nope-v0")
+    with pytest.raises(ValueError, match="one return per completion, got 1 for 2"):
+        env_reward_func(completions=["a", "b"], env_reward=[1.0])
+
+
+def test_a_chat_env_takes_each_prompt_as_its_query(smollm2_tokenizer, tmp_path):
+    rollout = make_rollout_func("LLMChat-v0")
+    prompts = ["What is 2+2?", [{"role": "user", "content": "Name a colour."}]]
+    out = rollout(prompts, fake_trainer(smollm2_tokenizer, tmp_path))
+    texts = [smollm2_tokenizer.decode(ids) for ids in out["prompt_ids"]]
+    assert "What is 2+2?" in texts[0] and "Name a colour." in texts[1]
+    assert out["env_reward"] == [0.0, 0.0] and "env_mask" not in out
+    with pytest.raises(TypeError, match="a prompt must be a str or a conversation"):
+        rollout([3, 4], fake_trainer(smollm2_tokenizer, tmp_path))
+
+
+def test_a_batch_of_partial_groups_is_refused(smollm2_tokenizer, tmp_path):
+    rollout = make_rollout_func("LLMChat-GSM8K-v0", dataset=fixture_rows(4))
+    with pytest.raises(ValueError, match="batch of 3 prompts is not whole groups"):
+        rollout(["x"] * 3, fake_trainer(smollm2_tokenizer, tmp_path))
+
+
+def test_an_env_without_a_turn_limit_is_refused(smollm2_tokenizer, tmp_path):
+    rollout = make_rollout_func("LLMChat-v0", max_turns=None)
+    with pytest.raises(ValueError, match="without max_turns here, so an episode could go on"):
+        rollout(["hi", "ho"], fake_trainer(smollm2_tokenizer, tmp_path))

@@ -18,11 +18,11 @@ from llm_gym.envs.chat import ChatEnv
 from llm_gym.envs.data_sources import (
     IndexedSource,
     IterableSource,
-    Shard,
     is_iterable_dataset,
     load_records,
 )
 from llm_gym.envs.procedural import ProceduralSource
+from llm_gym.envs.sharding import Shard
 
 __all__ = ["DatasetChatEnv", "QUERY_KEY", "TaskReward", "TaskScore"]
 
@@ -105,7 +105,7 @@ class DatasetChatEnv(ChatEnv):
       of ``repeats``, so that each sample's copies fill consecutive sub-envs in one step (a
       GRPO group side by side); a single env is unaffected.
     - ``shard``: ``(index, count)``: serve stream positions ``index, index + count, ...``
-      (see ``llm_gym.envs.data_sources.Shard``); None: all. ``count`` envs with indices
+      (see ``llm_gym.envs.sharding.Shard``); None: all. ``count`` envs with indices
       ``0 .. count - 1`` and one seed serve each sample exactly ``repeats`` times per epoch
       between them, e.g. the sub-envs of ``SyncVectorEnv``/``AsyncVectorEnv`` or the ranks of
       a data-parallel run. Not for ``from_dataloader`` (shard the dataloader's sampler).

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from llm_gym.envs.data_sources import Shard
+from llm_gym.envs.sharding import Shard
 
 __all__ = ["ProceduralSource"]
 

@@ -12,7 +12,7 @@ Task envs (GSM8K, Countdown, reasoning-gym, MATH) draw their own questions: the 
 dataset only paces the run (its prompts are placeholders, e.g. ``["solve"] * 1000``), and
 each group of ``num_generations`` consecutive prompts gets one question of the env's stream,
 exactly once per epoch. ``LLMChat-v0`` takes each prompt (a string, or the last user message
-of a conversation) as its query.
+of a conversation) as its query, for one turn unless ``max_turns`` says otherwise.
 
     from trl import GRPOConfig, GRPOTrainer
     from llm_gym.integrations.trl import env_reward_func, make_rollout_func
@@ -52,7 +52,8 @@ def env_reward_func(completions: Sequence[Any], env_reward: Sequence[float], **_
 def make_rollout_func(env_id: str, *, seed: int = 0, **env_kwargs: Any) -> EnvRollout:
     """A ``rollout_func`` for ``GRPOTrainer`` that plays ``env_id`` (made with
     ``env_kwargs``; the first batch's questions come from ``seed``)."""
-    gym.spec(env_id)  # an unknown id fails here, not at the first batch
+    if gym.spec(env_id).vector_entry_point is None:  # (an unknown id fails here)
+        env_kwargs.setdefault("max_turns", 1)  # a plain chat: one reply per prompt
     return EnvRollout(env_id, seed=seed, **env_kwargs)
 
 
@@ -102,6 +103,11 @@ class EnvRollout:
             else:
                 make = [{} for _ in range(n)]
             self._envs = [gym.make(self.env_id, **kwargs, **extra) for extra in make]
+            if getattr(self._envs[0].unwrapped, "max_turns", 1) is None:
+                raise ValueError(
+                    f"{self.env_id} runs without max_turns here, so an episode could go on "
+                    "forever: pass max_turns=N to make_rollout_func"
+                )
             self._key, self._fresh = key, True
         return self._envs
 

@@ -319,7 +319,7 @@ class RolloutFromModel:
             raise ValueError(
                 f"ref_model must return one LogProbOutput per sequence, got: {error}"
             ) from error
-        log_q = torch.zeros(len(rows), self.max_new_tokens)
+        log_q = torch.zeros(len(rows), self.max_new_tokens, device=generated.device)
         for row, (values, response) in enumerate(zip(scored, responses, strict=True)):
             if values.shape != (len(response),):
                 raise ValueError(
@@ -327,7 +327,7 @@ class RolloutFromModel:
                     f"log_probs.response of the response's length ({len(response)}), got "
                     f"shape {values.shape}"
                 )
-            log_q[row, : len(response)] = torch.tensor(values)
+            log_q[row, : len(response)] = torch.as_tensor(values, device=generated.device)
         return log_q
 
     def _score(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

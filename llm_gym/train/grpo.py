@@ -266,14 +266,20 @@ class GRPOTrainer:
             dist, ids = self.scorer.get_dist(part, [responses[i] for i in rows], mask="prompt")
             return dist.log_prob(ids).float(), dist.mask
 
-        with torch.no_grad():  # the old policy, through the very forward the update uses
-            old = [scored(rows)[0] for rows in batches]
+        # The old policy, through the very forward the update uses. With one epoch the first
+        # forward is the old policy itself (ratio 1, as TRL does): no second forward.
+        old: list[torch.Tensor | None] = [None] * len(batches)
+        if config.update_epochs > 1:
+            with torch.no_grad():
+                old = [scored(rows)[0] for rows in batches]
         total = 0.0
         for _ in range(config.update_epochs):
             self.optimizer.zero_grad(set_to_none=True)
             total = 0.0
             for rows, old_log_probs in zip(batches, old, strict=True):
                 log_probs, mask = scored(rows)
+                if old_log_probs is None:
+                    old_log_probs = log_probs.detach()
                 adv = advantages[rows.start : rows.stop]
                 loss = grpo_loss(log_probs, old_log_probs, mask, adv, config.clip_coef)
                 (loss * len(rows) / n).backward()

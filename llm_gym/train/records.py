@@ -32,6 +32,7 @@ METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "training.png"
 CHECKPOINT_DIR = "checkpoint"
 TRAINER_STATE = "trainer.pt"
+SMOOTHING = 5  # iterations in the plotted running mean
 PLOTTED = ("reward", "success", "kl", "response_tokens", "level", "tokens_per_second")
 
 
@@ -79,8 +80,11 @@ def plot_metrics(rows: list[dict[str, Any]], path: Path) -> None:
     axes = np.atleast_1d(axes)
     iterations = [r["iteration"] for r in rows]
     for ax, name in zip(axes, names, strict=True):
-        values = [np.nan if r.get(name) is None else r[name] for r in rows]
-        ax.plot(iterations, values, ".-")
+        values = np.array([np.nan if r.get(name) is None else r[name] for r in rows], float)
+        ax.plot(iterations, values, ".", alpha=0.6)
+        if len(values) >= SMOOTHING:  # batches are small: the trend is in the running mean
+            kernel = np.ones(SMOOTHING) / SMOOTHING
+            ax.plot(iterations[SMOOTHING - 1 :], np.convolve(values, kernel, "valid"), "-")
         ax.set_ylabel(name.replace("_", " "), fontsize=8)
     axes[-1].set_xlabel("iteration")
     fig.tight_layout()

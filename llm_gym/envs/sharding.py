@@ -1,0 +1,53 @@
+"""``Shard``: which positions of one seeded stream of samples a source serves.
+
+A vector env's sub-envs, or the processes of a data-parallel run, each serve a shard, so that
+between them they serve every sample exactly ``repeats`` times per epoch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Shard"]
+
+
+class Shard:
+    """Which samples of one seeded stream a source serves, and how often each.
+
+    The stream serves every record ``repeats`` times in a row. A source with shard
+    ``(index, count)`` serves stream positions ``index, index + count, index + 2 * count, ...``:
+    ``count`` sources with indices ``0 .. count - 1`` (the sub-envs of one vector env, or
+    the processes of a data-parallel run) split the stream between them, so that together
+    they serve every record exactly ``repeats`` times per epoch, as TorchRL's batched env
+    does by drawing each batch from one dataloader. With ``count`` a multiple of
+    ``repeats``, each record's copies go to ``repeats`` consecutive sources at once.
+
+    >>> shard = Shard(index=1, count=2, repeats=2)
+    >>> [shard.record(k) for k in range(4)]  # stream positions 1, 3, 5, 7
+    [0, 1, 2, 3]
+    """
+
+    def __init__(self, index: int = 0, count: int = 1, repeats: int = 1) -> None:
+        self.index, self.count, self.repeats = index, count, repeats
+
+    @classmethod
+    def parse(cls, shard: Any, repeats: int = 1) -> Shard:
+        """Checks a user's ``shard=(index, count)`` (None: the whole stream)."""
+        if shard is None:
+            return cls(0, 1, repeats)
+        if (
+            not isinstance(shard, (tuple, list))
+            or len(shard) != 2
+            or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in shard)
+            or not 0 <= shard[0] < shard[1]
+        ):
+            raise ValueError(
+                f"shard must be None or (index, count) with ints 0 <= index < count, got {shard!r}"
+            )
+        return cls(int(shard[0]), int(shard[1]), repeats)
+
+    def record(self, k: int) -> int:
+        """The stream record that this source's ``k``-th sample is."""
+        return (self.index + k * self.count) // self.repeats
