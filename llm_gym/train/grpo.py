@@ -98,15 +98,16 @@ class GRPOConfig:
     answer_format: str | None = "last_number"
     curriculum: int = 0  # the difficulty curriculum's window; 0: off
     model: str = "default"
-    iterations: int = 30
-    groups: int = 4  # questions per iteration
+    # The defaults are the CPU demo's (README: chain_sum, +28 points in 10 minutes on 2 cores).
+    iterations: int = 20
+    groups: int = 2  # questions per iteration
     group_size: int = 8  # responses per question
-    learning_rate: float = 2e-5
+    learning_rate: float = 5e-5
     update_epochs: int = 1
     minibatch_size: int = 8
     clip_coef: float = 0.2
     max_grad_norm: float = 1.0
-    max_new_tokens: int = 64
+    max_new_tokens: int = 48
     temperature: float = 1.0
     kl_coef: float = 0.0  # 0: no KL penalty, no reference model
     kl_target: float | None = None  # adaptive controller's target KL; None: constant coef
