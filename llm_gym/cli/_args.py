@@ -4,6 +4,7 @@ task options, and which env ids a command can run."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 from collections.abc import Callable
@@ -116,3 +117,11 @@ def task_options(args: argparse.Namespace) -> dict[str, Any]:
         "overwrite": args.overwrite,
         "progress": not args.no_progress,
     }
+
+
+def make_config(cls: type, args: argparse.Namespace) -> Any:
+    """``cls`` (a config dataclass) from the parsed options: each field from the option of
+    the same name, the shared task options as ``task_options`` maps them."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    values = {name: value for name, value in vars(args).items() if name in names}
+    return cls(**(values | task_options(args)))

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from llm_gym.cli._args import add_task_options, check_task_env, number, task_options
+from llm_gym.cli._args import add_task_options, check_task_env, make_config, number
 from llm_gym.runner import Rollout, RolloutConfig
 from llm_gym.wrappers import ESTIMATORS
 
@@ -37,16 +37,7 @@ def add_parser(commands: Any) -> None:
 
 def prepare(args: argparse.Namespace) -> Rollout:
     check_task_env(args.env, "rollout")
-    config = RolloutConfig(
-        **task_options(args),
-        split=args.split,
-        data_dir=args.data_dir,
-        num_envs=args.num_envs,
-        episodes=args.episodes,
-        ref_model=args.ref_model,
-        kl_coef=args.kl_coef,
-        estimator=args.estimator,
-    )
+    config = make_config(RolloutConfig, args)
     return Rollout(config)
 
 

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from llm_gym.cli._args import add_task_options, check_task_env, number, task_options
+from llm_gym.cli._args import add_task_options, check_task_env, make_config, number
 from llm_gym.train import GRPOConfig, GRPOTrainer
 from llm_gym.train.records import CHECKPOINT_DIR, METRICS_FILE, PLOT_FILE
 from llm_gym.wrappers import ESTIMATORS
@@ -46,22 +46,7 @@ def add_parser(commands: Any) -> None:
 
 def prepare(args: argparse.Namespace) -> GRPOTrainer:
     check_task_env(args.env, "train")
-    config = GRPOConfig(
-        **task_options(args),
-        iterations=args.iterations,
-        groups=args.groups,
-        group_size=args.group_size,
-        learning_rate=args.learning_rate,
-        update_epochs=args.update_epochs,
-        minibatch_size=args.minibatch_size,
-        clip_coef=args.clip_coef,
-        kl_coef=args.kl_coef,
-        kl_target=args.kl_target,
-        estimator=args.estimator,
-        eval_episodes=args.eval_episodes,
-        save_every=args.save_every,
-        resume=args.resume,
-    )
+    config = make_config(GRPOConfig, args)
     return GRPOTrainer(config)
 
 
