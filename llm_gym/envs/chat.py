@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import gymnasium as gym
@@ -13,9 +13,12 @@ from gymnasium import spaces
 from llm_gym.chat.containers import Response
 from llm_gym.chat.history import History
 from llm_gym.chat.templates import CHAT_TEMPLATES, resolve_chat_template
+from llm_gym.envs.turns import TokenPrefixError, next_policy_mask
 from llm_gym.spaces import INPUT_MODES, MAX_TEXT_LENGTH, UnicodeText, history_space, token_space
 
-__all__ = ["ChatEnv", "StepPlan"]
+__all__ = ["ChatEnv", "MASK_KEY", "StepPlan"]
+
+MASK_KEY = "policy_mask"  # observation key: 1 on the prompt tokens the policy sampled
 
 # End-of-turn strings a sampled response may end with; they belong to the template's
 # closing of the turn, not to the message content.
@@ -31,6 +34,8 @@ class StepPlan:
     terminated: bool
     truncated: bool
     info: dict[str, Any]
+    mask: np.ndarray | None = None  # the policy's tokens in the new prompt (tokens mode)
+    tool_counts: tuple[int, int] = (0, 0)  # tool calls made and failed this episode
 
 
 class ChatEnv(gym.Env):
@@ -61,10 +66,30 @@ class ChatEnv(gym.Env):
     | ``history`` | tuple of ``{"role", "content"}`` dicts, the conversation so far |
     | ``text``    | the prompt rendered with the chat template and generation prompt |
     | ``tokens``  | ``int64`` token ids of that prompt                              |
+    | ``policy_mask`` | ``int64`` 0/1 per token of ``tokens``: 1 where the policy sampled it |
 
     ## Rewards
 
-    Always ``0.0`` (``DatasetChatEnv`` takes a task's reward).
+    Always ``0.0`` (``DatasetChatEnv`` takes a task's reward). A turn that calls tools gets
+    ``0.0`` in every env: it is not an answer.
+
+    ## Tools
+
+    With ``tools=``, a turn that holds tool calls (``tool_format``) is not scored: the env runs
+    the calls in order, appends the turn verbatim and one ``tool`` message per call (its
+    output, or an error the model can read: bad JSON, an unknown tool, wrong arguments, a tool
+    that raised; never an exception out of ``step``), and the episode goes on. The turn
+    without a call is the final answer. ``info["tool_calls"]`` lists the step's calls (name,
+    arguments, ok, output truncated to ``llm_gym.tools.MAX_OUTPUT_CHARS``, seconds);
+    ``info["num_tool_calls"]``/``["failed_tool_calls"]`` count the episode's. The tools reach
+    the model through the chat template's ``tools=`` where it renders them and the env renders
+    the prompt, else as a block appended to the system prompt.
+
+    In ``"tokens"`` mode every prompt is the previous prompt's tokens, then the tokens the
+    policy sampled (never re-tokenized), then what the env added; this is checked each step
+    (``TokenPrefixError`` names the turn and position), and the observation's ``policy_mask``
+    (1 on the tokens the policy sampled; added to ``observation_keys`` with tools in tokens
+    mode, or ask for it) lets a trainer take its loss on those, never on tool output.
 
     ## Starting State
 
@@ -76,7 +101,9 @@ class ChatEnv(gym.Env):
 
     With ``max_turns=None`` (default) the episode never ends by itself. With ``max_turns=1``
     the single turn ends it with ``terminated=True`` (the conversation is over); with
-    ``max_turns > 1`` reaching the limit returns ``truncated=True``.
+    ``max_turns > 1`` reaching the limit returns ``truncated=True``. With tools the final
+    answer terminates the episode; a step whose calls go past ``max_tool_calls`` (those calls
+    are not run) or reach ``max_turns > 1`` truncates it.
 
     ## Arguments
 
@@ -95,6 +122,12 @@ class ChatEnv(gym.Env):
       text and tokens prompts end with it, so the policy's tokens continue it; the turn in
       the history and the text scored are the prefix plus the response. Text and tokens
       modes only (a history observation cannot hold a started turn).
+    - ``tools``: a list of ``"python"`` (the sandboxed ``llm_gym.tools.PythonInterpreter``),
+      plain functions with type hints and a docstring, ``llm_gym.tools.Tool`` or
+      ``llm_gym.tools.MCPTools(command=[...])`` (shut down by ``close()``).
+    - ``tool_format``: ``"hermes"`` (``<tool_call>{"name": ..., "arguments": ...}</tool_call>``,
+      default) or ``"markdown"`` (```` ```python ```` blocks run by the ``python`` tool).
+    - ``max_tool_calls``: tool calls per episode (default 4).
 
     ## Version History
 
@@ -129,6 +162,9 @@ class ChatEnv(gym.Env):
         observation_keys: tuple[str, ...] | list[str] | None = None,
         max_text_length: int = MAX_TEXT_LENGTH,
         assistant_prefix: str = "",
+        tools: Sequence[Any] | None = None,
+        tool_format: str = "hermes",
+        max_tool_calls: int = 4,
         render_mode: str | None = None,
     ) -> None:
         if input_mode not in INPUT_MODES:
@@ -140,8 +176,14 @@ class ChatEnv(gym.Env):
             )
         keys = tuple(observation_keys) if observation_keys is not None else (input_mode,)
         for key in keys:
-            if key not in INPUT_MODES:
-                raise ValueError(f"observation_keys must be among {INPUT_MODES}, got {key!r}")
+            if key not in (*INPUT_MODES, MASK_KEY):
+                raise ValueError(
+                    f"observation_keys must be among {(*INPUT_MODES, MASK_KEY)}, got {key!r}"
+                )
+        if MASK_KEY in keys and "tokens" not in keys:
+            raise ValueError(f"observation key {MASK_KEY!r} marks tokens: add 'tokens', got {keys}")
+        if tools and "tokens" in keys and MASK_KEY not in keys:
+            keys = (*keys, MASK_KEY)  # a multi-turn trainer needs it
         if tokenizer is None and any(key != "history" for key in keys):
             mode = next(key for key in keys if key != "history")
             raise ValueError(
@@ -168,6 +210,10 @@ class ChatEnv(gym.Env):
             raise TypeError(f"max_text_length must be an int, got {type(max_text_length).__name__}")
         if max_text_length < 1:
             raise ValueError(f"max_text_length must be >= 1, got {max_text_length}")
+        if isinstance(max_tool_calls, bool) or not isinstance(max_tool_calls, int):
+            raise TypeError(f"max_tool_calls must be an int, got {type(max_tool_calls).__name__}")
+        if max_tool_calls < 1:
+            raise ValueError(f"max_tool_calls must be >= 1, got {max_tool_calls}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(
                 f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}"
@@ -183,6 +229,13 @@ class ChatEnv(gym.Env):
         self.max_text_length = max_text_length
         self.assistant_prefix = assistant_prefix
         self.render_mode = render_mode
+        self.max_tool_calls = max_tool_calls
+        self.toolbox = None
+        if tools:
+            from llm_gym.tools import Toolbox  # here: envs without tools never import it
+
+            self.toolbox = Toolbox(tools, tool_format)
+            self._offer_tools(self.toolbox)
 
         key_spaces: dict[str, spaces.Space] = {
             "history": history_space(max_text_length),
@@ -190,6 +243,7 @@ class ChatEnv(gym.Env):
         }
         if tokenizer is not None:
             key_spaces["tokens"] = token_space(len(tokenizer))
+            key_spaces[MASK_KEY] = token_space(2)
         self.observation_space = spaces.Dict({key: key_spaces[key] for key in keys})
         self.action_space = (
             key_spaces["tokens"] if input_mode == "tokens" else UnicodeText(max_text_length)
@@ -208,6 +262,19 @@ class ChatEnv(gym.Env):
         self._tokens: np.ndarray | None = None
         self._prefix_ids: np.ndarray | None = None  # assistant_prefix's tokens, when needed
         self._turn, self._done = 0, False
+        self._mask: np.ndarray | None = None  # policy's tokens in _tokens
+        self._tool_counts = (0, 0)
+
+    def _offer_tools(self, toolbox: Any) -> None:
+        # A template that renders tools= gets them there when the env renders the prompt;
+        # otherwise (and for history observations, which a policy renders itself) the system
+        # prompt lists them.
+        rendered_here = self.tokenizer is not None and self.input_mode != "history"
+        if rendered_here and "tools" in _template(self.tokenizer, self.template_kwargs):
+            self.template_kwargs["tools"] = toolbox.schemas
+            return
+        block = toolbox.system_prompt()
+        self.system_prompt = block if not self.system_prompt else f"{self.system_prompt}\n\n{block}"
 
     # -- episode -----------------------------------------------------------------------
 
@@ -220,6 +287,8 @@ class ChatEnv(gym.Env):
         history, info = self._initial_history(options or {})
         self._set_prompt(history)
         self._turn, self._done = 0, False
+        self._tool_counts = (0, 0)
+        self._mask = None if self._tokens is None else np.zeros(len(self._tokens), np.bool_)
         return self._observation(), info
 
     def step(
@@ -227,13 +296,52 @@ class ChatEnv(gym.Env):
     ) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
         return self.commit_step(self.plan_step(action))
 
-    def plan_step(self, action: str | np.ndarray | Response | Mapping[str, Any]) -> StepPlan:
+    def plan_step(
+        self,
+        action: str | np.ndarray | Response | Mapping[str, Any],
+        *,
+        tool_records: list[Any] | None = None,
+    ) -> StepPlan:
         """Everything ``step`` would do, computed and checked but not stored.
 
         A step that raises (a bad action, a reward that rejects its sample, text that cannot
         be tokenized) therefore changes nothing; a vector env plans all its sub-envs' steps
-        before it commits any.
+        before it commits any. Tool calls are run here (they are side effects, but after the
+        action was checked); ``tool_records`` passes in the results of ``run_tool_calls``
+        when the caller ran them itself (a vector env runs its sub-envs' calls concurrently).
         """
+        response, content, calls = self._read_action(action)
+        if calls:
+            if tool_records is None:
+                tool_records = self.run_tool_calls(calls)
+            return self._plan_tool_turn(response, content, len(calls), tool_records)
+        reward, terminated, info = self._score(self.assistant_prefix + content)
+        state, mask, problem = self._next_state(content, response.tokens)
+        truncated = False
+        if self.toolbox is not None:
+            terminated = True  # with tools, the turn without a call is the final answer
+            info = {**info, "tool_calls": [], **self._tool_info(*self._tool_counts)}
+        elif self.max_turns is not None and self._turn + 1 >= self.max_turns and not terminated:
+            if self.max_turns == 1:
+                terminated = True
+            else:
+                truncated = True
+        if problem and not (terminated or truncated):
+            raise TokenPrefixError(f"turn {self._turn + 1}: {problem}")
+        plan = StepPlan(state, float(reward), bool(terminated), bool(truncated), info, mask)
+        return replace(plan, tool_counts=self._tool_counts)
+
+    def pending_tool_calls(self, action: Any) -> list[Any]:
+        """The tool calls ``action`` makes (checked as ``step`` checks it); [] without tools."""
+        return self._read_action(action)[2]
+
+    def run_tool_calls(self, calls: Sequence[Any]) -> list[Any]:
+        """Run ``calls`` in order, as many as this episode's ``max_tool_calls`` still allows;
+        one ``ToolRecord`` each. Never raises for what a tool does."""
+        remaining = max(self.max_tool_calls - self._tool_counts[0], 0)
+        return [self.toolbox.run(call) for call in calls[:remaining]]
+
+    def _read_action(self, action: Any) -> tuple[Response, str, list[Any]]:
         if self._history is None or self._done:
             raise gym.error.ResetNeeded(
                 "Cannot call ChatEnv.step before reset"
@@ -242,21 +350,41 @@ class ChatEnv(gym.Env):
             )
         response = self.check_action(action)
         content = self._content(response)
-        reward, terminated, info = self._score(self.assistant_prefix + content)
-        state = self._next_state(content, response.tokens)
-        truncated = False
-        if self.max_turns is not None and self._turn + 1 >= self.max_turns and not terminated:
-            if self.max_turns == 1:
-                terminated = True
-            else:
-                truncated = True
-        return StepPlan(state, float(reward), bool(terminated), bool(truncated), info)
+        calls = self.toolbox.parse(content) if self.toolbox is not None else []
+        return response, content, calls
+
+    def _plan_tool_turn(
+        self, response: Response, content: str, num_calls: int, records: list[Any]
+    ) -> StepPlan:
+        # The assistant's turn verbatim, then one tool message per call that ran.
+        messages = [{"role": "tool", "content": record.output} for record in records]
+        state, mask, problem = self._next_state(content, response.tokens, messages)
+        made = self._tool_counts[0] + len(records)
+        failed = self._tool_counts[1] + sum(not record.ok for record in records)
+        over = made < self._tool_counts[0] + num_calls  # calls past max_tool_calls did not run
+        turns_left = self.max_turns is None or self.max_turns == 1
+        truncated = over or not (turns_left or self._turn + 1 < self.max_turns)
+        if problem and not truncated:
+            raise TokenPrefixError(f"turn {self._turn + 1}: {problem}")
+        info = {"tool_calls": [r.as_dict() for r in records], **self._tool_info(made, failed)}
+        return StepPlan(state, 0.0, False, bool(truncated), info, mask, (made, failed))
+
+    @staticmethod
+    def _tool_info(made: int, failed: int) -> dict[str, int]:
+        return {"num_tool_calls": made, "failed_tool_calls": failed}
+
+    def close(self) -> None:
+        """Shut down the tools' servers (MCP)."""
+        if self.toolbox is not None:
+            self.toolbox.close()
+        super().close()
 
     def commit_step(
         self, plan: StepPlan
     ) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
         """Store a planned step (nothing here can fail) and return what ``step`` returns."""
         self._history, self._rendered, self._text, self._tokens = plan.state
+        self._mask, self._tool_counts = plan.mask, plan.tool_counts
         self._turn += 1
         self._done = plan.terminated or plan.truncated
         if self.render_mode == "human":
@@ -342,16 +470,18 @@ class ChatEnv(gym.Env):
         return self._prefix_ids
 
     def _next_state(
-        self, content: str, tokens: np.ndarray | None
-    ) -> tuple[History, str | None, str | None, np.ndarray | None]:
-        """The conversation, rendering, text and tokens after this response (not stored)."""
+        self, content: str, tokens: np.ndarray | None, added: Sequence[dict[str, str]] = ()
+    ) -> tuple[tuple[Any, ...], np.ndarray | None, str | None]:
+        """The conversation, rendering, text and tokens after this response and the messages
+        the env ``added`` (tool results); the policy mask; what broke the token prefix."""
         # The turn holds the prefix the prompt started it with, then the response.
         prefix = self.assistant_prefix
         turn = prefix + content
         history = self._history.copy().append({"role": self.policy_role, "content": turn})
+        history.extend(added)
         if not self._needs_render():
-            return history, None, None, None
-        if self._closing is not None:  # a built-in template: the turn closes the same way
+            return (history, None, None, None), None, None
+        if self._closing is not None and not added:  # a built-in template: same closing
             closing = self._closing
             rendered = self._rendered + turn + closing
         else:
@@ -360,11 +490,11 @@ class ChatEnv(gym.Env):
             # The template closes the turn (and opens the next); that text is all the prompt
             # gains beyond the response itself, so the response is never re-tokenized.
             closing = rendered[len(body) :] if rendered.startswith(body) else None
-            if closing is not None and self._fixed_closing:
+            if closing is not None and self._fixed_closing and not added:
                 self._closing = closing
         # A template that rewrites earlier turns (closing None): only the full rendering is right.
         text = rendered + prefix if closing is None else self._text + content + closing + prefix
-        new_tokens = None
+        new_tokens = mask = problem = None
         if self._tokens is not None:
             sampled = tokens is not None
             if not sampled:
@@ -380,11 +510,19 @@ class ChatEnv(gym.Env):
                     if tail.endswith(end) and closing.startswith(end):
                         closing = closing[len(end) :]
                         break
-                if closing not in self._closing_ids:
-                    self._closing_ids[closing] = self._encode(closing)
-                parts = [self._tokens, tokens, self._closing_ids[closing], self._prefix_tokens()]
+                if added:  # tool output varies: not worth a cache entry
+                    closing_ids = self._encode(closing)
+                else:
+                    if closing not in self._closing_ids:
+                        self._closing_ids[closing] = self._encode(closing)
+                    closing_ids = self._closing_ids[closing]
+                parts = [self._tokens, tokens, closing_ids, self._prefix_tokens()]
                 new_tokens = np.concatenate(parts)
-        return history, rendered, text, new_tokens
+            if self._mask is not None:
+                mask, problem = next_policy_mask(self._tokens, self._mask, tokens, new_tokens)
+            if not sampled:  # text the env tokenized itself: no sampled tokens to keep
+                problem = None
+        return (history, rendered, text, new_tokens), mask, problem
 
     def check_action(self, action: Any) -> Response:
         """The action as a ``Response``, or a clear error naming what was expected."""
@@ -449,8 +587,12 @@ class ChatEnv(gym.Env):
                 obs[key] = self._history.to_chats()
             elif key == "text":
                 obs[key] = self._text
-            else:
+            elif key == "tokens":
                 obs[key] = self._tokens.copy()
+            elif self._mask is None:  # text the env tokenized itself broke the prefix
+                obs[key] = np.zeros(len(self._tokens), dtype=np.int64)
+            else:
+                obs[key] = self._mask.astype(np.int64)
         return obs
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import gymnasium as gym
@@ -82,6 +83,7 @@ class DatasetChatVectorEnv(VectorEnv):
         self._out = create_empty_array(self.single_observation_space, self.num_envs)
         self._obs: list[Any] = [None] * self.num_envs
         self._needs_reset = True
+        self._pool: ThreadPoolExecutor | None = None  # runs tool calls; made on first use
 
     # -- Gymnasium API ------------------------------------------------------------------
 
@@ -173,13 +175,42 @@ class DatasetChatVectorEnv(VectorEnv):
             raise ValueError(
                 f"actions must hold num_envs={self.num_envs} responses, got {len(actions)}"
             )
+        records = self._run_tools(actions) if self.envs[0].toolbox is not None else None
         plans = []
         for i, (env, action) in enumerate(zip(self.envs, actions, strict=True)):
             try:
-                plans.append(env.plan_step(action))
+                plans.append(env.plan_step(action, tool_records=records and records[i]))
             except (TypeError, ValueError, KeyError) as err:
                 raise type(err)(f"actions[{i}]: {err}") from err
         return plans
+
+    def _run_tools(self, actions: Sequence[Any]) -> list[list[Any] | None]:
+        """Every sub-env's tool calls, sub-envs concurrently (each one's calls in order),
+        after every action was checked: N calls of t seconds take about t, not N t."""
+        calls = []
+        for i, (env, action) in enumerate(zip(self.envs, actions, strict=True)):
+            try:
+                calls.append(env.pending_tool_calls(action))
+            except (TypeError, ValueError, KeyError) as err:
+                raise type(err)(f"actions[{i}]: {err}") from err
+        busy = [i for i, c in enumerate(calls) if c]
+        records: list[list[Any] | None] = [None] * self.num_envs
+        if len(busy) == 1:
+            records[busy[0]] = self.envs[busy[0]].run_tool_calls(calls[busy[0]])
+        elif busy:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.num_envs, thread_name_prefix="llm_gym-tools")
+            ran = self._pool.map(lambda i: self.envs[i].run_tool_calls(calls[i]), busy)
+            for i, result in zip(busy, ran, strict=True):
+                records[i] = result
+        return records
+
+    def close_extras(self, **kwargs: Any) -> None:
+        """Stop the tool threads and the tools' servers (shared by the sub-envs)."""
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+        self.envs[0].close()
 
     def _batched_obs(self) -> dict[str, Any]:
         return concatenate(self.single_observation_space, self._obs, self._out)

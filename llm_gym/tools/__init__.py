@@ -1,0 +1,26 @@
+"""Tools a model calls between turns: the calling protocol (``calls``), a sandboxed Python
+interpreter (``interpreter``), plain functions (``base``), MCP servers (``mcp_client``) and
+an env's set of them (``toolbox``)."""
+
+from llm_gym.tools.base import Tool, ToolError, check_arguments
+from llm_gym.tools.calls import CALL_FORMATS, ToolCall, parse_tool_calls, tools_system_prompt
+from llm_gym.tools.interpreter import Execution, PythonInterpreter
+from llm_gym.tools.mcp_client import MCPTools
+from llm_gym.tools.toolbox import MAX_OUTPUT_CHARS, Toolbox, ToolRecord, ToolSpec
+
+__all__ = [
+    "CALL_FORMATS",
+    "MAX_OUTPUT_CHARS",
+    "Execution",
+    "MCPTools",
+    "PythonInterpreter",
+    "Tool",
+    "ToolCall",
+    "ToolError",
+    "ToolRecord",
+    "ToolSpec",
+    "Toolbox",
+    "check_arguments",
+    "parse_tool_calls",
+    "tools_system_prompt",
+]

