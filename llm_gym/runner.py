@@ -51,6 +51,9 @@ class RolloutConfig:
     estimator: str = "k1"
     max_new_tokens: int = 256
     temperature: float = 0.7
+    tools: list[str] | None = None  # e.g. ["python"]: multi-turn episodes with tool calls
+    max_tool_calls: int = 4
+    tool_format: str = "hermes"
     device: str = "auto"
     dtype: str = "float32"
     seed: int = 0
@@ -70,6 +73,9 @@ class Summary:
     tokens_per_second: float
     generated_tokens: int
     seconds: float
+    tool_episode_share: float | None = None  # episodes with at least one tool call
+    tool_calls_per_episode: float | None = None
+    failed_tool_share: float | None = None  # of all calls
 
     def table(self) -> str:
         kl = "n/a (no --ref-model)" if self.mean_kl is None else f"{self.mean_kl:.5f}"
@@ -80,17 +86,37 @@ class Summary:
             ("mean reward", f"{self.mean_reward:.4f}"),
             ("mean KL / token", kl),
             *([("level (last episode)", f"{self.level}")] if self.level is not None else []),
+            *self._tool_rows(),
             ("tokens/s", f"{self.tokens_per_second:.1f}"),
         ]
         width = max(len(name) for name, _ in rows)
         return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 
+    def _tool_rows(self) -> list[tuple[str, str]]:
+        if self.tool_episode_share is None:
+            return []
+        failed = self.failed_tool_share
+        failed = "n/a (no calls)" if failed is None else f"{failed:.3f}"
+        return [
+            ("episodes with a tool call", f"{self.tool_episode_share:.3f}"),
+            ("tool calls / episode", f"{self.tool_calls_per_episode:.2f}"),
+            ("failed tool calls", failed),
+        ]
+
 
 def make_envs(config: RolloutConfig, tokenizer: Any) -> gym.vector.VectorEnv:
     """The task's vector env in tokens mode, with the curriculum when asked for."""
+    tools = {}
+    if config.tools:
+        tools = {
+            "tools": list(config.tools),
+            "max_tool_calls": config.max_tool_calls,
+            "tool_format": config.tool_format,
+        }
     envs = make_task_envs(
         config.env, config.num_envs, tokenizer, config.env_args,
         split=config.split, data_dir=config.data_dir, answer_format=config.answer_format,
+        **tools,
     )  # fmt: skip
     if config.curriculum:
         envs = vector_wrappers.DifficultyCurriculum(envs, window=config.curriculum)
@@ -163,6 +189,8 @@ class _Episodes:
         # The task's own "reward" is kept as reward_task; "reward" is the episode's return,
         # KL penalty included.
         parts["reward_task"] = parts.pop("reward", None)
+        if "num_tool_calls" in parts:  # the whole conversation, tool messages included
+            parts["conversation"] = list(info["final_obs"][i]["history"])
         record = {
             "env_index": i,
             "prompt": self.prompts[i],
@@ -275,6 +303,16 @@ def summarize(items: list[dict[str, Any]], seconds: float) -> Summary:
     n = len(items)
     kls = [r["kl_mean"] for r in items if r.get("kl_mean") is not None]
     tokens = sum(r["num_tokens"] for r in items)
+    tools: dict[str, float | None] = {}
+    if n and all("num_tool_calls" in r for r in items):
+        calls = [r["num_tool_calls"] for r in items]
+        tools = {
+            "tool_episode_share": sum(c > 0 for c in calls) / n,
+            "tool_calls_per_episode": sum(calls) / n,
+            "failed_tool_share": (
+                sum(r["failed_tool_calls"] for r in items) / sum(calls) if sum(calls) else None
+            ),
+        }
     return Summary(
         episodes=n,
         accuracy=sum(bool(r.get("success", False)) for r in items) / max(n, 1),
@@ -285,6 +323,7 @@ def summarize(items: list[dict[str, Any]], seconds: float) -> Summary:
         tokens_per_second=tokens / seconds if seconds > 0 else 0.0,
         generated_tokens=tokens,
         seconds=seconds,
+        **tools,
     )
 
 

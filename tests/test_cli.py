@@ -166,6 +166,9 @@ def test_interrupted_run_keeps_finished_episodes(model_dirs, tmp_path):
         (["--env-arg", "level"], r"argument --env-arg: expected KEY=VALUE, got 'level'"),
         (["--answer-format", "xml"], r"argument --answer-format: invalid choice: 'xml'"),
         (["--curriculum", "0"], r"argument --curriculum: expected a number >= 1, got '0'"),
+        (["--tools", "ruby"], r"argument --tools: expected a comma-separated list of \['python'\]"),
+        (["--max-tool-calls", "0"], r"argument --max-tool-calls: expected a number >= 1"),
+        (["--tool-format", "xml"], r"argument --tool-format: invalid choice: 'xml'"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_code_2(args, message, model_dirs, tmp_path, capsys):
@@ -226,3 +229,23 @@ def test_envs_lists_ids_and_spaces():
     assert result.returncode == 0, result.stderr
     assert "LLMChat-v0" in result.stdout and "LLMChat-GSM8K-v0 (native vector env)" in result.stdout
     assert "observation space: Dict('history': Sequence(" in result.stdout
+
+
+def test_rollout_with_tools_records_calls_and_the_conversation(model_dirs, tmp_path):
+    # A tiny random model rarely writes a well-formed call: the counts are checked against
+    # the episodes, whatever it wrote.
+    out = tmp_path / "run"
+    args = rollout_args(model_dirs, out, "--tools", "python", "--max-tool-calls", "2")
+    assert main(args) == 0
+    episodes = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["config"]["tools"] == ["python"]
+    for e in episodes:
+        assert 0 <= e["failed_tool_calls"] <= e["num_tool_calls"] <= 2
+        roles = [m["role"] for m in e["conversation"]]
+        assert roles[:2] == ["system", "user"] and roles.count("tool") == e["num_tool_calls"]
+        assert len(e["responses"]) == roles.count("assistant")
+        assert '"name": "python"' in e["prompt"][0]["content"]
+    calls = [e["num_tool_calls"] for e in episodes]
+    assert summary["summary"]["tool_calls_per_episode"] == pytest.approx(np.mean(calls))
+    assert summary["summary"]["tool_episode_share"] == pytest.approx(np.mean(np.array(calls) > 0))

@@ -61,6 +61,20 @@ def test_check_env_in_every_input_mode(env_id, mode, gpt2_tokenizer, math_dir):
     assert (reward, terminated, info["reward_answer"]) == (0.0, True, 0.0)
 
 
+@pytest.mark.parametrize("env_id", [*TASKS, "LLMChat-MATH-v0"])
+def test_every_task_takes_tools_and_runs_a_python_call(env_id, math_dir):
+    kwargs = TASKS.get(env_id, {"data_dir": math_dir})
+    env = gym.make(env_id, seed=0, tools=["python"], **kwargs)
+    obs, _ = env.reset(seed=0)
+    assert '"name": "python"' in obs["history"][0]["content"]
+    call = '<tool_call>{"name": "python", "arguments": {"code": "print(6 * 7)"}}</tool_call>'
+    obs, reward, terminated, _, info = env.step(call)
+    assert obs["history"][-1] == {"role": "tool", "content": "42\n"}
+    assert (reward, terminated, info["num_tool_calls"]) == (0.0, False, 1)
+    _, _, terminated, _, info = env.step("no answer here")
+    assert terminated and info["reward_answer"] == 0.0
+
+
 @pytest.mark.parametrize("env_id", list(TASKS))
 def test_the_same_seed_gives_the_same_questions_in_every_vectorization(env_id):
     def questions(mode, seed):

@@ -189,8 +189,59 @@ def test_bad_numbers_are_refused_by_the_parser(tiny_dir, tmp_path, capsys, extra
         ("temperature", float("nan"), "temperature must be a finite number > 0, got nan"),
         ("kl_coef", -1.0, "kl_coef must be a finite number >= 0, got -1.0"),
         ("dtype", "fp8", "dtype must be one of"),
+        ("max_tool_calls", 0, "max_tool_calls must be an int >= 1, got 0"),
     ],
 )
 def test_bad_config_values_name_the_field(field, value, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
         GRPOConfig(**{field: value})
+
+
+def test_tools_with_a_kl_penalty_are_refused_by_name():
+    with pytest.raises(ValueError, match="tools with kl_coef > 0 is not supported yet"):
+        GRPOConfig(tools=["python"], kl_coef=0.1)
+
+
+# -- tools ------------------------------------------------------------------------------
+
+
+def test_train_with_tools_plays_multi_turn_episodes(tiny_dir, tmp_path):
+    out = tmp_path / "run"
+    assert main(train_args(tiny_dir, out, "--tools", "python", "--max-tool-calls", "1")) == 0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == [0, 1]
+    for row in rows:
+        assert 0.0 <= row["tool_calls_per_episode"] <= 1.0 and np.isfinite(row["loss"])
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["config"]["tools"] == ["python"]
+    assert 0.0 <= summary["before"]["tool_calls_per_episode"] <= 1.0
+
+
+def test_tool_episodes_are_trained_on_the_policys_tokens_only(tiny_dir, tmp_path):
+    from llm_gym.chat import Response
+
+    config = GRPOConfig(
+        model=tiny_dir, out=str(tmp_path), env_args={"task": "chain_sum"}, groups=1,
+        group_size=2, max_new_tokens=4, eval_episodes=0, tools=["python"], progress=False,
+    )  # fmt: skip
+    trainer = GRPOTrainer(config)
+    tok = trainer.tokenizer
+    script = [
+        '<tool_call>{"name": "python", "arguments": {"code": "print(7)"}}</tool_call>',
+        "The answer is 7",
+    ]
+    turns = {"n": 0}
+
+    def scripted(batch):  # calls the tool, then answers, in every sub-env
+        text = script[min(turns["n"], 1)]
+        turns["n"] += 1
+        ids = np.array(tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id])
+        return [Response(text, ids) for _ in batch["tokens"]]
+
+    trainer.sampler = scripted
+    _, row = trainer.iteration(None, 0)
+    policy_tokens = sum(len(tok(t, add_special_tokens=False)["input_ids"]) + 1 for t in script)
+    # The tool's output and the template's framing are in the conversation, not in the loss.
+    assert row["response_tokens"] == policy_tokens
+    assert row["tool_calls_per_episode"] == 1.0 and row["failed_tool_share"] == 0.0
+    assert np.isfinite(row["loss"])

@@ -274,3 +274,41 @@ def test_an_env_without_a_turn_limit_is_refused(smollm2_tokenizer, tmp_path):
     rollout = make_rollout_func("LLMChat-v0", max_turns=None)
     with pytest.raises(ValueError, match="without max_turns here, so an episode could go on"):
         rollout(["hi", "ho"], fake_trainer(smollm2_tokenizer, tmp_path))
+
+
+def test_a_tool_episode_passes_the_envs_policy_mask_as_env_mask(
+    smollm2_tokenizer, tmp_path, monkeypatch
+):
+    import llm_gym.integrations.trl as bridge
+    from llm_gym.chat import Response
+
+    tok = smollm2_tokenizer
+    script = [
+        '<tool_call>{"name": "python", "arguments": {"code": "print(40 + 2)"}}</tool_call>',
+        "<answer>42</answer>",
+    ]
+
+    class Scripted:  # the trainer's model, replaced by a policy that calls a tool, then answers
+        def __init__(self, *args, **kwargs):
+            self.turn = 0
+
+        def __call__(self, batch):
+            text = script[min(self.turn, 1)]
+            self.turn += 1
+            ids = np.array(tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id])
+            n = len(batch["tokens"])
+            return [Response(text, ids, np.full(len(ids), -0.5, np.float32)) for _ in range(n)]
+
+    monkeypatch.setattr(bridge, "TransformersPolicy", Scripted)
+    rows = [{"question": "40 + 2?", "answer": "#### 42"}] * 2
+    rollout = make_rollout_func("LLMChat-GSM8K-v0", dataset=rows, tools=["python"])
+    out = rollout(["x"] * 2, fake_trainer(tok, tmp_path))
+    assert out["env_reward"] == [1.0, 1.0]
+    for ids, mask, logprobs in zip(
+        out["completion_ids"], out["env_mask"], out["logprobs"], strict=True
+    ):
+        tool_part = tok.decode([t for t, m in zip(ids, mask, strict=True) if m == 0])
+        policy_part = tok.decode([t for t, m in zip(ids, mask, strict=True) if m == 1])
+        assert "<|im_start|>tool\n42\n" in tool_part and "tool_call" not in tool_part
+        assert policy_part == f"{script[0]}<|im_end|>{script[1]}<|im_end|>"
+        assert all(lp == 0.0 for lp, m in zip(logprobs, mask, strict=True) if m == 0)

@@ -13,9 +13,11 @@ from typing import Any, NoReturn
 import gymnasium as gym
 
 from llm_gym.rewards.answers import ANSWER_FORMATS
+from llm_gym.tools.calls import CALL_FORMATS
 from llm_gym.train.setup import DTYPES
 
 EXIT_USAGE = 2
+BUILTIN_TOOLS = ("python",)
 
 
 class Parser(argparse.ArgumentParser):
@@ -98,6 +100,29 @@ def add_task_options(add: Callable[..., Any], defaults: Any) -> None:
     add("--out", default=defaults.out, help="run folder (default: %(default)s)")
     add("--overwrite", action="store_true", help="replace an earlier run in --out")
     add("--no-progress", action="store_true", help="no progress bar")
+
+
+def tool_list(text: str) -> list[str]:
+    """``--tools``: comma-separated built-in tool names."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in BUILTIN_TOOLS]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(
+            f"expected a comma-separated list of {list(BUILTIN_TOOLS)}, got {text!r}"
+        )
+    return names
+
+
+def add_tool_options(add: Callable[..., Any], defaults: Any) -> None:
+    """``--tools`` and ``--max-tool-calls``: multi-turn episodes with tool calls."""
+    add("--tools", type=tool_list, default=None, metavar="NAMES",
+        help="tools the model may call between turns, e.g. 'python' (the sandboxed "
+        "interpreter); episodes become multi-turn")  # fmt: skip
+    add("--max-tool-calls", type=number(int, 1), default=defaults.max_tool_calls,
+        help="tool calls per episode (default: %(default)s)")  # fmt: skip
+    add("--tool-format", choices=CALL_FORMATS, default=defaults.tool_format,
+        help="how the model calls tools: 'hermes' (<tool_call> JSON) or 'markdown' "
+        "(```python blocks run by the python tool); default: %(default)s")  # fmt: skip
 
 
 def task_options(args: argparse.Namespace) -> dict[str, Any]:

@@ -6,7 +6,8 @@ calls with each batch of prompts. It plays one episode per prompt with the train
 and ``logprobs`` with the env's return as the extra field ``env_reward``, which
 ``env_reward_func`` hands to the trainer as a reward. For episodes of several turns it also
 returns ``env_mask`` (TRL's name for the mask of the tokens the model produced: 1 for the
-policy's, 0 for those the env inserted between turns), so that TRL never trains on them.
+policy's, 0 for those the env inserted between turns), so that TRL never trains on them; an
+env with ``tools=`` gives it as its ``policy_mask`` observation, which is passed on as is.
 
 Task envs (GSM8K, Countdown, reasoning-gym, MATH) draw their own questions: the trainer's
 dataset only paces the run (its prompts are placeholders, e.g. ``["solve"] * 1000``), and
@@ -148,6 +149,8 @@ def _play(envs: list[gym.Env], obs: list[dict], policy: TransformersPolicy) -> d
                     completion[i] += inserted
                     logprobs[i] += [0.0] * len(inserted)
                     mask[i] += [0] * len(inserted)
+                    if "policy_mask" in obs[i]:  # a tool env marks the policy's tokens itself
+                        mask[i] = np.asarray(obs[i]["policy_mask"])[len(prompt_ids[i]) :].tolist()
                     still.append(i)
             active = still
     out: dict[str, list] = {

@@ -35,6 +35,7 @@ from tqdm.auto import tqdm
 
 from llm_gym.models import load_model
 from llm_gym.policies import TransformersPolicy
+from llm_gym.train.episodes import play_episodes
 from llm_gym.train.evaluation import evaluate
 from llm_gym.train.records import (
     CHECKPOINT_DIR,
@@ -113,6 +114,9 @@ class GRPOConfig:
     kl_target: float | None = None  # adaptive controller's target KL; None: constant coef
     kl_horizon: int = 10000
     estimator: str = "k1"
+    tools: list[str] | None = None  # e.g. ["python"]: multi-turn episodes with tool calls
+    max_tool_calls: int = 4
+    tool_format: str = "hermes"
     eval_episodes: int = 64
     eval_seed: int = 1_000_003  # held out: the training stream's seed is `seed`
     device: str = "auto"
@@ -139,6 +143,12 @@ class GRPOConfig:
             if self.kl_coef == 0:
                 raise ValueError("kl_target needs kl_coef > 0 (the adaptive controller's start)")
         resolve_dtype(self.dtype)
+        _check_int("max_tool_calls", self.max_tool_calls, 1)
+        if self.tools and self.kl_coef > 0:
+            raise ValueError(
+                "tools with kl_coef > 0 is not supported yet: the KL wrappers charge each turn "
+                "separately; train tool episodes with kl_coef=0"
+            )
         if self.resume and self.overwrite:
             raise ValueError("resume and overwrite contradict each other: pass one")
 
@@ -172,6 +182,7 @@ class GRPOTrainer:
         self.envs = make_task_envs(
             config.env, n, self.tokenizer, config.env_args,
             answer_format=config.answer_format, repeats=config.group_size, group_repeats=True,
+            **self._tool_options(),
         )  # fmt: skip
         if config.curriculum:
             self.envs = vector_wrappers.DifficultyCurriculum(self.envs, window=config.curriculum)
@@ -222,6 +233,8 @@ class GRPOTrainer:
 
     def iteration(self, obs: dict[str, Any], iteration: int) -> tuple[dict[str, Any], dict]:
         """One batch of groups: sample, score, update. The next observation and a metrics row."""
+        if self.config.tools:
+            return self._tool_iteration(iteration)
         config, start = self.config, time.perf_counter()
         with torch.no_grad():
             responses = self.sampler(obs)
@@ -255,17 +268,57 @@ class GRPOTrainer:
             self.envs.update_kl_coef()
         return next_obs, row
 
+    def _tool_iteration(self, iteration: int) -> tuple[dict[str, Any], dict]:
+        # Every sub-env plays one whole episode; a fresh seed per iteration restarts each
+        # group on one question, whatever throwaway episodes the early finishers began.
+        config, start = self.config, time.perf_counter()
+        obs, _ = self.envs.reset(seed=config.seed + 1 + iteration)
+        batch, next_obs = play_episodes(self.envs, self.sampler, obs)
+        rewards = torch.as_tensor(batch.returns, dtype=torch.float32, device=self.device)
+        advantages = group_advantages(rewards, config.group_size)
+
+        def scored(rows: range) -> tuple[torch.Tensor, torch.Tensor]:
+            part = {"tokens": tuple(batch.tokens[i] for i in rows)}
+            dist, ids = self.scorer.get_dist(part, mask=[batch.masks[i] for i in rows])
+            return dist.log_prob(ids).float(), dist.mask
+
+        loss = self._optimize(scored, len(batch.tokens), advantages)
+        calls = [info.get("num_tool_calls", 0) for info in batch.infos]
+        failed = sum(info.get("failed_tool_calls", 0) for info in batch.infos)
+        row = {
+            "iteration": iteration,
+            "reward": float(batch.returns.mean()),
+            "task_reward": float(np.mean([info.get("reward", 0.0) for info in batch.infos])),
+            "success": float(np.mean([bool(info.get("success")) for info in batch.infos])),
+            "kl": None,
+            "kl_coef": None,
+            "loss": loss,
+            "response_tokens": float(np.mean([m.sum() for m in batch.masks])),
+            "level": getattr(self.envs.unwrapped, "level", None),
+            "tokens_per_second": batch.generated / max(batch.seconds, 1e-9),
+            "tool_calls_per_episode": float(np.mean(calls)),
+            "failed_tool_share": failed / sum(calls) if sum(calls) else None,
+            "seconds": time.perf_counter() - start,
+        }
+        return next_obs, row
+
     def update(self, obs: dict[str, Any], responses: list[Any], advantages: torch.Tensor) -> float:
         """``update_epochs`` optimizer steps on the clipped surrogate; the last step's loss."""
-        config, n = self.config, len(responses)
-        size = config.minibatch_size
-        batches = [range(i, min(i + size, n)) for i in range(0, n, size)]
         tokens = obs["tokens"]
 
         def scored(rows: range) -> tuple[torch.Tensor, torch.Tensor]:
             part = {"tokens": tuple(tokens[i] for i in rows)}
             dist, ids = self.scorer.get_dist(part, [responses[i] for i in rows], mask="prompt")
             return dist.log_prob(ids).float(), dist.mask
+
+        return self._optimize(scored, len(responses), advantages)
+
+    def _optimize(self, scored: Any, n: int, advantages: torch.Tensor) -> float:
+        """The optimizer steps over ``n`` sequences that ``scored(rows)`` gives log-probs and
+        loss masks of."""
+        config = self.config
+        size = config.minibatch_size
+        batches = [range(i, min(i + size, n)) for i in range(0, n, size)]
 
         # The old policy, through the very forward the update uses. With one epoch the first
         # forward is the old policy itself (ratio 1, as TRL does): no second forward.
@@ -296,8 +349,18 @@ class GRPOTrainer:
             self.model, self.tokenizer, config.env,
             episodes=config.eval_episodes, seed=config.eval_seed,
             max_new_tokens=config.max_new_tokens, env_args=config.env_args,
-            answer_format=config.answer_format,
+            answer_format=config.answer_format, **self._tool_options(),
         )  # fmt: skip
+
+    def _tool_options(self) -> dict[str, Any]:
+        config = self.config
+        if not config.tools:
+            return {}
+        return {
+            "tools": list(config.tools),
+            "max_tool_calls": config.max_tool_calls,
+            "tool_format": config.tool_format,
+        }
 
     # -- checkpoints ------------------------------------------------------------------------
 
