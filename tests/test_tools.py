@@ -23,6 +23,10 @@ SANDBOX_CASES = {
     "infinite loop": ("while True:\n    pass", "ran past the 2 s limit and was killed"),
     "fork bomb": ("import os\nwhile True:\n    os.fork()", "BlockingIOError"),
     "10 GiB allocation": ("x = bytearray(10 * 2**30)", "MemoryError"),
+    "filling the scratch directory": (
+        "for i in range(20):\n    open(f'part{i}', 'wb').write(b'0' * (8 << 20))",
+        "No space left on device",
+    ),
     "socket": (
         "import socket\nsocket.create_connection(('1.1.1.1', 80), timeout=3)",
         "Network is unreachable",

