@@ -2,8 +2,6 @@
 vector envs."""
 
 import json
-import sys
-import textwrap
 import time
 
 import gymnasium as gym
@@ -11,6 +9,7 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 from gymnasium.vector import SyncVectorEnv
+from mcp_fixture import mcp_server_command
 
 import llm_gym  # noqa: F401  (registers the ids)
 from llm_gym.chat import Response
@@ -83,25 +82,7 @@ def test_gsm8k_episode_with_the_python_tool_earns_the_full_reward():
 
 
 def test_a_plain_function_and_an_mcp_server_serve_the_same_episode(tmp_path):
-    server_file = tmp_path / "server.py"
-    server_file.write_text(
-        textwrap.dedent(
-            '''
-            from mcp.server.mcpserver import MCPServer
-
-            server = MCPServer("calculator")
-
-            @server.tool()
-            def add(a: int, b: int) -> int:
-                """Add two integers."""
-                return a + b
-
-            if __name__ == "__main__":
-                server.run()
-            '''
-        )
-    )
-    server = MCPTools(command=[sys.executable, str(server_file)])
+    server = MCPTools(command=mcp_server_command(tmp_path))
     for tools in ([add], [server]):
         env = gsm8k(tools=tools)
         env.reset(seed=0)

@@ -2,10 +2,9 @@
 
 import os
 import pickle
-import sys
-import textwrap
 
 import pytest
+from mcp_fixture import mcp_server_command
 
 from llm_gym.tools import (
     MCPTools,
@@ -212,30 +211,10 @@ def test_toolbox_rejects_bad_tools(tools, kwargs, error, message):
 
 # -- MCP ----------------------------------------------------------------------------------
 
-MCP_SERVER = textwrap.dedent(
-    '''
-    from mcp.server.mcpserver import MCPServer
-
-    server = MCPServer("calculator")
-
-
-    @server.tool()
-    def add(a: int, b: int) -> int:
-        """Add two integers."""
-        return a + b
-
-
-    if __name__ == "__main__":
-        server.run()
-    '''
-)
-
 
 @pytest.fixture(scope="module")
 def mcp_server(tmp_path_factory):
-    path = tmp_path_factory.mktemp("mcp") / "server.py"
-    path.write_text(MCP_SERVER)
-    return [sys.executable, str(path)]
+    return mcp_server_command(tmp_path_factory.mktemp("mcp"))
 
 
 def test_mcp_tools_list_call_and_shut_down(mcp_server):
