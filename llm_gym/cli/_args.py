@@ -74,7 +74,8 @@ def check_task_env(env_id: str, command: str) -> None:
 
 
 def add_task_options(add: Callable[..., Any], defaults: Any) -> None:
-    """The options ``rollout`` and ``train`` share: task, model, sampling, device, run folder."""
+    """The options ``rollout`` and ``train`` share: task, model, sampling, tools, device, run
+    folder."""
     add("--env", default=defaults.env, help="registered env id (default: %(default)s, "
         "procedural and offline; LLMChat-GSM8K-v0 for GSM8K)")  # fmt: skip
     add("--env-arg", action="append", default=[], type=env_arg, metavar="KEY=VALUE",
@@ -97,6 +98,7 @@ def add_task_options(add: Callable[..., Any], defaults: Any) -> None:
     add("--seed", type=number(int, 0), default=defaults.seed)
     add("--threads", type=number(int, 1), default=None, help="torch CPU threads (default: "
         "torch's); 1 is much faster when other processes load the cores")  # fmt: skip
+    add_tool_options(add, defaults)
     add("--out", default=defaults.out, help="run folder (default: %(default)s)")
     add("--overwrite", action="store_true", help="replace an earlier run in --out")
     add("--no-progress", action="store_true", help="no progress bar")

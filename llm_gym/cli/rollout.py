@@ -6,13 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from llm_gym.cli._args import (
-    add_task_options,
-    add_tool_options,
-    check_task_env,
-    make_config,
-    number,
-)
+from llm_gym.cli._args import add_task_options, check_task_env, make_config, number
 from llm_gym.runner import Rollout, RolloutConfig
 from llm_gym.wrappers import ESTIMATORS
 
@@ -38,7 +32,6 @@ def add_parser(commands: Any) -> None:
         "folder); without it no KL is charged")  # fmt: skip
     add("--kl-coef", type=number(float, 0.0), default=defaults.kl_coef)
     add("--estimator", choices=sorted(ESTIMATORS), default=defaults.estimator)
-    add_tool_options(add, defaults)
     parser.set_defaults(prepare=prepare, run=run)
 
 

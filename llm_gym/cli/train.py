@@ -6,13 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from llm_gym.cli._args import (
-    add_task_options,
-    add_tool_options,
-    check_task_env,
-    make_config,
-    number,
-)
+from llm_gym.cli._args import add_task_options, check_task_env, make_config, number
 from llm_gym.train import GRPOConfig, GRPOTrainer
 from llm_gym.train.records import CHECKPOINT_DIR, METRICS_FILE, PLOT_FILE
 from llm_gym.wrappers import ESTIMATORS
@@ -47,7 +41,6 @@ def add_parser(commands: Any) -> None:
         help="greedy episodes on held-out questions before and after (0: none)")  # fmt: skip
     add("--save-every", type=number(int, 1), default=defaults.save_every)
     add("--resume", action="store_true", help=f"continue from --out's {CHECKPOINT_DIR}/")
-    add_tool_options(add, defaults)
     parser.set_defaults(prepare=prepare, run=run)
 
 

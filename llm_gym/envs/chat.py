@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -16,13 +16,21 @@ from llm_gym.chat.templates import CHAT_TEMPLATES, resolve_chat_template
 from llm_gym.envs.turns import TokenPrefixError, next_policy_mask
 from llm_gym.spaces import INPUT_MODES, MAX_TEXT_LENGTH, UnicodeText, history_space, token_space
 
-__all__ = ["ChatEnv", "MASK_KEY", "StepPlan"]
+__all__ = ["ActionRead", "ChatEnv", "MASK_KEY", "StepPlan"]
 
 MASK_KEY = "policy_mask"  # observation key: 1 on the prompt tokens the policy sampled
 
 # End-of-turn strings a sampled response may end with; they belong to the template's
 # closing of the turn, not to the message content.
 _END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "</s>")
+
+
+class ActionRead(NamedTuple):
+    """A checked action (see ``ChatEnv.read_action``)."""
+
+    response: Response
+    content: str  # the turn's text, less the end-of-turn token
+    calls: list[Any]  # its tool calls (none: the turn is an answer)
 
 
 @dataclass(frozen=True)
@@ -296,24 +304,41 @@ class ChatEnv(gym.Env):
     ) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
         return self.commit_step(self.plan_step(action))
 
-    def plan_step(
-        self,
-        action: str | np.ndarray | Response | Mapping[str, Any],
-        *,
-        tool_records: list[Any] | None = None,
-    ) -> StepPlan:
+    def plan_step(self, action: str | np.ndarray | Response | Mapping[str, Any]) -> StepPlan:
         """Everything ``step`` would do, computed and checked but not stored.
 
         A step that raises (a bad action, a reward that rejects its sample, text that cannot
         be tokenized) therefore changes nothing; a vector env plans all its sub-envs' steps
-        before it commits any. Tool calls are run here (they are side effects, but after the
-        action was checked); ``tool_records`` passes in the results of ``run_tool_calls``
-        when the caller ran them itself (a vector env runs its sub-envs' calls concurrently).
+        before it commits any. Tool calls run between the check and the plan (side effects,
+        but only of a checked action); a vector env calls the three parts itself, so that
+        its sub-envs' calls run concurrently.
         """
-        response, content, calls = self._read_action(action)
+        read = self.read_action(action)
+        return self.plan_read(read, self.run_tool_calls(read.calls))
+
+    def read_action(self, action: Any) -> ActionRead:
+        """The checked action: its ``Response``, the turn's content and its tool calls."""
+        if self._history is None or self._done:
+            raise gym.error.ResetNeeded(
+                "Cannot call ChatEnv.step before reset"
+                if self._history is None
+                else "ChatEnv.step needs a reset: the episode has ended (terminated or truncated)"
+            )
+        response = self.check_action(action)
+        content = self._content(response)
+        calls = self.toolbox.parse(content) if self.toolbox is not None else []
+        return ActionRead(response, content, calls)
+
+    def run_tool_calls(self, calls: Sequence[Any]) -> list[Any]:
+        """Run ``calls`` in order, as many as this episode's ``max_tool_calls`` still allows;
+        one ``ToolRecord`` each. Never raises for what a tool does."""
+        remaining = max(self.max_tool_calls - self._tool_counts[0], 0)
+        return [self.toolbox.run(call) for call in calls[:remaining]]
+
+    def plan_read(self, read: ActionRead, tool_records: Sequence[Any]) -> StepPlan:
+        """The step of a checked action whose calls ran with ``tool_records``."""
+        response, content, calls = read
         if calls:
-            if tool_records is None:
-                tool_records = self.run_tool_calls(calls)
             return self._plan_tool_turn(response, content, len(calls), tool_records)
         reward, terminated, info = self._score(self.assistant_prefix + content)
         state, mask, problem = self._next_state(content, response.tokens)
@@ -328,30 +353,9 @@ class ChatEnv(gym.Env):
                 truncated = True
         if problem and not (terminated or truncated):
             raise TokenPrefixError(f"turn {self._turn + 1}: {problem}")
-        plan = StepPlan(state, float(reward), bool(terminated), bool(truncated), info, mask)
-        return replace(plan, tool_counts=self._tool_counts)
-
-    def pending_tool_calls(self, action: Any) -> list[Any]:
-        """The tool calls ``action`` makes (checked as ``step`` checks it); [] without tools."""
-        return self._read_action(action)[2]
-
-    def run_tool_calls(self, calls: Sequence[Any]) -> list[Any]:
-        """Run ``calls`` in order, as many as this episode's ``max_tool_calls`` still allows;
-        one ``ToolRecord`` each. Never raises for what a tool does."""
-        remaining = max(self.max_tool_calls - self._tool_counts[0], 0)
-        return [self.toolbox.run(call) for call in calls[:remaining]]
-
-    def _read_action(self, action: Any) -> tuple[Response, str, list[Any]]:
-        if self._history is None or self._done:
-            raise gym.error.ResetNeeded(
-                "Cannot call ChatEnv.step before reset"
-                if self._history is None
-                else "ChatEnv.step needs a reset: the episode has ended (terminated or truncated)"
-            )
-        response = self.check_action(action)
-        content = self._content(response)
-        calls = self.toolbox.parse(content) if self.toolbox is not None else []
-        return response, content, calls
+        return StepPlan(
+            state, float(reward), bool(terminated), bool(truncated), info, mask, self._tool_counts
+        )
 
     def _plan_tool_turn(
         self, response: Response, content: str, num_calls: int, records: list[Any]
@@ -361,9 +365,10 @@ class ChatEnv(gym.Env):
         state, mask, problem = self._next_state(content, response.tokens, messages)
         made = self._tool_counts[0] + len(records)
         failed = self._tool_counts[1] + sum(not record.ok for record in records)
-        over = made < self._tool_counts[0] + num_calls  # calls past max_tool_calls did not run
-        turns_left = self.max_turns is None or self.max_turns == 1
-        truncated = over or not (turns_left or self._turn + 1 < self.max_turns)
+        over = len(records) < num_calls  # calls past max_tool_calls did not run
+        # With tools max_turns=1 means nothing (the answer ends the episode); above 1 it bounds.
+        limit = self.max_turns if self.max_turns is not None and self.max_turns > 1 else None
+        truncated = over or (limit is not None and self._turn + 1 >= limit)
         if problem and not truncated:
             raise TokenPrefixError(f"turn {self._turn + 1}: {problem}")
         info = {"tool_calls": [r.as_dict() for r in records], **self._tool_info(made, failed)}

@@ -13,7 +13,7 @@ from gymnasium import error
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
 
-from llm_gym.envs.chat import StepPlan
+from llm_gym.envs.chat import ActionRead, StepPlan
 from llm_gym.envs.dataset import DatasetChatEnv
 
 __all__ = ["DatasetChatVectorEnv", "batch_infos", "sharded_env_fns"]
@@ -175,32 +175,32 @@ class DatasetChatVectorEnv(VectorEnv):
             raise ValueError(
                 f"actions must hold num_envs={self.num_envs} responses, got {len(actions)}"
             )
-        records = self._run_tools(actions) if self.envs[0].toolbox is not None else None
-        plans = []
+        reads = []
         for i, (env, action) in enumerate(zip(self.envs, actions, strict=True)):
             try:
-                plans.append(env.plan_step(action, tool_records=records and records[i]))
+                reads.append(env.read_action(action))
+            except (TypeError, ValueError, KeyError) as err:
+                raise type(err)(f"actions[{i}]: {err}") from err
+        records = self._run_tools(reads)  # after every action was checked
+        plans = []
+        for i, (env, read) in enumerate(zip(self.envs, reads, strict=True)):
+            try:
+                plans.append(env.plan_read(read, records[i]))
             except (TypeError, ValueError, KeyError) as err:
                 raise type(err)(f"actions[{i}]: {err}") from err
         return plans
 
-    def _run_tools(self, actions: Sequence[Any]) -> list[list[Any] | None]:
-        """Every sub-env's tool calls, sub-envs concurrently (each one's calls in order),
-        after every action was checked: N calls of t seconds take about t, not N t."""
-        calls = []
-        for i, (env, action) in enumerate(zip(self.envs, actions, strict=True)):
-            try:
-                calls.append(env.pending_tool_calls(action))
-            except (TypeError, ValueError, KeyError) as err:
-                raise type(err)(f"actions[{i}]: {err}") from err
-        busy = [i for i, c in enumerate(calls) if c]
-        records: list[list[Any] | None] = [None] * self.num_envs
+    def _run_tools(self, reads: Sequence[ActionRead]) -> list[list[Any]]:
+        """Every sub-env's tool calls, sub-envs concurrently (each one's calls in order):
+        N calls of t seconds take about t, not N t."""
+        records: list[list[Any]] = [[] for _ in reads]
+        busy = [i for i, read in enumerate(reads) if read.calls]
         if len(busy) == 1:
-            records[busy[0]] = self.envs[busy[0]].run_tool_calls(calls[busy[0]])
+            records[busy[0]] = self.envs[busy[0]].run_tool_calls(reads[busy[0]].calls)
         elif busy:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self.num_envs, thread_name_prefix="llm_gym-tools")
-            ran = self._pool.map(lambda i: self.envs[i].run_tool_calls(calls[i]), busy)
+            ran = self._pool.map(lambda i: self.envs[i].run_tool_calls(reads[i].calls), busy)
             for i, result in zip(busy, ran, strict=True):
                 records[i] = result
         return records

@@ -91,9 +91,8 @@ class PythonInterpreter:
         sandbox: str = "auto",
         python: str | None = None,
     ) -> None:
-        for name, value in (("timeout", timeout),):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+            raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
         for name, value in (
             ("memory_mb", memory_mb),
             ("max_file_mb", max_file_mb),
@@ -173,13 +172,12 @@ class PythonInterpreter:
         text = truncate_output(text, self.max_output_chars)
         if truncated and "characters cut" not in text:
             text += "\n[... output cut ...]"
-        code_ = None if timed_out else process.returncode
+        status = None if timed_out else process.returncode
         if timed_out:
             text += f"\nTimeoutError: the code ran past the {self.timeout:g} s limit and was killed"
-        elif code_ is not None and code_ < 0:
-            text += f"\n{_SIGNALS.get(-code_, f'killed by signal {-code_}')}"
-        ok = code_ == 0
-        return Execution(text, ok, code_, seconds, timed_out, truncated)
+        elif status < 0:
+            text += f"\n{_SIGNALS.get(-status, f'killed by signal {-status}')}"
+        return Execution(text, status == 0, status, seconds, timed_out, truncated)
 
     def _call(self, code: str) -> str:
         result = self.run(code)
