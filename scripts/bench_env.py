@@ -1,4 +1,5 @@
-"""Per-turn overhead of ``LLMChat-GSM8K-v0`` (reset + step, no model) against TorchRL's.
+"""Per-turn overhead of ``LLMChat-GSM8K-v0`` (reset + step, no model) against TorchRL's,
+and the vector env's step against one bare forward of the model on its N conversations.
 
 A turn is one episode of the single-turn task: a reset (draw a question, build the prompt)
 and a step (append the response, score it). Both libraries get the same GSM8K test
@@ -12,19 +13,23 @@ TorchRL is not a dependency of llm_gym: unless ``--no-install`` is given, a miss
 installed with ``pip install torchrl tensordict torch==<the installed torch>`` so that pip
 cannot swap torch for another build.
 
+The last column prices the env where a trainer meets it: one vector step (scoring N answers,
+resetting N sub-envs: rendering and tokenizing N new prompts) over one forward of the model
+(``--device``, ``--dtype``) on the N prompts + responses of that step (target <= 0.20 at
+N=128 on a GPU; on a CPU the forward is compute-bound and the ratio is far below).
+
 Usage::
 
     python scripts/bench_env.py [--data-dir DIR] [--turns 512] [--num-envs 32] [--repeats 5]
+        [--device cuda] [--dtype bfloat16]
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -37,28 +42,14 @@ import torch
 import llm_gym  # noqa: F401  (registers LLMChat-GSM8K-v0)
 from llm_gym import Response
 from llm_gym.envs.data_sources import IterableSource
+from llm_gym.lm import left_pad
 from llm_gym.models import load_default_model
+from llm_gym.train import DTYPES, resolve_device, resolve_dtype
+
+sys.path.insert(0, str(Path(__file__).parent))
+from benchmarking import describe, ensure_torchrl, synchronize  # noqa: E402
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"
-
-
-def ensure_torchrl(install: bool) -> str | None:
-    """Import torchrl (installing it if allowed); its version, or None if unavailable."""
-    try:
-        return importlib.import_module("torchrl").__version__
-    except ImportError:
-        if not install:
-            return None
-    torch_pin = f"torch=={torch.__version__.split('+')[0]}"
-    print(f"installing torchrl: pip install torchrl tensordict {torch_pin}", flush=True)
-    command = [sys.executable, "-m", "pip", "install", "-q", "torchrl", "tensordict", torch_pin]
-    if subprocess.run(command).returncode != 0:
-        return None
-    importlib.invalidate_caches()
-    try:
-        return importlib.import_module("torchrl").__version__
-    except ImportError:
-        return None
 
 
 def median_per_turn(run: Callable[[], int], repeats: int) -> float:
@@ -121,6 +112,28 @@ def llm_gym_vector(mode, tokenizer, rows, responses, num_envs, turns):
         return steps * num_envs
 
     return run
+
+
+def forward_time(model, tokenizer, rows, responses, num_envs, repeats) -> float:
+    """Median seconds of one bare forward on the first ``num_envs`` prompts + responses."""
+    env = gym.make(
+        "LLMChat-GSM8K-v0", dataset=IterableSource(rows), input_mode="tokens", tokenizer=tokenizer
+    )
+    env.reset(seed=0)
+    env.unwrapped.reset_dataloader()
+    sequences = [
+        np.concatenate([env.reset()[0]["tokens"], responses[i].tokens]) for i in range(num_envs)
+    ]
+    ids, mask = left_pad(sequences, tokenizer.pad_token_id or 0, model.device)
+    times = []
+    for _ in range(repeats + 1):  # the first is a warm-up
+        synchronize(model.device)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            model(input_ids=ids, attention_mask=mask.long(), use_cache=False)
+        synchronize(model.device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[1:])
 
 
 # -- TorchRL --------------------------------------------------------------------------
@@ -216,10 +229,14 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=["history", "tokens"])
     parser.add_argument("--no-install", action="store_true", help="never pip-install torchrl")
     parser.add_argument("--no-torchrl", action="store_true", help="time llm_gym only")
+    parser.add_argument("--device", default="auto", help="'auto', 'cpu' or 'cuda'")
+    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     args = parser.parse_args()
 
     torchrl_version = None if args.no_torchrl else ensure_torchrl(not args.no_install)
-    _, tokenizer = load_default_model()  # SmolLM2's tokenizer and ChatML template, offline
+    device, dtype = resolve_device(args.device), resolve_dtype(args.dtype)
+    # SmolLM2's tokenizer and ChatML template, offline; the model prices the env step.
+    model, tokenizer = load_default_model(device=device, dtype=dtype)
     with open(Path(args.data_dir) / "test.jsonl", encoding="utf-8") as f:
         rows = [json.loads(line) for line in f]
     responses = []
@@ -230,11 +247,13 @@ def main() -> None:
         ids = np.asarray(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int64)
         responses.append(Response(text, ids))
 
-    print(f"torch {torch.__version__}, torchrl {torchrl_version or 'not available'}")
+    print(f"{describe(device, dtype)}, torchrl {torchrl_version or 'not available'}")
     print(f"{len(rows)} GSM8K test questions from {args.data_dir}; median of {args.repeats} runs")
     header = (
-        f"{'mode':8} {'layout':10} {'llm_gym us/turn':>16} {'TorchRL us/turn':>16} {'ratio':>8}"
+        f"{'mode':8} {'layout':10} {'llm_gym us/turn':>16} {'TorchRL us/turn':>16} {'ratio':>8} "
+        f"{'step/forward':>12}"
     )
+    forward = forward_time(model, tokenizer, rows, responses, args.num_envs, args.repeats)
     print(header)
     print("-" * len(header))
     torchrl_single: dict[str, float] = {}
@@ -259,10 +278,17 @@ def main() -> None:
             ratio = f"{ours / theirs:8.4f}" if theirs else f"{'-':>8}"
             theirs_text = f"{theirs * 1e6:16.1f}" if theirs else f"{'-':>16}"
             layout = "single" if num_envs == 1 else f"vector {num_envs}"
+            per_forward = f"{ours * num_envs / forward:12.4f}" if num_envs > 1 else f"{'':12}"
             print(
-                f"{mode:8} {layout:10} {ours * 1e6:16.1f} {theirs_text} {ratio}{note}", flush=True
+                f"{mode:8} {layout:10} {ours * 1e6:16.1f} {theirs_text} {ratio} {per_forward}"
+                f"{note}",
+                flush=True,
             )
     print("ratio = llm_gym / TorchRL per-turn time (target <= 0.05, i.e. 1/20)")
+    print(
+        f"step/forward = one vector step of N={args.num_envs} / one bare forward of its "
+        f"{args.num_envs} prompts + responses ({forward * 1e3:.1f} ms; target <= 0.20 on a GPU)"
+    )
 
 
 if __name__ == "__main__":

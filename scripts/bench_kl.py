@@ -9,6 +9,8 @@ N prompts + responses every time (N = 32 by default):
 
 - A  bare forward: ``model(input_ids, attention_mask, use_cache=False)`` of the reference model
      on the left-padded prompt+response batch, under ``torch.inference_mode()`` (no log-softmax).
+- L  the log-probs alone: ``llm_gym.lm.token_log_probs`` over the response window's logits
+     (computed before, not timed), the path the KL wrappers take on that device.
 - B  ``llm_gym.wrappers.vector.KLRewardWrapper`` over the native vector env
      (``gym.make_vec(..., vectorization_mode="vector_entry_point")``): one ``env.step``, which
      includes the env's own step (scoring N answers, SAME_STEP autoreset to the same N
@@ -25,7 +27,9 @@ N prompts + responses every time (N = 32 by default):
      responses go in as text, each conversation is rendered with the chat template and
      tokenized inside the step (G) or the transform (H).
 
-Ratios (targets): B/A <= 1.10; C/B >= 8; D/B >= 2; F/E and H/G >= 2. The methods run
+Ratios (targets): B/A <= 1.10; L/A <= 0.10; B0/A <= 0.20 (at N=128 on a GPU); C/B >= 8;
+D/B >= 2; F/E and H/G >= 2. ``--device``/``--dtype`` choose where the models run (TorchRL's
+baselines run there too); CUDA is synchronised around every timed call. The methods run
 interleaved, once each per round in an order rotated every round, after one untimed call of
 each (which also checks that their outputs agree); the table gives medians, and each ratio is
 the median of the per-round ratios (wall clock, and the process's CPU time). With
@@ -45,6 +49,7 @@ cannot swap torch for another build. Its transforms are built in ``torchrl_kl_ba
 Usage::
 
     python scripts/bench_kl.py [--data-dir DIR] [--num-envs 32] [--rounds 5] [--tiny-only]
+        [--device cuda] [--dtype bfloat16]
 """
 
 from __future__ import annotations
@@ -71,18 +76,25 @@ import torch
 import llm_gym  # noqa: F401  (registers LLMChat-GSM8K-v0)
 from llm_gym import Response, TransformersPolicy
 from llm_gym.envs.data_sources import IterableSource
-from llm_gym.lm import left_pad, token_log_probs
+from llm_gym.lm import forward_logits, left_pad, token_log_probs
 from llm_gym.models import load_default_model, tiny_model
 from llm_gym.train import DTYPES, resolve_device, resolve_dtype
 from llm_gym.wrappers import vector as vector_kl
 from llm_gym.wrappers.kl import KLRewardWrapper
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_env import ensure_torchrl  # noqa: E402  (the sibling script installs torchrl alike)
+from benchmarking import describe, ensure_torchrl, synchronize  # noqa: E402
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"
 COEF = 0.1
-TARGETS = {"B/A": ("<=", 1.10), "C/B": (">=", 8.0), "D/B": (">=", 2.0), "F/E": (">=", 2.0)}
+TARGETS = {
+    "B/A": ("<=", 1.10),
+    "L/A": ("<=", 0.10),
+    "B0/A": ("<=", 0.20),
+    "C/B": (">=", 8.0),
+    "D/B": (">=", 2.0),
+    "F/E": (">=", 2.0),
+}
 TARGETS["H/G"] = TARGETS["F/E"]
 
 
@@ -157,12 +169,10 @@ class Timed:
 
     def run(self) -> tuple[float, float, Any]:
         arg = self.prepare() if self.prepare is not None else None  # not timed
-        if torch.cuda.is_available():  # CUDA calls return before the GPU is done
-            torch.cuda.synchronize()
+        synchronize()  # CUDA calls return before the GPU is done
         wall, cpu = time.perf_counter(), time.process_time()
         out = self.call() if self.prepare is None else self.call(arg)
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
+        synchronize()
         return time.perf_counter() - wall, time.process_time() - cpu, out
 
 
@@ -172,6 +182,18 @@ def bare_forward(model: Any, ids: torch.Tensor, mask: torch.Tensor) -> Timed:
     def call() -> torch.Tensor:
         with torch.inference_mode():
             return model(input_ids=ids, attention_mask=attention, use_cache=False).logits
+
+    return Timed(call)
+
+
+def log_probs_only(model: Any, ids: torch.Tensor, mask: torch.Tensor, keep: int) -> Timed:
+    with torch.inference_mode():
+        logits = forward_logits(model, ids, mask, keep)
+    window = slice(-keep, None)
+
+    def call() -> torch.Tensor:
+        with torch.inference_mode():
+            return token_log_probs(logits, ids[:, window], mask[:, window])
 
     return Timed(call)
 
@@ -254,6 +276,7 @@ def met(key: str, value: float) -> str:
 
 LABELS = {
     "A": "bare forward: ref model(input_ids, attention_mask)",
+    "L": "  log-probs of the response window alone",
     "B": "llm_gym vector KLRewardWrapper: env.step",
     "B0": "  of which the GSM8K vector env step alone",
     "C": "llm_gym single KLRewardWrapper: N x (reset+step)",
@@ -265,6 +288,8 @@ LABELS = {
 }
 RATIOS = {
     "B/A": ("B", "A", "vector KL step / bare forward", False),
+    "L/A": ("L", "A", "log-probs (gather - logsumexp) / bare forward", False),
+    "B0/A": ("B0", "A", "GSM8K vector env step / bare forward", False),
     "C/B": ("C", "B", "N single KL steps / vector KL step", True),
     "D/B": ("D", "B", "TorchRL KLRewardTransform / vector KL step", True),
     "F/E": ("F", "E", "TorchRL RetrieveKL / llm_gym vector RetrieveKL", True),
@@ -415,6 +440,7 @@ def bench_case(case: Case, args: argparse.Namespace, torchrl_version: str | None
     plain_env = make_vector_env(tokenizer, case.rows)
     methods: dict[str, Timed] = {
         "A": bare_forward(model, ids, mask),
+        "L": log_probs_only(model, ids, mask, max(resp_lens) + 1),
         "B": llm_gym_vector(vector_env, case),
         "B0": llm_gym_vector(plain_env, case),
         "C": llm_gym_single(case, scorer),
@@ -431,11 +457,14 @@ def bench_case(case: Case, args: argparse.Namespace, torchrl_version: str | None
     kl_vector = list(outputs["B"]["kl"])
     ref_vector = list(outputs["B"]["ref_log_probs"])
     logits = outputs["A"]
-    bare_lp = token_log_probs(logits, ids, mask).numpy()
+    bare_lp = token_log_probs(logits, ids, mask).cpu().numpy()
+    window_lp = outputs["L"].cpu().numpy()
+    window_ref = [window_lp[i, window_lp.shape[1] - k :] for i, k in enumerate(resp_lens)]
     bare_ref = [bare_lp[i, ids.shape[1] - k :] for i, k in enumerate(resp_lens)]
     checks = [
         f"max|kl| {max(float(np.abs(k).max()) for k in kl_vector):.1e} (ref = generator)",
         f"vector vs bare-forward ref log-probs {max_diff(ref_vector, bare_ref):.1e}",
+        f"window vs full log-probs {max_diff(window_ref, bare_ref):.1e}",
         f"vector vs single kl {max_diff(kl_vector, [i['kl'] for i in outputs['C']]):.1e}",
     ]
     if "D" in outputs:
@@ -480,7 +509,7 @@ def main() -> None:
     smollm2, tokenizer = load_default_model(device=device, dtype=dtype)
     with open(Path(args.data_dir) / "test.jsonl", encoding="utf-8") as f:
         rows = [json.loads(line) for line in itertools.islice(f, args.num_envs)]
-    print(f"torch {torch.__version__}, torchrl {torchrl_version or 'not available'}")
+    print(f"{describe(device, dtype)}, torchrl {torchrl_version or 'not available'}")
     print(f"{len(rows)} GSM8K test questions from {args.data_dir}; tokens mode; coef {COEF}")
 
     models = [] if args.tiny_only else [("SmolLM2-135M-Instruct", smollm2)]

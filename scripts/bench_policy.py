@@ -9,7 +9,10 @@ Two ratios, on SmolLM2-135M-Instruct and 16 GSM8K test questions (GSM8K system p
 The two sides of each ratio run interleaved (alternating which goes first) for several rounds
 and the medians are compared, since a shared machine is noisy.
 
-Run: ``.venv/bin/python scripts/bench_policy.py [--rounds 7] [--max-new-tokens 64] [--threads 2]``
+CUDA is synchronised around every timed call; the device and dtype are printed first.
+
+Run: ``.venv/bin/python scripts/bench_policy.py [--rounds 7] [--max-new-tokens 64] [--threads 2]
+[--n 64] [--device cuda] [--dtype bfloat16]``
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import itertools
 import json
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +35,9 @@ from llm_gym.models import load_default_model
 from llm_gym.policies import TransformersPolicy
 from llm_gym.tasks import GSM8K_SYSTEM_PROMPT
 from llm_gym.train import DTYPES, resolve_device, resolve_dtype
+
+sys.path.insert(0, str(Path(__file__).parent))
+from benchmarking import describe, synchronize  # noqa: E402
 
 
 def gsm8k_questions(n: int) -> list[str]:
@@ -48,11 +55,6 @@ def left_pad(rows: list[np.ndarray], pad_id: int, device: torch.device) -> tuple
         ids[i, width - len(row) :] = torch.as_tensor(row)
         mask[i, width - len(row) :] = 1
     return ids.to(device), mask.to(device)
-
-
-def synchronize() -> None:
-    if torch.cuda.is_available():  # CUDA calls return before the GPU is done
-        torch.cuda.synchronize()
 
 
 def interleaved(a: Callable[[], object], b: Callable[[], object], rounds: int) -> dict[str, list]:
@@ -119,6 +121,7 @@ def main() -> None:
     torch.manual_seed(0)
     device, dtype = resolve_device(args.device), resolve_dtype(args.dtype)
     model, tokenizer = load_default_model(device=device, dtype=dtype)
+    print(describe(device, dtype))
     system = {"role": "system", "content": GSM8K_SYSTEM_PROMPT}
     histories = [(system, {"role": "user", "content": q}) for q in gsm8k_questions(args.n)]
     obs = {"history": tuple(histories)}

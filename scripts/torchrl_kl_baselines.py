@@ -27,6 +27,9 @@ tensordict.set_list_to_stack(True).set()  # TorchRL's LLM stack requires it
 
 
 def _wrapper(model: Any, tokenizer: Any, input_mode: str, key: str = "log_probs") -> Any:
+    # device=: TorchRL's wrapper moves the tokens it is given to the model's device only when
+    # told to; without it a CUDA model gets CPU tokens ("index is on cpu, different from other
+    # tensors on cuda:0" in the embedding). The baselines' inputs are CPU data, as ours are.
     return TransformersWrapper(
         model,
         tokenizer=tokenizer,
@@ -35,6 +38,7 @@ def _wrapper(model: Any, tokenizer: Any, input_mode: str, key: str = "log_probs"
         return_log_probs=True,
         pad_output=False,
         log_probs_key=key,
+        device=model.device,
     )
 
 
@@ -51,8 +55,9 @@ def kl_reward_transform(
     from torchrl.envs.llm import GSM8KEnv
     from torchrl.envs.llm.datasets.gsm8k import _collate_fn
 
+    # device=: the transform moves its input there for the call (its I/O policy).
     transform = KLRewardTransform(
-        _wrapper(model, tokenizer, "tokens"), coef=0.1, tokenizer=tokenizer
+        _wrapper(model, tokenizer, "tokens"), coef=0.1, tokenizer=tokenizer, device=model.device
     )
     # The transform reads its action key from its parent env's input mode, so it needs one.
     # TorchRL's GSM8KEnv in tokens mode cannot reset with batch_size=(N,) N>1 (it lazy-stacks
@@ -95,7 +100,7 @@ def kl_reward_transform(
         with torch.inference_mode():
             out = transform(td)
         kl = out["next"].get("kl_penalty").unbind(0)
-        return [k.squeeze(-1)[len(p) :].numpy() for k, p in zip(kl, prompt_ids, strict=True)]
+        return [k.squeeze(-1)[len(p) :].cpu().numpy() for k, p in zip(kl, prompt_ids, strict=True)]
 
     return call, prepare
 
@@ -112,6 +117,7 @@ def retrieve_kl_tokens(model: Any, tokenizer: Any, full: list[np.ndarray]) -> Bu
         _wrapper(model, tokenizer, "tokens", "log_probs"),
         _wrapper(model, tokenizer, "tokens", "ref_log_probs"),
         assistant_only=False,
+        device=model.device,
     )
     ids = [torch.as_tensor(f) for f in full]
 
@@ -126,7 +132,7 @@ def retrieve_kl_tokens(model: Any, tokenizer: Any, full: list[np.ndarray]) -> Bu
     def call(td: Any) -> list[np.ndarray]:
         with torch.inference_mode():
             out = transform(td)
-        return [k.numpy() for k in out["next"].get("kl_penalty", as_list=True)]
+        return [k.cpu().numpy() for k in out["next"].get("kl_penalty", as_list=True)]
 
     return call, prepare
 
@@ -144,6 +150,7 @@ def retrieve_kl_history(model: Any, tokenizer: Any, chats: list[list[dict]]) -> 
         _wrapper(model, tokenizer, "history", "ref_log_probs"),
         assistant_only=True,
         tokenizer=tokenizer,
+        device=model.device,
     )
 
     def prepare() -> Any:
@@ -154,6 +161,7 @@ def retrieve_kl_history(model: Any, tokenizer: Any, chats: list[list[dict]]) -> 
     def call(td: Any) -> list[np.ndarray]:
         with torch.inference_mode():
             out = transform(td)
-        return [r.numpy() for r in out["next"].get(("ref_log_probs", "full"), as_list=True)]
+        ref = out["next"].get(("ref_log_probs", "full"), as_list=True)
+        return [r.cpu().numpy() for r in ref]
 
     return call, prepare

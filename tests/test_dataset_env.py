@@ -367,28 +367,33 @@ def test_token_prompts_equal_encoding_the_whole_text(tokenizer_name, request):
         tokenizer=tokenizer,
         observation_keys=("text", "tokens"),
     )
+    sent: list[str] = []  # what reaches the Rust tokenizer
+    encode_batch = env.codec._encode_batch
+    env.codec._encode_batch = lambda texts: sent.extend(texts) or encode_batch(texts)
+    texts = []
     for _ in range(12):
         obs, _ = env.reset()
         whole = tokenizer(obs["text"], add_special_tokens=False)["input_ids"]
         assert obs["tokens"].tolist() == whole
+        texts.append(obs["text"])
     # SmolLM2's ChatML turns start with a special token, so the system prompt's tokens are
-    # reused; GPT-2 has no such token and encodes whole prompts.
-    reused = bool(env._prefix) and env._prefix[-1]  # (text, ids, specials, checked)
-    assert reused == (tokenizer_name == "smollm2_tokenizer")
+    # reused (only the rest of each prompt is encoded); GPT-2 has no such token in its
+    # template and encodes whole prompts.
+    sent_whole = sum(text in sent for text in texts)
+    assert sent_whole == (0 if tokenizer_name == "smollm2_tokenizer" else 12)
 
 
-def test_system_prompt_tokens_are_not_reused_when_inexact(smollm2_tokenizer, monkeypatch):
-    from llm_gym.envs.chat import ChatEnv
-
-    encode = ChatEnv._encode
-    # A tokenizer whose ids depend on the whole text: the prefix cannot be reused.
-    monkeypatch.setattr(
-        ChatEnv, "_encode", lambda self, text: np.append(encode(self, text), len(text) % 5)
-    )
+def test_system_prompt_tokens_are_not_reused_when_inexact(smollm2_tokenizer):
     env = DatasetChatEnv(ROWS, system_prompt="S", input_mode="tokens", tokenizer=smollm2_tokenizer)
+    backend = env.codec._backend
+    # A tokenizer whose ids depend on the whole text: the prefix cannot be reused.
+    env.codec._encode_batch = lambda texts: [
+        np.append(backend.encode(t, add_special_tokens=False).ids, len(t) % 5).astype(np.int64)
+        for t in texts
+    ]
     for _ in range(3):
         obs, _ = env.reset()
-        assert obs["tokens"].tolist() == encode(env, env._render(env.history)).tolist() + [
-            len(env._render(env.history)) % 5
-        ]
-    assert env._prefix is False
+        text = env._render(env.history)
+        expected = backend.encode(text, add_special_tokens=False).ids + [len(text) % 5]
+        assert obs["tokens"].tolist() == expected
+    assert env.codec._prefix is False

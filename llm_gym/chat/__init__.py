@@ -1,5 +1,7 @@
-"""Chat data model: conversations, chat templates and the containers policies exchange."""
+"""Chat data model: conversations, chat templates, the containers policies exchange, and
+batched tokenizing (``TokenCodec``)."""
 
+from llm_gym.chat.codec import END_OF_TURN, TokenCodec
 from llm_gym.chat.containers import ChatHistory, LogProbs, Masks, Response, Text, Tokens
 from llm_gym.chat.history import History, Message
 from llm_gym.chat.templates import (
@@ -26,4 +28,6 @@ __all__ = [
     "LLAMA_TEMPLATE",
     "get_chat_template",
     "resolve_chat_template",
+    "END_OF_TURN",
+    "TokenCodec",
 ]

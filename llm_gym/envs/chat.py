@@ -10,19 +10,17 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from llm_gym.chat.codec import TokenCodec
 from llm_gym.chat.containers import Response
 from llm_gym.chat.history import History
 from llm_gym.chat.templates import CHAT_TEMPLATES, resolve_chat_template
+from llm_gym.envs.actions import check_action, turn_content
 from llm_gym.envs.turns import TokenPrefixError, next_policy_mask
 from llm_gym.spaces import INPUT_MODES, MAX_TEXT_LENGTH, UnicodeText, history_space, token_space
 
-__all__ = ["ActionRead", "ChatEnv", "MASK_KEY", "StepPlan"]
+__all__ = ["ActionRead", "ChatEnv", "MASK_KEY", "ResetPlan", "StepPlan"]
 
 MASK_KEY = "policy_mask"  # observation key: 1 on the prompt tokens the policy sampled
-
-# End-of-turn strings a sampled response may end with; they belong to the template's
-# closing of the turn, not to the message content.
-_END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "</s>")
 
 
 class ActionRead(NamedTuple):
@@ -31,6 +29,14 @@ class ActionRead(NamedTuple):
     response: Response
     content: str  # the turn's text, less the end-of-turn token
     calls: list[Any]  # its tool calls (none: the turn is an answer)
+
+
+class ResetPlan(NamedTuple):
+    """A new episode before its prompt is tokenized (see ``ChatEnv.begin_reset``)."""
+
+    history: History
+    rendered: str | None  # the chat template's rendering, when an observation needs it
+    info: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -232,6 +238,8 @@ class ChatEnv(gym.Env):
         self.system_prompt = system_prompt
         self.system_role, self.user_role, self.policy_role = system_role, user_role, policy_role
         self.tokenizer = tokenizer
+        # Shared by forks (a shallow copy), with its caches.
+        self.codec = TokenCodec(tokenizer) if tokenizer is not None else None
         self.template_kwargs = dict(template_kwargs or {})
         self.max_turns = max_turns
         self.max_text_length = max_text_length
@@ -264,6 +272,7 @@ class ChatEnv(gym.Env):
         ) in set(CHAT_TEMPLATES.values())
         self._closing: str | None = None
         self._closing_ids: dict[str, np.ndarray] = {}  # closing text -> its token ids
+        self._prefix_shared = False  # the rendered system prompt handed to the codec
         self._history: History | None = None
         self._rendered: str | None = None  # the chat template's rendering of _history
         self._text: str | None = None
@@ -289,15 +298,70 @@ class ChatEnv(gym.Env):
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[dict[str, Any], dict[str, Any]]:
+        return self.finish_reset(self.begin_reset(seed=seed, options=options))
+
+    def begin_reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> ResetPlan:
+        """The first half of ``reset``: seed, draw the episode's conversation and render it.
+
+        A vector env begins the resets of all its finished sub-envs, tokenizes their prompts
+        in one batch (``encode_prompts``), then finishes each.
+        """
         super().reset(seed=seed)
         if options is not None and not isinstance(options, Mapping):
             raise TypeError(f"options must be a dict or None, got {type(options).__name__}")
         history, info = self._initial_history(options or {})
-        self._set_prompt(history)
+        return ResetPlan(history, self._render(history) if self._needs_render() else None, info)
+
+    def finish_reset(
+        self, plan: ResetPlan, tokens: np.ndarray | None = None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Store a begun reset, with its prompt's ``tokens`` if already encoded."""
+        self._history, self._rendered = plan.history, plan.rendered
+        self._text = None if plan.rendered is None else plan.rendered + self.assistant_prefix
+        self._tokens = None
+        if "tokens" in self.observation_keys:
+            self._tokens = tokens if tokens is not None else self.encode_prompts([plan.rendered])[0]
         self._turn, self._done = 0, False
         self._tool_counts = (0, 0)
         self._mask = None if self._tokens is None else np.zeros(len(self._tokens), np.bool_)
-        return self._observation(), info
+        return self._observation(), plan.info
+
+    def encode_prompts(self, rendered: Sequence[str]) -> list[np.ndarray]:
+        """The token ids of rendered prompts (with ``assistant_prefix``), in one batch."""
+        if not self._prefix_shared:
+            self._prefix_shared = True
+            if self.system_prompt is not None:
+                system = History([{"role": self.system_role, "content": self.system_prompt}])
+                self.codec.share_prefix(
+                    system.apply_chat_template(self.tokenizer, **self.template_kwargs)
+                )
+        prefix = self._prefix_tokens()
+        return [np.concatenate([ids, prefix]) for ids in self.codec.encode_many(rendered)]
+
+    def decode_token_actions(self, actions: Sequence[Any]) -> list[Any]:
+        """``actions`` with each 1-D integer array as its ``Response``, all decoded in one
+        batch; other actions as given (``check_action`` reads them)."""
+        arrays = [
+            i
+            for i, action in enumerate(actions)
+            if isinstance(action, np.ndarray)
+            and action.ndim == 1
+            and np.issubdtype(action.dtype, np.integer)
+        ]
+        if not arrays or self.codec is None:
+            return list(actions)
+        for i in arrays:
+            try:  # before decoding: -1 would overflow in the tokenizer
+                self.codec.check_ids(actions[i])
+            except ValueError as err:
+                raise ValueError(f"actions[{i}]: {err}") from None
+        texts = self.codec.decode_many([actions[i] for i in arrays])
+        out = list(actions)
+        for i, text in zip(arrays, texts, strict=True):
+            out[i] = Response(text, actions[i])
+        return out
 
     def step(
         self, action: str | np.ndarray | Response | Mapping[str, Any]
@@ -325,7 +389,7 @@ class ChatEnv(gym.Env):
                 else "ChatEnv.step needs a reset: the episode has ended (terminated or truncated)"
             )
         response = self.check_action(action)
-        content = self._content(response)
+        content = turn_content(response, self.codec)
         calls = self.toolbox.parse(content) if self.toolbox is not None else []
         return ActionRead(response, content, calls)
 
@@ -450,22 +514,7 @@ class ChatEnv(gym.Env):
         )
 
     def _encode(self, text: str) -> np.ndarray:
-        # A fast tokenizer's Rust backend gives the same ids without the Python wrapper,
-        # which costs ~100 us a prompt.
-        backend = getattr(self.tokenizer, "backend_tokenizer", None)
-        if backend is not None:
-            ids = backend.encode(text, add_special_tokens=False).ids
-        else:
-            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        return np.asarray(ids, dtype=np.int64)
-
-    def _set_prompt(self, history: History) -> None:
-        rendered = self._render(history) if self._needs_render() else None
-        self._history, self._rendered = history, rendered
-        self._text = None if rendered is None else rendered + self.assistant_prefix
-        self._tokens = None
-        if "tokens" in self.observation_keys:
-            self._tokens = np.concatenate([self._encode(rendered), self._prefix_tokens()])
+        return self.codec.encode(text)
 
     def _prefix_tokens(self) -> np.ndarray:
         # The assistant's turn starts with the prefix, so every prompt ends with its tokens.
@@ -505,16 +554,13 @@ class ChatEnv(gym.Env):
             if not sampled:
                 tokens = self._encode(content)
             if closing is None:
-                new_tokens = np.concatenate([self._encode(rendered), self._prefix_tokens()])
+                new_tokens = self.encode_prompts([rendered])[0]
             else:
-                # An end-of-turn string spans a few tokens at most: decode only the tail.
                 # A sampled response ends with the end-of-turn token the template would add:
                 # it is not added twice. Text given as a str is kept as said, its tokens too.
-                tail = self.tokenizer.decode(tokens[-16:].tolist(), skip_special_tokens=False)
-                for end in _END_OF_TURN if sampled else ():
-                    if tail.endswith(end) and closing.startswith(end):
-                        closing = closing[len(end) :]
-                        break
+                end = self.codec.end_of_turn(tokens) if sampled else None
+                if end is not None and closing.startswith(end):
+                    closing = closing[len(end) :]
                 if added:  # tool output varies: not worth a cache entry
                     closing_ids = self._encode(closing)
                 else:
@@ -531,59 +577,7 @@ class ChatEnv(gym.Env):
 
     def check_action(self, action: Any) -> Response:
         """The action as a ``Response``, or a clear error naming what was expected."""
-        if isinstance(action, Response):
-            response = action
-        elif isinstance(action, str):
-            response = Response(action)
-        elif isinstance(action, Mapping):
-            response = Response.from_mapping(dict(action))
-        elif isinstance(action, np.ndarray) and np.issubdtype(action.dtype, np.integer):
-            if action.ndim != 1:
-                raise ValueError(f"a token action must be 1-D, got shape {action.shape}")
-            if self.tokenizer is None:
-                raise ValueError("a token-id action needs ChatEnv(tokenizer=...), got None")
-            self._check_token_ids(action)  # before decoding: -1 would overflow in the tokenizer
-            text = self.tokenizer.decode(action.tolist(), skip_special_tokens=True)
-            response = Response(text, action)
-        else:
-            expected = "an int64 array of token ids" if self.input_mode == "tokens" else "a str"
-            raise TypeError(
-                f"action must be {expected}, a Response or a dict with 'text', "
-                f"got {type(action).__name__}"
-            )
-        if self.tokenizer is not None and response.tokens is not None:
-            self._check_token_ids(response.tokens)
-        text = response.text
-        if len(text) > self.max_text_length:
-            raise ValueError(
-                f"action text has {len(text)} characters, more than max_text_length="
-                f"{self.max_text_length} (the action space's bound)"
-            )
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as error:
-            raise ValueError(
-                f"action text is not valid Unicode: {error.reason} ({text[error.start]!r} at "
-                f"character {error.start}); it cannot be tokenized or stored"
-            ) from None
-        return response
-
-    def _content(self, response: Response) -> str:
-        """The turn's content: the text as said, less the end-of-turn token a sampled response
-        ends with (that token closes the turn; it is not part of what was said)."""
-        text, tokens = response.text, response.tokens
-        if tokens is None or not len(tokens):
-            return text
-        if self.tokenizer is None:
-            return _strip_end_of_turn(text)
-        last = self.tokenizer.decode(tokens[-1:].tolist(), skip_special_tokens=False)
-        return text[: -len(last)] if last in _END_OF_TURN and text.endswith(last) else text
-
-    def _check_token_ids(self, tokens: np.ndarray) -> None:
-        vocab = len(self.tokenizer)
-        if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab):
-            bad = int(tokens[(tokens < 0) | (tokens >= vocab)][0])
-            raise ValueError(f"action token ids must lie in [0, {vocab}), got {bad}")
+        return check_action(action, self.codec, self.input_mode, self.max_text_length)
 
     def _observation(self) -> dict[str, Any]:
         obs: dict[str, Any] = {}
@@ -605,10 +599,3 @@ def _template(tokenizer: Any, template_kwargs: Mapping[str, Any]) -> str:
     return resolve_chat_template(
         tokenizer, template_kwargs.get("chat_template_name"), template_kwargs.get("chat_template")
     )
-
-
-def _strip_end_of_turn(text: str) -> str:
-    for end in _END_OF_TURN:
-        if text.endswith(end):
-            return text[: -len(end)]
-    return text

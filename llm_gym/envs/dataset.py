@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from llm_gym.chat.history import History
-from llm_gym.envs.chat import ChatEnv
+from llm_gym.envs.chat import ChatEnv, ResetPlan
 from llm_gym.envs.data_sources import (
     IndexedSource,
     IterableSource,
@@ -208,7 +208,6 @@ class DatasetChatEnv(ChatEnv):
         # The rendered system prompt and its tokens, reused by every prompt: (text, ids,
         # special tokens the rest may start with, checked on a real prompt), None until
         # needed, False where reuse would not be exact.
-        self._prefix: tuple[str, np.ndarray, tuple[str, ...], bool] | bool | None = None
 
     @classmethod
     def from_dataloader(cls, dataloader: Iterable[Any], **kwargs: Any) -> DatasetChatEnv:
@@ -272,9 +271,9 @@ class DatasetChatEnv(ChatEnv):
         self._source.rewind()
         return self
 
-    def reset(
+    def begin_reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[dict[str, Any], dict[str, Any]]:
+    ) -> ResetPlan:
         options = dict(options or {})
         unknown = sorted(set(options) - set(_OPTION_KEYS))
         if unknown:
@@ -283,7 +282,7 @@ class DatasetChatEnv(ChatEnv):
         given = self._map(options["sample"]) if "sample" in options else None
         if seed is not None:
             self._source.reseed(self._order_seed(seed))
-        return super().reset(seed=seed, options={"sample": given} if given else None)
+        return super().begin_reset(seed=seed, options={"sample": given} if given else None)
 
     def _initial_history(self, options: Mapping[str, Any]) -> tuple[History, dict[str, Any]]:
         sample = options.get("sample") or self._next_sample()
@@ -363,45 +362,6 @@ class DatasetChatEnv(ChatEnv):
                 f"dataset's samples lack the fields {missing} the task's reward reads; its "
                 f"fields are {sorted(sample)} (rename a column with field_map=...)"
             )
-
-    # -- tokens ----------------------------------------------------------------------------
-
-    def _encode(self, text: str) -> np.ndarray:
-        # Every prompt starts with the same rendered system prompt, often half its tokens:
-        # encode that once. Exact when the rest starts with a special token: a fast
-        # tokenizer splits the text at special tokens before anything else, so the two
-        # parts are encoded independently anyway. Checked once on a real prompt, which also
-        # catches tokenizers that treat the start of a text specially.
-        if self._prefix is None:
-            self._prefix = self._prefix_candidate()
-        if not self._prefix or not text.startswith(self._prefix[0]):
-            return super()._encode(text)
-        prefix_text, ids, specials, checked = self._prefix
-        rest = text[len(prefix_text) :]
-        if not rest.startswith(specials):
-            return super()._encode(text)
-        split = np.concatenate([ids, super()._encode(rest)])
-        if not checked:
-            full = super()._encode(text)
-            same = np.array_equal(split, full)
-            self._prefix = (prefix_text, ids, specials, True) if same else False
-            return full
-        return split
-
-    def _prefix_candidate(self) -> tuple[str, np.ndarray, tuple[str, ...], bool] | bool:
-        if self.system_prompt is None or getattr(self.tokenizer, "backend_tokenizer", None) is None:
-            return False
-        system = History([{"role": self.system_role, "content": self.system_prompt}])
-        text = system.apply_chat_template(
-            self.tokenizer, add_generation_prompt=False, **self.template_kwargs
-        )
-        if not text:
-            return False
-        ids = super()._encode(text)
-        ids.setflags(write=False)  # shared by every prompt, and by forks
-        added = self.tokenizer.added_tokens_decoder.values()
-        specials = tuple(t.content for t in added if t.special and not t.lstrip)
-        return (text, ids, specials, False) if specials else False
 
     def fork(self, shard: tuple[int, int]) -> DatasetChatEnv:
         """A sub-env sharing this one's data, seed and settings that serves ``shard`` of the

@@ -133,13 +133,9 @@ class DatasetChatVectorEnv(VectorEnv):
         truncated = np.zeros(self.num_envs, dtype=np.bool_)
         infos: list[dict[str, Any]] = []
         for i, (env, plan) in enumerate(zip(self.envs, plans, strict=True)):
-            obs, rewards[i], terminated[i], truncated[i], info = env.commit_step(plan)
-            if terminated[i] or truncated[i]:
-                final = {"final_obs": obs, "final_info": info}
-                obs, info = self.envs[i].reset()
-                info = {**final, **info}
-            self._obs[i] = obs
+            self._obs[i], rewards[i], terminated[i], truncated[i], info = env.commit_step(plan)
             infos.append(info)
+        self._autoreset(np.flatnonzero(terminated | truncated), infos)
         return self._batched_obs(), rewards, terminated, truncated, batch_infos(infos)
 
     def reset_dataloader(self) -> DatasetChatVectorEnv:
@@ -175,6 +171,7 @@ class DatasetChatVectorEnv(VectorEnv):
             raise ValueError(
                 f"actions must hold num_envs={self.num_envs} responses, got {len(actions)}"
             )
+        actions = self.envs[0].decode_token_actions(actions)  # one batch for all N
         reads = []
         for i, (env, action) in enumerate(zip(self.envs, actions, strict=True)):
             try:
@@ -189,6 +186,18 @@ class DatasetChatVectorEnv(VectorEnv):
             except (TypeError, ValueError, KeyError) as err:
                 raise type(err)(f"actions[{i}]: {err}") from err
         return plans
+
+    def _autoreset(self, done: np.ndarray, infos: list[dict[str, Any]]) -> None:
+        """Reset the finished sub-envs in this step; their prompts are tokenized in one batch
+        (a repeated prompt, as in a GRPO group, once)."""
+        begun = [self.envs[i].begin_reset() for i in done]
+        tokens: list[Any] = [None] * len(begun)
+        if begun and "tokens" in self.envs[0].observation_keys:
+            tokens = self.envs[0].encode_prompts([plan.rendered for plan in begun])
+        for i, plan, ids in zip(done, begun, tokens, strict=True):
+            final = {"final_obs": self._obs[i], "final_info": infos[i]}
+            self._obs[i], info = self.envs[i].finish_reset(plan, ids)
+            infos[i] = {**final, **info}
 
     def _run_tools(self, reads: Sequence[ActionRead]) -> list[list[Any]]:
         """Every sub-env's tool calls, sub-envs concurrently (each one's calls in order):

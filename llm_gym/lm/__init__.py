@@ -23,6 +23,7 @@ from llm_gym.lm.log_probs import (
     gather_log_probs,
     has_prefix,
     keeps_logits,
+    log_probs_of,
     next_token_log_probs,
     token_log_probs,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "has_prefix",
     "keeps_logits",
     "left_pad",
+    "log_probs_of",
     "next_token_log_probs",
     "position_ids",
     "token_log_probs",

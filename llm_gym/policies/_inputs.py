@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from llm_gym.chat.codec import TokenCodec
 from llm_gym.chat.containers import Response
 from llm_gym.chat.history import History
 
@@ -132,6 +133,7 @@ class Encoder:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.template_kwargs = dict(template_kwargs)
+        self.codec = TokenCodec(tokenizer)
 
     def tokenize(self, text: str) -> np.ndarray:
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -161,6 +163,19 @@ class Encoder:
         if isinstance(value, str):
             return self._checked(Encoded(self.tokenize(value)))
         return self._checked(Encoded(value))
+
+    def prompts(self, values: Sequence[Any]) -> list[np.ndarray]:
+        """``prompt(value).ids`` of each value, their texts tokenized in one batch."""
+        texts: dict[int, str] = {}
+        for i, value in enumerate(values):
+            if isinstance(value, History):
+                texts[i] = value.apply_chat_template(
+                    self.tokenizer, add_generation_prompt=True, **self.template_kwargs
+                )
+            elif isinstance(value, str):
+                texts[i] = value
+        encoded = dict(zip(texts, self.codec.encode_many(list(texts.values())), strict=True))
+        return [self._checked(Encoded(encoded.get(i, v))).ids for i, v in enumerate(values)]
 
     def scored(self, value: Any, response: Any) -> Encoded:
         """A conversation to score: prompt plus response, or a whole conversation."""

@@ -258,7 +258,7 @@ class TransformersPolicy:
     # -- generation ----------------------------------------------------------------------
 
     def _generate(self, values: list[Any], batched: bool) -> Any:
-        prompts = [self._encoder.prompt(v).ids for v in values]
+        prompts = self._encoder.prompts(values)
         ids, attention = left_pad(prompts, self.pad_token_id, self.device)
         with torch.inference_mode():
             out = self.model.generate(
@@ -280,9 +280,7 @@ class TransformersPolicy:
         tokens = new.cpu().numpy()
         lengths = lengths.cpu().tolist()
         sampled = [tokens[row, :n] for row, n in enumerate(lengths)]
-        texts = self.tokenizer.batch_decode(
-            [t.tolist() for t in sampled], skip_special_tokens=False
-        )
+        texts = self._encoder.codec.decode_many(sampled, skip_special_tokens=False)
         results = [
             Response(text, toks, None if log_probs is None else log_probs[row, : len(toks)])
             for row, (text, toks) in enumerate(zip(texts, sampled, strict=True))

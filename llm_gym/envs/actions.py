@@ -1,0 +1,76 @@
+"""What a chat env accepts as the assistant's turn, checked once, and the turn's content.
+
+An action is a ``str``, a 1-D integer array of token ids, a ``Response`` or a dict with a
+``"text"`` key. Whatever it is, it becomes a ``Response`` here, or a clear error that names
+what was expected and what came: model output is hostile input.
+
+>>> check_action("4", None, "history", 100)
+Response(text='4', tokens=None, log_probs=None)
+>>> turn_content(Response("4<|im_end|>", np.array([19, 2])), None)
+'4'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from llm_gym.chat.codec import END_OF_TURN, TokenCodec
+from llm_gym.chat.containers import Response
+
+__all__ = ["check_action", "turn_content"]
+
+
+def check_action(
+    action: Any, codec: TokenCodec | None, input_mode: str, max_text_length: int
+) -> Response:
+    """The action as a ``Response``, or a clear error naming what was expected."""
+    if isinstance(action, Response):
+        response = action
+    elif isinstance(action, str):
+        response = Response(action)
+    elif isinstance(action, Mapping):
+        response = Response.from_mapping(dict(action))
+    elif isinstance(action, np.ndarray) and np.issubdtype(action.dtype, np.integer):
+        if action.ndim != 1:
+            raise ValueError(f"a token action must be 1-D, got shape {action.shape}")
+        if codec is None:
+            raise ValueError("a token-id action needs ChatEnv(tokenizer=...), got None")
+        codec.check_ids(action)  # before decoding: -1 would overflow in the tokenizer
+        response = Response(codec.decode_many([action])[0], action)
+    else:
+        expected = "an int64 array of token ids" if input_mode == "tokens" else "a str"
+        raise TypeError(
+            f"action must be {expected}, a Response or a dict with 'text', "
+            f"got {type(action).__name__}"
+        )
+    if codec is not None and response.tokens is not None:
+        codec.check_ids(response.tokens)
+    text = response.text
+    if len(text) > max_text_length:
+        raise ValueError(
+            f"action text has {len(text)} characters, more than max_text_length="
+            f"{max_text_length} (the action space's bound)"
+        )
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ValueError(
+            f"action text is not valid Unicode: {error.reason} ({text[error.start]!r} at "
+            f"character {error.start}); it cannot be tokenized or stored"
+        ) from None
+    return response
+
+
+def turn_content(response: Response, codec: TokenCodec | None) -> str:
+    """The turn's content: the text as said, less the end-of-turn token a sampled response
+    ends with (that token closes the turn; it is not part of what was said)."""
+    text, tokens = response.text, response.tokens
+    if tokens is None or not len(tokens):
+        return text
+    if codec is None:
+        return next((text[: -len(end)] for end in END_OF_TURN if text.endswith(end)), text)
+    end = codec.end_of_turn(tokens)
+    return text[: -len(end)] if end is not None and text.endswith(end) else text
