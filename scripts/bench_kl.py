@@ -316,7 +316,7 @@ def report(times: dict, rounds: int) -> dict[str, float]:
         op, target = TARGETS[key]
         unit = "x" if speedup else ""
         print(
-            f"  {key:4} {label:53} {wall:6.2f}{unit or ' '} {cpu:6.2f}{unit or ' '} "
+            f"  {key:4} {label:53} {wall:6.3f}{unit or ' '} {cpu:6.3f}{unit or ' '} "
             f"{op}{target:5.2f}{unit or ' '} {met(key, wall)}"
         )
     return ratios
