@@ -15,12 +15,11 @@ from llm_gym.chat.containers import Response
 from llm_gym.chat.history import History
 from llm_gym.chat.templates import CHAT_TEMPLATES, resolve_chat_template
 from llm_gym.envs.actions import check_action, turn_content
+from llm_gym.envs.chat_arguments import MASK_KEY, check_chat_settings, observation_keys_for
 from llm_gym.envs.turns import TokenPrefixError, next_policy_mask
-from llm_gym.spaces import INPUT_MODES, MAX_TEXT_LENGTH, UnicodeText, history_space, token_space
+from llm_gym.spaces import MAX_TEXT_LENGTH, UnicodeText, history_space, token_space
 
 __all__ = ["ActionRead", "ChatEnv", "MASK_KEY", "ResetPlan", "StepPlan"]
-
-MASK_KEY = "policy_mask"  # observation key: 1 on the prompt tokens the policy sampled
 
 
 class ActionRead(NamedTuple):
@@ -181,57 +180,17 @@ class ChatEnv(gym.Env):
         max_tool_calls: int = 4,
         render_mode: str | None = None,
     ) -> None:
-        if input_mode not in INPUT_MODES:
-            raise ValueError(f"input_mode must be one of {INPUT_MODES}, got {input_mode!r}")
-        if isinstance(observation_keys, str):
-            raise TypeError(
-                f"observation_keys must be a tuple of input modes, e.g. ({observation_keys!r},), "
-                f"got the str {observation_keys!r}"
-            )
-        keys = tuple(observation_keys) if observation_keys is not None else (input_mode,)
-        for key in keys:
-            if key not in (*INPUT_MODES, MASK_KEY):
-                raise ValueError(
-                    f"observation_keys must be among {(*INPUT_MODES, MASK_KEY)}, got {key!r}"
-                )
-        if MASK_KEY in keys and "tokens" not in keys:
-            raise ValueError(f"observation key {MASK_KEY!r} marks tokens: add 'tokens', got {keys}")
-        if tools and "tokens" in keys and MASK_KEY not in keys:
-            keys = (*keys, MASK_KEY)  # a multi-turn trainer needs it
-        if tokenizer is None and any(key != "history" for key in keys):
-            mode = next(key for key in keys if key != "history")
-            raise ValueError(
-                f"input_mode {mode!r} needs tokenizer= (a transformers tokenizer, to render "
-                "the chat template and tokenize), got tokenizer=None"
-            )
-        if max_turns is not None and (
-            isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1
-        ):
-            raise ValueError(f"max_turns must be None or an int >= 1, got {max_turns!r}")
-        if not isinstance(assistant_prefix, str):
-            raise TypeError(
-                f"assistant_prefix must be a str, got {type(assistant_prefix).__name__}"
-            )
-        if assistant_prefix and input_mode == "history":
-            raise ValueError(
-                "assistant_prefix needs input_mode 'text' or 'tokens' (a history observation "
-                f"cannot hold a started assistant turn), got input_mode='history' and "
-                f"assistant_prefix={assistant_prefix!r}"
-            )
-        if query is not None and not isinstance(query, str):
-            raise TypeError(f"query must be a str or None, got {type(query).__name__}")
-        if isinstance(max_text_length, bool) or not isinstance(max_text_length, int):
-            raise TypeError(f"max_text_length must be an int, got {type(max_text_length).__name__}")
-        if max_text_length < 1:
-            raise ValueError(f"max_text_length must be >= 1, got {max_text_length}")
-        if isinstance(max_tool_calls, bool) or not isinstance(max_tool_calls, int):
-            raise TypeError(f"max_tool_calls must be an int, got {type(max_tool_calls).__name__}")
-        if max_tool_calls < 1:
-            raise ValueError(f"max_tool_calls must be >= 1, got {max_tool_calls}")
-        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ValueError(
-                f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}"
-            )
+        keys = observation_keys_for(input_mode, observation_keys, tools, tokenizer)
+        check_chat_settings(
+            input_mode=input_mode,
+            max_turns=max_turns,
+            assistant_prefix=assistant_prefix,
+            query=query,
+            max_text_length=max_text_length,
+            max_tool_calls=max_tool_calls,
+            render_mode=render_mode,
+            render_modes=self.metadata["render_modes"],
+        )
         self.input_mode = input_mode
         self.observation_keys = keys
         self.query = query
