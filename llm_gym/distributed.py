@@ -1,7 +1,7 @@
 """Ray as llm_gym's distributed engine: one reference model in an actor, shared by many envs.
 
 ``RayLogProbModel`` is a client for a Ray actor that holds a log-prob-mode
-``TransformersPolicy``. It follows the scorer protocol of ``llm_gym.scorer`` (``generate =
+``TransformersPolicy``. It follows the scorer protocol of ``llm_gym.samplers`` (``generate =
 False``, ``model(obs, responses, response_only=...) -> LogProbOutput``, plus ``input_mode``),
 so it goes wherever a reference model does: ``RetrieveLogProb``/``RetrieveKL``/
 ``KLRewardWrapper`` and their vector versions, or ``RolloutFromModel(ref_model=...)`` with
@@ -35,7 +35,7 @@ except ImportError as error:  # ray is an optional dependency (the "ray" extra)
         "llm_gym.distributed needs Ray: pip install 'llm-gym[ray]' (or pip install ray)"
     ) from error
 
-from llm_gym.scorer import check_scorer
+from llm_gym.samplers import check_scorer
 
 __all__ = ["RayLogProbModel"]
 

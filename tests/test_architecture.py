@@ -16,7 +16,7 @@ from llm_gym.envs import DatasetChatEnv, TaskScore
 from llm_gym.envs.vector import batch_infos
 from llm_gym.lm import forward_logits, keeps_logits
 from llm_gym.models import tiny_model
-from llm_gym.scorer import check_scorer, is_scorer, response_log_probs
+from llm_gym.samplers import check_scorer, is_scorer, response_log_probs
 from llm_gym.wrappers import kl as single_kl
 from llm_gym.wrappers import vector as vector_kl
 

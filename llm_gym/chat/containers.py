@@ -35,7 +35,8 @@ class Response:
     """The assistant's turn as a policy produced it.
 
     ``tokens`` are the exact ids that were sampled, so no one downstream has to re-tokenize
-    ``text``; ``log_probs`` holds log π(token | prefix), one per token.
+    ``text``; ``log_probs`` holds log π(token | prefix), one per token; ``version`` is the
+    policy version that sampled it (None where unknown), which the conversation records.
 
     >>> r = Response("Paris", tokens=[40313], log_probs=[-0.5])
     >>> r.tokens.dtype, r.log_probs.dtype
@@ -45,6 +46,7 @@ class Response:
     text: str
     tokens: np.ndarray | None = None
     log_probs: np.ndarray | None = None
+    version: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.text, str):
@@ -70,7 +72,9 @@ class Response:
             raise TypeError(
                 f"a dict action must have a 'text' key (like Response), got keys {sorted(action)}"
             )
-        return cls(action["text"], action.get("tokens"), action.get("log_probs"))
+        return cls(
+            action["text"], action.get("tokens"), action.get("log_probs"), action.get("version")
+        )
 
 
 @dataclass

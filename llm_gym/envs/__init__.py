@@ -8,7 +8,7 @@ over any chat task). The tasks themselves (GSM8K) live in ``llm_gym.tasks``.
 from llm_gym.envs.chat import ChatEnv
 from llm_gym.envs.dataset import DatasetChatEnv, TaskReward, TaskScore
 from llm_gym.envs.tokens import TokenEnv
-from llm_gym.envs.vector import DatasetChatVectorEnv, sharded_env_fns
+from llm_gym.envs.vector import DatasetChatVectorEnv, batch_infos, sharded_env_fns
 
 __all__ = [
     "ChatEnv",
@@ -17,5 +17,6 @@ __all__ = [
     "TaskReward",
     "TaskScore",
     "TokenEnv",
+    "batch_infos",
     "sharded_env_fns",
 ]

@@ -5,7 +5,7 @@ An action is a ``str``, a 1-D integer array of token ids, a ``Response`` or a di
 what was expected and what came: model output is hostile input.
 
 >>> check_action("4", None, "history", 100)
-Response(text='4', tokens=None, log_probs=None)
+Response(text='4', tokens=None, log_probs=None, version=None)
 >>> turn_content(Response("4<|im_end|>", np.array([19, 2])), None)
 '4'
 """

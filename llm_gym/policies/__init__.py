@@ -6,7 +6,7 @@ settings) lives in ``llm_gym.lm``.
 
 from llm_gym.policies.distributions import MaskedCategorical
 from llm_gym.policies.transformers import TransformersPolicy
-from llm_gym.scorer import LogProbOutput
+from llm_gym.samplers import LogProbOutput
 
 __all__ = [
     "LLMActorCriticPolicy",

@@ -30,7 +30,7 @@ from llm_gym.lm import (
 from llm_gym.policies._inputs import Encoded, Encoder, split_observation, split_responses
 from llm_gym.policies._masks import dist_mask
 from llm_gym.policies.distributions import MaskedCategorical
-from llm_gym.scorer import LogProbOutput
+from llm_gym.samplers import LogProbOutput
 from llm_gym.spaces import INPUT_MODES
 
 __all__ = ["TransformersPolicy", "LogProbOutput"]

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from llm_gym.scorer import is_scorer
+from llm_gym.samplers import is_scorer
 
 __all__ = ["check_int", "check_settings", "check_tensor", "read_batch"]
 

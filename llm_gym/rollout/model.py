@@ -23,7 +23,7 @@ from llm_gym.lm import (
     generation_settings,
 )
 from llm_gym.rollout.checks import check_settings, check_tensor, read_batch
-from llm_gym.scorer import is_scorer, response_log_probs
+from llm_gym.samplers import is_scorer, response_log_probs
 
 __all__ = ["RolloutFromModel"]
 

@@ -14,7 +14,7 @@ import gymnasium as gym
 import numpy as np
 
 from llm_gym.chat.containers import Response
-from llm_gym.scorer import Scorer, check_scorer, response_log_probs
+from llm_gym.samplers import Scorer, check_scorer, response_log_probs
 from llm_gym.wrappers.controllers import ConstantKLController, KLController
 from llm_gym.wrappers.estimators import ESTIMATORS, kl_estimate
 

@@ -7,7 +7,7 @@ generator's and the reference's log-probs into a per-token KL and a reward penal
 step's response is charged: earlier turns were charged in earlier steps. ``RetrieveKL`` is the
 two composed, as Gymnasium's ``ClipReward`` is ``TransformReward`` with a clip.
 
-A scoring model follows the scorer protocol of ``llm_gym.scorer``: a ``TransformersPolicy``
+A scoring model follows the scorer protocol of ``llm_gym.samplers``: a ``TransformersPolicy``
 with ``generate=False``, or ``llm_gym.distributed.RayLogProbModel``.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from llm_gym.scorer import check_scorer
+from llm_gym.samplers import check_scorer
 from llm_gym.wrappers._charges import KLCharge, check_pair, score, warn_low_precision
 from llm_gym.wrappers.controllers import KLController
 

@@ -16,8 +16,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import VectorEnv, VectorWrapper
 
-from llm_gym.envs.vector import batch_infos
-from llm_gym.scorer import check_scorer
+from llm_gym.envs import batch_infos
+from llm_gym.samplers import check_scorer
 from llm_gym.wrappers import kl as single
 from llm_gym.wrappers._charges import KLCharge, check_pair, score, warn_low_precision
 from llm_gym.wrappers.vector._signature import single_env_arguments

@@ -1,4 +1,14 @@
-"""The scorer protocol: how wrappers, rollouts and trainers get log-probs of given responses.
+"""The sampler and scorer protocols: how envs' token ids become responses, and how wrappers,
+rollouts and trainers get the log-probs of given responses.
+
+A sampler takes prompt token ids and returns, per prompt, the new token ids exactly as sampled
+(never re-tokenized from text), their log-probs, why sampling stopped and the policy version
+that sampled them::
+
+    sampler.sample(prompts: Sequence[np.ndarray]) -> list[Sample]
+
+Every backend (transformers here; vLLM and OpenAI-compatible servers beside it) is one file
+that implements it.
 
 A scorer maps a prompt observation (or a vector env's batch of them) and the responses to
 score to one ``LogProbOutput`` per response::
@@ -15,6 +25,7 @@ vocabulary projection over the prompt. A scorer says it scores with ``generate =
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -22,7 +33,41 @@ import numpy as np
 
 from llm_gym.chat.containers import LogProbs, Masks, Tokens
 
-__all__ = ["LogProbOutput", "Scorer", "check_scorer", "is_scorer", "response_log_probs"]
+__all__ = [
+    "FINISH_REASONS",
+    "LogProbOutput",
+    "Sample",
+    "Sampler",
+    "Scorer",
+    "check_scorer",
+    "is_scorer",
+    "response_log_probs",
+]
+
+# Why sampling stopped: an end-of-sequence token ("stop") or the token budget ("length").
+FINISH_REASONS = ("stop", "length")
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One sampled response: ``tokens`` (``int64``, as sampled, the end-of-sequence token
+    included when one was produced), ``log_probs`` (``float32``, one per token, from the
+    model's raw logits), ``finish_reason`` (one of ``FINISH_REASONS``) and ``version`` (the
+    policy version that sampled it; None where unknown)."""
+
+    tokens: np.ndarray
+    log_probs: np.ndarray
+    finish_reason: str
+    version: int | None = None
+
+
+@runtime_checkable
+class Sampler(Protocol):
+    """Anything that samples responses to prompt token ids (token-in, token-out)."""
+
+    version: int | None
+
+    def sample(self, prompts: Sequence[np.ndarray]) -> list[Sample]: ...
 
 
 @dataclass
