@@ -98,8 +98,9 @@ def test_observations_are_fresh_objects(gpt2_tokenizer):
     obs, _ = env.reset(seed=0)
     before = obs["tokens"].copy()
     obs["tokens"][:] = 0
-    again = env._observation()
-    assert np.array_equal(again["tokens"], before)
+    assert np.array_equal(env.conversation.tokens, before)  # the env's record is untouched
+    again, *_ = env.step("ok")
+    assert np.array_equal(again["tokens"][: len(before)], before)
     assert again["history"] is not obs["history"]
 
 

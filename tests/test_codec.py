@@ -83,7 +83,7 @@ def test_vector_env_decodes_token_actions_in_one_batch_with_single_env_results(
     texts = ["first answer<|im_end|>", "second"]
     actions = [np.asarray(smollm2_tokenizer(t)["input_ids"], dtype=np.int64) for t in texts]
     calls = []
-    envs.envs[0].codec._backend = _Recorder(envs.envs[0].codec._backend, calls)
+    envs.env.codec._backend = _Recorder(envs.env.codec._backend, calls)
     obs, _, terminated, _, info = envs.step(actions)
     assert calls == [2]  # both responses in one call
     assert terminated.tolist() == [True, True]

@@ -384,7 +384,9 @@ def test_token_prompts_equal_encoding_the_whole_text(tokenizer_name, request):
 
 
 def test_system_prompt_tokens_are_not_reused_when_inexact(smollm2_tokenizer):
-    env = DatasetChatEnv(ROWS, system_prompt="S", input_mode="tokens", tokenizer=smollm2_tokenizer)
+    env = DatasetChatEnv(
+        ROWS, system_prompt="S", tokenizer=smollm2_tokenizer, observation_keys=("tokens", "text")
+    )
     backend = env.codec._backend
     # A tokenizer whose ids depend on the whole text: the prefix cannot be reused.
     env.codec._encode_batch = lambda texts: [
@@ -393,7 +395,7 @@ def test_system_prompt_tokens_are_not_reused_when_inexact(smollm2_tokenizer):
     ]
     for _ in range(3):
         obs, _ = env.reset()
-        text = env._render(env.history)
+        text = obs["text"]
         expected = backend.encode(text, add_special_tokens=False).ids + [len(text) % 5]
         assert obs["tokens"].tolist() == expected
     assert env.codec._prefix is False

@@ -17,12 +17,8 @@ ROWS = [{"question": "9*2?", "answer": "#### 18"}]
 
 
 def state(env):
-    base = env.unwrapped
-    return (
-        base.history.to_chats(),
-        base._text,
-        None if base._tokens is None else base._tokens.copy(),
-    )
+    conversation = env.unwrapped.conversation
+    return (conversation.history.to_chats(), conversation.text, conversation.tokens)
 
 
 def test_a_step_that_cannot_be_tokenized_changes_nothing(gpt2_tokenizer):
@@ -48,7 +44,7 @@ def test_a_reward_that_rejects_its_sample_changes_nothing():
     env.reset(seed=0)
     with pytest.raises(TypeError, match="answer must be a str, got int"):
         env.step("<answer>18</answer>")
-    assert env.unwrapped.history.roles == ["system", "user"] and env.unwrapped._turn == 0
+    assert env.unwrapped.history.roles == ["system", "user"] and env.unwrapped.conversation.turns == 0
 
 
 @pytest.mark.parametrize("max_turns", [1, 2])
@@ -288,6 +284,13 @@ INVALID = st.one_of(
 )
 
 
+def sub_env_states(envs):
+    return [
+        (c.history.to_chats(), c.turns, source.position)
+        for c, source in zip(envs.conversations, envs.sources, strict=True)
+    ]
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     st.lists(st.lists(st.one_of(VALID, INVALID), min_size=3, max_size=3), min_size=1, max_size=6)
@@ -299,15 +302,12 @@ def test_vector_step_is_all_or_nothing(batches):
     )
     obs, _ = envs.reset(seed=0)
     for actions in batches:
-        before = [(e.history.to_chats(), e._turn, e.source.position) for e in envs.unwrapped.envs]
+        before = sub_env_states(envs.unwrapped)
         try:
             obs, *_ = envs.step(actions)
         except (TypeError, ValueError) as error:
             assert str(error).startswith("actions[")
-            after = [
-                (e.history.to_chats(), e._turn, e.source.position) for e in envs.unwrapped.envs
-            ]
-            assert after == before  # no sub-env moved
+            assert sub_env_states(envs.unwrapped) == before  # no sub-env moved
         else:
             assert all(isinstance(a, str) and len(a) <= 200 and a != "\ud800" for a in actions)
             # Each sub-env took its turn: an assistant turn, or a new episode's user turn.

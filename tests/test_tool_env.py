@@ -14,7 +14,7 @@ from mcp_fixture import mcp_server_command
 import llm_gym  # noqa: F401  (registers the ids)
 from llm_gym.chat import Response
 from llm_gym.envs import sharded_env_fns
-from llm_gym.envs.turns import TokenPrefixError
+from llm_gym.chat import TokenPrefixError
 from llm_gym.tools import MCPTools, Tool
 
 ROWS = [
@@ -215,7 +215,7 @@ def test_a_broken_token_prefix_fails_loudly_naming_turn_and_position(smollm2_tok
     sampled = np.array(tok(text, add_special_tokens=False)["input_ids"])
     with pytest.raises(TokenPrefixError, match=r"turn 1: position \d+ holds token"):
         env.step(Response(text, sampled))
-    assert np.array_equal(env.unwrapped._tokens, obs["tokens"])  # nothing changed
+    assert np.array_equal(env.unwrapped.conversation.tokens, obs["tokens"])  # nothing changed
 
 
 def test_check_env_passes_with_tools(smollm2_tokenizer):

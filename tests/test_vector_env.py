@@ -268,7 +268,7 @@ def test_bad_actions_change_nothing():
         envs.step(["a", "b", 3])
     with pytest.raises(TypeError, match="actions must be a sequence of 3 responses, got str"):
         envs.step("abc")
-    assert [env.history.to_chats() for env in envs.envs] == list(obs["history"])
+    assert [c.history.to_chats() for c in envs.unwrapped.conversations] == list(obs["history"])
     obs, *_ = envs.step(["a", "b", "c"])
     assert [h[-1]["content"] for h in obs["history"]] == ["a", "b", "c"]
 
@@ -289,7 +289,7 @@ def test_bad_seed_list():
     with pytest.raises(ValueError, match=r"seed\[1\] must be None or an int >= 1.*got 0"):
         envs.reset(seed=[5, 0])
     # Checked before any sub-env reset: the vector env is as before.
-    assert [env.history.to_chats() for env in envs.envs] == list(obs["history"])
+    assert [c.history.to_chats() for c in envs.unwrapped.conversations] == list(obs["history"])
 
 
 def test_a_sharded_env_cannot_be_vectorized_again():

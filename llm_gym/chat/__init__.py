@@ -1,8 +1,10 @@
-"""Chat data model: conversations, chat templates, the containers policies exchange, and
+"""Chat data model: the ``Conversation`` record of an episode and the ``PromptBuilder`` that
+extends it, messages (``History``), chat templates, the containers policies exchange, and
 batched tokenizing (``TokenCodec``)."""
 
 from llm_gym.chat.codec import END_OF_TURN, TokenCodec
 from llm_gym.chat.containers import ChatHistory, LogProbs, Masks, Response, Text, Tokens
+from llm_gym.chat.conversation import Conversation, PromptBuilder, TokenPrefixError
 from llm_gym.chat.history import History, Message
 from llm_gym.chat.templates import (
     CHAT_TEMPLATES,
@@ -14,6 +16,9 @@ from llm_gym.chat.templates import (
 )
 
 __all__ = [
+    "Conversation",
+    "PromptBuilder",
+    "TokenPrefixError",
     "History",
     "Message",
     "Response",

@@ -7,14 +7,13 @@ system prompt, and a reward function ``reward(response, sample) -> (reward, info
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from llm_gym.chat.history import History
-from llm_gym.envs.chat import ChatEnv, ResetPlan
+from llm_gym.envs.chat import ChatEnv
 from llm_gym.envs.data_sources import (
     IndexedSource,
     IterableSource,
@@ -271,29 +270,36 @@ class DatasetChatEnv(ChatEnv):
         self._source.rewind()
         return self
 
-    def begin_reset(
+    def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> ResetPlan:
-        options = dict(options or {})
-        unknown = sorted(set(options) - set(_OPTION_KEYS))
-        if unknown:
-            raise ValueError(f"options may hold {list(_OPTION_KEYS)}, got unknown keys {unknown}")
-        # Map a given sample before reseeding, so a bad one changes nothing.
-        given = self._map(options["sample"]) if "sample" in options else None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        given = self._given_sample(options)  # checked before reseeding: a bad one changes nothing
         if seed is not None:
             self._source.reseed(self._order_seed(seed))
-        return super().begin_reset(seed=seed, options={"sample": given} if given else None)
+        return super().reset(seed=seed, options={"sample": given} if given else None)
+
+    def _given_sample(self, options: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        if options is not None and not isinstance(options, Mapping):
+            raise TypeError(f"options must be a dict or None, got {type(options).__name__}")
+        unknown = sorted(set(options or {}) - set(_OPTION_KEYS))
+        if unknown:
+            raise ValueError(f"options may hold {list(_OPTION_KEYS)}, got unknown keys {unknown}")
+        return self._map(options["sample"]) if options and "sample" in options else None
 
     def _initial_history(self, options: Mapping[str, Any]) -> tuple[History, dict[str, Any]]:
-        sample = options.get("sample") or self._next_sample()
-        self._sample = sample
+        self._sample = options.get("sample") or self._next_sample()
+        return self._episode_start(self._sample)
+
+    def _episode_start(self, sample: Mapping[str, Any]) -> tuple[History, dict[str, Any]]:
         info = {key: value for key, value in sample.items() if key != QUERY_KEY}
         return self._history_for(sample[QUERY_KEY]), info
 
-    def _score(self, response: str) -> tuple[float, bool, dict[str, Any]]:
+    def _score(
+        self, response: str, sample: Mapping[str, Any] | None
+    ) -> tuple[float, bool, dict[str, Any]]:
         if self.reward is None:
             return 0.0, False, {}
-        result = self.reward(response, self._sample)
+        result = self.reward(response, self._sample if sample is None else sample)
         if not isinstance(result, tuple) or len(result) not in (2, 3):
             raise TypeError(
                 "reward must return (reward, info) or a TaskScore, got "
@@ -302,8 +308,8 @@ class DatasetChatEnv(ChatEnv):
         score = TaskScore(*result)
         return float(score.reward), bool(score.answered), score.info
 
-    def _next_sample(self) -> dict[str, Any]:
-        return self._map(self._source.next_record())
+    def _next_sample(self, source: Any = None) -> dict[str, Any]:
+        return self._map((self._source if source is None else source).next_record())
 
     def _order_seed(self, seed: Any) -> Any:
         index = self.shard[0]
@@ -362,19 +368,3 @@ class DatasetChatEnv(ChatEnv):
                 f"dataset's samples lack the fields {missing} the task's reward reads; its "
                 f"fields are {sorted(sample)} (rename a column with field_map=...)"
             )
-
-    def fork(self, shard: tuple[int, int]) -> DatasetChatEnv:
-        """A sub-env sharing this one's data, seed and settings that serves ``shard`` of the
-        order, with its own position and episode.
-
-        Vector envs use it so that N sub-envs load the data once, not N times, and share one
-        epoch exactly once.
-        """
-        sharding = Shard.parse(shard, self.repeats)
-        env = copy.copy(self)
-        env._source = self._source.fork(sharding)
-        env.shard = (sharding.index, sharding.count)
-        env._np_random, env._np_random_seed = None, None
-        env._sample = None
-        env._history = None  # needs its own reset before step
-        return env

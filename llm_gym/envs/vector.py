@@ -13,8 +13,10 @@ from gymnasium import error
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
 
-from llm_gym.envs.chat import ActionRead, StepPlan
+from llm_gym.chat.conversation import Conversation
+from llm_gym.checks import check_int
 from llm_gym.envs.dataset import DatasetChatEnv
+from llm_gym.envs.sharding import Shard
 
 __all__ = ["DatasetChatVectorEnv", "batch_infos", "sharded_env_fns"]
 
@@ -56,13 +58,7 @@ class DatasetChatVectorEnv(VectorEnv):
     def __init__(self, env: DatasetChatEnv, num_envs: int) -> None:
         if not isinstance(env, DatasetChatEnv):
             raise TypeError(f"env must be a DatasetChatEnv, got {type(env).__name__}")
-        if (
-            isinstance(num_envs, bool)
-            or not isinstance(num_envs, (int, np.integer))
-            or num_envs < 1
-        ):
-            raise ValueError(f"num_envs must be an int >= 1, got {num_envs!r}")
-        self.num_envs = int(num_envs)
+        self.num_envs = check_int("num_envs", num_envs, 1)
         self.group_size = env.repeats if env.group_repeats else 1
         if self.num_envs % self.group_size:
             raise ValueError(
@@ -74,15 +70,20 @@ class DatasetChatVectorEnv(VectorEnv):
                 f"env must serve the whole stream (shard=None) to be split among the sub-envs, "
                 f"got shard={env.shard}"
             )
-        self.envs = [env.fork((i, self.num_envs)) for i in range(self.num_envs)]
+        # One env holds the task's settings; each sub-env is a shard of its source and a
+        # conversation, stepped here together.
+        self.env = env
+        self.sources = [
+            env.source.fork(Shard(i, self.num_envs, env.repeats)) for i in range(self.num_envs)
+        ]
+        self._conversations: list[Conversation | None] = [None] * self.num_envs
+        self._samples: list[dict[str, Any] | None] = [None] * self.num_envs
         self.render_mode = env.render_mode
         self.single_observation_space = env.observation_space
         self.single_action_space = env.action_space
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
         self._out = create_empty_array(self.single_observation_space, self.num_envs)
-        self._obs: list[Any] = [None] * self.num_envs
-        self._needs_reset = True
         self._pool: ThreadPoolExecutor | None = None  # runs tool calls; made on first use
 
     # -- Gymnasium API ------------------------------------------------------------------
@@ -93,20 +94,91 @@ class DatasetChatVectorEnv(VectorEnv):
         seed: int | Sequence[int | None] | None = None,
         options: dict[str, Any] | None = None,
     ) -> tuple[dict[str, Any], dict[str, Any]]:
+        seeds = self._seeds(seed)
+        given = self.env._given_sample(options)  # checked before anything changes
+        super().reset(seed=seeds[0])
+        for i, s in enumerate(seeds):
+            if s is not None:  # sub-env i orders by seed[i] - i: seeds s, s+1, ... share one
+                self.sources[i].reseed(s - i)
+        infos = self._start(range(self.num_envs), given)
+        return self._batched_obs(), batch_infos(infos)
+
+    def step(
+        self, actions: Sequence[Any]
+    ) -> tuple[dict[str, Any], np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        if self._conversations[0] is None:
+            raise error.ResetNeeded("Cannot call DatasetChatVectorEnv.step before reset")
+        outcomes = self._outcomes(actions)  # every sub-env's step computed before any is stored
+        rewards = np.array([o.reward for o in outcomes], dtype=np.float64)
+        terminated = np.array([o.terminated for o in outcomes], dtype=np.bool_)
+        truncated = np.array([o.truncated for o in outcomes], dtype=np.bool_)
+        infos = [o.info for o in outcomes]
+        self._conversations = [o.conversation for o in outcomes]
+        done = np.flatnonzero(terminated | truncated).tolist()
+        finals = [self.env._observation(self._conversations[i]) for i in done]
+        started = self._start(done)
+        for i, final, info in zip(done, finals, started, strict=True):
+            infos[i] = {"final_obs": final, "final_info": infos[i], **info}
+        return self._batched_obs(), rewards, terminated, truncated, batch_infos(infos)
+
+    def reset_dataloader(self) -> DatasetChatVectorEnv:
+        """Every sub-env serves from the start of its shard of the order again."""
+        for source in self.sources:
+            source.rewind()
+        return self
+
+    @property
+    def conversations(self) -> tuple[Conversation | None, ...]:
+        """Each sub-env's episode so far (None before the first reset)."""
+        return tuple(self._conversations)
+
+    @property
+    def samples(self) -> tuple[dict[str, Any] | None, ...]:
+        """Each sub-env's current sample (None before the first reset)."""
+        return tuple(None if s is None else dict(s) for s in self._samples)
+
+    @property
+    def epoch_size(self) -> int | None:
+        """Episodes in one epoch, split among the sub-envs (None without a fixed size)."""
+        return self.env.epoch_size
+
+    @property
+    def level(self) -> int | None:
+        """The task's difficulty level (None for data without levels)."""
+        return self.env.level
+
+    @property
+    def num_levels(self) -> int | None:
+        """How many levels the task has; None without levels."""
+        return self.env.num_levels
+
+    def set_level(self, level: int) -> None:
+        """Draw the next samples of every sub-env at ``level``: their sources are forks of
+        one procedural source, which share the level."""
+        self.env.set_level(level)
+
+    def close_extras(self, **kwargs: Any) -> None:
+        """Stop the tool threads and the tools' servers."""
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+        self.env.close()
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _seeds(self, seed: Any) -> list[int | None]:
         if seed is None or (isinstance(seed, (int, np.integer)) and not isinstance(seed, bool)):
-            seeds = [None if seed is None else int(seed) + i for i in range(self.num_envs)]
-        elif isinstance(seed, (list, tuple, np.ndarray)):
-            seeds = list(seed)
-        else:
+            return [None if seed is None else int(seed) + i for i in range(self.num_envs)]
+        if not isinstance(seed, (list, tuple, np.ndarray)):
             raise TypeError(
                 "seed must be None, an int or a list of num_envs ints, got "
                 f"{type(seed).__name__}: {seed!r:.40}"
             )
-        if len(seeds) != self.num_envs:
+        if len(seed) != self.num_envs:
             raise ValueError(
-                f"seed as a list must have num_envs={self.num_envs} entries, got {len(seeds)}"
+                f"seed as a list must have num_envs={self.num_envs} entries, got {len(seed)}"
             )
-        for i, s in enumerate(seeds):  # checked before any sub-env resets
+        for i, s in enumerate(seed):
             if s is not None and (
                 isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < i
             ):
@@ -114,54 +186,19 @@ class DatasetChatVectorEnv(VectorEnv):
                     f"seed[{i}] must be None or an int >= {i} (sub-env {i} orders by "
                     f"seed[{i}] - {i}, so that seeds s, s+1, ... share one order), got {s!r}"
                 )
-        super().reset(seed=seeds[0])
-        infos: list[dict[str, Any]] = []
-        for i, env in enumerate(self.envs):
-            self._obs[i], info = env.reset(seed=seeds[i], options=options)
-            infos.append(info)
-        self._needs_reset = False
-        return self._batched_obs(), batch_infos(infos)
+        return [None if s is None else int(s) for s in seed]
 
-    def step(
-        self, actions: Sequence[Any]
-    ) -> tuple[dict[str, Any], np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-        if self._needs_reset:
-            raise error.ResetNeeded("Cannot call DatasetChatVectorEnv.step before reset")
-        plans = self._plan(actions)  # every sub-env's step computed before any is stored
-        rewards = np.zeros(self.num_envs, dtype=np.float64)
-        terminated = np.zeros(self.num_envs, dtype=np.bool_)
-        truncated = np.zeros(self.num_envs, dtype=np.bool_)
-        infos: list[dict[str, Any]] = []
-        for i, (env, plan) in enumerate(zip(self.envs, plans, strict=True)):
-            self._obs[i], rewards[i], terminated[i], truncated[i], info = env.commit_step(plan)
-            infos.append(info)
-        self._autoreset(np.flatnonzero(terminated | truncated), infos)
-        return self._batched_obs(), rewards, terminated, truncated, batch_infos(infos)
+    def _start(self, indices: Sequence[int], given: dict[str, Any] | None = None) -> list[dict]:
+        """Start a new episode in each of ``indices``; their prompts are tokenized in one
+        batch (a repeated prompt, as in a GRPO group, once). The reset infos."""
+        samples = [given or self.env._next_sample(self.sources[i]) for i in indices]
+        starts = [self.env._episode_start(sample) for sample in samples]
+        conversations = self.env.builder.start([history for history, _ in starts])
+        for i, sample, conversation in zip(indices, samples, conversations, strict=True):
+            self._samples[i], self._conversations[i] = sample, conversation
+        return [info for _, info in starts]
 
-    def reset_dataloader(self) -> DatasetChatVectorEnv:
-        """Every sub-env serves from the start of its shard of the order again."""
-        for env in self.envs:
-            env.reset_dataloader()
-        return self
-
-    @property
-    def epoch_size(self) -> int | None:
-        """Episodes in one epoch, split among the sub-envs (None without a fixed size)."""
-        return self.envs[0].epoch_size
-
-    @property
-    def level(self) -> int | None:
-        """The task's difficulty level (None for data without levels)."""
-        return self.envs[0].level
-
-    def set_level(self, level: int) -> None:
-        """Draw the next samples of every sub-env at ``level``: their sources are forks of
-        one procedural source, which share the level."""
-        self.envs[0].set_level(level)
-
-    # -- internals ----------------------------------------------------------------------
-
-    def _plan(self, actions: Sequence[Any]) -> list[StepPlan]:
+    def _outcomes(self, actions: Sequence[Any]) -> list[Any]:
         if isinstance(actions, (str, bytes)) or not hasattr(actions, "__len__"):
             raise TypeError(
                 f"actions must be a sequence of {self.num_envs} responses, "
@@ -171,58 +208,43 @@ class DatasetChatVectorEnv(VectorEnv):
             raise ValueError(
                 f"actions must hold num_envs={self.num_envs} responses, got {len(actions)}"
             )
-        actions = self.envs[0].decode_token_actions(actions)  # one batch for all N
-        reads = []
-        for i, (env, action) in enumerate(zip(self.envs, actions, strict=True)):
-            try:
-                reads.append(env.read_action(action))
-            except (TypeError, ValueError, KeyError) as err:
-                raise type(err)(f"actions[{i}]: {err}") from err
+        env, conversations = self.env, self._conversations
+        actions = env._decode_actions(actions)  # one batch for all N
+        reads = [
+            _indexed(i, env._read, conversations[i], action) for i, action in enumerate(actions)
+        ]
         records = self._run_tools(reads)  # after every action was checked
-        plans = []
-        for i, (env, read) in enumerate(zip(self.envs, reads, strict=True)):
-            try:
-                plans.append(env.plan_read(read, records[i]))
-            except (TypeError, ValueError, KeyError) as err:
-                raise type(err)(f"actions[{i}]: {err}") from err
-        return plans
+        return [
+            _indexed(i, env._advance, conversations[i], read, records[i], self._samples[i])
+            for i, read in enumerate(reads)
+        ]
 
-    def _autoreset(self, done: np.ndarray, infos: list[dict[str, Any]]) -> None:
-        """Reset the finished sub-envs in this step; their prompts are tokenized in one batch
-        (a repeated prompt, as in a GRPO group, once)."""
-        begun = [self.envs[i].begin_reset() for i in done]
-        tokens: list[Any] = [None] * len(begun)
-        if begun and "tokens" in self.envs[0].observation_keys:
-            tokens = self.envs[0].encode_prompts([plan.rendered for plan in begun])
-        for i, plan, ids in zip(done, begun, tokens, strict=True):
-            final = {"final_obs": self._obs[i], "final_info": infos[i]}
-            self._obs[i], info = self.envs[i].finish_reset(plan, ids)
-            infos[i] = {**final, **info}
-
-    def _run_tools(self, reads: Sequence[ActionRead]) -> list[list[Any]]:
+    def _run_tools(self, reads: Sequence[Any]) -> list[list[Any]]:
         """Every sub-env's tool calls, sub-envs concurrently (each one's calls in order):
         N calls of t seconds take about t, not N t."""
         records: list[list[Any]] = [[] for _ in reads]
         busy = [i for i, read in enumerate(reads) if read.calls]
-        if len(busy) == 1:
-            records[busy[0]] = self.envs[busy[0]].run_tool_calls(reads[busy[0]].calls)
-        elif busy:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(self.num_envs, thread_name_prefix="llm_gym-tools")
-            ran = self._pool.map(lambda i: self.envs[i].run_tool_calls(reads[i].calls), busy)
-            for i, result in zip(busy, ran, strict=True):
-                records[i] = result
+        if not busy:
+            return records
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.num_envs, thread_name_prefix="llm_gym-tools")
+        run = self.env._run_tools
+        ran = self._pool.map(lambda i: run(self._conversations[i], reads[i].calls), busy)
+        for i, result in zip(busy, ran, strict=True):
+            records[i] = result
         return records
 
-    def close_extras(self, **kwargs: Any) -> None:
-        """Stop the tool threads and the tools' servers (shared by the sub-envs)."""
-        if self._pool is not None:
-            self._pool.shutdown()
-            self._pool = None
-        self.envs[0].close()
-
     def _batched_obs(self) -> dict[str, Any]:
-        return concatenate(self.single_observation_space, self._obs, self._out)
+        obs = [self.env._observation(conversation) for conversation in self._conversations]
+        return concatenate(self.single_observation_space, obs, self._out)
+
+
+def _indexed(i: int, function: Callable[..., Any], *args: Any) -> Any:
+    # A sub-env's error names the sub-env.
+    try:
+        return function(*args)
+    except (TypeError, ValueError, KeyError) as err:
+        raise type(err)(f"actions[{i}]: {err}") from err
 
 
 def batch_infos(infos: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -31,7 +31,9 @@ def _finished_successes(info: dict[str, Any], done: np.ndarray, key: str) -> lis
 
 def _levels(env: VectorEnv) -> tuple[int, int]:
     base = env.unwrapped
-    if hasattr(base, "envs"):  # the native vector env and SyncVectorEnv hold their sub-envs
+    if hasattr(base, "set_level"):  # the native vector env: one shared level
+        return levels_of(base)
+    if hasattr(base, "envs"):  # SyncVectorEnv holds its sub-envs
         return levels_of(base.envs[0].unwrapped)
     try:  # AsyncVectorEnv: ask the workers
         num_levels, level = env.get_attr("num_levels")[0], env.get_attr("level")[0]
