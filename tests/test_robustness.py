@@ -44,7 +44,9 @@ def test_a_reward_that_rejects_its_sample_changes_nothing():
     env.reset(seed=0)
     with pytest.raises(TypeError, match="answer must be a str, got int"):
         env.step("<answer>18</answer>")
-    assert env.unwrapped.history.roles == ["system", "user"] and env.unwrapped.conversation.turns == 0
+    assert (
+        env.unwrapped.history.roles == ["system", "user"] and env.unwrapped.conversation.turns == 0
+    )
 
 
 @pytest.mark.parametrize("max_turns", [1, 2])

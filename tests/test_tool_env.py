@@ -12,9 +12,8 @@ from gymnasium.vector import SyncVectorEnv
 from mcp_fixture import mcp_server_command
 
 import llm_gym  # noqa: F401  (registers the ids)
-from llm_gym.chat import Response
+from llm_gym.chat import Response, TokenPrefixError
 from llm_gym.envs import sharded_env_fns
-from llm_gym.chat import TokenPrefixError
 from llm_gym.tools import MCPTools, Tool
 
 ROWS = [

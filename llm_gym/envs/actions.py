@@ -12,7 +12,7 @@ Response(text='4', tokens=None, log_probs=None, version=None)
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -20,7 +20,7 @@ import numpy as np
 from llm_gym.chat.codec import END_OF_TURN, TokenCodec
 from llm_gym.chat.containers import Response
 
-__all__ = ["check_action", "turn_content"]
+__all__ = ["check_action", "decode_token_actions", "turn_content"]
 
 
 def check_action(
@@ -74,3 +74,26 @@ def turn_content(response: Response, codec: TokenCodec | None) -> str:
         return next((text[: -len(end)] for end in END_OF_TURN if text.endswith(end)), text)
     end = codec.end_of_turn(tokens)
     return text[: -len(end)] if end is not None and text.endswith(end) else text
+
+
+def decode_token_actions(actions: Sequence[Any], codec: TokenCodec | None) -> list[Any]:
+    """``actions`` with each 1-D integer array as its ``Response``, all decoded in one batch;
+    other actions as given (``check_action`` reads them)."""
+    arrays = [
+        i
+        for i, action in enumerate(actions)
+        if isinstance(action, np.ndarray)
+        and action.ndim == 1
+        and np.issubdtype(action.dtype, np.integer)
+    ]
+    if not arrays or codec is None:
+        return list(actions)
+    for i in arrays:
+        try:  # before decoding: -1 would overflow in the tokenizer
+            codec.check_ids(actions[i])
+        except ValueError as err:
+            raise ValueError(f"actions[{i}]: {err}") from None
+    out = list(actions)
+    for i, text in zip(arrays, codec.decode_many([actions[i] for i in arrays]), strict=True):
+        out[i] = Response(text, actions[i])
+    return out

@@ -19,9 +19,13 @@ from llm_gym.chat.codec import TokenCodec
 from llm_gym.chat.containers import Response
 from llm_gym.chat.conversation import Conversation, PromptBuilder, TokenPrefixError
 from llm_gym.chat.history import History
-from llm_gym.chat.templates import resolve_chat_template
 from llm_gym.envs.actions import check_action, turn_content
-from llm_gym.envs.chat_arguments import MASK_KEY, check_chat_settings, observation_keys_for
+from llm_gym.envs.chat_arguments import (
+    MASK_KEY,
+    check_chat_settings,
+    observation_keys_for,
+    offer_tools,
+)
 from llm_gym.spaces import MAX_TEXT_LENGTH, UnicodeText, history_space, token_space
 
 __all__ = ["ChatEnv", "MASK_KEY"]
@@ -203,7 +207,10 @@ class ChatEnv(gym.Env):
             from llm_gym.tools import Toolbox  # here: envs without tools never import it
 
             self.toolbox = Toolbox(tools, tool_format)
-            self._offer_tools(self.toolbox)
+            rendered_here = tokenizer is not None and input_mode != "history"
+            self.system_prompt = offer_tools(
+                self.toolbox, self.system_prompt, self.template_kwargs, tokenizer, rendered_here
+            )
 
         key_spaces: dict[str, spaces.Space] = {
             "history": history_space(max_text_length),
@@ -221,7 +228,7 @@ class ChatEnv(gym.Env):
         if self.system_prompt is not None:  # tools may have added one
             system = {"role": system_role, "content": self.system_prompt}
         self.builder = PromptBuilder(
-            tokenizer if self._needs_render() else None,
+            tokenizer if keys != ("history",) else None,
             self.template_kwargs,
             need_tokens="tokens" in keys,
             assistant_prefix=assistant_prefix,
@@ -233,22 +240,6 @@ class ChatEnv(gym.Env):
         if self.codec is None and tokenizer is not None:
             self.codec = TokenCodec(tokenizer)
         self._conversation: Conversation | None = None
-
-    def _offer_tools(self, toolbox: Any) -> None:
-        # A template that renders tools= gets them there when the env renders the prompt;
-        # otherwise (and for history observations, which a policy renders itself) the system
-        # prompt lists them.
-        rendered_here = self.tokenizer is not None and self.input_mode != "history"
-        template = resolve_chat_template(
-            self.tokenizer,
-            self.template_kwargs.get("chat_template_name"),
-            self.template_kwargs.get("chat_template"),
-        ) if rendered_here else ""
-        if "tools" in template:
-            self.template_kwargs["tools"] = toolbox.schemas
-            return
-        block = toolbox.system_prompt()
-        self.system_prompt = block if not self.system_prompt else f"{self.system_prompt}\n\n{block}"
 
     # -- Gymnasium API -----------------------------------------------------------------
 
@@ -279,10 +270,7 @@ class ChatEnv(gym.Env):
         if self._conversation is None or self.render_mode is None:
             return None
         text = "\n".join(f"[{m['role']}] {m['content']}" for m in self._conversation.history)
-        if self.render_mode == "human":
-            print(text)
-            return None
-        return text
+        return print(text) if self.render_mode == "human" else text
 
     def close(self) -> None:
         """Shut down the tools' servers (MCP)."""
@@ -362,28 +350,6 @@ class ChatEnv(gym.Env):
             raise TokenPrefixError(f"turn {turn}: {problem}")
         return Outcome(extended, float(reward), bool(terminated), bool(truncated), info)
 
-    def _decode_actions(self, actions: Sequence[Any]) -> list[Any]:
-        # Token-id actions as Responses, all decoded in one batch; others as given.
-        arrays = [
-            i
-            for i, action in enumerate(actions)
-            if isinstance(action, np.ndarray)
-            and action.ndim == 1
-            and np.issubdtype(action.dtype, np.integer)
-        ]
-        if not arrays or self.codec is None:
-            return list(actions)
-        for i in arrays:
-            try:  # before decoding: -1 would overflow in the tokenizer
-                self.codec.check_ids(actions[i])
-            except ValueError as err:
-                raise ValueError(f"actions[{i}]: {err}") from None
-        texts = self.codec.decode_many([actions[i] for i in arrays])
-        out = list(actions)
-        for i, text in zip(arrays, texts, strict=True):
-            out[i] = Response(text, actions[i])
-        return out
-
     # -- hooks for subclasses ------------------------------------------------------------
 
     def _initial_history(self, options: Mapping[str, Any]) -> tuple[History, dict[str, Any]]:
@@ -413,9 +379,6 @@ class ChatEnv(gym.Env):
     ) -> tuple[float, bool, dict[str, Any]]:
         """Reward, whether the task is over, and step info for this response."""
         return 0.0, False, {}
-
-    def _needs_render(self) -> bool:
-        return any(key != "history" for key in self.observation_keys)
 
     def _observation(self, conversation: Conversation) -> dict[str, Any]:
         obs: dict[str, Any] = {}

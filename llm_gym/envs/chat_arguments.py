@@ -11,9 +11,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from llm_gym.chat.templates import resolve_chat_template
 from llm_gym.spaces import INPUT_MODES
 
-__all__ = ["MASK_KEY", "check_chat_settings", "observation_keys_for"]
+__all__ = ["MASK_KEY", "check_chat_settings", "observation_keys_for", "offer_tools"]
 
 MASK_KEY = "policy_mask"  # observation key: 1 on the prompt tokens the policy sampled
 
@@ -88,3 +89,26 @@ def check_chat_settings(
         raise ValueError(f"max_tool_calls must be >= 1, got {max_tool_calls}")
     if render_mode is not None and render_mode not in render_modes:
         raise ValueError(f"render_mode must be one of {render_modes}, got {render_mode!r}")
+
+
+def offer_tools(
+    toolbox: Any,
+    system_prompt: str | None,
+    template_kwargs: dict[str, Any],
+    tokenizer: Any,
+    rendered_here: bool,
+) -> str | None:
+    """Show the tools to the model; the system prompt after that.
+
+    A template that renders ``tools=`` gets them in ``template_kwargs`` when the env renders
+    the prompt (``rendered_here``); otherwise (and for history observations, which a policy
+    renders itself) a block appended to the system prompt lists them.
+    """
+    if rendered_here:
+        name = template_kwargs.get("chat_template_name")
+        template = resolve_chat_template(tokenizer, name, template_kwargs.get("chat_template"))
+        if "tools" in template:
+            template_kwargs["tools"] = toolbox.schemas
+            return system_prompt
+    block = toolbox.system_prompt()
+    return block if not system_prompt else f"{system_prompt}\n\n{block}"

@@ -15,6 +15,7 @@ from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
 
 from llm_gym.chat.conversation import Conversation
 from llm_gym.checks import check_int
+from llm_gym.envs.actions import decode_token_actions
 from llm_gym.envs.dataset import DatasetChatEnv
 from llm_gym.envs.sharding import Shard
 
@@ -209,7 +210,7 @@ class DatasetChatVectorEnv(VectorEnv):
                 f"actions must hold num_envs={self.num_envs} responses, got {len(actions)}"
             )
         env, conversations = self.env, self._conversations
-        actions = env._decode_actions(actions)  # one batch for all N
+        actions = decode_token_actions(actions, env.codec)  # one batch for all N
         reads = [
             _indexed(i, env._read, conversations[i], action) for i, action in enumerate(actions)
         ]
