@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["ESTIMATORS", "kl_estimate"]
+__all__ = ["ESTIMATORS", "check_estimator", "kl_estimate"]
 
 
 def _k1(log_p: np.ndarray, log_q: np.ndarray) -> np.ndarray:
@@ -37,14 +37,20 @@ ESTIMATORS: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
 }
 
 
+def check_estimator(estimator: str) -> str:
+    """``estimator`` if it names one of ``ESTIMATORS``."""
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"estimator must be one of {sorted(ESTIMATORS)}, got {estimator!r}")
+    return estimator
+
+
 def kl_estimate(log_p: np.ndarray, log_q: np.ndarray, estimator: str = "k1") -> np.ndarray:
     """Per-token KL estimate (``float32``) from two equally long log-prob arrays.
 
     >>> kl_estimate(np.array([-1.0, -2.0]), np.array([-1.5, -2.0]), "k1")
     array([0.5, 0. ], dtype=float32)
     """
-    if estimator not in ESTIMATORS:
-        raise ValueError(f"estimator must be one of {sorted(ESTIMATORS)}, got {estimator!r}")
+    check_estimator(estimator)
     log_p = np.asarray(log_p, dtype=np.float64)
     log_q = np.asarray(log_q, dtype=np.float64)
     if log_p.shape != log_q.shape:

@@ -16,9 +16,9 @@ import torch
 
 from llm_gym.envs.tokens import TokenEnv
 from llm_gym.lm import next_token_log_probs
-from llm_gym.wrappers._charges import KLCoefficient, check_estimator
+from llm_gym.wrappers._charges import KLCoefficient
 from llm_gym.wrappers.controllers import KLController
-from llm_gym.wrappers.estimators import kl_estimate
+from llm_gym.wrappers.estimators import check_estimator, kl_estimate
 from llm_gym.wrappers.kl import KLComputation
 
 __all__ = ["TokenKLWrapper"]
