@@ -1,8 +1,7 @@
-"""The KL wrappers' batched core: log-prob retrieval and the KL charge of N responses.
+"""The KL wrappers' one batched path: log-prob retrieval and the KL charge of N responses.
 
-A single env's step is a batch of one: the wrappers in ``kl.py`` and ``vector/kl.py`` are
-shells that hold these objects and call them with ``batched=False`` or ``True``; only how
-``info`` is laid out (a dict, or Gymnasium's arrays over sub-envs) depends on it.
+A single env's step is a batch of one: the wrappers in ``kl.py`` and ``vector/kl.py`` call
+this code with ``batched=False`` or ``True``; only ``info``'s layout depends on it.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ import numpy as np
 from llm_gym.chat.containers import Response
 from llm_gym.checks import check_number
 from llm_gym.envs import batch_infos
-from llm_gym.samplers import Scorer, check_scorer, response_log_probs
+from llm_gym.samplers import check_scorer, response_log_probs
 from llm_gym.wrappers.controllers import ConstantKLController, KLController
 from llm_gym.wrappers.estimators import check_estimator, kl_estimate
 
@@ -62,31 +61,28 @@ def check_finite(log_probs: np.ndarray, what: str, env_index: int | None) -> np.
     return log_probs
 
 
-def retrieve(
-    env: Any,
-    prompt: Any,
-    actions: Any,
-    model: Scorer,
-    key: str,
-    assistant_only: bool,
-    batched: bool,
-) -> Step:
-    """``RetrieveLogProb``'s step: score each response given the prompt the env showed (one
-    forward for the batch), then step ``env`` and put the log-probs into ``info[key]``.
+def retrieve(wrapper: Any, actions: Any, batched: bool) -> Step:
+    """``RetrieveLogProb.step`` (single or vector): score each response given the prompt the
+    env showed (one forward for the batch), step the env, put the scores in ``info[key]``.
 
     Scored before the env steps, so a response the model rejects changes nothing.
     """
-    if prompt is None:
+    if wrapper._prompt is None:
         raise gym.error.ResetNeeded("Cannot call step before reset")
+    env, key = wrapper.env, wrapper.log_prob_key
     actions = as_batch(env, actions, batched)
-    responses = [as_response(a) for a in actions]
     scored = response_log_probs(
-        model, prompt, responses, batched=batched, assistant_only=assistant_only
+        wrapper.model,
+        wrapper._prompt,
+        [as_response(a) for a in actions],
+        batched=batched,
+        assistant_only=wrapper.assistant_only,
     )
     where = f"info[{key!r}]"
     parts = [{key: check_finite(lp, where, i if batched else None)} for i, lp in enumerate(scored)]
     obs, rewards, terminated, truncated, info = env.step(actions if batched else actions[0])
     add_infos(info, parts, batched)
+    wrapper._prompt = obs
     return obs, rewards, terminated, truncated, info
 
 
@@ -97,25 +93,6 @@ def provides_key(env: Any, key: str) -> bool:
             return True
         env = getattr(env, "env", None)
     return False
-
-
-def check_pair(gen_model: Any, ref_model: Any) -> None:
-    """Both models score, and tokenize and pad alike, or their log-probs don't align."""
-    if ref_model is None:
-        raise ValueError("ref_model is required: the model the KL is measured against")
-    check_scorer(ref_model, "ref_model")
-    if gen_model is None:
-        return
-    check_scorer(gen_model, "gen_model")
-    gen_tok, ref_tok = getattr(gen_model, "tokenizer", None), getattr(ref_model, "tokenizer", None)
-    if gen_tok is None or ref_tok is None:
-        return
-    if len(gen_tok) != len(ref_tok) or gen_tok.pad_token_id != ref_tok.pad_token_id:
-        raise ValueError(
-            "gen_model and ref_model must share a tokenizer and padding convention: got "
-            f"{len(gen_tok)} vs {len(ref_tok)} tokens, pad_token_id {gen_tok.pad_token_id} vs "
-            f"{ref_tok.pad_token_id}"
-        )
 
 
 _LOW_PRECISION = {"torch.bfloat16", "torch.float16"}
@@ -149,12 +126,24 @@ def with_retrievers(
     assistant_only: bool,
 ) -> Any:
     """``env`` wrapped in ``retriever`` (``RetrieveLogProb`` or its vector version) for the
-    generator, if given, then the reference, writing ``keys`` (gen, ref); models checked."""
-    check_pair(gen_model, ref_model)
+    generator, if given, then the reference, writing ``keys`` (gen, ref). Both models must
+    score, and tokenize and pad alike, or their log-probs would not align."""
+    if ref_model is None:
+        raise ValueError("ref_model is required: the model the KL is measured against")
+    check_scorer(ref_model, "ref_model")
     if gen_model is None:
         warn_low_precision(ref_model)
-    else:
-        env = retriever(env, gen_model, keys[0], assistant_only)
+        return retriever(env, ref_model, keys[1], assistant_only)
+    check_scorer(gen_model, "gen_model")
+    gen_tok, ref_tok = getattr(gen_model, "tokenizer", None), getattr(ref_model, "tokenizer", None)
+    if gen_tok is not None and ref_tok is not None:
+        if len(gen_tok) != len(ref_tok) or gen_tok.pad_token_id != ref_tok.pad_token_id:
+            raise ValueError(
+                "gen_model and ref_model must share a tokenizer and padding convention: got "
+                f"{len(gen_tok)} vs {len(ref_tok)} tokens, pad_token_id {gen_tok.pad_token_id} "
+                f"vs {ref_tok.pad_token_id}"
+            )
+    env = retriever(env, gen_model, keys[0], assistant_only)
     return retriever(env, ref_model, keys[1], assistant_only)
 
 
@@ -226,14 +215,16 @@ class KLCharge:
         actions = as_batch(env, actions, batched)
         # The log-probs the actions carry, unless an inner wrapper supplies them; checked
         # before the env steps, so a missing one changes nothing.
-        gens = None
-        if not self.gen_from_info:
-            gens = [self._carried(a, i if batched else None) for i, a in enumerate(actions)]
+        gens = (
+            []
+            if self.gen_from_info
+            else [self._carried(a, i if batched else None) for i, a in enumerate(actions)]
+        )
         obs, rewards, terminated, truncated, info = env.step(actions if batched else actions[0])
-        if gens is None:
-            gens = list(info[self.gen_key]) if batched else [info[self.gen_key]]
-        refs = list(info[self.ref_key]) if batched else [info[self.ref_key]]
-        parts = self.charge(gens, refs, np.atleast_1d(rewards))
+        column = (lambda key: list(info[key])) if batched else (lambda key: [info[key]])
+        parts = self.charge(
+            gens or column(self.gen_key), column(self.ref_key), np.atleast_1d(rewards)
+        )
         add_infos(info, parts, batched)
         if self.add_to_reward:
             penalties = np.array([part["kl_penalty"] for part in parts])

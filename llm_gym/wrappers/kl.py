@@ -55,17 +55,7 @@ class RetrieveLogProb(gym.Wrapper, gym.utils.RecordConstructorArgs):
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         """Score the action's response, then step the env; ``info[key]`` holds the scores."""
-        out = retrieve(
-            self.env,
-            self._prompt,
-            action,
-            self.model,
-            self.log_prob_key,
-            self.assistant_only,
-            False,
-        )
-        self._prompt = out[0]
-        return out
+        return retrieve(self, action, batched=False)
 
 
 class KLComputation(gym.Wrapper, gym.utils.RecordConstructorArgs):

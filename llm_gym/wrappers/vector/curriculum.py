@@ -20,11 +20,9 @@ def _finished_successes(info: dict[str, Any], done: np.ndarray, key: str) -> lis
     # info["final_info"]; NEXT_STEP (Gymnasium's default) in info itself.
     source = info.get("final_info", info)
     values, mask = source.get(key), source.get(f"_{key}")
-    successes = []
-    for i in np.flatnonzero(done):
-        present = values is not None and (mask is None or bool(mask[i]))
-        successes.append(bool(values[i]) if present else False)
-    return successes
+    if values is None:
+        return [False] * int(np.count_nonzero(done))
+    return [bool(values[i]) and (mask is None or bool(mask[i])) for i in np.flatnonzero(done)]
 
 
 def _levels(env: VectorEnv) -> tuple[int, int]:
@@ -32,12 +30,9 @@ def _levels(env: VectorEnv) -> tuple[int, int]:
     if hasattr(base, "envs"):  # the native vector env and SyncVectorEnv hold their sub-envs
         return levels_of(base.envs[0].unwrapped)
     try:  # AsyncVectorEnv: ask the workers
-        num_levels, level = env.get_attr("num_levels")[0], env.get_attr("level")[0]
-    except AttributeError:
-        num_levels = level = None
-    if num_levels is None:
+        return int(env.get_attr("num_levels")[0]), int(env.get_attr("level")[0])
+    except (AttributeError, TypeError):  # no such attribute, or None: a task without levels
         return levels_of(base)  # raises, saying what is missing
-    return int(num_levels), int(level)
 
 
 class DifficultyCurriculum(VectorWrapper, gym.utils.RecordConstructorArgs):

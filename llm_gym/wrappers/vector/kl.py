@@ -50,17 +50,7 @@ class RetrieveLogProb(VectorWrapper, gym.utils.RecordConstructorArgs):
 
     def step(self, actions: Any) -> VectorStep:
         """Score the N responses in one forward, then step the envs."""
-        out = retrieve(
-            self.env,
-            self._prompt,
-            actions,
-            self.model,
-            self.log_prob_key,
-            self.assistant_only,
-            True,
-        )
-        self._prompt = out[0]
-        return out
+        return retrieve(self, actions, batched=True)
 
 
 class KLComputation(VectorWrapper, gym.utils.RecordConstructorArgs):
