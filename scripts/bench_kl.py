@@ -44,7 +44,8 @@ assumes an accelerator, where one small forward leaves the device mostly idle.
 
 TorchRL is not a dependency of llm_gym: unless ``--no-install`` is given, a missing torchrl is
 installed with ``pip install torchrl tensordict torch==<the installed torch>`` so that pip
-cannot swap torch for another build. Its transforms are built in ``torchrl_kl_baselines.py``.
+cannot swap torch for another build. Its transforms are built in ``torchrl_kl_baselines.py``,
+llm_gym's timed methods in ``kl_methods.py``; timing and the table in ``benchmarking.py``.
 
 Usage::
 
@@ -55,38 +56,39 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import cProfile
+import importlib
 import itertools
 import json
 import os
-import pstats
-import statistics
 import sys
-import time
 import warnings
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import gymnasium as gym
 import numpy as np
 import torch
 
-import llm_gym  # noqa: F401  (registers LLMChat-GSM8K-v0)
-from llm_gym import Response, TransformersPolicy
-from llm_gym.envs.data_sources import IterableSource
-from llm_gym.lm import forward_logits, left_pad, token_log_probs
+from llm_gym import TransformersPolicy
+from llm_gym.lm import token_log_probs
 from llm_gym.models import load_default_model, tiny_model
 from llm_gym.train import DTYPES, resolve_device, resolve_dtype
 from llm_gym.wrappers import vector as vector_kl
-from llm_gym.wrappers.kl import KLRewardWrapper
 
 sys.path.insert(0, str(Path(__file__).parent))
-from benchmarking import describe, ensure_torchrl, synchronize  # noqa: E402
+from benchmarking import Timed, describe, ensure_torchrl, interleaved, max_diff, profile, report
+from kl_methods import (
+    COEF,
+    Case,
+    add_retrieve_kl,
+    bare_forward,
+    llm_gym_single,
+    llm_gym_vector,
+    log_probs_only,
+    make_case,
+    make_vector_env,
+    padded_batch,
+)
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"
-COEF = 0.1
 TARGETS = {
     "B/A": ("<=", 1.10),
     "L/A": ("<=", 0.10),
@@ -98,180 +100,7 @@ TARGETS = {
 TARGETS["H/G"] = TARGETS["F/E"]
 
 
-# -- the conversations ----------------------------------------------------------------
-
-
-@dataclass
-class Case:
-    """One model's benchmark inputs: N prompts (token ids) and a generated Response each."""
-
-    name: str
-    model: Any
-    tokenizer: Any
-    rows: list[dict[str, Any]]
-    prompts: list[np.ndarray]
-    responses: list[Response]
-
-
-def make_vector_env(tokenizer: Any, rows: list[dict[str, Any]], input_mode: str = "tokens") -> Any:
-    # One stream shared by the sub-envs, restarted when exhausted: sub-env i holds row i, and
-    # after each step the SAME_STEP autoreset brings back exactly the same N prompts.
-    return gym.make_vec(
-        "LLMChat-GSM8K-v0",
-        num_envs=len(rows),
-        vectorization_mode="vector_entry_point",
-        dataset=IterableSource(rows),
-        input_mode=input_mode,
-        tokenizer=tokenizer,
-    )
-
-
-def make_case(name: str, model: Any, tokenizer: Any, rows: list, max_new_tokens: int) -> Case:
-    envs = make_vector_env(tokenizer, rows)
-    obs, _ = envs.reset(seed=0)
-    policy = TransformersPolicy(
-        model,
-        tokenizer,
-        input_mode="tokens",
-        generate_kwargs={"max_new_tokens": max_new_tokens, "do_sample": False},
-    )
-    start = time.perf_counter()
-    responses = policy(obs)
-    print(f"  generated {len(responses)} responses in {time.perf_counter() - start:.1f} s")
-    return Case(name, model, tokenizer, rows, [np.asarray(p) for p in obs["tokens"]], responses)
-
-
-def padded_batch(case: Case, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    pairs = zip(case.prompts, case.responses, strict=True)
-    sequences = [np.concatenate([p, r.tokens]) for p, r in pairs]
-    return left_pad(sequences, pad_id, case.model.device)
-
-
-def same_prompts(obs: Any, case: Case, where: str) -> None:
-    if not all(np.array_equal(a, b) for a, b in zip(obs["tokens"], case.prompts, strict=True)):
-        raise RuntimeError(f"{where}: the env did not come back to the same N prompts")
-
-
-def same_histories(obs: Any, case: Case, where: str) -> None:
-    questions = [history[-1]["content"] for history in obs["history"]]
-    if questions != [row["question"] for row in case.rows]:
-        raise RuntimeError(f"{where}: the env did not come back to the same N questions")
-
-
-# -- the timed methods: each returns (wall s, cpu s) of its timed part, and its output ----
-
-
-class Timed:
-    """``run()`` -> (wall seconds, process CPU seconds, output) of one timed call."""
-
-    def __init__(self, call: Callable[[], Any], prepare: Callable[[], Any] | None = None):
-        self.call, self.prepare = call, prepare
-
-    def run(self) -> tuple[float, float, Any]:
-        arg = self.prepare() if self.prepare is not None else None  # not timed
-        synchronize()  # CUDA calls return before the GPU is done
-        wall, cpu = time.perf_counter(), time.process_time()
-        out = self.call() if self.prepare is None else self.call(arg)
-        synchronize()
-        return time.perf_counter() - wall, time.process_time() - cpu, out
-
-
-def bare_forward(model: Any, ids: torch.Tensor, mask: torch.Tensor) -> Timed:
-    attention = mask.long()
-
-    def call() -> torch.Tensor:
-        with torch.inference_mode():
-            return model(input_ids=ids, attention_mask=attention, use_cache=False).logits
-
-    return Timed(call)
-
-
-def log_probs_only(model: Any, ids: torch.Tensor, mask: torch.Tensor, keep: int) -> Timed:
-    with torch.inference_mode():
-        logits = forward_logits(model, ids, mask, keep)
-    window = slice(-keep, None)
-
-    def call() -> torch.Tensor:
-        with torch.inference_mode():
-            return token_log_probs(logits, ids[:, window], mask[:, window])
-
-    return Timed(call)
-
-
-def llm_gym_vector(env: Any, case: Case, actions: list[Any] | None = None) -> Timed:
-    obs, _ = env.reset(seed=0)
-    check = same_prompts if "tokens" in obs else same_histories
-    check(obs, case, "vector env reset")
-    actions = case.responses if actions is None else actions
-
-    def call() -> dict[str, Any]:
-        obs, _, _, _, info = env.step(actions)
-        check(obs, case, "vector env autoreset")
-        return info
-
-    return Timed(call)
-
-
-def llm_gym_single(case: Case, scorer: Any) -> Timed:
-    env = KLRewardWrapper(
-        gym.make(
-            "LLMChat-GSM8K-v0",
-            dataset=IterableSource(case.rows),
-            input_mode="tokens",
-            tokenizer=case.tokenizer,
-        ),
-        scorer,
-        coef=COEF,
-    )
-    env.reset(seed=0)
-    env.unwrapped.reset_dataloader()  # the next reset serves row 0
-
-    def call() -> list[dict[str, Any]]:
-        infos = []
-        for prompt, response in zip(case.prompts, case.responses, strict=True):
-            obs, _ = env.reset()
-            if not np.array_equal(obs["tokens"], prompt):
-                raise RuntimeError("single env: reset did not serve the prompts in file order")
-            infos.append(env.step(response)[4])
-        return infos
-
-    return Timed(call)
-
-
 # -- running and reporting -------------------------------------------------------------
-
-
-def max_diff(a: list[np.ndarray], b: list[np.ndarray]) -> float:
-    if any(x.shape != y.shape for x, y in zip(a, b, strict=True)):
-        return float("inf")
-    return max(float(np.max(np.abs(x - y), initial=0.0)) for x, y in zip(a, b, strict=True))
-
-
-def interleaved(methods: dict[str, Timed], rounds: int) -> dict[str, list[tuple[float, float]]]:
-    """Each round runs every method once, in an order rotated every round."""
-    names = list(methods)
-    times: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
-    for r in range(rounds):
-        order = names[r % len(names) :] + names[: r % len(names)]
-        for name in order:
-            wall, cpu, _ = methods[name].run()
-            times[name].append((wall, cpu))
-        summary = "  ".join(
-            f"{n} {times[n][-1][0] * 1e3:.0f}/{times[n][-1][1] * 1e3:.0f}" for n in names
-        )
-        print(f"  round {r + 1}/{rounds} (wall/cpu ms): {summary}", flush=True)
-    return times
-
-
-def paired_ratio(times: dict, num: str, den: str, clock: int) -> float:
-    pairs = zip(times[num], times[den], strict=True)
-    return statistics.median(a[clock] / b[clock] for a, b in pairs)
-
-
-def met(key: str, value: float) -> str:
-    op, target = TARGETS[key]
-    ok = value <= target if op == "<=" else value >= target
-    return "yes" if ok else "NO"
 
 
 LABELS = {
@@ -297,31 +126,6 @@ RATIOS = {
 }
 
 
-def report(times: dict, rounds: int) -> dict[str, float]:
-    print(f"\n  median of {rounds} rounds        {'wall ms':>10} {'cpu ms':>10} {'min wall':>10}")
-    for key, label in LABELS.items():
-        if key in times:
-            walls, cpus = [t[0] for t in times[key]], [t[1] for t in times[key]]
-            print(
-                f"  {key:2} {label:50} {statistics.median(walls) * 1e3:10.1f} "
-                f"{statistics.median(cpus) * 1e3:10.1f} {min(walls) * 1e3:10.1f}"
-            )
-    print(f"\n  {'ratio (median of per-round ratios)':58} {'wall':>7} {'cpu':>7} {'target':>8} met")
-    ratios = {}
-    for key, (num, den, label, speedup) in RATIOS.items():
-        if num not in times or den not in times:
-            continue
-        wall, cpu = paired_ratio(times, num, den, 0), paired_ratio(times, num, den, 1)
-        ratios[key] = wall
-        op, target = TARGETS[key]
-        unit = "x" if speedup else ""
-        print(
-            f"  {key:4} {label:53} {wall:6.3f}{unit or ' '} {cpu:6.3f}{unit or ' '} "
-            f"{op}{target:5.2f}{unit or ' '} {met(key, wall)}"
-        )
-    return ratios
-
-
 # -- profile of one vector KL step ------------------------------------------------------
 
 # (file suffix, function): disjoint parts of vector KLRewardWrapper.step
@@ -333,89 +137,6 @@ PROFILE_PARTS = [
     ("llm_gym/envs/vector.py", "step", "GSM8K vector env step (score + autoreset)"),
     ("llm_gym/wrappers/_charges.py", "charge", "per-env KL arithmetic (KLCharge.charge)"),
 ]
-
-
-def profile_step(env: Any, case: Case) -> dict[str, float]:
-    profiler = cProfile.Profile()
-    start = time.perf_counter()
-    profiler.enable()
-    env.step(case.responses)
-    profiler.disable()
-    total = time.perf_counter() - start
-    stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
-    parts: dict[str, float] = {}
-    for suffix, func, label in PROFILE_PARTS:
-        parts[label] = sum(
-            value[3]  # cumulative time
-            for (filename, _, name), value in stats.items()
-            if name == func and filename.endswith(suffix)
-        )
-    parts["everything else (python glue, numpy copies, outputs)"] = total - sum(parts.values())
-    parts["total (under cProfile)"] = total
-    return parts
-
-
-def profile(env: Any, case: Case, reps: int) -> None:
-    """Where one vector KL step's time goes (the parts are read inside each profiled step, so
-    their shares do not depend on how busy the machine was between steps)."""
-    forward = PROFILE_PARTS[2][2]
-    runs = [profile_step(env, case) for _ in range(reps)]
-    print(f"\n  profile of the vector KL step ({reps} cProfile'd steps):")
-    print(f"    {'part (medians)':56} {'ms':>10} {'of step':>8} {'/forward':>9}")
-    for label in runs[0]:
-        ms = statistics.median(r[label] for r in runs) * 1e3
-        share = statistics.median(r[label] / r["total (under cProfile)"] for r in runs)
-        per_forward = statistics.median(r[label] / r[forward] for r in runs)
-        print(f"    {label:56} {ms:10.1f} {share:8.1%} {per_forward:9.3f}")
-
-
-# -- RetrieveKL (generator and reference forwards) and the TorchRL inputs -----------------
-
-
-def torchrl_inputs(case: Case) -> tuple[Any, ...]:
-    return case.model, case.tokenizer, case.rows, case.prompts, case.responses
-
-
-def add_retrieve_kl(methods: dict[str, Timed], case: Case, scorer: Any, torchrl: bool) -> None:
-    """E/F in tokens mode, KL over every token (TorchRL's tokens mode refuses assistant_only);
-    G/H in history mode with assistant_only=True, the responses given as text."""
-    tokenizer = case.tokenizer
-    retrieve_env = vector_kl.RetrieveKL(
-        make_vector_env(tokenizer, case.rows), scorer, scorer, coef=COEF, assistant_only=False
-    )
-    methods["E"] = llm_gym_vector(retrieve_env, case)
-    history_env = make_vector_env(tokenizer, case.rows, "history")
-    history_scorer = scorer.get_new_version(input_mode="history")
-    texts = tokenizer.batch_decode([r.tokens for r in case.responses], skip_special_tokens=True)
-    chats = [
-        [*history, {"role": "assistant", "content": text}]
-        for history, text in zip(history_env.reset(seed=0)[0]["history"], texts, strict=True)
-    ]
-    history_kl = vector_kl.RetrieveKL(history_env, history_scorer, history_scorer, coef=COEF)
-    methods["G"] = llm_gym_vector(history_kl, case, texts)
-    if torchrl:
-        import torchrl_kl_baselines as baselines
-
-        full = [
-            np.concatenate([p, r.tokens]) for p, r in zip(case.prompts, case.responses, strict=True)
-        ]
-        methods["F"] = Timed(*baselines.retrieve_kl_tokens(case.model, tokenizer, full))
-        methods["H"] = Timed(*baselines.retrieve_kl_history(case.model, tokenizer, chats))
-
-
-def history_check(ours: list[np.ndarray], theirs: list[np.ndarray]) -> str:
-    """Our response's reference log-probs against the end of TorchRL's full-conversation ones,
-    on the tokens TorchRL counts as the assistant's (non-zero there)."""
-    diffs, counted, total = [], 0, 0
-    for mine, full in zip(ours, theirs, strict=True):
-        tail = full[-len(mine) :]
-        kept = tail != 0
-        diffs.append(float(np.max(np.abs(mine[kept] - tail[kept]), initial=0.0)))
-        counted, total = counted + int(kept.sum()), total + len(mine)
-    return (
-        f"RetrieveKL history ref log-probs llm_gym vs TorchRL {max(diffs):.1e} on the "
-        f"{counted} of our {total} response tokens TorchRL charges"
-    )
 
 
 # -- one model --------------------------------------------------------------------------
@@ -445,12 +166,12 @@ def bench_case(case: Case, args: argparse.Namespace, torchrl_version: str | None
         "B0": llm_gym_vector(plain_env, case),
         "C": llm_gym_single(case, scorer),
     }
-    if torchrl_version is not None:
-        import torchrl_kl_baselines as baselines
-
-        methods["D"] = Timed(*baselines.kl_reward_transform(*torchrl_inputs(case)))
+    baselines = importlib.import_module("torchrl_kl_baselines") if torchrl_version else None
+    if baselines is not None:
+        inputs = case.model, tokenizer, case.rows, case.prompts, case.responses
+        methods["D"] = Timed(*baselines.kl_reward_transform(*inputs))
     if not args.skip_retrieve_kl:
-        add_retrieve_kl(methods, case, scorer, torchrl_version is not None)
+        add_retrieve_kl(methods, case, scorer, baselines)
 
     # One untimed call of each (warm-up), whose outputs are checked against each other.
     outputs = {name: method.run()[2] for name, method in methods.items()}
@@ -473,16 +194,18 @@ def bench_case(case: Case, args: argparse.Namespace, torchrl_version: str | None
         diff = max_diff(list(outputs["E"]["kl"]), outputs["F"])
         checks.append(f"RetrieveKL tokens llm_gym vs TorchRL kl {diff:.1e}")
     if "H" in outputs:
-        checks.append(history_check(list(outputs["G"]["ref_log_probs"]), outputs["H"]))
+        checks.append(baselines.history_check(list(outputs["G"]["ref_log_probs"]), outputs["H"]))
     print("  checks: " + "; ".join(checks))
     if torchrl_version is None:
         print("  TorchRL not available: D, F and H skipped")
     del outputs, logits
 
     times = interleaved(methods, args.rounds)
-    ratios = report(times, args.rounds)
+    ratios = report(times, args.rounds, LABELS, RATIOS, TARGETS)
     if args.profile or ratios.get("B/A", 0.0) > TARGETS["B/A"][1]:
-        profile(vector_env, case, args.profile_reps)
+        step = lambda: vector_env.step(case.responses)  # noqa: E731
+        forward = PROFILE_PARTS[2][2]
+        profile(step, PROFILE_PARTS, forward, args.profile_reps, "the vector KL step")
 
 
 def main() -> None:

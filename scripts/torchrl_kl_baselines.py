@@ -19,7 +19,7 @@ from tensordict import TensorDict, lazy_stack
 from torchrl.envs.llm.transforms.kl import KLRewardTransform, RetrieveKL
 from torchrl.modules.llm import TransformersWrapper
 
-__all__ = ["kl_reward_transform", "retrieve_kl_tokens", "retrieve_kl_history"]
+__all__ = ["history_check", "kl_reward_transform", "retrieve_kl_tokens", "retrieve_kl_history"]
 
 Builder = tuple[Callable[[Any], Any], Callable[[], Any]]
 
@@ -165,3 +165,18 @@ def retrieve_kl_history(model: Any, tokenizer: Any, chats: list[list[dict]]) -> 
         return [r.cpu().numpy() for r in ref]
 
     return call, prepare
+
+
+def history_check(ours: list[np.ndarray], theirs: list[np.ndarray]) -> str:
+    """Our response's reference log-probs against the end of TorchRL's full-conversation ones,
+    on the tokens TorchRL counts as the assistant's (non-zero there)."""
+    diffs, counted, total = [], 0, 0
+    for mine, full in zip(ours, theirs, strict=True):
+        tail = full[-len(mine) :]
+        kept = tail != 0
+        diffs.append(float(np.max(np.abs(mine[kept] - tail[kept]), initial=0.0)))
+        counted, total = counted + int(kept.sum()), total + len(mine)
+    return (
+        f"RetrieveKL history ref log-probs llm_gym vs TorchRL {max(diffs):.1e} on the "
+        f"{counted} of our {total} response tokens TorchRL charges"
+    )

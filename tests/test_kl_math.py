@@ -72,7 +72,7 @@ def test_controllers_reject_none_and_bad_settings():
         AdaptiveKLController(0.1, 6.0, 0)
     with pytest.raises(ValueError, match="horizon must be a finite number > 0, got nan"):
         AdaptiveKLController(0.1, 6.0, float("nan"))
-    with pytest.raises(TypeError, match="kl_coef must be a number, got str: '0.1'"):
+    with pytest.raises(TypeError, match="kl_coef must be a finite number >= 0, got '0.1'"):
         ConstantKLController("0.1")
     with pytest.raises(ValueError, match="kl_values must be finite, got nan at index 1"):
         c.update([-0.1, float("nan")])

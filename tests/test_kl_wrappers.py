@@ -239,8 +239,11 @@ def test_adaptive_controller_updates_from_collected_kl(policies, gpt2_tokenizer)
 
 def test_wrappers_record_their_arguments_without_copying_models(policies, gpt2_tokenizer):
     _, gen_scorer, ref_scorer = policies
-    env = RetrieveKL(make_env(gpt2_tokenizer), gen_scorer, ref_scorer, coef=0.4)
-    assert env._saved_kwargs["ref_model"] is ref_scorer and env._saved_kwargs["coef"] == 0.4
+    task = gym.make("LLMChat-v0", input_mode="tokens", tokenizer=gpt2_tokenizer, query="Hi")
+    env = RetrieveKL(task, gen_scorer, ref_scorer, coef=0.4)
+    recorded = env.spec.additional_wrappers[-1]
+    assert recorded.name == "RetrieveKL" and recorded.kwargs["coef"] == 0.4
+    assert recorded.kwargs["ref_model"] is ref_scorer
 
 
 # -- errors ------------------------------------------------------------------------------

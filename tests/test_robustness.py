@@ -211,7 +211,7 @@ def test_bad_arguments_and_actions_name_what_was_expected(gpt2_tokenizer):
         (
             lambda: KLComputation(ChatEnv(query="q"), coef="0.1"),
             TypeError,
-            "coef must be a number, got str",
+            "coef must be a finite number >= 0, got '0.1'",
         ),
     ]
     for call, error, match in cases:

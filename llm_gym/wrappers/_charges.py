@@ -1,41 +1,47 @@
-"""The per-batch logic of the KL wrappers, shared by the single-env and vector versions.
+"""The KL wrappers' one batched path: log-prob retrieval and the KL charge of N responses.
 
-A single env's step is a batch of one: the wrappers in ``kl.py`` and ``vector.py`` hold
-these objects and differ only in how they step their env and lay out ``info``.
+A single env's step is a batch of one: the wrappers in ``kl.py`` and ``vector/kl.py`` call
+this code with ``batched=False`` or ``True``; only ``info``'s layout depends on it.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
 from llm_gym.chat.containers import Response
-from llm_gym.samplers import Scorer, check_scorer, response_log_probs
+from llm_gym.checks import check_number
+from llm_gym.envs import batch_infos
+from llm_gym.samplers import check_scorer, response_log_probs
 from llm_gym.wrappers.controllers import ConstantKLController, KLController
-from llm_gym.wrappers.estimators import ESTIMATORS, kl_estimate
+from llm_gym.wrappers.estimators import check_estimator, kl_estimate
 
-__all__ = [
-    "KLCharge",
-    "KLCoefficient",
-    "as_response",
-    "check_estimator",
-    "check_finite",
-    "check_pair",
-    "provides_key",
-    "score",
-    "warn_low_precision",
-]
+__all__ = ["KLCharge", "KLCoefficient", "retrieve", "with_retrievers"]
+
+Step = tuple[Any, Any, Any, Any, dict[str, Any]]
+
+
+def as_batch(env: Any, actions: Any, batched: bool) -> list[Any]:
+    """A vector env's N actions (counted) or a single env's one, as a list."""
+    if not batched:
+        return [actions]
+    if len(actions) != env.num_envs:
+        raise ValueError(f"actions must hold {env.num_envs} responses, got {len(actions)}")
+    return list(actions)
+
+
+def add_infos(info: dict[str, Any], parts: list[dict[str, Any]], batched: bool) -> None:
+    """Per-env entries into ``info``: stacked over sub-envs, or the one env's as they are."""
+    info.update(batch_infos(parts) if batched else parts[0])
 
 
 def as_response(action: Any) -> Any:
     """Dict actions become Responses; str, arrays and Responses pass through."""
-    if isinstance(action, Mapping):
-        return Response.from_mapping(dict(action))
-    return action
+    return Response.from_mapping(dict(action)) if isinstance(action, Mapping) else action
 
 
 def check_finite(log_probs: np.ndarray, what: str, env_index: int | None) -> np.ndarray:
@@ -55,25 +61,29 @@ def check_finite(log_probs: np.ndarray, what: str, env_index: int | None) -> np.
     return log_probs
 
 
-def score(
-    model: Scorer,
-    prompt: Any,
-    actions: Sequence[Any],
-    *,
-    batched: bool,
-    assistant_only: bool,
-    key: str,
-) -> list[np.ndarray]:
-    """Log-probs of each action's response given the prompt the env showed, one forward."""
-    if prompt is None:
+def retrieve(wrapper: Any, actions: Any, batched: bool) -> Step:
+    """``RetrieveLogProb.step`` (single or vector): score each response given the prompt the
+    env showed (one forward for the batch), step the env, put the scores in ``info[key]``.
+
+    Scored before the env steps, so a response the model rejects changes nothing.
+    """
+    if wrapper._prompt is None:
         raise gym.error.ResetNeeded("Cannot call step before reset")
-    responses = [as_response(a) for a in actions]
+    env, key = wrapper.env, wrapper.log_prob_key
+    actions = as_batch(env, actions, batched)
     scored = response_log_probs(
-        model, prompt, responses, batched=batched, assistant_only=assistant_only
+        wrapper.model,
+        wrapper._prompt,
+        [as_response(a) for a in actions],
+        batched=batched,
+        assistant_only=wrapper.assistant_only,
     )
-    return [
-        check_finite(lp, f"info[{key!r}]", i if batched else None) for i, lp in enumerate(scored)
-    ]
+    where = f"info[{key!r}]"
+    parts = [{key: check_finite(lp, where, i if batched else None)} for i, lp in enumerate(scored)]
+    obs, rewards, terminated, truncated, info = env.step(actions if batched else actions[0])
+    add_infos(info, parts, batched)
+    wrapper._prompt = obs
+    return obs, rewards, terminated, truncated, info
 
 
 def provides_key(env: Any, key: str) -> bool:
@@ -83,30 +93,6 @@ def provides_key(env: Any, key: str) -> bool:
             return True
         env = getattr(env, "env", None)
     return False
-
-
-def check_pair(gen_model: Any, ref_model: Any) -> None:
-    """Both models score, and tokenize and pad alike, or their log-probs don't align."""
-    if ref_model is None:
-        raise ValueError("ref_model is required: the model the KL is measured against")
-    check_scorer(ref_model, "ref_model")
-    if gen_model is None:
-        return
-    check_scorer(gen_model, "gen_model")
-    gen_tok, ref_tok = getattr(gen_model, "tokenizer", None), getattr(ref_model, "tokenizer", None)
-    if gen_tok is None or ref_tok is None:
-        return
-    if len(gen_tok) != len(ref_tok) or gen_tok.pad_token_id != ref_tok.pad_token_id:
-        raise ValueError(
-            "gen_model and ref_model must share a tokenizer and padding convention: got "
-            f"{len(gen_tok)} vs {len(ref_tok)} tokens, pad_token_id {gen_tok.pad_token_id} vs "
-            f"{ref_tok.pad_token_id}"
-        )
-
-
-def check_estimator(estimator: str) -> None:
-    if estimator not in ESTIMATORS:
-        raise ValueError(f"estimator must be one of {sorted(ESTIMATORS)}, got {estimator!r}")
 
 
 _LOW_PRECISION = {"torch.bfloat16", "torch.float16"}
@@ -127,8 +113,38 @@ def warn_low_precision(ref_model: Any) -> None:
             "(RetrieveKL) to re-score the responses with the generator in the same forward "
             "as the reference, or score in float32.",
             UserWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
+
+
+def with_retrievers(
+    env: Any,
+    retriever: Callable[..., Any],
+    gen_model: Any,
+    ref_model: Any,
+    keys: tuple[str, str],
+    assistant_only: bool,
+) -> Any:
+    """``env`` wrapped in ``retriever`` (``RetrieveLogProb`` or its vector version) for the
+    generator, if given, then the reference, writing ``keys`` (gen, ref). Both models must
+    score, and tokenize and pad alike, or their log-probs would not align."""
+    if ref_model is None:
+        raise ValueError("ref_model is required: the model the KL is measured against")
+    check_scorer(ref_model, "ref_model")
+    if gen_model is None:
+        warn_low_precision(ref_model)
+        return retriever(env, ref_model, keys[1], assistant_only)
+    check_scorer(gen_model, "gen_model")
+    gen_tok, ref_tok = getattr(gen_model, "tokenizer", None), getattr(ref_model, "tokenizer", None)
+    if gen_tok is not None and ref_tok is not None:
+        if len(gen_tok) != len(ref_tok) or gen_tok.pad_token_id != ref_tok.pad_token_id:
+            raise ValueError(
+                "gen_model and ref_model must share a tokenizer and padding convention: got "
+                f"{len(gen_tok)} vs {len(ref_tok)} tokens, pad_token_id {gen_tok.pad_token_id} "
+                f"vs {ref_tok.pad_token_id}"
+            )
+    env = retriever(env, gen_model, keys[0], assistant_only)
+    return retriever(env, ref_model, keys[1], assistant_only)
 
 
 class KLCoefficient:
@@ -137,11 +153,7 @@ class KLCoefficient:
 
     def __init__(self, coef: float, kl_controller: KLController | None) -> None:
         if kl_controller is None:
-            if isinstance(coef, bool) or not isinstance(coef, (int, float, np.number)):
-                raise TypeError(f"coef must be a number, got {type(coef).__name__}: {coef!r:.40}")
-            if not (np.isfinite(coef) and coef >= 0):
-                raise ValueError(f"coef must be a finite number >= 0, got {coef!r}")
-            kl_controller = ConstantKLController(coef)
+            kl_controller = ConstantKLController(check_number("coef", coef, 0))
         if not isinstance(kl_controller, KLController):
             raise TypeError(
                 f"kl_controller must be a KLController, got {type(kl_controller).__name__}"
@@ -151,9 +163,11 @@ class KLCoefficient:
 
     @property
     def coef(self) -> float:
+        """The coefficient the next charge uses."""
         return self.controller.coef
 
     def update(self) -> float:
+        """The controller's update from the KL rewards collected since the last one."""
         values, self.kl_rewards = self.kl_rewards, []
         if not values:
             raise ValueError("update_kl_coef needs at least one step since the last update")
@@ -161,7 +175,7 @@ class KLCoefficient:
 
 
 class KLCharge:
-    """``KLComputation``'s settings and its per-token charge of a batch of responses."""
+    """``KLComputation``'s settings and its step: the per-token charge of a batch."""
 
     def __init__(
         self,
@@ -195,12 +209,28 @@ class KLCharge:
             "kl_controller": kl_controller,
         }
 
-    def action_log_probs(self, actions: Sequence[Any], batched: bool) -> list[np.ndarray] | None:
-        """The generator's log-probs carried by the actions, unless an inner wrapper supplies
-        them; checked before the env steps, so a missing one changes nothing."""
-        if self.gen_from_info:
-            return None
-        return [self._carried(a, i if batched else None) for i, a in enumerate(actions)]
+    def step(self, env: Any, actions: Any, batched: bool) -> Step:
+        """Step ``env`` and charge each response's KL: ``info`` gets the generator's
+        log-probs, the per-token KL, ``kl_penalty`` and ``token_rewards``."""
+        actions = as_batch(env, actions, batched)
+        # The log-probs the actions carry, unless an inner wrapper supplies them; checked
+        # before the env steps, so a missing one changes nothing.
+        gens = (
+            []
+            if self.gen_from_info
+            else [self._carried(a, i if batched else None) for i, a in enumerate(actions)]
+        )
+        obs, rewards, terminated, truncated, info = env.step(actions if batched else actions[0])
+        column = (lambda key: list(info[key])) if batched else (lambda key: [info[key]])
+        parts = self.charge(
+            gens or column(self.gen_key), column(self.ref_key), np.atleast_1d(rewards)
+        )
+        add_infos(info, parts, batched)
+        if self.add_to_reward:
+            penalties = np.array([part["kl_penalty"] for part in parts])
+            charged = np.asarray(rewards, dtype=np.float64) - penalties
+            rewards = charged.astype(rewards.dtype) if batched else float(charged[0])
+        return obs, rewards, terminated, truncated, info
 
     def _carried(self, action: Any, env_index: int | None) -> np.ndarray:
         log_probs = getattr(as_response(action), "log_probs", None)
@@ -214,7 +244,7 @@ class KLCharge:
         values = np.asarray(log_probs, dtype=np.float32)
         return check_finite(values, "the action's Response.log_probs", env_index)
 
-    def charge(self, gens: Any, refs: Any, rewards: Any) -> list[dict[str, Any]]:
+    def charge(self, gens: Sequence[Any], refs: Sequence[Any], rewards: Any) -> list[dict]:
         """Per env: the info entries (gen log-probs, per-token KL, penalty, token rewards)."""
         coef, parts = self.coefficient.coef, []
         for gen, ref, reward in zip(gens, refs, rewards, strict=True):

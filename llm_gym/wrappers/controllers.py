@@ -8,9 +8,10 @@ itself; the adaptive rule then moves ``coef`` towards the KL ``target``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
+
+from llm_gym.checks import check_number
 
 __all__ = ["KLController", "ConstantKLController", "AdaptiveKLController"]
 
@@ -33,23 +34,13 @@ def _check_values(kl_values: Sequence[float] | np.ndarray | None) -> np.ndarray:
     return values
 
 
-def _check_number(name: str, value: Any, low: float, strict: bool) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}: {value!r:.40}")
-    ok = np.isfinite(value) and (value > low if strict else value >= low)
-    if not ok:
-        raise ValueError(
-            f"{name} must be a finite number {'>' if strict else '>='} {low:g}, got {value!r}"
-        )
-    return float(value)
-
-
 class KLController:
     """Holds ``coef``; ``update(kl_values)`` returns the coefficient for the next batch."""
 
     coef: float
 
     def update(self, kl_values: Sequence[float] | np.ndarray) -> float:
+        """The coefficient for the next batch, given this batch's KL rewards."""
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -64,9 +55,10 @@ class ConstantKLController(KLController):
     """
 
     def __init__(self, kl_coef: float) -> None:
-        self.coef = _check_number("kl_coef", kl_coef, 0.0, strict=False)
+        self.coef = check_number("kl_coef", kl_coef, 0)
 
     def update(self, kl_values: Sequence[float] | np.ndarray) -> float:
+        """The same coefficient (the values are checked all the same)."""
         _check_values(kl_values)
         return self.coef
 
@@ -86,11 +78,12 @@ class AdaptiveKLController(KLController):
     """
 
     def __init__(self, init_kl_coef: float, target: float, horizon: int) -> None:
-        self.coef = _check_number("init_kl_coef", init_kl_coef, 0.0, strict=True)
-        self.target = _check_number("target", target, 0.0, strict=True)
-        self.horizon = _check_number("horizon", horizon, 0.0, strict=True)
+        self.coef = check_number("init_kl_coef", init_kl_coef, 0, strict=True)
+        self.target = check_number("target", target, 0, strict=True)
+        self.horizon = check_number("horizon", horizon, 0, strict=True)
 
     def update(self, kl_values: Sequence[float] | np.ndarray) -> float:
+        """Move ``coef`` towards ``target`` by the rule above; the new coefficient."""
         values = _check_values(kl_values)
         kl = -values.mean() / self.coef
         error = float(np.clip(kl / self.target - 1.0, -0.2, 0.2))

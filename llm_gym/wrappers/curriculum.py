@@ -11,6 +11,7 @@ with levels: ``LLMChat-Countdown-v0`` (count and size of the numbers) and
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any
 
 import gymnasium as gym
@@ -46,6 +47,7 @@ class LevelSchedule:
         self.successes: list[bool] = []
 
     def record(self, success: bool) -> int:
+        """Count one finished episode; the level after it."""
         self.successes.append(bool(success))
         if len(self.successes) >= self.window:
             rate = sum(self.successes) / len(self.successes)
@@ -55,6 +57,13 @@ class LevelSchedule:
                 self.level -= 1
             self.successes = []
         return self.level
+
+    def moved(self, successes: Iterable[bool]) -> bool:
+        """Count finished episodes; whether the level changed."""
+        before = self.level
+        for success in successes:
+            self.record(success)
+        return self.level != before
 
 
 def levels_of(env: Any) -> tuple[int, int]:
@@ -109,17 +118,19 @@ class DifficultyCurriculum(gym.Wrapper, gym.utils.RecordConstructorArgs):
 
     @property
     def level(self) -> int:
+        """The level the next episodes are played at."""
         return self.schedule.level
 
     def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        """Reset the env; ``info["level"]`` is the level."""
         obs, info = self.env.reset(**kwargs)
         return obs, {**info, "level": self.level}
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        """Step the env; a finished episode counts towards the level's window."""
         obs, reward, terminated, truncated, info = self.env.step(action)
         info = {**info, "level": self.level}  # the level this episode was played at
-        if terminated or truncated:
-            before = self.level
-            if self.schedule.record(bool(info.get(self.success_key, False))) != before:
-                self.env.unwrapped.set_level(self.level)
+        finished = [bool(info.get(self.success_key, False))] if terminated or truncated else []
+        if self.schedule.moved(finished):
+            self.env.unwrapped.set_level(self.level)
         return obs, reward, terminated, truncated, info

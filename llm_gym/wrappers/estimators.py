@@ -14,27 +14,21 @@ from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["ESTIMATORS", "kl_estimate"]
-
-
-def _k1(log_p: np.ndarray, log_q: np.ndarray) -> np.ndarray:
-    return log_p - log_q
-
-
-def _k2(log_p: np.ndarray, log_q: np.ndarray) -> np.ndarray:
-    return 0.5 * (log_p - log_q) ** 2
-
-
-def _k3(log_p: np.ndarray, log_q: np.ndarray) -> np.ndarray:
-    log_ratio = log_q - log_p
-    return np.expm1(log_ratio) - log_ratio
+__all__ = ["ESTIMATORS", "check_estimator", "kl_estimate"]
 
 
 ESTIMATORS: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
-    "k1": _k1,
-    "k2": _k2,
-    "k3": _k3,
+    "k1": lambda log_p, log_q: log_p - log_q,
+    "k2": lambda log_p, log_q: 0.5 * (log_p - log_q) ** 2,
+    "k3": lambda log_p, log_q: np.expm1(log_q - log_p) - (log_q - log_p),
 }
+
+
+def check_estimator(estimator: str) -> str:
+    """``estimator`` if it names one of ``ESTIMATORS``."""
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"estimator must be one of {sorted(ESTIMATORS)}, got {estimator!r}")
+    return estimator
 
 
 def kl_estimate(log_p: np.ndarray, log_q: np.ndarray, estimator: str = "k1") -> np.ndarray:
@@ -43,8 +37,7 @@ def kl_estimate(log_p: np.ndarray, log_q: np.ndarray, estimator: str = "k1") -> 
     >>> kl_estimate(np.array([-1.0, -2.0]), np.array([-1.5, -2.0]), "k1")
     array([0.5, 0. ], dtype=float32)
     """
-    if estimator not in ESTIMATORS:
-        raise ValueError(f"estimator must be one of {sorted(ESTIMATORS)}, got {estimator!r}")
+    check_estimator(estimator)
     log_p = np.asarray(log_p, dtype=np.float64)
     log_q = np.asarray(log_q, dtype=np.float64)
     if log_p.shape != log_q.shape:

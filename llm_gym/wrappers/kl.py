@@ -7,19 +7,20 @@ generator's and the reference's log-probs into a per-token KL and a reward penal
 step's response is charged: earlier turns were charged in earlier steps. ``RetrieveKL`` is the
 two composed, as Gymnasium's ``ClipReward`` is ``TransformReward`` with a clip.
 
-A scoring model follows the scorer protocol of ``llm_gym.samplers``: a ``TransformersPolicy``
-with ``generate=False``, or ``llm_gym.distributed.RayLogProbModel``.
+A single env's step is the batch of one of the vector versions (``llm_gym.wrappers.vector``):
+both run the same code (``_charges.py``). A scoring model follows the scorer protocol of
+``llm_gym.samplers``: a ``TransformersPolicy`` with ``generate=False``, or
+``llm_gym.distributed.RayLogProbModel``.
 """
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import gymnasium as gym
 
 from llm_gym.samplers import check_scorer
-from llm_gym.wrappers._charges import KLCharge, check_pair, score, warn_low_precision
+from llm_gym.wrappers._charges import KLCharge, retrieve, with_retrievers
 from llm_gym.wrappers.controllers import KLController
 
 __all__ = ["RetrieveLogProb", "KLComputation", "RetrieveKL", "KLRewardWrapper"]
@@ -37,11 +38,7 @@ class RetrieveLogProb(gym.Wrapper, gym.utils.RecordConstructorArgs):
     """
 
     def __init__(
-        self,
-        env: gym.Env,
-        model: Any,
-        key: str = "ref_log_probs",
-        assistant_only: bool = True,
+        self, env: gym.Env, model: Any, key: str = "ref_log_probs", assistant_only: bool = True
     ) -> None:
         gym.utils.RecordConstructorArgs.__init__(
             self, _disable_deepcopy=True, model=model, key=key, assistant_only=assistant_only
@@ -49,27 +46,16 @@ class RetrieveLogProb(gym.Wrapper, gym.utils.RecordConstructorArgs):
         gym.Wrapper.__init__(self, env)
         self.model = check_scorer(model, "model")
         self.log_prob_key, self.assistant_only = key, assistant_only
-        self._prompt: Any = None
+        self._prompt: Any = None  # the observation the next action answers
 
     def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
-        obs, info = self.env.reset(**kwargs)
-        self._prompt = obs
-        return obs, info
+        """Reset the env and keep its observation, the prompt of the next step."""
+        self._prompt, info = self.env.reset(**kwargs)
+        return self._prompt, info
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
-        # Scored before the env steps, so a response the model rejects changes nothing.
-        (log_probs,) = score(
-            self.model,
-            self._prompt,
-            [action],
-            batched=False,
-            assistant_only=self.assistant_only,
-            key=self.log_prob_key,
-        )
-        obs, reward, terminated, truncated, info = self.env.step(action)
-        info[self.log_prob_key] = log_probs
-        self._prompt = obs
-        return obs, reward, terminated, truncated, info
+        """Score the action's response, then step the env; ``info[key]`` holds the scores."""
+        return retrieve(self, action, batched=False)
 
 
 class KLComputation(gym.Wrapper, gym.utils.RecordConstructorArgs):
@@ -113,14 +99,16 @@ class KLComputation(gym.Wrapper, gym.utils.RecordConstructorArgs):
         )
         gym.Wrapper.__init__(self, env)
 
-    # KLComputation, its vector version and TokenKLWrapper share these accessors: each keeps
-    # its coefficient in self.kl_coefficient.
+    # Every KL wrapper (single, vector, TokenKLWrapper) keeps its coefficient in
+    # self.kl_coefficient and takes these three accessors from here.
     @property
     def kl_controller(self) -> KLController:
+        """The controller that sets ``coef``."""
         return self.kl_coefficient.controller
 
     @property
     def coef(self) -> float:
+        """The KL coefficient the next step charges."""
         return self.kl_coefficient.coef
 
     def update_kl_coef(self) -> float:
@@ -129,24 +117,19 @@ class KLComputation(gym.Wrapper, gym.utils.RecordConstructorArgs):
         return self.kl_coefficient.update()
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
-        gens = self.charge.action_log_probs([action], batched=False)
-        obs, reward, terminated, truncated, info = self.env.step(action)
-        gens = gens or [info[self.charge.gen_key]]
-        (part,) = self.charge.charge(gens, [info[self.charge.ref_key]], [reward])
-        info.update(part)
-        if self.charge.add_to_reward:
-            reward = float(reward) - part["kl_penalty"]
-        return obs, reward, terminated, truncated, info
+        """Step the env and charge the response's KL (see the class docstring)."""
+        return self.charge.step(self.env, action, batched=False)
 
 
-class RetrieveKL(KLComputation):
+class RetrieveKL(gym.Wrapper, gym.utils.RecordConstructorArgs):
     """``RetrieveLogProb`` for the generator (optional) and the reference, then
-    ``KLComputation``, in one wrapper.
+    ``KLComputation``, in one wrapper (its ``env`` is that ``KLComputation``).
 
     ``gen_model`` may be omitted when the actions are Responses that carry their log-probs
-    (what ``TransformersPolicy`` returns). ``assistant_only`` as ``RetrieveLogProb``;
-    ``kl_options`` are ``KLComputation``'s arguments (``gen_key``, ``ref_key``, ``coef``,
-    ``estimator``, ``add_to_reward``, ``kl_key``, ``kl_controller``), its defaults included.
+    (what ``TransformersPolicy`` returns). ``assistant_only`` as ``RetrieveLogProb``; the
+    other keyword arguments (``gen_key``, ``ref_key``, ``coef``, ``estimator``,
+    ``add_to_reward``, ``kl_key``, ``kl_controller``) and ``coef``, ``kl_controller``,
+    ``update_kl_coef`` as ``KLComputation``'s.
     """
 
     def __init__(
@@ -156,27 +139,29 @@ class RetrieveKL(KLComputation):
         ref_model: Any = None,
         *,
         assistant_only: bool = True,
-        **kl_options: Any,
+        gen_key: str = "log_probs",
+        ref_key: str = "ref_log_probs",
+        coef: float = 1.0,
+        estimator: str = "k1",
+        add_to_reward: bool = True,
+        kl_key: str = "kl",
+        kl_controller: KLController | None = None,
     ) -> None:
+        keys = (gen_key, ref_key)
+        env = with_retrievers(env, RetrieveLogProb, gen_model, ref_model, keys, assistant_only)
+        env = KLComputation(
+            env, gen_key, ref_key, coef, estimator, add_to_reward, kl_key, kl_controller
+        )
+        self.charge, self.kl_coefficient = env.charge, env.kl_coefficient
         models = {"gen_model": gen_model, "ref_model": ref_model, "assistant_only": assistant_only}
         gym.utils.RecordConstructorArgs.__init__(
-            self, _disable_deepcopy=True, **models, **kl_options
+            self, _disable_deepcopy=True, **models, **self.charge.arguments
         )
-        check_pair(gen_model, ref_model)
-        if gen_model is None:
-            warn_low_precision(ref_model)
-        keys = _KL_DEFAULTS | kl_options  # where the retrievers write what KLComputation reads
-        if gen_model is not None:
-            env = RetrieveLogProb(env, gen_model, keys["gen_key"], assistant_only)
-        env = RetrieveLogProb(env, ref_model, keys["ref_key"], assistant_only)
-        super().__init__(env, **kl_options)
+        gym.Wrapper.__init__(self, env)
 
-
-_KL_DEFAULTS = {
-    name: parameter.default
-    for name, parameter in inspect.signature(KLComputation).parameters.items()
-    if parameter.default is not inspect.Parameter.empty
-}
+    kl_controller = KLComputation.kl_controller
+    coef = KLComputation.coef
+    update_kl_coef = KLComputation.update_kl_coef
 
 
 class KLRewardWrapper(RetrieveKL):

@@ -16,12 +16,21 @@ import torch
 
 from llm_gym.envs.tokens import TokenEnv
 from llm_gym.lm import next_token_log_probs
-from llm_gym.wrappers._charges import KLCoefficient, check_estimator
+from llm_gym.wrappers._charges import KLCoefficient
 from llm_gym.wrappers.controllers import KLController
-from llm_gym.wrappers.estimators import kl_estimate
+from llm_gym.wrappers.estimators import check_estimator, kl_estimate
 from llm_gym.wrappers.kl import KLComputation
 
 __all__ = ["TokenKLWrapper"]
+
+
+def _log_prob(model: Any, state: dict[str, np.ndarray], allowed: Any, token: int) -> float:
+    """log π(token | state) under ``model``, on the model's device."""
+    device = model.device
+    ids = torch.as_tensor(state["input_ids"][None], dtype=torch.long, device=device)
+    mask = torch.as_tensor(state["attention_mask"][None], dtype=torch.bool, device=device)
+    allowed = None if allowed is None else allowed.to(device)
+    return float(next_token_log_probs(model, ids, mask, allowed)[0, token])
 
 
 class TokenKLWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
@@ -122,11 +131,12 @@ class TokenKLWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
     update_kl_coef = KLComputation.update_kl_coef
 
     def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
-        obs, info = self.env.reset(**kwargs)
-        self._obs = obs
-        return obs, info
+        """Reset the env and keep its observation, the state the next token is taken in."""
+        self._obs, info = self.env.reset(**kwargs)
+        return self._obs, info
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        """Score the token under both models, step the env and charge the token's KL."""
         if self._obs is None:
             raise gym.error.ResetNeeded("Cannot call TokenKLWrapper.step before reset")
         state = self._obs
@@ -134,8 +144,8 @@ class TokenKLWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         token = self.env.unwrapped.check_action(action)
         if self._allowed is not None and not self._allowed[token]:
             raise ValueError(f"action {token} is not among allowed_token_ids")
-        gen = self._log_prob(self.gen_model, state, self._allowed, token)
-        ref = self._log_prob(self.ref_model, state, self._allowed, token)
+        gen = _log_prob(self.gen_model, state, self._allowed, token)
+        ref = _log_prob(self.ref_model, state, self._allowed, token)
         obs, reward, terminated, truncated, info = self.env.step(action)
         kl = float(kl_estimate(np.array([gen]), np.array([ref]), self.estimator)[0])
         penalty = self.coef * kl
@@ -145,12 +155,3 @@ class TokenKLWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         if self.add_to_reward:
             reward = float(reward) - penalty
         return obs, reward, terminated, truncated, info
-
-    @staticmethod
-    def _log_prob(model: Any, state: dict[str, np.ndarray], allowed: Any, token: int) -> float:
-        """log π(token | state) under ``model``, on the model's device."""
-        device = model.device
-        ids = torch.as_tensor(state["input_ids"][None], dtype=torch.long, device=device)
-        mask = torch.as_tensor(state["attention_mask"][None], dtype=torch.bool, device=device)
-        allowed = None if allowed is None else allowed.to(device)
-        return float(next_token_log_probs(model, ids, mask, allowed)[0, token])
