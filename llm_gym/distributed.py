@@ -2,8 +2,8 @@
 
 ``RayLogProbModel`` is a client for a Ray actor that holds a log-prob-mode
 ``TransformersPolicy``. It follows the scorer protocol of ``llm_gym.samplers`` (``generate =
-False``, ``model(obs, responses, response_only=...) -> LogProbOutput``, plus ``input_mode``),
-so it goes wherever a reference model does: ``RetrieveLogProb``/``RetrieveKL``/
+False``, ``model(obs, responses, response_only=...) -> LogProbOutput``, ``input_mode``, and
+the token-level ``score(prompts, responses)``), so it goes wherever a reference model does: ``RetrieveLogProb``/``RetrieveKL``/
 ``KLRewardWrapper`` and their vector versions, or ``RolloutFromModel(ref_model=...)`` with
 ``input_mode="tokens"``. Envs in one process or in
 many (Ray tasks, other actors) reach the same weights through the actor's name.
@@ -22,10 +22,11 @@ Start Ray first (``ray.init()``, or ``ray.init(address="auto")`` on a cluster)::
 
 from __future__ import annotations
 
-import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+import numpy as np
 
 try:
     import ray
@@ -35,6 +36,7 @@ except ImportError as error:  # ray is an optional dependency (the "ray" extra)
         "llm_gym.distributed needs Ray: pip install 'llm-gym[ray]' (or pip install ray)"
     ) from error
 
+from llm_gym.checks import check_number, check_str
 from llm_gym.samplers import check_scorer
 
 __all__ = ["RayLogProbModel"]
@@ -73,8 +75,11 @@ class _LogProbActor:
             "repr": repr(policy),
         }
 
-    def score(self, obs: Any, responses: Any, response_only: bool = False) -> Any:
+    def call(self, obs: Any, responses: Any, response_only: bool = False) -> Any:
         return self.policy(obs, responses, response_only=response_only)
+
+    def score(self, prompts: Any, responses: Any) -> Any:
+        return self.policy.score(prompts, responses)
 
 
 _RemoteLogProbActor = ray.remote(_LogProbActor)
@@ -126,15 +131,11 @@ class RayLogProbModel:
                 "ref_model_factory must be a zero-argument callable returning a log-prob "
                 f"policy, got {type(ref_model_factory).__name__}"
             )
-        for name, value in (("num_cpus", num_cpus), ("num_gpus", num_gpus)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
-        if actor_name is not None and (not isinstance(actor_name, str) or not actor_name):
-            raise ValueError(f"actor_name must be None or a non-empty str, got {actor_name!r}")
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-            raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
-        if not (math.isfinite(timeout) and timeout > 0):
-            raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
+        check_number("num_cpus", num_cpus, 0)
+        check_number("num_gpus", num_gpus, 0)
+        if check_str("actor_name", actor_name, optional=True) == "":
+            raise ValueError("actor_name must be None or a non-empty str, got ''")
+        timeout = check_number("timeout", timeout, 0, strict=True)
         if policy_kwargs is not None and not isinstance(policy_kwargs, Mapping):
             raise TypeError(f"policy_kwargs must be a dict, got {type(policy_kwargs).__name__}")
         if "generate" in (policy_kwargs or {}):
@@ -181,7 +182,11 @@ class RayLogProbModel:
 
         Errors the policy raises (a bad observation, say) come back as the same exception type.
         """
-        return self._get(self.actor.score.remote(obs, responses, response_only))
+        return self._get(self.actor.call.remote(obs, responses, response_only))
+
+    def score(self, prompts: Sequence[np.ndarray], responses: Sequence[np.ndarray]) -> list[Any]:
+        """The actor's policy's ``score``: ``float32`` log-probs of each response's tokens."""
+        return self._get(self.actor.score.remote(prompts, responses))
 
     def _describe_actor(self) -> str:
         if self.actor_name is None:

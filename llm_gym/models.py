@@ -29,6 +29,7 @@ from transformers import (
 )
 
 from llm_gym.chat.templates import CHATML_TEMPLATE
+from llm_gym.checks import check_choice
 
 __all__ = [
     "DEFAULT_MODEL_NAME",
@@ -153,12 +154,7 @@ def load_default_model(
         ("config.json", "model.safetensors", "tokenizer_config.json"),
         _convert_smollm2,
     )
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True)
-    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    _fix_special_tokens(model, tokenizer)  # the template may have changed since caching
-    if device is not None:
-        model.to(device)
-    return model.eval(), tokenizer
+    return _load(folder, device, dtype, _fix_special_tokens)
 
 
 def load_gpt2_tokenizer(*, cache_dir: str | os.PathLike[str] | None = None) -> GPT2TokenizerFast:
@@ -197,15 +193,24 @@ def load_model(
             f"Model path {str(folder)!r} is not a readable folder. Pass 'default' or a local "
             "folder saved with save_pretrained (Hugging Face Hub downloads are unavailable)."
         )
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True)
-    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    return _load(folder, device, dtype, _set_pad_token)
+
+
+def _set_pad_token(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
     if tokenizer.pad_token is None:  # batching needs one; eos is the usual stand-in
         tokenizer.pad_token = tokenizer.eos_token
     if model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
-    if device is not None:
-        model.to(device)
-    return model.eval(), tokenizer
+
+
+def _load(
+    folder: Path, device: str | torch.device | None, dtype: torch.dtype, fix: Callable
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The model (in eval mode, on ``device``) and tokenizer saved in ``folder``, fixed up."""
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    fix(model, tokenizer)
+    return (model if device is None else model.to(device)).eval(), tokenizer
 
 
 def tiny_model(
@@ -236,29 +241,17 @@ def tiny_model(
         vocab_size = vocab_size or 256
         bos = eos = pad = vocab_size - 1
     ids = {"bos_token_id": bos, "eos_token_id": eos, "pad_token_id": pad}
-    if arch == "llama":
+    if check_choice("arch", arch, ("llama", "gpt2")) == "llama":
+        size = {"hidden_size": hidden_size, "intermediate_size": 2 * hidden_size}
+        layers = {"num_hidden_layers": num_layers, "num_attention_heads": num_heads}
         config = LlamaConfig(
-            vocab_size=vocab_size,
-            hidden_size=hidden_size,
-            intermediate_size=2 * hidden_size,
-            num_hidden_layers=num_layers,
-            num_attention_heads=num_heads,
-            max_position_embeddings=1024,
-            **ids,
+            vocab_size=vocab_size, max_position_embeddings=1024, **size, **layers, **ids
         )
         model_cls: type[PreTrainedModel] = LlamaForCausalLM
-    elif arch == "gpt2":
-        config = GPT2Config(
-            vocab_size=vocab_size,
-            n_embd=hidden_size,
-            n_layer=num_layers,
-            n_head=num_heads,
-            n_positions=1024,
-            **ids,
-        )
-        model_cls = GPT2LMHeadModel
     else:
-        raise ValueError(f"arch must be 'llama' or 'gpt2', got {arch!r}")
+        size = {"n_embd": hidden_size, "n_layer": num_layers, "n_head": num_heads}
+        config = GPT2Config(vocab_size=vocab_size, n_positions=1024, **size, **ids)
+        model_cls = GPT2LMHeadModel
     # fork_rng: seed the init without disturbing the caller's global RNG stream.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

@@ -80,7 +80,7 @@ def prompts(tokenizer):
 def test_two_clients_share_one_actor_and_match_the_local_policy(remote, local):
     other = RayLogProbModel(actor_name=ACTOR)  # another env's client, found by name
     again = RayLogProbModel(make_ref_pair, actor_name=ACTOR)  # get_if_exists: no new actor
-    assert other.actor._actor_id == remote.actor._actor_id == again.actor._actor_id
+    assert other.actor == remote.actor == again.actor  # one actor (handles compare by id)
     observations = prompts(local.tokenizer)
     for client, obs, response in zip((remote, other), observations, RESPONSES, strict=True):
         got = client(obs, response)
@@ -106,6 +106,16 @@ def test_same_protocol_as_a_log_prob_policy(remote):
     assert remote.pad_output is False and len(remote.tokenizer) == 50257
     check_scorer(remote, "ref_model")  # what the KL wrappers accept
     assert "actor 'llm-gym-test-ref'" in repr(remote) and "input_mode='tokens'" in repr(remote)
+    # The token-level score of the Scorer protocol runs in the actor too.
+    tokens = [o["tokens"] for o in prompts(remote.tokenizer)]
+    got = remote.score(tokens, RESPONSES)
+    want = [
+        remote(o, r, response_only=True).log_probs.response
+        for o, r in zip(prompts(remote.tokenizer), RESPONSES, strict=True)
+    ]
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == np.float32
+        np.testing.assert_allclose(g, w, atol=1e-5)
     # The policy's own errors come back with their type.
     with pytest.raises(ValueError, match="obs has no 'tokens' key"):
         remote({"history": ({"role": "user", "content": "hi"},)}, "x")
@@ -186,11 +196,11 @@ def test_bad_arguments(cluster):
     cases = [
         (ValueError, "pass ref_model_factory .* or actor_name", {}),
         (TypeError, "ref_model_factory must be a zero-argument callable", {"ref_model_factory": 3}),
-        (ValueError, "num_cpus must be a number >= 0, got -1", {"num_cpus": -1}),
-        (ValueError, "num_gpus must be a number >= 0", {"num_gpus": "1"}),
+        (ValueError, "num_cpus must be a finite number >= 0, got -1", {"num_cpus": -1}),
+        (ValueError, "num_gpus must be a finite number >= 0", {"num_gpus": "1"}),
         (ValueError, "actor_name must be None or a non-empty str", {"actor_name": ""}),
-        (ValueError, "timeout must be a number of seconds > 0, got 0", {"timeout": 0}),
-        (ValueError, "timeout must be a number", {"timeout": float("inf")}),
+        (ValueError, "timeout must be a finite number > 0, got 0", {"timeout": 0}),
+        (ValueError, "timeout must be a finite number", {"timeout": float("inf")}),
         (TypeError, "policy_kwargs must be a dict", {"policy_kwargs": ["tokens"]}),
         (ValueError, "may not set 'generate'", {"policy_kwargs": {"generate": True}}),
         (ValueError, "no running Ray actor named 'nobody'", {"actor_name": "nobody"}),

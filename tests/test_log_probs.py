@@ -37,8 +37,8 @@ def padded_batch(seed: int = 0, vocab: int = 97) -> tuple[torch.Tensor, ...]:
 def test_window_path_equals_the_row_path_and_the_definition():
     logits, ids, attention = padded_batch()
     expected = plain(logits, ids, attention)
-    rows = token_log_probs(logits, ids, attention)  # CPU: the row path
-    window = lp._window_log_probs(logits, ids, has_prefix(attention), compiled=False)
+    rows = token_log_probs(logits, ids, attention, window=False)  # the CPU's default
+    window = token_log_probs(logits, ids, attention, window=True, compiled=False)
     assert rows.dtype == window.dtype == torch.float32
     assert rows.shape == window.shape == ids.shape
     assert torch.allclose(rows, expected, atol=1e-5, rtol=0)
@@ -53,17 +53,16 @@ def test_bfloat16_logits_are_scored_in_float32():
     logits, ids, attention = padded_batch(seed=1)
     half = logits.bfloat16()
     expected = plain(half.float(), ids, attention)
-    window = lp._window_log_probs(half, ids, has_prefix(attention), compiled=False)
+    window = token_log_probs(half, ids, attention, window=True, compiled=False)
     assert window.dtype == torch.float32
     assert torch.allclose(window, expected, atol=1e-5, rtol=0)
     assert torch.allclose(token_log_probs(half, ids, attention), expected, atol=1e-5, rtol=0)
 
 
-def test_eager_chunks_give_the_same_values_as_one_chunk(monkeypatch):
+def test_eager_chunks_give_the_same_values_as_one_chunk():
     logits, ids, _ = padded_batch(seed=2)
     whole = log_probs_of(logits, ids, compiled=False)
-    monkeypatch.setattr(lp, "_DEVICE_CHUNK_ELEMENTS", 3 * logits.shape[-1])  # 3 rows a chunk
-    chunked = log_probs_of(logits, ids, compiled=False)
+    chunked = log_probs_of(logits, ids, compiled=False, chunk_rows=3)
     assert torch.equal(whole, chunked)
     reference = torch.log_softmax(logits, -1).gather(-1, ids[..., None]).squeeze(-1)
     assert torch.allclose(whole, reference, atol=1e-5, rtol=0)
@@ -113,11 +112,11 @@ def test_the_compiled_kernel_equals_the_definition_with_changing_shapes(monkeypa
         ids, attention = ids[: logits.shape[0]], attention[: logits.shape[0]]
         expected = plain(logits.float(), ids, attention)
         if shutil.which("cc") or shutil.which("gcc"):
-            got = lp._window_log_probs(logits, ids, has_prefix(attention), compiled=True)
+            got = token_log_probs(logits, ids, attention, window=True, compiled=True)
             assert not kernel.failed
         else:
             with pytest.warns(RuntimeWarning, match="torch.compile of the log-prob kernel"):
-                got = lp._window_log_probs(logits, ids, has_prefix(attention), compiled=True)
+                got = token_log_probs(logits, ids, attention, window=True, compiled=True)
         assert got.dtype == torch.float32
         assert torch.allclose(got, expected, atol=1e-5, rtol=0)
 

@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from llm_gym.checks import check_int
+
 __all__ = [
     "DEFAULT_MAX_NEW_TOKENS",
     "GENERATE_ALIASES",
@@ -61,18 +63,14 @@ def generation_settings(
         if key in kwargs:
             raise ValueError(f"generate_kwargs may not set {key!r}: {why}")
     for key in ("max_new_tokens", "min_new_tokens", "max_length"):
-        value = kwargs.get(key)
-        if value is not None and (
-            isinstance(value, bool) or not isinstance(value, int) or value < 1
-        ):
-            raise ValueError(f"generate_kwargs[{key!r}] must be an int >= 1, got {value!r}")
+        if kwargs.get(key) is not None:
+            check_int(f"generate_kwargs[{key!r}]", kwargs[key], 1)
     if kwargs.get("num_beams", 1) != 1:
         raise ValueError(
             f"generate_kwargs['num_beams'] must be 1, got {kwargs['num_beams']}: beam search "
             "reorders sequences, so per-step logits no longer give each sequence's log-probs"
         )
-    if num_samples is not None and (not isinstance(num_samples, int) or num_samples < 1):
-        raise ValueError(f"num_samples must be None or an int >= 1, got {num_samples!r}")
+    num_samples = check_int("num_samples", num_samples, 1, optional=True)
     if num_samples is not None and not generate:
         raise ValueError("num_samples applies to generate mode, got it with generate=False")
     n = kwargs.pop("num_return_sequences", None)

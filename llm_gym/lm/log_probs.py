@@ -50,22 +50,15 @@ _DEVICE_CHUNK_ELEMENTS = 2**27
 def keeps_logits(model: Any) -> bool:
     """Whether a causal LM's forward takes ``logits_to_keep`` (most transformers models do)."""
     forward = getattr(model, "forward", model)
-    function = getattr(forward, "__func__", None)
-    if function is not None:  # a method: one lookup per model class, not per call
-        return _takes_logits_to_keep(function)
-    return "logits_to_keep" in _parameters(forward)
+    return _takes_logits_to_keep(getattr(forward, "__func__", forward))  # one lookup per class
 
 
 @functools.cache
 def _takes_logits_to_keep(function: Any) -> bool:
-    return "logits_to_keep" in _parameters(function)
-
-
-def _parameters(function: Any) -> Any:
     try:
-        return inspect.signature(function).parameters
+        return "logits_to_keep" in inspect.signature(function).parameters
     except (TypeError, ValueError):  # builtins and some C callables have no signature
-        return {}
+        return False
 
 
 def forward_logits(
@@ -98,23 +91,22 @@ def gather_log_probs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tenso
     if logits.device.type != "cpu":
         return log_probs_of(logits, targets)
     rows = max(1, _CHUNK_ELEMENTS // logits.shape[-1])
-    out = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
-    for start in range(0, logits.shape[0], rows):
-        chunk = logits[start : start + rows].float()
-        picked = torch.log_softmax(chunk, dim=-1).gather(-1, targets[start : start + rows, None])
-        out[start : start + rows] = picked.squeeze(-1)
-    return out
+    return _chunked(_log_softmax_gather, logits, targets, rows)
 
 
 def log_probs_of(
-    logits: torch.Tensor, targets: torch.Tensor, compiled: bool | None = None
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    compiled: bool | None = None,
+    *,
+    chunk_rows: int | None = None,
 ) -> torch.Tensor:
     """``log_softmax(logits.float())`` at ``targets`` for logits ``(..., V)`` and targets
     ``(...)``, as ``logit[target] - logsumexp(logits)``: one pass over the logits, float32 out.
 
     ``compiled``: run the ``torch.compile`` kernel (``None``: on CUDA only). A compiler
     that fails (no Triton, an unsupported platform) is reported once and the eager form,
-    chunked over the leading dimension, is used from then on.
+    in chunks of ``chunk_rows`` rows (default: 2**27 elements a chunk), is used from then on.
 
     >>> logits = torch.tensor([[[0.0, 0.0], [1.0, 3.0]]])
     >>> [round(x, 4) for x in log_probs_of(logits, torch.tensor([[0, 1]]))[0].tolist()]
@@ -131,14 +123,19 @@ def log_probs_of(
         out = _COMPILED(logits, targets)
         if out is not None:
             return out
-    flat_logits = logits.reshape(-1, logits.shape[-1])
-    flat_targets = targets.reshape(-1)
-    out = torch.empty(flat_targets.shape, dtype=torch.float32, device=logits.device)
-    rows = max(1, _DEVICE_CHUNK_ELEMENTS // max(logits.shape[-1], 1))
-    for start in range(0, flat_targets.shape[0], rows):
-        stop = start + rows
-        out[start:stop] = _picked_minus_logsumexp(flat_logits[start:stop], flat_targets[start:stop])
-    return out.view(targets.shape)
+    rows = chunk_rows or max(1, _DEVICE_CHUNK_ELEMENTS // max(logits.shape[-1], 1))
+    flat = logits.reshape(-1, logits.shape[-1])
+    return _chunked(_picked_minus_logsumexp, flat, targets.reshape(-1), rows).view(targets.shape)
+
+
+def _chunked(pick: Callable, logits: torch.Tensor, targets: torch.Tensor, rows: int) -> Any:
+    """``pick(logits, targets)`` of ``(N, V)`` logits, ``rows`` rows at a time, float32 out."""
+    chunks = zip(logits.split(rows), targets.split(rows), strict=True)
+    return torch.cat([pick(lg, tg).float() for lg, tg in chunks])
+
+
+def _log_softmax_gather(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return torch.log_softmax(logits.float(), dim=-1).gather(-1, targets[:, None]).squeeze(-1)
 
 
 def _picked_minus_logsumexp(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -183,17 +180,25 @@ def has_prefix(attention: torch.Tensor) -> torch.Tensor:
 
 
 def token_log_probs(
-    logits: torch.Tensor, ids: torch.Tensor, attention: torch.Tensor
+    logits: torch.Tensor,
+    ids: torch.Tensor,
+    attention: torch.Tensor,
+    *,
+    window: bool | None = None,
+    compiled: bool | None = None,
 ) -> torch.Tensor:
     """``(B, T)`` log π(ids[t] | ids[:t]); 0 at padding and at each sequence's first token.
 
-    On CPU row by row over each row's scored span; elsewhere the whole window at once (see
-    the module's docstring). Both give the same values.
+    ``window``: score the whole ``(B, T)`` window in one call, padding included and zeroed
+    after (``None``: off the CPU, where a launch per row costs more); else row by row over each
+    row's scored span. ``compiled`` as for ``log_probs_of``. All paths give the same values.
     """
     scored = has_prefix(attention)
-    if logits.device.type != "cpu":
-        return _window_log_probs(logits, ids, scored)
     log_probs = torch.zeros(ids.shape, dtype=torch.float32, device=logits.device)
+    if window if window is not None else logits.device.type != "cpu":
+        if ids.shape[1] > 1:
+            log_probs[:, 1:] = log_probs_of(logits[:, :-1], ids[:, 1:], compiled)
+        return log_probs.masked_fill(~scored, 0.0)
     # Row by row over the span of scored tokens only: the log-softmax over the vocabulary is
     # most of the cost, and padding (a fifth of a GSM8K batch) need not pay it. Position t's
     # logits predict token t + 1, so the span's logits are a view shifted by one, not a copy.
@@ -205,17 +210,6 @@ def token_log_probs(
         if any_scored:
             span = gather_log_probs(logits[row, first - 1 : end - 1], ids[row, first:end])
             log_probs[row, first:end] = span
-    return log_probs.masked_fill(~scored, 0.0)
-
-
-def _window_log_probs(
-    logits: torch.Tensor, ids: torch.Tensor, scored: torch.Tensor, compiled: bool | None = None
-) -> torch.Tensor:
-    """``token_log_probs`` over the whole ``(B, T)`` window in one call: padding is scored
-    too and zeroed after, which on an accelerator costs less than a launch per row."""
-    log_probs = torch.zeros(ids.shape, dtype=torch.float32, device=logits.device)
-    if ids.shape[1] > 1:
-        log_probs[:, 1:] = log_probs_of(logits[:, :-1], ids[:, 1:], compiled)
     return log_probs.masked_fill(~scored, 0.0)
 
 

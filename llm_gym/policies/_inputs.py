@@ -2,8 +2,9 @@
 
 An observation is a ChatEnv ``dict`` keyed by input mode; a vector env's observation has a
 tuple per key. Each conversation becomes an ``Encoded`` (its token ids, where the response
-starts, which tokens are the assistant's); ``llm_gym.lm.left_pad`` batches them for the model.
-Sampled token ids are used as given: nothing here decodes and re-tokenizes a response.
+starts, which tokens are the assistant's); ``llm_gym.lm.left_pad`` batches them for the model,
+and ``dist_mask`` lays ``get_dist``'s masks out the same way. Sampled token ids are used as
+given: nothing here decodes and re-tokenizes a response.
 """
 
 from __future__ import annotations
@@ -13,29 +14,43 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 from llm_gym.chat.codec import TokenCodec
 from llm_gym.chat.containers import Response
 from llm_gym.chat.history import History
+from llm_gym.checks import check_choice
+from llm_gym.samplers import check_token_ids
 
-__all__ = ["Encoded", "Encoder", "split_observation", "split_responses"]
+# get_dist mask names; the second of each pair is TorchRL's name for the use case.
+DIST_MASKS = {"prompt": "prompt", "sft": "prompt", "assistant": "assistant", "rlhf": "assistant"}
+DIST_MASKS |= {"attention": "attention", "generic": "attention"}
 
 
 @dataclass
 class Encoded:
-    """One conversation as token ids.
-
-    ``prompt_length`` is where the response starts (None when the input gives no split);
-    ``assistant_mask`` marks the assistant's tokens (None when the input cannot tell).
-    """
+    """One conversation as token ids: ``prompt_length`` is where the response starts (None when
+    the input gives no split); ``assistant_mask`` marks the assistant's tokens (None when the
+    input cannot tell)."""
 
     ids: np.ndarray
     prompt_length: int | None = None
     assistant_mask: np.ndarray | None = None
 
 
-def _is_message(value: Any) -> bool:
-    return isinstance(value, Mapping)
+def _messages(value: Any) -> bool:
+    return (
+        isinstance(value, Sequence)
+        and not isinstance(value, str)
+        and len(value) > 0
+        and all(isinstance(m, Mapping) for m in value)
+    )
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, (list, tuple)) and value:
+        return f"{type(value).__name__} of {type(value[0]).__name__}"
+    return type(value).__name__
 
 
 def split_observation(obs: Any, input_mode: str) -> tuple[list[Any], bool]:
@@ -52,14 +67,12 @@ def split_observation(obs: Any, input_mode: str) -> tuple[list[Any], bool]:
         )
     value = obs[input_mode]
     if input_mode == "history":
-        if isinstance(value, History):
-            return [value], False
+        if isinstance(value, History) or _messages(value):
+            return [History(value) if not isinstance(value, History) else value], False
         if isinstance(value, Sequence) and not isinstance(value, str):
             if len(value) == 0:
                 raise ValueError("obs['history'] is empty: expected at least one message")
-            if all(_is_message(m) for m in value):
-                return [History(value)], False
-            if all(isinstance(h, History) or _is_history_like(h) for h in value):
+            if all(isinstance(h, History) or _messages(h) for h in value):
                 return [h if isinstance(h, History) else History(h) for h in value], True
         raise TypeError(
             "obs['history'] must be a tuple of {'role', 'content'} dicts (or a tuple of such "
@@ -73,38 +86,12 @@ def split_observation(obs: Any, input_mode: str) -> tuple[list[Any], bool]:
         raise TypeError(
             f"obs['text'] must be a str (or a tuple of str for a batch), got {_describe(value)}"
         )
-    if isinstance(value, np.ndarray) and value.ndim == 2:
-        return [_token_array("obs['tokens']", row) for row in value], True
-    if isinstance(value, (list, tuple)) and value and not isinstance(value[0], (int, np.integer)):
-        return [_token_array("obs['tokens']", row) for row in value], True
-    return [_token_array("obs['tokens']", value)], False
-
-
-def _is_history_like(value: Any) -> bool:
-    return (
-        isinstance(value, Sequence)
-        and not isinstance(value, str)
-        and len(value) > 0
-        and all(_is_message(m) for m in value)
+    rows = (isinstance(value, np.ndarray) and value.ndim == 2) or (
+        isinstance(value, (list, tuple)) and value and not isinstance(value[0], (int, np.integer))
     )
-
-
-def _describe(value: Any) -> str:
-    if isinstance(value, (list, tuple)) and value:
-        return f"{type(value).__name__} of {type(value[0]).__name__}"
-    return type(value).__name__
-
-
-def _token_array(name: str, value: Any) -> np.ndarray:
-    array = np.asarray(value) if isinstance(value, (list, tuple, np.ndarray)) else None
-    if array is None or array.ndim != 1 or not np.issubdtype(array.dtype, np.integer):
-        described = (
-            f"array of dtype {array.dtype} and shape {array.shape}"
-            if array is not None
-            else _describe(value)
-        )
-        raise TypeError(f"{name} must be a 1-D int64 array of token ids, got {described}")
-    return array.astype(np.int64, copy=False)
+    if rows:
+        return [check_token_ids("obs['tokens']", row) for row in value], True
+    return [check_token_ids("obs['tokens']", value)], False
 
 
 def split_responses(responses: Any, n: int, batched: bool) -> list[Any]:
@@ -135,11 +122,8 @@ class Encoder:
         self.template_kwargs = dict(template_kwargs)
         self.codec = TokenCodec(tokenizer)
 
-    def tokenize(self, text: str) -> np.ndarray:
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        return np.asarray(ids, dtype=np.int64)
-
     def render(self, history: History, *, generation_prompt: bool) -> dict[str, np.ndarray]:
+        """Token ids and assistant mask of ``history`` under the policy's template."""
         return history.apply_chat_template(
             self.tokenizer,
             add_generation_prompt=generation_prompt,
@@ -147,25 +131,9 @@ class Encoder:
             **self.template_kwargs,
         )
 
-    def prompt(self, value: Any, *, assistant_mask: bool = False) -> Encoded:
-        """A prompt to generate from (the generation prompt included)."""
-        if isinstance(value, History):
-            if not assistant_mask:
-                ids = value.apply_chat_template(
-                    self.tokenizer,
-                    add_generation_prompt=True,
-                    tokenize=True,
-                    **self.template_kwargs,
-                )
-                return self._checked(Encoded(ids))
-            rendered = self.render(value, generation_prompt=True)
-            return self._checked(Encoded(rendered["input_ids"], None, rendered["assistant_masks"]))
-        if isinstance(value, str):
-            return self._checked(Encoded(self.tokenize(value)))
-        return self._checked(Encoded(value))
-
     def prompts(self, values: Sequence[Any]) -> list[np.ndarray]:
-        """``prompt(value).ids`` of each value, their texts tokenized in one batch."""
+        """Token ids to generate from (the generation prompt included), texts tokenized in one
+        batch."""
         texts: dict[int, str] = {}
         for i, value in enumerate(values):
             if isinstance(value, History):
@@ -182,21 +150,36 @@ class Encoder:
         if response is None:
             if isinstance(value, History):
                 return self._checked(self._full_history(value))
-            return self._checked(Encoded(self.prompt(value).ids))
-        tokens = self._response_tokens(response)
+            ids = self.codec.encode(value) if isinstance(value, str) else value
+            return self._checked(Encoded(ids))
+        if isinstance(response, Response):
+            tokens = response.tokens
+        elif isinstance(response, np.ndarray):
+            tokens = check_token_ids("response", response)
+        elif not isinstance(response, str):
+            raise TypeError(
+                "each response must be a Response, a str or a 1-D int64 array of token ids, "
+                f"got {type(response).__name__}"
+            )
+        else:
+            tokens = None
         if tokens is None:  # text only: in history mode, the template closes the turn
             text = response.text if isinstance(response, Response) else response
             if isinstance(value, History):
                 full = value.copy().append({"role": "assistant", "content": text})
                 return self._checked(self._full_history(full))
-            tokens = self.tokenize(text)
-        prompt = self.prompt(value, assistant_mask=True)
-        n = len(prompt.ids)
-        mask = np.zeros(n + len(tokens), dtype=bool)
-        if prompt.assistant_mask is not None:
-            mask[:n] = prompt.assistant_mask
-        mask[n:] = True
-        return self._checked(Encoded(np.concatenate([prompt.ids, tokens]), n, mask))
+            tokens = self.codec.encode(text)
+        mask = None
+        if isinstance(value, History):
+            rendered = self.render(value, generation_prompt=True)
+            prompt, mask = rendered["input_ids"], rendered["assistant_masks"]
+        else:
+            prompt = self.codec.encode(value) if isinstance(value, str) else value
+        n = len(prompt)
+        mask = np.concatenate(
+            [np.zeros(n, bool) if mask is None else mask, np.ones(len(tokens), bool)]
+        )
+        return self._checked(Encoded(np.concatenate([prompt, tokens]), n, mask))
 
     def _full_history(self, history: History) -> Encoded:
         rendered = self.render(history, generation_prompt=False)
@@ -210,25 +193,54 @@ class Encoder:
                 prompt_length = len(prompt_ids)
         return Encoded(ids, prompt_length, mask)
 
-    def _response_tokens(self, response: Any) -> np.ndarray | None:
-        if isinstance(response, Response):
-            return response.tokens
-        if isinstance(response, str):
-            return None
-        if isinstance(response, np.ndarray):
-            return _token_array("response", response)
-        raise TypeError(
-            "each response must be a Response, a str or a 1-D int64 array of token ids, "
-            f"got {type(response).__name__}"
-        )
-
     def _checked(self, encoded: Encoded) -> Encoded:
-        ids = encoded.ids
-        if ids.size == 0:
+        if encoded.ids.size == 0:
             raise ValueError("a conversation encodes to 0 tokens: nothing to feed the model")
-        if ids.min() < 0 or ids.max() >= self.vocab_size:
-            raise ValueError(
-                f"token ids must lie in [0, {self.vocab_size}) (the model's vocabulary), got "
-                f"ids from {int(ids.min())} to {int(ids.max())}"
-            )
+        check_token_ids("a conversation (obs and responses)", encoded.ids, self.vocab_size)
         return encoded
+
+
+def dist_mask(mask: Any, encoded: list[Encoded], attention: torch.Tensor) -> torch.Tensor:
+    """The ``(B, T)`` bool mask ``mask`` names (or gives), in the padded layout of ``attention``."""
+    batch, width = attention.shape
+    if isinstance(mask, str):
+        kind = DIST_MASKS[check_choice("mask", mask, DIST_MASKS)]
+        if kind == "attention":
+            return attention
+        rows = []
+        for i, enc in enumerate(encoded):
+            if kind == "assistant" and enc.assistant_mask is None:
+                raise ValueError(
+                    f"mask='assistant' needs to know the assistant's tokens, unknown for "
+                    f"conversation {i}: give history input or the responses"
+                )
+            if kind == "prompt" and enc.prompt_length is None:
+                raise ValueError(
+                    f"mask='prompt' needs to know where the response starts, unknown for "
+                    f"conversation {i}: pass the prompt as obs and the responses separately"
+                )
+            prompt = np.arange(len(enc.ids)) >= (enc.prompt_length or 0)
+            rows.append(enc.assistant_mask if kind == "assistant" else prompt)
+        mask = rows
+    if isinstance(mask, (list, tuple)):
+        if len(mask) != batch:
+            raise ValueError(
+                f"mask must have one entry per conversation ({batch}), got {len(mask)}"
+            )
+        padded = np.zeros((batch, width), dtype=bool)
+        for i, (row, enc) in enumerate(zip(mask, encoded, strict=True)):
+            row = np.asarray(row)
+            if row.shape != enc.ids.shape or row.dtype != bool:
+                raise ValueError(
+                    f"mask[{i}] must be a bool array of the conversation's length "
+                    f"{len(enc.ids)}, got dtype {row.dtype} and shape {row.shape}"
+                )
+            padded[i, width - len(row) :] = row
+        mask = padded
+    mask = torch.as_tensor(mask, device=attention.device)
+    if mask.dtype != torch.bool or mask.shape != (batch, width):
+        raise ValueError(
+            f"a custom mask must be bool with the padded shape {(batch, width)}, got dtype "
+            f"{mask.dtype} and shape {tuple(mask.shape)}"
+        )
+    return mask & attention

@@ -1,9 +1,10 @@
 """``TransformersPolicy``: a Hugging Face causal LM as a policy for llm_gym's chat envs.
 
-The Gymnasium form of TorchRL's ``TransformersWrapper``. In generate mode it maps an
-observation (or a vector env's batch of them) to ``Response`` actions carrying the exact
-sampled token ids and their log-probabilities; in log-prob mode (``generate=False``) it scores
-given conversations in one padded forward pass and returns ``LogProbs`` and ``Masks``.
+The Gymnasium form of TorchRL's ``TransformersWrapper``, and the transformers backend of the
+``llm_gym.samplers`` protocols. Two jobs, one code path each: ``sample`` (token ids in, the
+exact sampled ids and their log-probs out), which generate mode's call wraps with the chat
+template and decoding; and one padded forward pass, which ``score``, log-prob mode's call
+(``generate=False``) and ``get_dist`` share.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch.nn.functional as F
 
 from llm_gym.chat.containers import LogProbs, Masks, Response, Tokens
 from llm_gym.chat.templates import get_chat_template
+from llm_gym.checks import check_bool, check_choice
 from llm_gym.lm import (
     first_eos_lengths,
     first_id,
@@ -27,25 +29,34 @@ from llm_gym.lm import (
     left_pad,
     token_log_probs,
 )
-from llm_gym.policies._inputs import Encoded, Encoder, split_observation, split_responses
-from llm_gym.policies._masks import dist_mask
+from llm_gym.policies._inputs import Encoder, dist_mask, split_observation, split_responses
 from llm_gym.policies.distributions import MaskedCategorical
-from llm_gym.samplers import LogProbOutput
+from llm_gym.samplers import LogProbOutput, Sample, check_token_batch
 from llm_gym.spaces import INPUT_MODES
 
 __all__ = ["TransformersPolicy", "LogProbOutput"]
 
+# Constructor arguments get_new_version copies from the policy's attributes of the same name.
+_ARGUMENTS = ("model", "tokenizer", "input_mode", "generate", "return_log_probs", "pad_output")
+_ARGUMENTS += ("num_samples", "chat_template_name", "chat_template", "device")
+
 
 class TransformersPolicy:
-    """A transformers causal LM as a policy over ChatEnv observations.
+    """A transformers causal LM as a policy over ChatEnv observations; a ``Sampler`` and a
+    ``Scorer`` of ``llm_gym.samplers`` whatever ``generate`` is.
+
+    Token level: ``policy.sample(prompts)`` samples one ``Sample`` per prompt token array
+    (``num_samples`` consecutive ones per prompt), in one left-padded batch;
+    ``policy.score(prompts, responses)`` gives the ``float32`` log-probs of given response
+    tokens. ``version`` (0 at first; a trainer adds one after each update) is stamped on every
+    ``Sample`` and ``Response``.
 
     Generate mode (default): ``policy(obs)`` returns a ``Response`` (text, the exact sampled
     token ids ending at EOS when one was produced, and their log-probs); a vector env's batched
-    observation gives a list; ``num_samples=k`` gives k Responses per observation. Prompts are
-    generated in one left-padded batch. ``Response.log_probs`` are log π(token | prefix) from
-    the model's **raw** logits (log-softmax of ``generate(output_logits=True)``), before any
-    temperature, top-k/top-p or penalty: they are the policy's own probabilities, the ones a
-    reference model's log-probs can be compared with for KL, not the sampler's.
+    observation gives a list; ``num_samples=k`` gives k Responses per observation. Log-probs
+    are log π(token | prefix) from the model's **raw** logits (log-softmax of
+    ``generate(output_logits=True)``), before any temperature, top-k/top-p or penalty: the
+    policy's own probabilities, the ones a reference model's can be compared with for KL.
 
     Log-prob mode (``generate=False``): ``policy(obs, responses=None)`` scores conversations in
     one forward pass and returns a ``LogProbOutput`` (a list for a batch, one padded output with
@@ -62,11 +73,11 @@ class TransformersPolicy:
         model: a transformers causal LM (``AutoModelForCausalLM``).
         tokenizer: its tokenizer (needed to render chat templates, tokenize and decode).
         input_mode: which observation key to read: ``"history"``, ``"text"`` or ``"tokens"``.
-        generate: generate responses (True) or score given ones (False).
+        generate: the call generates responses (True) or scores given ones (False).
         generate_kwargs: passed to ``model.generate``; any ``GenerationConfig`` attribute,
             plus the aliases ``max_tokens`` (``max_new_tokens``) and ``n``
             (``num_return_sequences``). ``max_new_tokens`` defaults to 256.
-        return_log_probs: attach log-probs to Responses (must be True in log-prob mode).
+        return_log_probs: attach log-probs to samples (must be True in log-prob mode).
         pad_output: log-prob mode only: one left-padded ``(B, T)`` output for a batch instead
             of a list of unpadded ones. Responses are never padded.
         num_samples: generate this many Responses per observation (needs ``do_sample``).
@@ -81,8 +92,8 @@ class TransformersPolicy:
     >>> env = ChatEnv(query="What is 2+2?", max_turns=1)
     >>> obs, info = env.reset(seed=0)
     >>> response = policy(obs)
-    >>> len(response.tokens) == len(response.log_probs) <= 8
-    True
+    >>> len(response.tokens) == len(response.log_probs) <= 8, response.version
+    (True, 0)
     >>> obs, reward, terminated, truncated, info = env.step(response)
     >>> obs["history"][-1]["role"], terminated
     ('assistant', True)
@@ -112,39 +123,31 @@ class TransformersPolicy:
             raise TypeError(
                 f"tokenizer must be a transformers tokenizer, got {type(tokenizer).__name__}"
             )
-        vocab_size = model.get_input_embeddings().num_embeddings
-        if len(tokenizer) > vocab_size:
+        self.vocab_size = model.get_input_embeddings().num_embeddings
+        if len(tokenizer) > self.vocab_size:
             raise ValueError(
                 f"tokenizer has {len(tokenizer)} tokens but the model's embedding has only "
-                f"{vocab_size} rows: model and tokenizer do not match"
+                f"{self.vocab_size} rows: model and tokenizer do not match"
             )
-        if input_mode not in INPUT_MODES:
-            raise ValueError(f"input_mode must be one of {INPUT_MODES}, got {input_mode!r}")
-        for name, flag in (("generate", generate), ("return_log_probs", return_log_probs)):
-            if not isinstance(flag, bool):
-                raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
-        if not isinstance(pad_output, bool):
-            raise TypeError(f"pad_output must be a bool, got {type(pad_output).__name__}")
+        self.input_mode = check_choice("input_mode", input_mode, INPUT_MODES)
+        self.generate = check_bool("generate", generate)
+        self.return_log_probs = check_bool("return_log_probs", return_log_probs)
+        self.pad_output = check_bool("pad_output", pad_output)
         if not generate and not return_log_probs:
             raise ValueError("return_log_probs must be True when generate=False (log-prob mode)")
         if chat_template_name is not None:
             get_chat_template(chat_template_name)  # validates the name
-
-        self.model = model
-        self.tokenizer = tokenizer
-        self.input_mode = input_mode
-        self.generate = generate
-        self.return_log_probs = return_log_probs
-        self.pad_output = pad_output
-        self.chat_template_name = chat_template_name
-        self.chat_template = chat_template
+        self.model, self.tokenizer, self.version = model, tokenizer, 0
+        self.chat_template_name, self.chat_template = chat_template_name, chat_template
         self.device = torch.device(device) if device is not None else model.device
         self.generate_kwargs, self.num_samples = generation_settings(
             model, generate_kwargs, num_samples, generate
         )
         self._user_generate_kwargs = dict(generate_kwargs or {})
         template = {"chat_template_name": chat_template_name, "chat_template": chat_template}
-        self._encoder = Encoder(tokenizer, vocab_size, {k: v for k, v in template.items() if v})
+        self._encoder = Encoder(
+            tokenizer, self.vocab_size, {k: v for k, v in template.items() if v}
+        )
         gen = model.generation_config
         self.pad_token_id = first_id(
             self.generate_kwargs.get("pad_token_id"), gen.pad_token_id,
@@ -157,10 +160,62 @@ class TransformersPolicy:
     def __repr__(self) -> str:
         return (
             f"TransformersPolicy({type(self.model).__name__}, input_mode={self.input_mode!r}, "
-            f"generate={self.generate}, num_samples={self.num_samples})"
+            f"generate={self.generate}, num_samples={self.num_samples}, version={self.version})"
         )
 
-    # -- public API --------------------------------------------------------------------
+    # -- token level: the Sampler and Scorer protocols ---------------------------------------
+
+    def sample(self, prompts: Sequence[np.ndarray]) -> list[Sample]:
+        """One ``Sample`` per prompt (``num_samples`` consecutive ones per prompt when set), all
+        prompts generated in one left-padded batch with the policy's ``generate_kwargs``."""
+        prompts = check_token_batch("prompts", prompts, self.vocab_size, min_length=1)
+        if not prompts:
+            return []
+        ids, attention = left_pad(prompts, self.pad_token_id, self.device)
+        with torch.inference_mode():
+            out = self.model.generate(
+                input_ids=ids,
+                attention_mask=attention.long(),
+                return_dict_in_generate=True,
+                output_logits=self.return_log_probs,
+                **(self.generate_kwargs | {"pad_token_id": self.pad_token_id}),
+            )
+            new = out.sequences[:, ids.shape[1] :]
+            lengths = first_eos_lengths(new, self.eos_token_ids).tolist()
+            log_probs = None
+            if self.return_log_probs:
+                # One vectorized gather per generated step (not per token); raw logits.
+                log_probs = torch.empty(new.shape, dtype=torch.float32, device=new.device)
+                for step, logits in enumerate(out.logits):
+                    log_probs[:, step] = gather_log_probs(logits, new[:, step])
+                log_probs = log_probs.cpu().numpy()
+        tokens = new.cpu().numpy()
+        samples = []
+        for row, n in enumerate(lengths):
+            stop = n > 0 and int(tokens[row, n - 1]) in self.eos_token_ids
+            row_log_probs = None if log_probs is None else log_probs[row, :n]
+            finish = "stop" if stop else "length"
+            samples.append(Sample(tokens[row, :n], row_log_probs, finish, self.version))
+        return samples
+
+    def score(self, prompts: Sequence[np.ndarray], responses: Sequence[np.ndarray]) -> list[Any]:
+        """``float32`` log π(response[t] | prompt + response[:t]) of each response's tokens,
+        all pairs in one left-padded forward pass over the response window only."""
+        prompts = check_token_batch("prompts", prompts, self.vocab_size, min_length=1)
+        responses = check_token_batch("responses", responses, self.vocab_size)
+        if len(responses) != len(prompts):
+            raise ValueError(
+                f"responses must have one entry per prompt: got {len(responses)} responses for "
+                f"{len(prompts)} prompts"
+            )
+        if not prompts:
+            return []
+        keep = max(len(r) for r in responses) + 1
+        sequences = [np.concatenate([p, r]) for p, r in zip(prompts, responses, strict=True)]
+        log_probs = self._log_probs(sequences, keep)
+        return [log_probs[row, keep - len(r) :] for row, r in enumerate(responses)]
+
+    # -- observation level -------------------------------------------------------------------
 
     def __call__(
         self, obs: Mapping[str, Any], responses: Any = None, *, response_only: bool = False
@@ -179,7 +234,17 @@ class TransformersPolicy:
                     "this policy generates (generate=True) and takes no responses; to score "
                     "responses use policy.get_new_version(generate=False)"
                 )
-            return self._generate(values, batched)
+            samples = self.sample(self._encoder.prompts(values))
+            rows = [s.tokens for s in samples]
+            texts = self._encoder.codec.decode_many(rows, skip_special_tokens=False)
+            results = [
+                Response(text, s.tokens, s.log_probs, s.version)
+                for text, s in zip(texts, samples, strict=True)
+            ]
+            if self.num_samples is not None:
+                k = self.num_samples
+                results = [results[i * k : (i + 1) * k] for i in range(len(values))]
+            return results if batched else results[0]
         if response_only and (responses is None or self.pad_output):
             raise ValueError(
                 "response_only=True needs responses (the prompt as obs and the replies to "
@@ -187,27 +252,45 @@ class TransformersPolicy:
                 f"pad_output={self.pad_output}"
             )
         responses = split_responses(responses, len(values), batched)
-        return self._score(values, responses, batched, response_only)
+        encoded = [self._encoder.scored(v, r) for v, r in zip(values, responses, strict=True)]
+        # The window holds every response plus the position before it, whose logits predict
+        # the response's first token; its own first position is never a response token.
+        keep = max(len(e.ids) - e.prompt_length for e in encoded) + 1 if response_only else 0
+        rows = [e.ids for e in encoded]
+        log_probs = self._log_probs(rows, keep)
+        width = log_probs.shape[1]
+        if self.pad_output:
+            cpu = torch.device("cpu")
+            ids, attention = (t.numpy() for t in left_pad(rows, self.pad_token_id, cpu))
+            assistant = None
+            if any(e.assistant_mask is not None for e in encoded):
+                assistant = np.zeros_like(attention)
+                for row, enc in enumerate(encoded):
+                    if enc.assistant_mask is not None:
+                        assistant[row, width - len(enc.ids) :] = enc.assistant_mask
+            return LogProbOutput(ids, LogProbs(full=log_probs), Masks(attention, assistant))
+        outputs = []
+        for row, enc in enumerate(encoded):
+            n, ids = enc.prompt_length, enc.ids
+            if response_only:
+                split = LogProbs(response=log_probs[row, width - (len(ids) - n) :])
+            else:
+                full = log_probs[row, width - len(ids) :]
+                split = LogProbs(*((None, None) if n is None else (full[:n], full[n:])), full)
+            tokens = Tokens(*((None, None) if n is None else (ids[:n], ids[n:])), ids)
+            masks = Masks(np.ones(len(ids), dtype=bool), enc.assistant_mask)
+            outputs.append(LogProbOutput(ids, split, masks, tokens))
+        return outputs if batched else outputs[0]
 
     def get_new_version(self, **changes: Any) -> TransformersPolicy:
-        """A policy with some constructor arguments changed, sharing this one's model object.
+        """A policy with some constructor arguments changed, sharing this one's model object
+        and starting at its ``version``.
 
         Switching to ``generate=False`` drops ``num_samples`` and turns ``return_log_probs`` on
         unless they are given; ``generate_kwargs`` are kept (and unused) for switching back.
         """
-        current = {
-            "model": self.model,
-            "tokenizer": self.tokenizer,
-            "input_mode": self.input_mode,
-            "generate": self.generate,
-            "generate_kwargs": self._user_generate_kwargs,
-            "return_log_probs": self.return_log_probs,
-            "pad_output": self.pad_output,
-            "num_samples": self.num_samples,
-            "chat_template_name": self.chat_template_name,
-            "chat_template": self.chat_template,
-            "device": self.device,
-        }
+        current = {name: getattr(self, name) for name in _ARGUMENTS}
+        current["generate_kwargs"] = self._user_generate_kwargs
         unknown = sorted(set(changes) - set(current))
         if unknown:
             raise TypeError(
@@ -216,7 +299,9 @@ class TransformersPolicy:
         if changes.get("generate") is False:
             changes.setdefault("num_samples", None)
             changes.setdefault("return_log_probs", True)
-        return type(self)(**(current | changes))
+        policy = type(self)(**(current | changes))
+        policy.version = self.version
+        return policy
 
     def get_dist(
         self,
@@ -255,42 +340,7 @@ class TransformersPolicy:
         aligned = F.pad(logits[:, :-1], (0, 0, 1, 0))
         return MaskedCategorical(aligned, selected), ids
 
-    # -- generation ----------------------------------------------------------------------
-
-    def _generate(self, values: list[Any], batched: bool) -> Any:
-        prompts = self._encoder.prompts(values)
-        ids, attention = left_pad(prompts, self.pad_token_id, self.device)
-        with torch.inference_mode():
-            out = self.model.generate(
-                input_ids=ids,
-                attention_mask=attention.long(),
-                return_dict_in_generate=True,
-                output_logits=self.return_log_probs,
-                **(self.generate_kwargs | {"pad_token_id": self.pad_token_id}),
-            )
-            new = out.sequences[:, ids.shape[1] :]
-            lengths = first_eos_lengths(new, self.eos_token_ids)
-            log_probs = None
-            if self.return_log_probs:
-                # One vectorized gather per generated step (not per token); raw logits.
-                log_probs = torch.empty(new.shape, dtype=torch.float32, device=new.device)
-                for step, logits in enumerate(out.logits):
-                    log_probs[:, step] = gather_log_probs(logits, new[:, step])
-                log_probs = log_probs.cpu().numpy()
-        tokens = new.cpu().numpy()
-        lengths = lengths.cpu().tolist()
-        sampled = [tokens[row, :n] for row, n in enumerate(lengths)]
-        texts = self._encoder.codec.decode_many(sampled, skip_special_tokens=False)
-        results = [
-            Response(text, toks, None if log_probs is None else log_probs[row, : len(toks)])
-            for row, (text, toks) in enumerate(zip(texts, sampled, strict=True))
-        ]
-        if self.num_samples is not None:
-            k = self.num_samples
-            results = [results[i * k : (i + 1) * k] for i in range(len(values))]
-        return results if batched else results[0]
-
-    # -- log-prob mode ---------------------------------------------------------------------
+    # -- the shared forward pass -------------------------------------------------------------
 
     def _forward(self, ids: torch.Tensor, attention: torch.Tensor, keep: int = 0) -> torch.Tensor:
         max_positions = getattr(self.model.config, "max_position_embeddings", None)
@@ -303,60 +353,11 @@ class TransformersPolicy:
         # response at the end).
         return forward_logits(self.model, ids, attention, keep)
 
-    def _score(
-        self, values: list[Any], responses: list[Any], batched: bool, response_only: bool = False
-    ) -> Any:
-        encoded = [self._encoder.scored(v, r) for v, r in zip(values, responses, strict=True)]
-        ids, attention = left_pad([e.ids for e in encoded], self.pad_token_id, self.device)
-        # The window holds every response plus the position before it, whose logits predict
-        # the response's first token; its own first position is never a response token.
-        keep = max(len(e.ids) - e.prompt_length for e in encoded) + 1 if response_only else 0
+    def _log_probs(self, sequences: list[np.ndarray], keep: int) -> np.ndarray:
+        """``(B, keep or T)`` log-probs of the left-padded ``sequences``' last ``keep`` tokens
+        (all with ``keep=0``), 0 at padding and first tokens."""
+        ids, attention = left_pad(sequences, self.pad_token_id, self.device)
         with torch.inference_mode():
             logits = self._forward(ids, attention, keep)
             window = slice(-keep, None) if keep else slice(None)
-            log_probs = token_log_probs(logits, ids[:, window], attention[:, window])
-            log_probs = log_probs.cpu().numpy()
-        if self.pad_output:
-            return _padded_output(encoded, ids.cpu().numpy(), attention.cpu().numpy(), log_probs)
-        width = log_probs.shape[1]
-        outputs = []
-        for row, enc in enumerate(encoded):
-            n = enc.prompt_length
-            if response_only:
-                split = LogProbs(response=log_probs[row, width - (len(enc.ids) - n) :])
-            else:
-                full_lp = log_probs[row, width - len(enc.ids) :]
-                split = LogProbs(
-                    prompt=None if n is None else full_lp[:n],
-                    response=None if n is None else full_lp[n:],
-                    full=full_lp,
-                )
-            outputs.append(
-                LogProbOutput(
-                    input_ids=enc.ids,
-                    log_probs=split,
-                    masks=Masks(np.ones(len(enc.ids), dtype=bool), enc.assistant_mask),
-                    tokens=Tokens(
-                        prompt=None if n is None else enc.ids[:n],
-                        response=None if n is None else enc.ids[n:],
-                        full=enc.ids,
-                    ),
-                )
-            )
-        return outputs if batched else outputs[0]
-
-
-def _padded_output(
-    encoded: list[Encoded], ids: np.ndarray, attention: np.ndarray, log_probs: np.ndarray
-) -> LogProbOutput:
-    assistant = None
-    if any(e.assistant_mask is not None for e in encoded):
-        assistant = np.zeros_like(attention)
-        for row, enc in enumerate(encoded):
-            if enc.assistant_mask is not None:
-                assistant[row, ids.shape[1] - len(enc.ids) :] = enc.assistant_mask
-    return LogProbOutput(
-        input_ids=ids,
-        log_probs=LogProbs(full=log_probs),
-        masks=Masks(all_attention_mask=attention, all_assistant_mask=assistant),
-    )
+            return token_log_probs(logits, ids[:, window], attention[:, window]).cpu().numpy()

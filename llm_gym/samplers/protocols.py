@@ -1,26 +1,24 @@
-"""The sampler and scorer protocols: how envs' token ids become responses, and how wrappers,
+"""The sampler and scorer protocols: how prompt token ids become responses, and how wrappers,
 rollouts and trainers get the log-probs of given responses.
 
-A sampler takes prompt token ids and returns, per prompt, the new token ids exactly as sampled
-(never re-tokenized from text), their log-probs, why sampling stopped and the policy version
-that sampled them::
+Token level, what every backend (transformers here; vLLM and OpenAI-compatible servers beside
+it, one file each) implements; the ids that come back are the ids sampled, never re-tokenized::
 
     sampler.sample(prompts: Sequence[np.ndarray]) -> list[Sample]
+    scorer.score(prompts: Sequence[np.ndarray], responses: Sequence[np.ndarray])
+        -> list[np.ndarray]  # float32 log π(response[t] | prompt + response[:t])
 
-Every backend (transformers here; vLLM and OpenAI-compatible servers beside it) is one file
-that implements it.
-
-A scorer maps a prompt observation (or a vector env's batch of them) and the responses to
-score to one ``LogProbOutput`` per response::
+Observation level, what the KL wrappers and rollouts call: a scorer says it scores with
+``generate = False`` (a policy in generate mode has the same call but samples) and maps an
+observation (or a vector env's batch) and the responses to one ``LogProbOutput`` each::
 
     scorer(obs, responses, response_only=True) -> LogProbOutput | list[LogProbOutput]
 
-``TransformersPolicy(..., generate=False)`` is one; ``llm_gym.distributed.RayLogProbModel``
-is another. ``response_only=True`` asks for the response's log-probs alone
-(``log_probs.response``; ``prompt`` and ``full`` may then be None), which skips the
-vocabulary projection over the prompt. A scorer says it scores with ``generate = False``
-(a policy in generate mode has the same call but samples instead), and may have
-``input_mode`` (the observation key it reads) and ``pad_output`` (must be False here).
+``response_only=True`` asks for the response's log-probs alone (``log_probs.response``;
+``prompt`` and ``full`` may then be None), which skips the vocabulary projection over the
+prompt. A scorer may have ``input_mode`` (the observation key it reads) and ``pad_output``
+(must be False here). ``TransformersPolicy`` implements all of it;
+``llm_gym.distributed.RayLogProbModel`` scores in a Ray actor.
 """
 
 from __future__ import annotations
@@ -32,6 +30,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from llm_gym.chat.containers import LogProbs, Masks, Tokens
+from llm_gym.checks import ArgumentTypeError
 
 __all__ = [
     "FINISH_REASONS",
@@ -40,6 +39,8 @@ __all__ = [
     "Sampler",
     "Scorer",
     "check_scorer",
+    "check_token_batch",
+    "check_token_ids",
     "is_scorer",
     "response_log_probs",
 ]
@@ -52,11 +53,12 @@ FINISH_REASONS = ("stop", "length")
 class Sample:
     """One sampled response: ``tokens`` (``int64``, as sampled, the end-of-sequence token
     included when one was produced), ``log_probs`` (``float32``, one per token, from the
-    model's raw logits), ``finish_reason`` (one of ``FINISH_REASONS``) and ``version`` (the
-    policy version that sampled it; None where unknown)."""
+    model's raw logits; None from a sampler told not to compute them), ``finish_reason``
+    (``"stop"`` iff the last token is an end-of-sequence token, else ``"length"``) and
+    ``version`` (the policy version that sampled it; None where unknown)."""
 
     tokens: np.ndarray
-    log_probs: np.ndarray
+    log_probs: np.ndarray | None
     finish_reason: str
     version: int | None = None
 
@@ -67,12 +69,14 @@ class Sampler(Protocol):
 
     version: int | None
 
-    def sample(self, prompts: Sequence[np.ndarray]) -> list[Sample]: ...
+    def sample(self, prompts: Sequence[np.ndarray]) -> list[Sample]:
+        """One ``Sample`` per prompt (``k`` consecutive ones per prompt for ``k`` samples)."""
+        ...
 
 
 @dataclass
 class LogProbOutput:
-    """What a scorer returns for one conversation (or a whole batch with ``pad_output``).
+    """What a scorer's call returns for one conversation (or a batch with ``pad_output``).
 
     - ``input_ids``: the token ids that were scored, ``(T,)``; ``(B, T)`` left-padded.
     - ``log_probs``: ``full[t] = log π(input_ids[t] | input_ids[:t])``; the first token has no
@@ -91,19 +95,28 @@ class LogProbOutput:
 
 @runtime_checkable
 class Scorer(Protocol):
-    """Anything that scores responses: ``generate = False`` and this call."""
+    """Anything that scores responses: token-level ``score`` and the observation-level call
+    (``generate = False``); the wrappers need only the call (see ``is_scorer``)."""
 
     generate: bool
 
     def __call__(
         self, obs: Any, responses: Any = None, *, response_only: bool = False
-    ) -> LogProbOutput | list[LogProbOutput]: ...
+    ) -> LogProbOutput | list[LogProbOutput]:
+        """Log-probs of ``obs`` (+ ``responses``): one ``LogProbOutput`` per conversation."""
+        ...
+
+    def score(
+        self, prompts: Sequence[np.ndarray], responses: Sequence[np.ndarray]
+    ) -> list[np.ndarray]:
+        """``float32`` log-probs of each response's tokens given its prompt."""
+        ...
 
 
 def is_scorer(model: Any) -> bool:
-    """Whether ``model`` follows the scorer protocol (a transformers model does not: its
-    ``generate`` is a method, not False)."""
-    return isinstance(model, Scorer) and model.generate is False
+    """Whether the wrappers can call ``model`` as a scorer: callable with ``generate`` False (a
+    transformers model is not: its ``generate`` is a method)."""
+    return callable(model) and getattr(model, "generate", None) is False
 
 
 def check_scorer(model: Any, argument: str) -> Scorer:
@@ -146,3 +159,47 @@ def response_log_probs(
         log_probs = out.log_probs.response if assistant_only else out.log_probs.full
         result.append(np.asarray(log_probs, dtype=np.float32))
     return result
+
+
+def check_token_ids(name: str, value: Any, vocab_size: int | None = None) -> np.ndarray:
+    """``value`` as a 1-D ``int64`` array of token ids, each in ``[0, vocab_size)`` when given.
+
+    >>> check_token_ids("p", [5, 9], vocab_size=8)
+    Traceback (most recent call last):
+    ...
+    ValueError: p: token ids must lie in [0, 8) (the model's vocabulary), got ids from 5 to 9
+    """
+    array = np.asarray(value) if isinstance(value, (list, tuple, np.ndarray)) else None
+    if array is None or array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
+        got = type(value).__name__
+        if array is not None:
+            got = f"array of dtype {array.dtype} and shape {array.shape}"
+        elif isinstance(value, (list, tuple)) and value:
+            got = f"{got} of {type(value[0]).__name__}"
+        raise ArgumentTypeError(f"{name} must be a 1-D int64 array of token ids, got {got}")
+    array = array.astype(np.int64, copy=False)
+    if vocab_size is not None and array.size and (array.min() < 0 or array.max() >= vocab_size):
+        raise ValueError(
+            f"{name}: token ids must lie in [0, {vocab_size}) (the model's vocabulary), got ids "
+            f"from {int(array.min())} to {int(array.max())}"
+        )
+    return array
+
+
+def check_token_batch(
+    name: str, values: Any, vocab_size: int | None = None, *, min_length: int = 0
+) -> list[np.ndarray]:
+    """``values`` (a list or tuple of token-id sequences) as a list of ``check_token_ids``
+    arrays of at least ``min_length`` tokens each."""
+    if not isinstance(values, (list, tuple)):
+        raise ArgumentTypeError(
+            f"{name} must be a list of 1-D int64 arrays of token ids (one per sequence), got "
+            f"{type(values).__name__}"
+        )
+    arrays = [check_token_ids(f"{name}[{i}]", v, vocab_size) for i, v in enumerate(values)]
+    for i, array in enumerate(arrays):
+        if len(array) < min_length:
+            raise ValueError(
+                f"{name}[{i}] must hold at least {min_length} token(s), got {len(array)}"
+            )
+    return arrays
