@@ -13,6 +13,7 @@ from llm_gym.wrappers import ESTIMATORS
 
 
 def add_parser(commands: Any) -> None:
+    """Add ``train`` and its options to the ``llm-gym`` subcommands."""
     parser = commands.add_parser(
         "train",
         help="train a model with GRPO on a chat task; write metrics, a plot and checkpoints",
@@ -45,12 +46,14 @@ def add_parser(commands: Any) -> None:
 
 
 def prepare(args: argparse.Namespace) -> GRPOTrainer:
+    """The prepared run (models loaded, envs made, folder claimed): where bad input fails."""
     check_task_env(args.env, "train")
     config = make_config(GRPOConfig, args)
     return GRPOTrainer(config)
 
 
 def run(trainer: GRPOTrainer) -> int:
+    """Train and print the greedy success before and after; the exit code (130 after Ctrl-C)."""
     try:
         summary = trainer.train()
     except KeyboardInterrupt:
