@@ -24,6 +24,7 @@ class Parser(argparse.ArgumentParser):
     """argparse, with its errors on one line (no usage block) and exit code 2."""
 
     def error(self, message: str) -> NoReturn:
+        """Exit with ``message`` on one line and code 2."""
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
@@ -101,7 +102,14 @@ def add_task_options(add: Callable[..., Any], defaults: Any) -> None:
     add("--seed", type=number(int, 0), default=defaults.seed)
     add("--threads", type=number(int, 1), default=None, help="torch CPU threads (default: "
         "torch's); 1 is much faster when other processes load the cores")  # fmt: skip
-    add_tool_options(add, defaults)
+    add("--tools", type=tool_list, default=None, metavar="NAMES",
+        help="tools the model may call between turns, e.g. 'python' (the sandboxed "
+        "interpreter); episodes become multi-turn")  # fmt: skip
+    add("--max-tool-calls", type=number(int, 1), default=defaults.max_tool_calls,
+        help="tool calls per episode (default: %(default)s)")  # fmt: skip
+    add("--tool-format", choices=CALL_FORMATS, default=defaults.tool_format,
+        help="how the model calls tools: 'hermes' (<tool_call> JSON) or 'markdown' "
+        "(```python blocks run by the python tool); default: %(default)s")  # fmt: skip
     add("--out", default=defaults.out, help="run folder (default: %(default)s)")
     add("--overwrite", action="store_true", help="replace an earlier run in --out")
     add("--no-progress", action="store_true", help="no progress bar")
@@ -116,18 +124,6 @@ def tool_list(text: str) -> list[str]:
             f"expected a comma-separated list of {list(BUILTIN_TOOLS)}, got {text!r}"
         )
     return names
-
-
-def add_tool_options(add: Callable[..., Any], defaults: Any) -> None:
-    """``--tools`` and ``--max-tool-calls``: multi-turn episodes with tool calls."""
-    add("--tools", type=tool_list, default=None, metavar="NAMES",
-        help="tools the model may call between turns, e.g. 'python' (the sandboxed "
-        "interpreter); episodes become multi-turn")  # fmt: skip
-    add("--max-tool-calls", type=number(int, 1), default=defaults.max_tool_calls,
-        help="tool calls per episode (default: %(default)s)")  # fmt: skip
-    add("--tool-format", choices=CALL_FORMATS, default=defaults.tool_format,
-        help="how the model calls tools: 'hermes' (<tool_call> JSON) or 'markdown' "
-        "(```python blocks run by the python tool); default: %(default)s")  # fmt: skip
 
 
 def make_config(cls: type, args: argparse.Namespace) -> Any:

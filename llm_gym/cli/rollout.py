@@ -10,6 +10,8 @@ from llm_gym.cli._args import add_task_options, check_task_env, make_config, num
 from llm_gym.run import Rollout, RolloutConfig
 from llm_gym.wrappers import ESTIMATORS
 
+__all__ = ["add_parser", "prepare", "run"]
+
 
 def add_parser(commands: Any) -> None:
     """Add ``rollout`` and its options to the ``llm-gym`` subcommands."""

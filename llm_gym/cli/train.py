@@ -11,6 +11,8 @@ from llm_gym.train import GRPOConfig, GRPOTrainer
 from llm_gym.train.records import CHECKPOINT_DIR, METRICS_FILE, PLOT_FILE
 from llm_gym.wrappers import ESTIMATORS
 
+__all__ = ["add_parser", "prepare", "run"]
+
 
 def add_parser(commands: Any) -> None:
     """Add ``train`` and its options to the ``llm-gym`` subcommands."""

@@ -15,7 +15,6 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 import torch
 from tqdm.auto import tqdm
@@ -23,6 +22,7 @@ from tqdm.auto import tqdm
 from llm_gym.checks import check_int
 from llm_gym.models import load_model
 from llm_gym.run.config import RunConfig
+from llm_gym.run.plots import plot_curves
 from llm_gym.run.setup import charge_kl, make_sampler, resolve_device, resolve_dtype, task_envs
 
 __all__ = [
@@ -33,9 +33,9 @@ __all__ = [
     "RolloutConfig",
     "Summary",
     "check_out",
-    "make_envs",
     "prepare_out",
     "run_rollout",
+    "summarize",
 ]
 
 EPISODES_FILE = "episodes.jsonl"
@@ -100,13 +100,6 @@ class Summary:
         rows.append(("tokens/s", f"{self.tokens_per_second:.1f}"))
         width = max(len(name) for name, _ in rows)
         return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
-
-
-def make_envs(config: RolloutConfig, tokenizer: Any) -> gym.vector.VectorEnv:
-    """The task's vector env in tokens mode, with the curriculum when asked for."""
-    return task_envs(
-        config, tokenizer, config.num_envs, split=config.split, data_dir=config.data_dir
-    )
 
 
 def check_out(out: Path, overwrite: bool) -> None:
@@ -211,7 +204,9 @@ class Rollout:
                 f"model's context of {context} tokens"
             )
         self.policy = make_sampler(model, tokenizer, config)
-        envs = make_envs(config, tokenizer)
+        envs = task_envs(
+            config, tokenizer, config.num_envs, split=config.split, data_dir=config.data_dir
+        )
         if config.episodes is None:
             epoch = getattr(envs.unwrapped, "epoch_size", None)
             self.config = config = replace(config, episodes=epoch or PROCEDURAL_EPISODES)
@@ -230,7 +225,7 @@ class Rollout:
         summary = summarize(items, seconds)
         record = {"config": asdict(self.config), "summary": asdict(summary)}
         (self.out / SUMMARY_FILE).write_text(json.dumps(record, indent=2) + "\n")
-        plot(items, self.out / PLOT_FILE)
+        plot_curves(items, ("reward", "kl_mean"), self.out / PLOT_FILE, "episode")
         return summary
 
     def _collect(self) -> tuple[list[dict[str, Any]], float]:
@@ -295,27 +290,3 @@ def summarize(items: list[dict[str, Any]], seconds: float) -> Summary:
         seconds=seconds,
         **tools,
     )
-
-
-def plot(items: list[dict[str, Any]], path: Path) -> None:
-    """Reward and KL per episode, with running means, as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display: write the file only
-    import matplotlib.pyplot as plt
-
-    episodes = np.arange(len(items))
-    rewards = np.array([r["reward"] for r in items], dtype=float)
-    kl = np.array([np.nan if r["kl_mean"] is None else r["kl_mean"] for r in items], dtype=float)
-    fig, axes = plt.subplots(2, 1, figsize=(7, 5), sharex=True)
-    for ax, values, name in ((axes[0], rewards, "reward"), (axes[1], kl, "KL / token")):
-        ax.plot(episodes, values, ".", alpha=0.5, label=name)
-        if len(values) and not np.isnan(values).all():
-            running = np.cumsum(np.nan_to_num(values)) / np.arange(1, len(values) + 1)
-            ax.plot(episodes, running, "-", label="running mean")
-        ax.set_ylabel(name)
-        ax.legend(loc="best")
-    axes[1].set_xlabel("episode")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
