@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from llm_gym.runner import Rollout, RolloutConfig
+from llm_gym.run import Rollout, RolloutConfig
 
 # (label, env id, env arguments, answer format); level None is the task's default.
 CASES = [

@@ -13,9 +13,10 @@ import pytest
 import torch
 from gsm8k_fixture import FIXTURE  # made-up problems, written to a temp folder
 
+from llm_gym.chat import Response
 from llm_gym.cli import main
 from llm_gym.models import tiny_model
-from llm_gym.runner import Rollout, RolloutConfig
+from llm_gym.run import Rollout, RolloutConfig
 
 
 @pytest.fixture(scope="module")
@@ -231,21 +232,41 @@ def test_envs_lists_ids_and_spaces():
     assert "observation space: Dict('history': Sequence(" in result.stdout
 
 
-def test_rollout_with_tools_records_calls_and_the_conversation(model_dirs, tmp_path):
-    # A tiny random model rarely writes a well-formed call: the counts are checked against
-    # the episodes, whatever it wrote.
-    out = tmp_path / "run"
-    args = rollout_args(model_dirs, out, "--tools", "python", "--max-tool-calls", "2")
+def test_rollout_with_tools_records_calls_and_the_conversation(
+    model_dirs, tmp_path, smollm2_tokenizer
+):
+    args = rollout_args(model_dirs, tmp_path / "cli", "--tools", "python", "--max-tool-calls", "2")
     assert main(args) == 0
-    episodes = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["config"]["tools"] == ["python"]
+    summary = json.loads((tmp_path / "cli" / "summary.json").read_text())
+    assert summary["config"]["tools"] == ["python"] and summary["config"]["max_tool_calls"] == 2
+    # A scripted policy: a call that runs, a call of an unknown tool (it fails), the answer.
+    script = [
+        '<tool_call>{"name": "python", "arguments": {"code": "print(6 * 7)"}}</tool_call>',
+        '<tool_call>{"name": "nope", "arguments": {}}</tool_call>',
+        "The answer is 42",
+    ]
+    tok = smollm2_tokenizer
+
+    def scripted(obs):
+        texts = [script[sum(m["role"] == "tool" for m in h)] for h in obs["history"]]
+        ids = [tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for t in texts]
+        return [Response(t, np.array(i)) for t, i in zip(texts, ids, strict=True)]
+
+    config = RolloutConfig(
+        env="LLMChat-GSM8K-v0", split="test", data_dir=str(FIXTURE), model=model_dirs[0],
+        num_envs=2, episodes=3, tools=["python"], max_tool_calls=2,
+        out=str(tmp_path / "scripted"), progress=False,
+    )  # fmt: skip
+    rollout = Rollout(config)
+    rollout.policy = scripted
+    result = rollout.run()
+    episodes = [json.loads(line) for line in rollout.episodes_path.open()]
+    assert len(episodes) == 3
     for e in episodes:
-        assert 0 <= e["failed_tool_calls"] <= e["num_tool_calls"] <= 2
+        assert (e["num_tool_calls"], e["failed_tool_calls"]) == (2, 1)
         roles = [m["role"] for m in e["conversation"]]
-        assert roles[:2] == ["system", "user"] and roles.count("tool") == e["num_tool_calls"]
-        assert len(e["responses"]) == roles.count("assistant")
-        assert '"name": "python"' in e["prompt"][0]["content"]
-    calls = [e["num_tool_calls"] for e in episodes]
-    assert summary["summary"]["tool_calls_per_episode"] == pytest.approx(np.mean(calls))
-    assert summary["summary"]["tool_episode_share"] == pytest.approx(np.mean(np.array(calls) > 0))
+        assert roles == ["system", "user", *["assistant", "tool"] * 2, "assistant"]
+        assert "42" in e["conversation"][3]["content"]  # the python tool's output
+        assert e["responses"] == script and '"name": "python"' in e["prompt"][0]["content"]
+    assert (result.tool_calls_per_episode, result.tool_episode_share) == (2.0, 1.0)
+    assert result.failed_tool_share == 0.5

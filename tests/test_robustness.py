@@ -131,7 +131,7 @@ def test_non_finite_log_probs_are_rejected_before_the_env_steps():
 
 
 def test_overwrite_leaves_no_file_of_the_earlier_run(tmp_path):
-    from llm_gym.runner import EPISODES_FILE, PLOT_FILE, SUMMARY_FILE, prepare_out
+    from llm_gym.run.rollout import EPISODES_FILE, PLOT_FILE, SUMMARY_FILE, prepare_out
 
     for name in (EPISODES_FILE, SUMMARY_FILE, PLOT_FILE):
         (tmp_path / name).write_text("earlier run")

@@ -23,6 +23,14 @@ def length_reward(input_ids, attention_mask):
     return attention_mask.sum(-1).float()
 
 
+class RecordingController(ConstantKLController):
+    """A constant coefficient that keeps the KL rewards each update was given."""
+
+    def update(self, kl_values):
+        self.seen = list(kl_values)
+        return super().update(kl_values)
+
+
 def constant_reward(score):
     return lambda input_ids, attention_mask: torch.full((input_ids.shape[0],), score)
 
@@ -59,11 +67,16 @@ def ref_model():
 def sampled(model, ref_model):
     """One sampled rollout (and its generate() output) against a different reference model."""
     torch.manual_seed(0)
-    rollout = RolloutFromModel(model, ref_model, length_reward, kl_coef=0.5, max_new_tokens=M)
+    controller = RecordingController(0.5)
+    rollout = RolloutFromModel(
+        model, ref_model, length_reward, max_new_tokens=M, kl_scheduler=controller
+    )
     batch = make_batch()
     generated, log_probs, log_ratio = rollout.generate(batch)
     out = rollout.create_rollout(batch, generated, log_probs, log_ratio)
-    return SimpleNamespace(out=out, generated=generated, batch=batch, rollout=rollout)
+    return SimpleNamespace(
+        out=out, generated=generated, batch=batch, rollout=rollout, controller=controller
+    )
 
 
 def rows(out):
@@ -132,7 +145,9 @@ def test_log_probs_and_kl_match_plain_forward(sampled, model, ref_model):
         assert torch.all(sample_log_prob[n:] == 0) and torch.all(reward_kl[n:] == 0)
     reward = out["next"]["reward_raw"] + out["next"]["reward_kl"]
     torch.testing.assert_close(out["next"]["reward"], reward)
-    assert sampled.rollout._kl_queue[-1] == pytest.approx(float(out["next"]["reward_kl"].mean()))
+    # The scheduler is handed the rollout's mean KL reward.
+    assert sampled.rollout.step_scheduler() == 0.5
+    assert sampled.controller.seen == [pytest.approx(float(out["next"]["reward_kl"].mean()))]
 
 
 def test_reward_kl_is_zero_when_ref_model_is_the_model(model):
@@ -299,14 +314,14 @@ def test_step_scheduler_applies_the_adaptive_rule(model, ref_model):
 
 
 def test_num_steps_keeps_the_last_values_and_constant_controller(model, ref_model):
-    controller = ConstantKLController(0.3)
+    controller = RecordingController(0.3)
     rollout = RolloutFromModel(
         model, ref_model, length_reward, max_new_tokens=2, num_steps=1, kl_scheduler=controller
     )
     for _ in range(3):
         last = float(rollout(make_batch())["next"]["reward_kl"].mean())
-    assert list(rollout._kl_queue) == [pytest.approx(last)]
     assert rollout.step_scheduler() == 0.3
+    assert controller.seen == [pytest.approx(last)]  # the last num_steps=1 value only
 
 
 def test_log_prob_policy_as_ref_model(gpt2_tokenizer):
@@ -339,11 +354,11 @@ def test_bad_constructor_arguments(model):
         (TypeError, "ref_model must be a causal LM", {"ref_model": 3}),
         (TypeError, "reward_model must be callable", {"reward_model": "rm"}),
         (TypeError, "max_new_tokens must be an int", {"max_new_tokens": 2.0}),
-        (ValueError, "max_new_tokens must be >= 1, got 0", {"max_new_tokens": 0}),
+        (ValueError, "max_new_tokens must be an int >= 1, got 0", {"max_new_tokens": 0}),
         (ValueError, "score_clip must be a number > 0", {"score_clip": 0}),
         (ValueError, "kl_coef must be a finite number >= 0", {"kl_coef": -1.0}),
-        (ValueError, "num_steps must be >= 1, got 0", {"num_steps": 0}),
-        (TypeError, "num_steps must be an int, got float", {"num_steps": 1.0}),
+        (ValueError, "num_steps must be None or an int >= 1, got 0", {"num_steps": 0}),
+        (TypeError, "num_steps must be None or an int >= 1, got 1.0", {"num_steps": 1.0}),
         (TypeError, "kl_scheduler must be a KL controller", {"kl_scheduler": 0.1}),
         (ValueError, "differs from kl_scheduler.coef",
          {"kl_coef": 0.5, "kl_scheduler": ConstantKLController(0.1)}),

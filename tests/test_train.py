@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from llm_gym.chat import Response
 from llm_gym.cli import main
 from llm_gym.models import tiny_model
 from llm_gym.train import GRPOConfig, GRPOTrainer, group_advantages, grpo_loss
@@ -74,9 +75,12 @@ def test_train_writes_metrics_plot_checkpoint_and_resumes(tiny_dir, tmp_path):
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows] == [0, 1]
     for row in rows:
-        assert 0.0 <= row["success"] <= 1.0 and 1 <= row["response_tokens"] <= 4
-        assert row["level"] == 0 and row["kl"] is None and row["tokens_per_second"] > 0
-        assert np.isfinite(row["loss"])
+        # The seeded tiny model writes 4 tokens of noise: no answer, no EOS. Without KL the
+        # return is the task's reward (a row mixing the two would differ).
+        assert row["success"] == 0.0 and row["response_tokens"] == 4.0
+        assert row["reward"] == row["task_reward"] and row["kl"] is None is row["kl_coef"]
+        assert row["level"] == 0 and row["tokens_per_second"] > 0 and np.isfinite(row["loss"])
+    assert "tool_calls_per_episode" not in rows[0]  # tool metrics only with tools
     assert (out / "training.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     state = torch.load(out / "checkpoint" / "trainer.pt", weights_only=False)
     assert state["iteration"] == 2 and "state" in state["optimizer"]
@@ -114,6 +118,36 @@ def test_an_update_moves_the_policy_toward_the_better_response(tiny_dir, tmp_pat
     assert after[0] > before[0] and after[1] < before[1]
 
 
+def scripted_policy(tok, answer):
+    """A sampler whose responses are ``answer(i, prompt_text)`` for each sub-env ``i``."""
+
+    def policy(batch):
+        texts = [answer(i, tok.decode(p)) for i, p in enumerate(batch["tokens"])]
+        ids = [tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for t in texts]
+        return [Response(t, np.array(i)) for t, i in zip(texts, ids, strict=True)]
+
+    return policy
+
+
+def test_a_metrics_row_holds_the_iterations_values(tiny_dir, tmp_path):
+    # GSM8K on one question; in each group of two, one response is right, one wrong.
+    rows = [{"question": "What is 2 + 3?", "answer": "#### 5"}]
+    config = GRPOConfig(
+        model=tiny_dir, out=str(tmp_path), env="LLMChat-GSM8K-v0", env_args={"dataset": rows},
+        groups=2, group_size=2, max_new_tokens=8, eval_episodes=0, progress=False,
+    )  # fmt: skip
+    trainer = GRPOTrainer(config)
+    tok = trainer.tokenizer
+    trainer.sampler = scripted_policy(tok, lambda i, _: f"It is {5 + i % 2}")
+    obs, _ = trainer.envs.reset(seed=0)
+    _, row = trainer.iteration(obs, 0)
+    lengths = [len(tok(f"It is {n}", add_special_tokens=False)["input_ids"]) + 1 for n in (5, 6)]
+    assert row["success"] == 0.5  # right (1.0) and wrong (0.1) in each group: last_number
+    assert row["reward"] == row["task_reward"] == pytest.approx((1.0 + 0.1) / 2)
+    assert row["response_tokens"] == np.mean(lengths) and row["kl"] is None
+    assert row["loss"] == pytest.approx(0.0, abs=1e-6)  # ratio 1: -mean(advantages) = 0
+
+
 def test_kl_penalty_in_bfloat16_compares_like_with_like(tiny_dir, tmp_path):
     # The reference is the starting model: before the first update the policy's re-scored
     # log-probs and the reference's come from the same forward, so the KL is exactly 0.
@@ -139,11 +173,16 @@ def test_an_iteration_on_cuda(tiny_dir, tmp_path):
         dtype="bfloat16", progress=False,
     )  # fmt: skip
     trainer = GRPOTrainer(config)
-    assert trainer.model.device.type == "cuda"
+    weights = [p.detach().clone() for p in trainer.model.parameters()]
     obs, _ = trainer.envs.reset(seed=0)
     _, row = trainer.iteration(obs, 0)
-    assert np.isfinite(row["loss"]) and row["kl"] is not None
-    assert 0.0 <= trainer.evaluate()["success"] <= 1.0
+    assert np.isfinite(row["loss"]) and row["kl"] == pytest.approx(0.0, abs=1e-6)  # vs itself
+    params = list(trainer.model.parameters())
+    assert any(not torch.equal(w, p) for w, p in zip(weights, params, strict=True))  # updated
+    assert all(p.device.type == "cuda" for p in params)
+    result = trainer.evaluate()  # two greedy episodes of at most 4 tokens, on the GPU
+    assert set(result) == {"success", "reward", "response_tokens"}
+    assert result["success"] in (0.0, 0.5, 1.0) and 1 <= result["response_tokens"] <= 4
 
 
 # -- errors -----------------------------------------------------------------------------
@@ -205,41 +244,52 @@ def test_tools_with_a_kl_penalty_are_refused_by_name():
 # -- tools ------------------------------------------------------------------------------
 
 
+def calls_then_answers(tok):
+    """In every sub-env: call the python tool (print 7), then, once it answered, answer 7."""
+
+    def answer(i, prompt):
+        called = "<|im_start|>tool" in prompt
+        return "The answer is 7" if called else TOOL_CALL
+
+    return scripted_policy(tok, answer)
+
+
+TOOL_CALL = '<tool_call>{"name": "python", "arguments": {"code": "print(7)"}}</tool_call>'
+
+
 def test_train_with_tools_plays_multi_turn_episodes(tiny_dir, tmp_path):
     out = tmp_path / "run"
     assert main(train_args(tiny_dir, out, "--tools", "python", "--max-tool-calls", "1")) == 0
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["config"]["tools"] == ["python"] and summary["config"]["max_tool_calls"] == 1
+    # A scripted policy plays each episode in two turns: one tool call, then the answer.
+    config = GRPOConfig(
+        model=tiny_dir, out=str(tmp_path / "scripted"), env_args={"task": "chain_sum"},
+        iterations=2, groups=1, group_size=2, max_new_tokens=4, eval_episodes=2,
+        tools=["python"], max_tool_calls=1, progress=False,
+    )  # fmt: skip
+    trainer = GRPOTrainer(config)
+    trainer.sampler = calls_then_answers(trainer.tokenizer)
+    trainer.train()
+    rows = [json.loads(line) for line in (tmp_path / "scripted/metrics.jsonl").open()]
     assert [r["iteration"] for r in rows] == [0, 1]
     for row in rows:
-        assert 0.0 <= row["tool_calls_per_episode"] <= 1.0 and np.isfinite(row["loss"])
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["config"]["tools"] == ["python"]
-    assert 0.0 <= summary["before"]["tool_calls_per_episode"] <= 1.0
+        assert row["tool_calls_per_episode"] == 1.0 and row["failed_tool_share"] == 0.0
+    # The held-out evaluation plays tool episodes too, and counts their calls.
+    before = trainer.evaluate(policy=calls_then_answers(trainer.tokenizer))
+    assert before["tool_calls_per_episode"] == 1.0
 
 
 def test_tool_episodes_are_trained_on_the_policys_tokens_only(tiny_dir, tmp_path):
-    from llm_gym.chat import Response
-
     config = GRPOConfig(
         model=tiny_dir, out=str(tmp_path), env_args={"task": "chain_sum"}, groups=1,
         group_size=2, max_new_tokens=4, eval_episodes=0, tools=["python"], progress=False,
     )  # fmt: skip
     trainer = GRPOTrainer(config)
     tok = trainer.tokenizer
-    script = [
-        '<tool_call>{"name": "python", "arguments": {"code": "print(7)"}}</tool_call>',
-        "The answer is 7",
-    ]
-    turns = {"n": 0}
-
-    def scripted(batch):  # calls the tool, then answers, in every sub-env
-        text = script[min(turns["n"], 1)]
-        turns["n"] += 1
-        ids = np.array(tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id])
-        return [Response(text, ids) for _ in batch["tokens"]]
-
-    trainer.sampler = scripted
+    trainer.sampler = calls_then_answers(tok)
     _, row = trainer.iteration(None, 0)
+    script = (TOOL_CALL, "The answer is 7")
     policy_tokens = sum(len(tok(t, add_special_tokens=False)["input_ids"]) + 1 for t in script)
     # The tool's output and the template's framing are in the conversation, not in the loss.
     assert row["response_tokens"] == policy_tokens

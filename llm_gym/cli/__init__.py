@@ -27,6 +27,7 @@ __all__ = ["main", "build_parser", "llm_gym_env_ids"]
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``llm-gym`` parser with its subcommands."""
     parser = Parser(prog="llm-gym", description="Gymnasium environments for LLM RL.")
     parser.add_argument("--version", action="version", version=f"llm-gym {llm_gym.__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
@@ -53,6 +54,7 @@ def _envs() -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``llm-gym`` with ``argv`` (default: the command line); the exit code."""
     args = build_parser().parse_args(argv)
     # The command draws its own progress bar; transformers' weight-loading bars are noise.
     transformers.utils.logging.disable_progress_bar()

@@ -13,8 +13,8 @@ from typing import Any, NoReturn
 import gymnasium as gym
 
 from llm_gym.rewards.answers import ANSWER_FORMATS
+from llm_gym.run.config import DTYPE_NAMES
 from llm_gym.tools.calls import CALL_FORMATS
-from llm_gym.train.setup import DTYPES
 
 EXIT_USAGE = 2
 BUILTIN_TOOLS = ("python",)
@@ -24,10 +24,13 @@ class Parser(argparse.ArgumentParser):
     """argparse, with its errors on one line (no usage block) and exit code 2."""
 
     def error(self, message: str) -> NoReturn:
+        """Exit with ``message`` on one line and code 2."""
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
 def number(kind: type, low: float, inclusive: bool = True) -> Callable[[str], int | float]:
+    """An argparse ``type``: ``kind`` (int or float) of the text, finite and ``>= low`` (``>``
+    unless ``inclusive``)."""
     relation = ">=" if inclusive else ">"
 
     def parse(text: str) -> int | float:
@@ -45,6 +48,7 @@ def number(kind: type, low: float, inclusive: bool = True) -> Callable[[str], in
 
 
 def env_arg(text: str) -> tuple[str, Any]:
+    """``--env-arg KEY=VALUE``: the value as JSON when it parses, else the text."""
     key, sep, value = text.partition("=")
     if not sep or not key.isidentifier():
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
@@ -93,12 +97,19 @@ def add_task_options(add: Callable[..., Any], defaults: Any) -> None:
         help="sampling temperature (default: %(default)s)")  # fmt: skip
     add("--device", default=defaults.device,
         help="'auto' (CUDA when there is a GPU), 'cpu', 'cuda' or 'cuda:N'")  # fmt: skip
-    add("--dtype", choices=sorted(DTYPES), default=defaults.dtype,
+    add("--dtype", choices=DTYPE_NAMES, default=defaults.dtype,
         help="the models' dtype (default: %(default)s)")  # fmt: skip
     add("--seed", type=number(int, 0), default=defaults.seed)
     add("--threads", type=number(int, 1), default=None, help="torch CPU threads (default: "
         "torch's); 1 is much faster when other processes load the cores")  # fmt: skip
-    add_tool_options(add, defaults)
+    add("--tools", type=tool_list, default=None, metavar="NAMES",
+        help="tools the model may call between turns, e.g. 'python' (the sandboxed "
+        "interpreter); episodes become multi-turn")  # fmt: skip
+    add("--max-tool-calls", type=number(int, 1), default=defaults.max_tool_calls,
+        help="tool calls per episode (default: %(default)s)")  # fmt: skip
+    add("--tool-format", choices=CALL_FORMATS, default=defaults.tool_format,
+        help="how the model calls tools: 'hermes' (<tool_call> JSON) or 'markdown' "
+        "(```python blocks run by the python tool); default: %(default)s")  # fmt: skip
     add("--out", default=defaults.out, help="run folder (default: %(default)s)")
     add("--overwrite", action="store_true", help="replace an earlier run in --out")
     add("--no-progress", action="store_true", help="no progress bar")
@@ -115,40 +126,13 @@ def tool_list(text: str) -> list[str]:
     return names
 
 
-def add_tool_options(add: Callable[..., Any], defaults: Any) -> None:
-    """``--tools`` and ``--max-tool-calls``: multi-turn episodes with tool calls."""
-    add("--tools", type=tool_list, default=None, metavar="NAMES",
-        help="tools the model may call between turns, e.g. 'python' (the sandboxed "
-        "interpreter); episodes become multi-turn")  # fmt: skip
-    add("--max-tool-calls", type=number(int, 1), default=defaults.max_tool_calls,
-        help="tool calls per episode (default: %(default)s)")  # fmt: skip
-    add("--tool-format", choices=CALL_FORMATS, default=defaults.tool_format,
-        help="how the model calls tools: 'hermes' (<tool_call> JSON) or 'markdown' "
-        "(```python blocks run by the python tool); default: %(default)s")  # fmt: skip
-
-
-def task_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The shared options as config fields."""
-    return {
-        "env": args.env,
-        "env_args": dict(args.env_arg),
-        "answer_format": args.answer_format,
-        "curriculum": args.curriculum or 0,
-        "model": args.model,
-        "max_new_tokens": args.max_new_tokens,
-        "temperature": args.temperature,
-        "device": args.device,
-        "dtype": args.dtype,
-        "seed": args.seed,
-        "out": args.out,
-        "overwrite": args.overwrite,
-        "progress": not args.no_progress,
-    }
-
-
 def make_config(cls: type, args: argparse.Namespace) -> Any:
-    """``cls`` (a config dataclass) from the parsed options: each field from the option of
-    the same name, the shared task options as ``task_options`` maps them."""
+    """``cls`` (a ``RunConfig``) from the parsed options: each field from the option of the
+    same name; ``env_args``, ``curriculum`` and ``progress`` from the options they are
+    spelled differently as."""
     names = {f.name for f in dataclasses.fields(cls)}
     values = {name: value for name, value in vars(args).items() if name in names}
-    return cls(**(values | task_options(args)))
+    values.update(
+        env_args=dict(args.env_arg), curriculum=args.curriculum or 0, progress=not args.no_progress
+    )
+    return cls(**values)

@@ -7,11 +7,14 @@ import sys
 from typing import Any
 
 from llm_gym.cli._args import add_task_options, check_task_env, make_config, number
-from llm_gym.runner import Rollout, RolloutConfig
+from llm_gym.run import Rollout, RolloutConfig
 from llm_gym.wrappers import ESTIMATORS
+
+__all__ = ["add_parser", "prepare", "run"]
 
 
 def add_parser(commands: Any) -> None:
+    """Add ``rollout`` and its options to the ``llm-gym`` subcommands."""
     parser = commands.add_parser(
         "rollout",
         help="run a model on a chat task; write episodes.jsonl, summary.json and a plot",
@@ -36,12 +39,14 @@ def add_parser(commands: Any) -> None:
 
 
 def prepare(args: argparse.Namespace) -> Rollout:
+    """The prepared run (models loaded, envs made): where bad input fails."""
     check_task_env(args.env, "rollout")
     config = make_config(RolloutConfig, args)
     return Rollout(config)
 
 
 def run(rollout: Rollout) -> int:
+    """Run it and print the summary; the exit code (130 after Ctrl-C)."""
     try:
         summary = rollout.run()
     except KeyboardInterrupt:

@@ -11,8 +11,11 @@ from llm_gym.train import GRPOConfig, GRPOTrainer
 from llm_gym.train.records import CHECKPOINT_DIR, METRICS_FILE, PLOT_FILE
 from llm_gym.wrappers import ESTIMATORS
 
+__all__ = ["add_parser", "prepare", "run"]
+
 
 def add_parser(commands: Any) -> None:
+    """Add ``train`` and its options to the ``llm-gym`` subcommands."""
     parser = commands.add_parser(
         "train",
         help="train a model with GRPO on a chat task; write metrics, a plot and checkpoints",
@@ -45,12 +48,14 @@ def add_parser(commands: Any) -> None:
 
 
 def prepare(args: argparse.Namespace) -> GRPOTrainer:
+    """The prepared run (models loaded, envs made, folder claimed): where bad input fails."""
     check_task_env(args.env, "train")
     config = make_config(GRPOConfig, args)
     return GRPOTrainer(config)
 
 
 def run(trainer: GRPOTrainer) -> int:
+    """Train and print the greedy success before and after; the exit code (130 after Ctrl-C)."""
     try:
         summary = trainer.train()
     except KeyboardInterrupt:

@@ -9,9 +9,10 @@ from typing import Any
 
 import torch
 
+from llm_gym.checks import check_bool, check_int, check_number
 from llm_gym.samplers import is_scorer
 
-__all__ = ["check_int", "check_settings", "check_tensor", "read_batch"]
+__all__ = ["check_settings", "check_tensor", "read_batch"]
 
 _LENGTH_KEYS = ("max_new_tokens", "max_tokens", "max_length", "min_length")
 
@@ -44,15 +45,12 @@ def check_settings(
         )
     if not callable(reward_model):
         raise TypeError(f"reward_model must be callable, got {type(reward_model).__name__}")
-    check_int("max_new_tokens", max_new_tokens)
-    if num_steps is not None:
-        check_int("num_steps", num_steps)
+    check_int("max_new_tokens", max_new_tokens, 1)
+    check_int("num_steps", num_steps, 1, optional=True)
     if not isinstance(score_clip, (int, float)) or not score_clip > 0:
         raise ValueError(f"score_clip must be a number > 0 (inf: no clip), got {score_clip!r}")
-    if kl_coef is not None and not (
-        isinstance(kl_coef, (int, float)) and math.isfinite(kl_coef) and kl_coef >= 0
-    ):
-        raise ValueError(f"kl_coef must be a finite number >= 0, got {kl_coef!r}")
+    if kl_coef is not None:
+        check_number("kl_coef", kl_coef, 0)
     if kl_scheduler is not None and not (
         callable(getattr(kl_scheduler, "update", None)) and hasattr(kl_scheduler, "coef")
     ):
@@ -69,8 +67,7 @@ def check_settings(
             f"kl_coef={kl_coef} differs from kl_scheduler.coef={kl_scheduler.coef}: the "
             "scheduler recovers the KL by dividing by its own coef, so leave kl_coef unset"
         )
-    if not isinstance(label_baseline, bool):
-        raise TypeError(f"label_baseline must be a bool, got {type(label_baseline).__name__}")
+    check_bool("label_baseline", label_baseline)
     for key in _LENGTH_KEYS:
         if key in (generate_kwargs or {}):
             raise ValueError(
@@ -126,6 +123,7 @@ def read_batch(
 def check_tensor(
     max_new_tokens: int, name: str, value: Any, shape: tuple[int, ...]
 ) -> torch.Tensor:
+    """``value`` if it is a tensor of ``shape`` (the batch's, for ``max_new_tokens``)."""
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
     if value.shape != shape:
@@ -134,10 +132,3 @@ def check_tensor(
             f"{max_new_tokens}, got {tuple(value.shape)}"
         )
     return value
-
-
-def check_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")

@@ -166,7 +166,7 @@ class RolloutFromModel:
         the raw logits (0 after the response); ``log_ratio`` ``(B, M)``: ``log p - log q`` of
         each generated token under ``model`` and ``ref_model`` (0 after the response).
         """
-        input_ids, _, rindex = self._read_batch(batch)
+        input_ids, _, rindex = read_batch(batch, _device(self.model), self.label_baseline)
         batch_size, length = input_ids.shape
         # Left-pad the prompts: decoder-only models generate from the right edge.
         width = int(rindex.max())
@@ -222,13 +222,11 @@ class RolloutFromModel:
         )
         batch_size, length = input_ids.shape
         m = self.max_new_tokens
-        generated = check_tensor(
-            self.max_new_tokens, "generated", generated, (batch_size, length + m)
-        )
-        log_probs = self._check_tensor("log_probs", log_probs, (batch_size, m, 1))
+        generated = check_tensor(m, "generated", generated, (batch_size, length + m))
+        log_probs = check_tensor(m, "log_probs", log_probs, (batch_size, m, 1))
         if log_ratio is None:
             log_ratio = self._log_ratio(generated, rindex)
-        log_ratio = self._check_tensor("log_ratio", log_ratio, (batch_size, m))
+        log_ratio = check_tensor(m, "log_ratio", log_ratio, (batch_size, m))
         device = generated.device
         steps = torch.arange(m, device=device)
         action = generated.gather(1, rindex[:, None] + steps)
@@ -282,12 +280,6 @@ class RolloutFromModel:
         return self.kl_coef
 
     # -- helpers -------------------------------------------------------------------------
-
-    def _read_batch(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        return read_batch(batch, _device(self.model), self.label_baseline)
-
-    def _check_tensor(self, name: str, value: Any, shape: tuple[int, ...]) -> torch.Tensor:
-        return check_tensor(self.max_new_tokens, name, value, shape)
 
     def _log_ratio(self, generated: torch.Tensor, rindex: torch.Tensor) -> torch.Tensor:
         """``log p - log q`` of each generated token (0 after the response), ``(B, M)``."""

@@ -1,10 +1,12 @@
-"""Multi-turn episodes across a vector env: one whole episode per sub-env, for GRPO.
+"""Whole episodes across a vector env, one per sub-env: what a GRPO iteration trains on.
 
-With tools an episode takes a varying number of turns. Each sub-env plays exactly one
-episode from the observation given; the policy generates only for sub-envs still playing,
-and a sub-env whose episode has ended gets the empty answer, which ends the throwaway
-episode its autoreset began at once (the caller resets the vector env with a seed before
-the next batch, so the throwaway questions cost nothing and GRPO groups stay aligned).
+A single-turn episode takes one step; with tools an episode takes a varying number of turns.
+Each sub-env plays exactly one episode from the observation given; the policy generates only
+for sub-envs still playing, and a sub-env whose episode has ended gets the empty answer,
+which ends the throwaway episode its autoreset began at once (a multi-turn caller resets the
+vector env with a seed before the next batch, so the throwaway questions cost nothing and
+GRPO groups stay aligned; when every episode ends in one step there is none, and the
+returned observation continues the env's stream).
 
 An episode's conversation is its last observation's ``tokens`` (the final turn included) and
 ``policy_mask`` marks the tokens the policy sampled: a trainer scores the conversation in one
@@ -33,8 +35,10 @@ class EpisodeBatch:
     tokens: list[np.ndarray]  # each episode's whole conversation
     masks: list[np.ndarray]  # bool, True on the policy's tokens
     infos: list[dict[str, Any]]  # the final step's success, reward and tool counts
+    kl: list[np.ndarray]  # the KL wrappers' per-token KL of every step (none without them)
     generated: int  # tokens the policy generated
     seconds: float  # spent generating
+    turns: int  # policy calls: 1 when every episode ended in one step
 
 
 @torch.no_grad()
@@ -47,12 +51,14 @@ def play_episodes(envs: Any, policy: Any, obs: dict[str, Any]) -> tuple[EpisodeB
     tokens: list[Any] = [None] * n
     masks: list[Any] = [None] * n
     infos: list[dict[str, Any]] = [{} for _ in range(n)]
-    generated, seconds = 0, 0.0
+    kl: list[np.ndarray] = []
+    generated, seconds, turns = 0, 0.0, 0
     while not done.all():
         active = np.flatnonzero(~done).tolist()
         start = time.perf_counter()
         responses = policy({"tokens": tuple(obs["tokens"][i] for i in active)})
         seconds += time.perf_counter() - start
+        turns += 1
         actions: list[Any] = [""] * n
         for i, response in zip(active, responses, strict=True):
             actions[i] = response
@@ -60,6 +66,8 @@ def play_episodes(envs: Any, policy: Any, obs: dict[str, Any]) -> tuple[EpisodeB
         obs, rewards, terminated, truncated, info = envs.step(actions)
         for i in active:
             returns[i] += rewards[i]
+            if "kl" in info:
+                kl.append(np.asarray(info["kl"][i]))
             if terminated[i] or truncated[i]:
                 final = info["final_obs"][i]
                 tokens[i] = np.asarray(final["tokens"])
@@ -67,4 +75,4 @@ def play_episodes(envs: Any, policy: Any, obs: dict[str, Any]) -> tuple[EpisodeB
                 kept = info["final_info"]
                 infos[i] = {key: kept[key][i].item() for key in _KEPT if key in kept}
                 done[i] = True
-    return EpisodeBatch(returns, tokens, masks, infos, generated, seconds), obs
+    return EpisodeBatch(returns, tokens, masks, infos, kl, generated, seconds, turns), obs

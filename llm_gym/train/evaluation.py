@@ -8,8 +8,8 @@ import numpy as np
 import torch
 
 from llm_gym.policies import TransformersPolicy
+from llm_gym.run.setup import make_task_envs
 from llm_gym.train.episodes import play_episodes
-from llm_gym.train.setup import make_task_envs
 
 __all__ = ["evaluate"]
 
@@ -25,69 +25,44 @@ def evaluate(
     max_new_tokens: int,
     num_envs: int = 32,
     env_args: dict[str, Any] | None = None,
+    policy: Any = None,
     **options: Any,
 ) -> dict[str, float]:
     """Greedy-decode ``episodes`` episodes of ``env_id`` from ``seed``'s questions; their
     mean ``success``, ``reward`` and response length in tokens (with ``tools=`` in
-    ``options``: multi-turn episodes, and their tool calls).
+    ``options``: multi-turn episodes, and their tool calls per episode).
 
-    The sub-envs split one stream (``shard``), so the episodes are the stream's first
-    ``episodes`` questions whatever ``num_envs`` is: the same before and after training.
-    ``options`` go to the env as ``make_task_envs`` passes them.
+    Single-turn episodes are the first ``episodes`` questions of one stream that the sub-envs
+    split (``shard``), whatever ``num_envs`` is: the same before and after training. Tool
+    episodes are played in rounds of one whole episode per sub-env, round ``r`` from the
+    order of ``seed + r``, so the questions do not depend on how many turns the model took.
+    ``options`` go to the env as ``make_task_envs`` passes them; ``policy`` replaces the
+    greedy ``TransformersPolicy`` of ``model``.
     """
-    num_envs = min(num_envs, episodes)
-    envs = make_task_envs(env_id, num_envs, tokenizer, env_args, **options)
-    policy = TransformersPolicy(
-        model,
-        tokenizer,
-        input_mode="tokens",
-        generate_kwargs={"max_new_tokens": max_new_tokens, "do_sample": False},
-    )
-    if options.get("tools"):
-        try:
-            return _evaluate_tool_episodes(envs, policy, episodes, seed)
-        finally:
-            envs.close()
-    success, rewards, lengths = [], [], []
-    obs, _ = envs.reset(seed=seed)
+    tools = bool(options.get("tools"))
+    envs = make_task_envs(env_id, min(num_envs, episodes), tokenizer, env_args, **options)
+    if policy is None:
+        kwargs = {"max_new_tokens": max_new_tokens, "do_sample": False}
+        policy = TransformersPolicy(model, tokenizer, input_mode="tokens", generate_kwargs=kwargs)
+    success, rewards, lengths, calls = [], [], [], []
     try:
+        obs, _ = envs.reset(seed=seed)
         while len(success) < episodes:
-            responses = policy(obs)
-            obs, reward, terminated, truncated, info = envs.step(responses)
-            done = terminated | truncated
-            if not done.all():
+            if tools and success:
+                obs, _ = envs.reset(seed=seed + len(success) // envs.num_envs)
+            batch, obs = play_episodes(envs, policy, obs)
+            if batch.turns > 1 and not tools:
                 raise ValueError(f"evaluate needs a single-turn task; {env_id} went on")
-            final = info["final_info"]
-            take = min(num_envs, episodes - len(success))
-            success += [bool(s) for s in final["success"][:take]]
-            rewards += reward[:take].tolist()
-            lengths += [len(r.tokens) for r in responses[:take]]
+            take = min(envs.num_envs, episodes - len(success))
+            success += [bool(info.get("success")) for info in batch.infos[:take]]
+            rewards += batch.returns[:take].tolist()
+            lengths += [int(mask.sum()) for mask in batch.masks[:take]]
+            calls += [info.get("num_tool_calls", 0) for info in batch.infos[:take]]
     finally:
         envs.close()
-    return {
+    result = {
         "success": float(np.mean(success)),
         "reward": float(np.mean(rewards)),
         "response_tokens": float(np.mean(lengths)),
     }
-
-
-def _evaluate_tool_episodes(envs: Any, policy: Any, episodes: int, seed: int) -> dict[str, float]:
-    # Multi-turn: rounds of one whole episode per sub-env, round r from the order of seed + r,
-    # so the questions do not depend on how many turns the model took.
-    success, rewards, lengths, calls = [], [], [], []
-    round_ = 0
-    while len(success) < episodes:
-        obs, _ = envs.reset(seed=seed + round_)
-        batch, _ = play_episodes(envs, policy, obs)
-        take = min(envs.num_envs, episodes - len(success))
-        success += [bool(info.get("success")) for info in batch.infos[:take]]
-        rewards += batch.returns[:take].tolist()
-        lengths += [int(mask.sum()) for mask in batch.masks[:take]]
-        calls += [info.get("num_tool_calls", 0) for info in batch.infos[:take]]
-        round_ += 1
-    return {
-        "success": float(np.mean(success)),
-        "reward": float(np.mean(rewards)),
-        "response_tokens": float(np.mean(lengths)),
-        "tool_calls_per_episode": float(np.mean(calls)),
-    }
+    return result | ({"tool_calls_per_episode": float(np.mean(calls))} if tools else {})

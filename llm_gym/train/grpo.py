@@ -1,31 +1,35 @@
 """GRPO through llm_gym, in one file: what ``llm-gym train`` runs.
 
-Each iteration:
+Each iteration is one loop, whatever the options (tools, KL, curriculum):
 
 1. The native vector env holds ``groups`` questions, each in ``group_size`` sub-envs side by
    side (``repeats=G, group_repeats=True``). ``TransformersPolicy`` samples one response per
-   sub-env in one batch and returns the exact tokens (token-in/token-out).
+   playing sub-env in one batch and returns the exact tokens (token-in/token-out); every
+   sub-env plays one whole episode (one turn, or with tools as many as it takes).
 2. The env scores them. With ``kl_coef > 0`` the KL wrappers charge ``coef · KL`` against a
    frozen copy of the starting model, with a constant or adaptive coefficient.
 3. Advantages are group-relative: ``(r - mean_g) / (std_g + eps)``.
 4. The old log-probs are re-scored by the same forward that computes the new ones (not taken
    from generation), so that ratio and KL compare like with like in any dtype: in bfloat16
    the log-probs ``generate`` reports differ from a forward's by up to 0.2 nats per token.
-5. ``update_epochs`` optimizer steps on GRPO's clipped surrogate, each accumulated over
-   minibatches: per token, averaged over each response, then over responses.
+5. ``update_epochs`` optimizer steps on GRPO's clipped surrogate over each conversation's
+   policy tokens (never tool output), each accumulated over minibatches: per token,
+   averaged over each response, then over responses.
 
-SAME_STEP autoreset hands back the next questions in the same ``step``: no generation is
-wasted. A line of ``metrics.jsonl`` is written per iteration, a checkpoint every
-``save_every``; greedy success on held-out questions is measured before and after.
+Single-turn episodes continue one stream: SAME_STEP autoreset hands back the next questions
+in the same ``step``, so no generation is wasted and an epoch of a dataset is seen exactly
+once. Tool episodes end after different numbers of turns, so each iteration reseeds the env
+to start every group on one question. A line of ``metrics.jsonl`` is written per iteration, a
+checkpoint every ``save_every``; greedy success on held-out questions is measured before and
+after.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +37,10 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from llm_gym.checks import check_int, check_number
 from llm_gym.models import load_model
-from llm_gym.policies import TransformersPolicy
+from llm_gym.run.config import RunConfig
+from llm_gym.run.setup import charge_kl, make_sampler, resolve_device, resolve_dtype, task_envs
 from llm_gym.train.episodes import play_episodes
 from llm_gym.train.evaluation import evaluate
 from llm_gym.train.records import (
@@ -46,11 +52,9 @@ from llm_gym.train.records import (
     read_metrics,
     save_checkpoint,
 )
-from llm_gym.train.setup import make_task_envs, resolve_device, resolve_dtype
 from llm_gym.wrappers import AdaptiveKLController
-from llm_gym.wrappers import vector as vector_wrappers
 
-__all__ = ["GRPOConfig", "GRPOTrainer", "group_advantages", "grpo_loss"]
+__all__ = ["SUMMARY_FILE", "GRPOConfig", "GRPOTrainer", "group_advantages", "grpo_loss"]
 
 SUMMARY_FILE = "summary.json"
 
@@ -91,15 +95,24 @@ def grpo_loss(
 
 
 @dataclass
-class GRPOConfig:
-    """What ``llm-gym train`` is asked to do (its command-line options)."""
+class GRPOConfig(RunConfig):
+    """What ``llm-gym train`` is asked to do (its command-line options): the run
+    (``RunConfig``: model, task, tools, KL, device, seed, folder) and GRPO's own settings.
+    The KL penalty (``kl_coef > 0``) is charged against the starting model.
 
-    env: str = "LLMChat-ReasoningGym-v0"  # procedural and offline: runs anywhere
-    env_args: dict[str, Any] = field(default_factory=dict)
+    >>> GRPOConfig(group_size=1)
+    Traceback (most recent call last):
+    ...
+    ValueError: group_size must be an int >= 2, got 1
+    """
+
+    # The run's defaults here are the CPU demo's (README: chain_sum, +28 points in 10 minutes
+    # on 2 cores).
     answer_format: str | None = "last_number"
-    curriculum: int = 0  # the difficulty curriculum's window; 0: off
-    model: str = "default"
-    # The defaults are the CPU demo's (README: chain_sum, +28 points in 10 minutes on 2 cores).
+    max_new_tokens: int = 48
+    temperature: float = 1.0
+    kl_coef: float = 0.0  # 0: no KL penalty, no reference model
+    out: str = "runs/train"
     iterations: int = 20
     groups: int = 2  # questions per iteration
     group_size: int = 8  # responses per question
@@ -108,42 +121,25 @@ class GRPOConfig:
     minibatch_size: int = 8
     clip_coef: float = 0.2
     max_grad_norm: float = 1.0
-    max_new_tokens: int = 48
-    temperature: float = 1.0
-    kl_coef: float = 0.0  # 0: no KL penalty, no reference model
     kl_target: float | None = None  # adaptive controller's target KL; None: constant coef
     kl_horizon: int = 10000
-    estimator: str = "k1"
-    tools: list[str] | None = None  # e.g. ["python"]: multi-turn episodes with tool calls
-    max_tool_calls: int = 4
-    tool_format: str = "hermes"
     eval_episodes: int = 64
     eval_seed: int = 1_000_003  # held out: the training stream's seed is `seed`
-    device: str = "auto"
-    dtype: str = "float32"
-    seed: int = 0
-    out: str = "runs/train"
     save_every: int = 10
     resume: bool = False
-    overwrite: bool = False
-    progress: bool = True
 
     def __post_init__(self) -> None:
-        positive = ("iterations", "groups", "update_epochs", "minibatch_size", "max_new_tokens")
-        for name in (*positive, "save_every", "kl_horizon"):
-            _check_int(name, getattr(self, name), 1)
-        _check_int("group_size", self.group_size, 2)  # one response has no group to compare
-        _check_int("eval_episodes", self.eval_episodes, 0)
-        _check_int("curriculum", self.curriculum, 0)
+        positive = ("iterations", "groups", "update_epochs", "minibatch_size", "save_every")
+        for name in (*positive, "kl_horizon"):
+            check_int(name, getattr(self, name), 1)
+        check_int("group_size", self.group_size, 2)  # one response has no group to compare
+        check_int("eval_episodes", self.eval_episodes, 0)
         for name in ("learning_rate", "clip_coef", "max_grad_norm", "temperature"):
-            _check_float(name, getattr(self, name), strict=True)
-        _check_float("kl_coef", self.kl_coef, strict=False)
-        if self.kl_target is not None:
-            _check_float("kl_target", self.kl_target, strict=True)
-            if self.kl_coef == 0:
-                raise ValueError("kl_target needs kl_coef > 0 (the adaptive controller's start)")
-        resolve_dtype(self.dtype)
-        _check_int("max_tool_calls", self.max_tool_calls, 1)
+            check_number(name, getattr(self, name), 0, strict=True)
+        super().__post_init__()
+        check_number("kl_target", self.kl_target, 0, strict=True, optional=True)
+        if self.kl_target is not None and self.kl_coef == 0:
+            raise ValueError("kl_target needs kl_coef > 0 (the adaptive controller's start)")
         if self.tools and self.kl_coef > 0:
             raise ValueError(
                 "tools with kl_coef > 0 is not supported yet: the KL wrappers charge each turn "
@@ -157,6 +153,8 @@ class GRPOTrainer:
     """A prepared run: models loaded, envs made, run folder claimed; ``train()`` runs it.
 
     Everything that can fail on the user's input fails here, before any generation.
+    ``sampler`` generates the episodes, ``scorer`` (the same model) re-scores them for the
+    update.
     """
 
     def __init__(self, config: GRPOConfig) -> None:
@@ -167,27 +165,22 @@ class GRPOTrainer:
         torch.manual_seed(config.seed)
         source = self.out / CHECKPOINT_DIR if state else config.model
         self.model, self.tokenizer = load_model(source, device=self.device, dtype=self.dtype)
-        self.sampler = TransformersPolicy(
-            self.model,
-            self.tokenizer,
-            input_mode="tokens",
-            generate_kwargs={
-                "max_new_tokens": config.max_new_tokens,
-                "do_sample": True,
-                "temperature": config.temperature,
-            },
-        )
+        self.sampler = make_sampler(self.model, self.tokenizer, config)
         self.scorer = self.sampler.get_new_version(generate=False)  # same model: it is trained
-        n = config.groups * config.group_size
-        self.envs = make_task_envs(
-            config.env, n, self.tokenizer, config.env_args,
-            answer_format=config.answer_format, repeats=config.group_size, group_repeats=True,
-            **self._tool_options(),
+        self.envs = task_envs(
+            config, self.tokenizer, config.groups * config.group_size,
+            repeats=config.group_size, group_repeats=True,
         )  # fmt: skip
-        if config.curriculum:
-            self.envs = vector_wrappers.DifficultyCurriculum(self.envs, window=config.curriculum)
         if config.kl_coef > 0:
-            self.envs = self._charge_kl(self.envs)
+            controller = None
+            if config.kl_target is not None:
+                controller = AdaptiveKLController(
+                    config.kl_coef, config.kl_target, config.kl_horizon
+                )
+            # Below float32, generation's log-probs are mostly rounding noise against a
+            # forward's: re-score the responses in the same forward path as the reference.
+            gen = self.scorer if self.dtype != torch.float32 else None
+            self.envs = charge_kl(self.envs, config, config.model, gen=gen, controller=controller)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.learning_rate)
         self.start, self.before = 0, None
         if state:
@@ -231,94 +224,65 @@ class GRPOTrainer:
         (self.out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
         return summary
 
-    def iteration(self, obs: dict[str, Any], iteration: int) -> tuple[dict[str, Any], dict]:
-        """One batch of groups: sample, score, update. The next observation and a metrics row."""
-        if self.config.tools:
-            return self._tool_iteration(iteration)
+    def iteration(self, obs: dict[str, Any] | None, iteration: int) -> tuple[dict[str, Any], dict]:
+        """One batch of groups: play an episode in every sub-env from ``obs`` (with tools, from
+        the iteration's own seed: ``obs`` is not used), score, update. The next observation
+        and the metrics row."""
         config, start = self.config, time.perf_counter()
-        with torch.no_grad():
-            responses = self.sampler(obs)
-        generation_seconds = time.perf_counter() - start
-        next_obs, rewards, terminated, truncated, info = self.envs.step(responses)
-        if not (terminated | truncated).all():
+        if config.tools:  # a fresh seed restarts each group on one question
+            obs, _ = self.envs.reset(seed=config.seed + 1 + iteration)
+        batch, next_obs = play_episodes(self.envs, self.sampler, obs)
+        if batch.turns > 1 and not config.tools:
             raise ValueError(
                 f"train needs a single-turn task (every response ends its episode); {config.env} "
                 "went on: leave max_turns at 1"
             )
-        rewards_t = torch.as_tensor(rewards, dtype=torch.float32, device=self.device)
-        advantages = group_advantages(rewards_t, config.group_size)
-        loss = self.update(obs, responses, advantages)
-        final, lengths = info["final_info"], [len(r.tokens) for r in responses]
-        row = {
-            "iteration": iteration,
-            "reward": float(np.mean(rewards)),
-            "task_reward": float(np.mean(final["reward"])),
-            "success": float(np.mean(final["success"])),
-            "kl": None,
-            "kl_coef": None,
-            "loss": loss,
-            "response_tokens": float(np.mean(lengths)),
-            "level": getattr(self.envs.unwrapped, "level", None),
-            "tokens_per_second": sum(lengths) / generation_seconds,
-            "seconds": time.perf_counter() - start,
-        }
-        if config.kl_coef > 0:
-            row["kl"] = float(np.mean(np.concatenate(list(info["kl"]))))
-            row["kl_coef"] = float(self.envs.coef)
-            self.envs.update_kl_coef()
-        return next_obs, row
-
-    def _tool_iteration(self, iteration: int) -> tuple[dict[str, Any], dict]:
-        # Every sub-env plays one whole episode; a fresh seed per iteration restarts each
-        # group on one question, whatever throwaway episodes the early finishers began.
-        config, start = self.config, time.perf_counter()
-        obs, _ = self.envs.reset(seed=config.seed + 1 + iteration)
-        batch, next_obs = play_episodes(self.envs, self.sampler, obs)
         rewards = torch.as_tensor(batch.returns, dtype=torch.float32, device=self.device)
-        advantages = group_advantages(rewards, config.group_size)
-
-        def scored(rows: range) -> tuple[torch.Tensor, torch.Tensor]:
-            part = {"tokens": tuple(batch.tokens[i] for i in rows)}
-            dist, ids = self.scorer.get_dist(part, mask=[batch.masks[i] for i in rows])
-            return dist.log_prob(ids).float(), dist.mask
-
-        loss = self._optimize(scored, len(batch.tokens), advantages)
-        calls = [info.get("num_tool_calls", 0) for info in batch.infos]
-        failed = sum(info.get("failed_tool_calls", 0) for info in batch.infos)
+        loss = self._optimize(
+            batch.tokens, batch.masks, group_advantages(rewards, config.group_size)
+        )
+        infos, kl = batch.infos, config.kl_coef > 0
         row = {
             "iteration": iteration,
             "reward": float(batch.returns.mean()),
-            "task_reward": float(np.mean([info.get("reward", 0.0) for info in batch.infos])),
-            "success": float(np.mean([bool(info.get("success")) for info in batch.infos])),
-            "kl": None,
-            "kl_coef": None,
+            "task_reward": float(np.mean([info.get("reward", 0.0) for info in infos])),
+            "success": float(np.mean([bool(info.get("success")) for info in infos])),
+            "kl": float(np.mean(np.concatenate(batch.kl))) if kl else None,
+            "kl_coef": float(self.envs.coef) if kl else None,
             "loss": loss,
-            "response_tokens": float(np.mean([m.sum() for m in batch.masks])),
+            "response_tokens": float(np.mean([mask.sum() for mask in batch.masks])),
             "level": getattr(self.envs.unwrapped, "level", None),
             "tokens_per_second": batch.generated / max(batch.seconds, 1e-9),
-            "tool_calls_per_episode": float(np.mean(calls)),
-            "failed_tool_share": failed / sum(calls) if sum(calls) else None,
-            "seconds": time.perf_counter() - start,
         }
+        if config.tools:
+            calls = [info.get("num_tool_calls", 0) for info in infos]
+            failed = sum(info.get("failed_tool_calls", 0) for info in infos)
+            row["tool_calls_per_episode"] = float(np.mean(calls))
+            row["failed_tool_share"] = failed / sum(calls) if sum(calls) else None
+        if kl:
+            self.envs.update_kl_coef()
+        row["seconds"] = time.perf_counter() - start
         return next_obs, row
 
     def update(self, obs: dict[str, Any], responses: list[Any], advantages: torch.Tensor) -> float:
-        """``update_epochs`` optimizer steps on the clipped surrogate; the last step's loss."""
-        tokens = obs["tokens"]
+        """``update_epochs`` optimizer steps on the clipped surrogate of ``responses`` to the
+        prompts of ``obs`` (the iteration's update, for single turns); the last step's loss."""
+        prompts = obs["tokens"]
+        tokens = [np.concatenate([p, r.tokens]) for p, r in zip(prompts, responses, strict=True)]
+        masks = [np.arange(len(t)) >= len(p) for t, p in zip(tokens, prompts, strict=True)]
+        return self._optimize(tokens, masks, advantages)
+
+    def _optimize(self, tokens: list[Any], masks: list[Any], advantages: torch.Tensor) -> float:
+        # The optimizer steps over conversations `tokens`, the loss on each one's `masks`.
+        config, n = self.config, len(tokens)
+        batches = [
+            range(i, min(i + config.minibatch_size, n)) for i in range(0, n, config.minibatch_size)
+        ]
 
         def scored(rows: range) -> tuple[torch.Tensor, torch.Tensor]:
             part = {"tokens": tuple(tokens[i] for i in rows)}
-            dist, ids = self.scorer.get_dist(part, [responses[i] for i in rows], mask="prompt")
+            dist, ids = self.scorer.get_dist(part, mask=[masks[i] for i in rows])
             return dist.log_prob(ids).float(), dist.mask
-
-        return self._optimize(scored, len(responses), advantages)
-
-    def _optimize(self, scored: Any, n: int, advantages: torch.Tensor) -> float:
-        """The optimizer steps over ``n`` sequences that ``scored(rows)`` gives log-probs and
-        loss masks of."""
-        config = self.config
-        size = config.minibatch_size
-        batches = [range(i, min(i + size, n)) for i in range(0, n, size)]
 
         # The old policy, through the very forward the update uses. With one epoch the first
         # forward is the old policy itself (ratio 1, as TRL does): no second forward.
@@ -340,27 +304,20 @@ class GRPOTrainer:
                 total += loss.item() * len(rows) / n
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.max_grad_norm)
             self.optimizer.step()
+            if getattr(self.sampler, "version", None) is not None:  # the policy's weights moved
+                self.sampler.version += 1
         return total
 
-    def evaluate(self) -> dict[str, float]:
-        """Greedy success on ``eval_episodes`` questions of the held-out seed."""
+    def evaluate(self, policy: Any = None) -> dict[str, float]:
+        """Greedy success on ``eval_episodes`` questions of the held-out seed (``policy``
+        replaces the greedy policy of the model)."""
         config = self.config
         return evaluate(
             self.model, self.tokenizer, config.env,
             episodes=config.eval_episodes, seed=config.eval_seed,
-            max_new_tokens=config.max_new_tokens, env_args=config.env_args,
-            answer_format=config.answer_format, **self._tool_options(),
+            max_new_tokens=config.max_new_tokens, env_args=config.env_args, policy=policy,
+            answer_format=config.answer_format, **config.tool_options(),
         )  # fmt: skip
-
-    def _tool_options(self) -> dict[str, Any]:
-        config = self.config
-        if not config.tools:
-            return {}
-        return {
-            "tools": list(config.tools),
-            "max_tool_calls": config.max_tool_calls,
-            "tool_format": config.tool_format,
-        }
 
     # -- checkpoints ------------------------------------------------------------------------
 
@@ -408,31 +365,3 @@ class GRPOTrainer:
         shutil.rmtree(self.out / CHECKPOINT_DIR, ignore_errors=True)
         self.out.mkdir(parents=True, exist_ok=True)
         return None
-
-    def _charge_kl(self, envs: Any) -> Any:
-        config = self.config
-        reference, _ = load_model(config.model, device=self.device, dtype=self.dtype)
-        reference.requires_grad_(False)
-        ref = TransformersPolicy(reference, self.tokenizer, input_mode="tokens", generate=False)
-        controller = None
-        if config.kl_target is not None:
-            controller = AdaptiveKLController(config.kl_coef, config.kl_target, config.kl_horizon)
-        # Below float32, generation's log-probs are mostly rounding noise against a forward's:
-        # re-score the responses with the policy in the same forward path as the reference.
-        gen = self.scorer if self.dtype != torch.float32 else None
-        return vector_wrappers.RetrieveKL(
-            envs, gen, ref, coef=config.kl_coef, estimator=config.estimator,
-            kl_controller=controller,
-        )  # fmt: skip
-
-
-def _check_int(name: str, value: Any, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-
-
-def _check_float(name: str, value: Any, *, strict: bool) -> None:
-    ok = not isinstance(value, bool) and isinstance(value, (int, float, np.number))
-    if not ok or not math.isfinite(value) or (value <= 0 if strict else value < 0):
-        relation = ">" if strict else ">="
-        raise ValueError(f"{name} must be a finite number {relation} 0, got {value!r}")

@@ -15,8 +15,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
+
+from llm_gym.run.plots import plot_curves
 
 __all__ = [
     "CHECKPOINT_DIR",
@@ -70,23 +71,4 @@ def load_trainer_state(out: Path) -> dict[str, Any]:
 
 def plot_metrics(rows: list[dict[str, Any]], path: Path) -> None:
     """One panel per metric over iterations, as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display: write the file only
-    import matplotlib.pyplot as plt
-
-    names = [n for n in PLOTTED if any(r.get(n) is not None for r in rows)]
-    fig, axes = plt.subplots(len(names), 1, figsize=(7, 1.8 * len(names) + 0.6), sharex=True)
-    axes = np.atleast_1d(axes)
-    iterations = [r["iteration"] for r in rows]
-    for ax, name in zip(axes, names, strict=True):
-        values = np.array([np.nan if r.get(name) is None else r[name] for r in rows], float)
-        ax.plot(iterations, values, ".", alpha=0.6)
-        if len(values) >= SMOOTHING:  # batches are small: the trend is in the running mean
-            kernel = np.ones(SMOOTHING) / SMOOTHING
-            ax.plot(iterations[SMOOTHING - 1 :], np.convolve(values, kernel, "valid"), "-")
-        ax.set_ylabel(name.replace("_", " "), fontsize=8)
-    axes[-1].set_xlabel("iteration")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    plot_curves(rows, PLOTTED, path, "iteration", SMOOTHING)

@@ -1,0 +1,68 @@
+"""The run configuration ``llm-gym rollout`` and ``llm-gym train`` share: which model runs
+on which task, with which tools, KL penalty, device, dtype, seed and run folder.
+
+``RolloutConfig`` (``llm_gym.run``) and ``GRPOConfig`` (``llm_gym.train``) are a
+``RunConfig`` plus their own fields, each with its command's defaults, so that every
+function of a run (the task's envs, the sampler, the KL penalty) takes either, and both are
+written with flat keywords: ``GRPOConfig(model="default", iterations=20)``. This module
+imports nothing heavy.
+
+>>> RunConfig(max_new_tokens=0)
+Traceback (most recent call last):
+...
+ValueError: max_new_tokens must be an int >= 1, got 0
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from llm_gym.checks import check_choice, check_int, check_number
+
+__all__ = ["DTYPE_NAMES", "RunConfig"]
+
+DTYPE_NAMES = ("bfloat16", "float16", "float32")
+
+
+@dataclass
+class RunConfig:
+    """A model on a task: what rollout and training share (their common options)."""
+
+    env: str = "LLMChat-ReasoningGym-v0"  # procedural and offline: runs anywhere
+    env_args: dict[str, Any] = field(default_factory=dict)
+    answer_format: str | None = None  # None: the env's
+    curriculum: int = 0  # the difficulty curriculum's window; 0: off
+    tools: list[str] | None = None  # e.g. ["python"]: multi-turn episodes with tool calls
+    max_tool_calls: int = 4
+    tool_format: str = "hermes"
+    model: str = "default"
+    max_new_tokens: int = 256
+    temperature: float = 0.7  # 0: greedy
+    kl_coef: float = 0.05  # the KL penalty's coefficient, where there is a reference
+    estimator: str = "k1"
+    device: str = "auto"
+    dtype: str = "float32"
+    seed: int = 0
+    out: str = "runs/rollout"
+    overwrite: bool = False
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        check_int("curriculum", self.curriculum, 0)
+        check_int("max_tool_calls", self.max_tool_calls, 1)
+        check_int("max_new_tokens", self.max_new_tokens, 1)
+        check_number("temperature", self.temperature, 0)
+        check_number("kl_coef", self.kl_coef, 0)
+        check_choice("dtype", self.dtype, DTYPE_NAMES)
+        check_int("seed", self.seed, 0)
+
+    def tool_options(self) -> dict[str, Any]:
+        """The env's tool arguments (none without tools)."""
+        if not self.tools:
+            return {}
+        return {
+            "tools": list(self.tools),
+            "max_tool_calls": self.max_tool_calls,
+            "tool_format": self.tool_format,
+        }

@@ -1,0 +1,116 @@
+"""What every run sets up: device and dtype by name, the task's vector env in tokens mode, the
+sampler, and the KL penalty against a frozen reference."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import torch
+
+from llm_gym.models import load_model
+from llm_gym.policies import TransformersPolicy
+from llm_gym.run.config import DTYPE_NAMES, RunConfig
+from llm_gym.wrappers import vector as vector_wrappers
+
+__all__ = [
+    "DTYPES",
+    "charge_kl",
+    "make_sampler",
+    "make_task_envs",
+    "resolve_device",
+    "resolve_dtype",
+    "task_envs",
+]
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+assert tuple(DTYPES) == DTYPE_NAMES  # the names RunConfig checks without torch
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``"auto"`` or None: CUDA when there is a GPU, else the CPU; else the named device,
+    which must exist here."""
+    if device is None or device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        expected = "'auto', 'cpu', 'cuda' or 'cuda:N'"
+        raise ValueError(f"device must be {expected}, got {device!r}") from error
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} needs a GPU, and torch sees none here")
+    return resolved
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """A torch dtype from its name (``"float32"``, ``"bfloat16"``, ``"float16"``)."""
+    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    return DTYPES[dtype]
+
+
+def make_task_envs(
+    env_id: str,
+    num_envs: int,
+    tokenizer: Any,
+    env_args: dict[str, Any] | None = None,
+    **options: Any,
+) -> gym.vector.VectorEnv:
+    """``gym.make_vec(env_id)`` in tokens mode for ``tokenizer``, with the history (for the
+    records) and the policy mask (for a trainer) in the observation, the native vector env
+    when the id has one; ``options`` that are None are left to the env's defaults."""
+    kwargs: dict[str, Any] = {
+        **(env_args or {}),
+        **{key: value for key, value in options.items() if value is not None},
+        "input_mode": "tokens",
+        "tokenizer": tokenizer,
+        "observation_keys": ("tokens", "history", "policy_mask"),
+    }
+    spec = gym.spec(env_id)
+    mode = "vector_entry_point" if spec.vector_entry_point is not None else "sync"
+    return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=mode, **kwargs)
+
+
+def task_envs(
+    config: RunConfig, tokenizer: Any, num_envs: int, **options: Any
+) -> gym.vector.VectorEnv:
+    """``config``'s task (answer format, tools, ``options``) as ``make_task_envs`` makes it,
+    with the difficulty curriculum when ``config.curriculum`` asks for one."""
+    envs = make_task_envs(
+        config.env, num_envs, tokenizer, config.env_args,
+        answer_format=config.answer_format, **config.tool_options(), **options,
+    )  # fmt: skip
+    if config.curriculum:
+        envs = vector_wrappers.DifficultyCurriculum(envs, window=config.curriculum)
+    return envs
+
+
+def make_sampler(model: Any, tokenizer: Any, config: RunConfig) -> TransformersPolicy:
+    """A tokens-mode ``TransformersPolicy`` for ``config``: ``max_new_tokens``, sampling at
+    ``temperature`` (greedy at 0)."""
+    kwargs: dict[str, Any] = {"max_new_tokens": config.max_new_tokens, "do_sample": False}
+    if config.temperature > 0:
+        kwargs.update(do_sample=True, temperature=config.temperature)
+    return TransformersPolicy(model, tokenizer, input_mode="tokens", generate_kwargs=kwargs)
+
+
+def charge_kl(
+    envs: gym.vector.VectorEnv,
+    config: RunConfig,
+    reference: str,
+    *,
+    gen: Any = None,
+    controller: Any = None,
+) -> gym.vector.VectorEnv:
+    """``envs`` charged ``config.kl_coef`` · KL (``config.estimator``) against the frozen
+    model ``reference`` ('default' or a folder) in one forward per step: the vector
+    ``RetrieveKL``, the policy's log-probs from ``gen`` or else from the Responses."""
+    device, dtype = resolve_device(config.device), resolve_dtype(config.dtype)
+    model, tokenizer = load_model(reference, device=device, dtype=dtype)
+    model.requires_grad_(False)
+    ref = TransformersPolicy(model, tokenizer, input_mode="tokens", generate=False)
+    return vector_wrappers.RetrieveKL(
+        envs, gen, ref, coef=config.kl_coef, estimator=config.estimator, kl_controller=controller
+    )
