@@ -34,11 +34,6 @@ def as_batch(env: Any, actions: Any, batched: bool) -> list[Any]:
     return list(actions)
 
 
-def add_infos(info: dict[str, Any], parts: list[dict[str, Any]], batched: bool) -> None:
-    """Per-env entries into ``info``: stacked over sub-envs, or the one env's as they are."""
-    info.update(batch_infos(parts) if batched else parts[0])
-
-
 def as_response(action: Any) -> Any:
     """Dict actions become Responses; str, arrays and Responses pass through."""
     return Response.from_mapping(dict(action)) if isinstance(action, Mapping) else action
@@ -81,7 +76,7 @@ def retrieve(wrapper: Any, actions: Any, batched: bool) -> Step:
     where = f"info[{key!r}]"
     parts = [{key: check_finite(lp, where, i if batched else None)} for i, lp in enumerate(scored)]
     obs, rewards, terminated, truncated, info = env.step(actions if batched else actions[0])
-    add_infos(info, parts, batched)
+    info.update(batch_infos(parts) if batched else parts[0])  # stacked over sub-envs
     wrapper._prompt = obs
     return obs, rewards, terminated, truncated, info
 
@@ -225,7 +220,7 @@ class KLCharge:
         parts = self.charge(
             gens or column(self.gen_key), column(self.ref_key), np.atleast_1d(rewards)
         )
-        add_infos(info, parts, batched)
+        info.update(batch_infos(parts) if batched else parts[0])
         if self.add_to_reward:
             penalties = np.array([part["kl_penalty"] for part in parts])
             charged = np.asarray(rewards, dtype=np.float64) - penalties
