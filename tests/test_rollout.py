@@ -67,16 +67,11 @@ def ref_model():
 def sampled(model, ref_model):
     """One sampled rollout (and its generate() output) against a different reference model."""
     torch.manual_seed(0)
-    controller = RecordingController(0.5)
-    rollout = RolloutFromModel(
-        model, ref_model, length_reward, max_new_tokens=M, kl_scheduler=controller
-    )
+    rollout = RolloutFromModel(model, ref_model, length_reward, kl_coef=0.5, max_new_tokens=M)
     batch = make_batch()
     generated, log_probs, log_ratio = rollout.generate(batch)
     out = rollout.create_rollout(batch, generated, log_probs, log_ratio)
-    return SimpleNamespace(
-        out=out, generated=generated, batch=batch, rollout=rollout, controller=controller
-    )
+    return SimpleNamespace(out=out, generated=generated, batch=batch, rollout=rollout)
 
 
 def rows(out):
@@ -145,9 +140,6 @@ def test_log_probs_and_kl_match_plain_forward(sampled, model, ref_model):
         assert torch.all(sample_log_prob[n:] == 0) and torch.all(reward_kl[n:] == 0)
     reward = out["next"]["reward_raw"] + out["next"]["reward_kl"]
     torch.testing.assert_close(out["next"]["reward"], reward)
-    # The scheduler is handed the rollout's mean KL reward.
-    assert sampled.rollout.step_scheduler() == 0.5
-    assert sampled.controller.seen == [pytest.approx(float(out["next"]["reward_kl"].mean()))]
 
 
 def test_reward_kl_is_zero_when_ref_model_is_the_model(model):
@@ -174,27 +166,16 @@ def test_score_on_the_last_real_token_minus_label_score(sampled):
 def test_score_clipping_both_ways(model):
     batch = make_batch()
     for score, clip, expected in [(100.0, 10.0, 10.0), (-100.0, 2.5, -2.5), (1.5, 2.5, 1.5)]:
-        rollout = RolloutFromModel(
-            model,
-            model,
-            constant_reward(score),
-            max_new_tokens=M,
-            score_clip=clip,
-            label_baseline=False,
-        )
-        out = rollout(batch)
+        kwargs = {"max_new_tokens": M, "score_clip": clip, "label_baseline": False}
+        out = RolloutFromModel(model, model, constant_reward(score), **kwargs)(batch)
         raw = out["next"]["reward_raw"][..., 0]
         assert raw.sum(1).tolist() == pytest.approx([expected] * 3)
         assert torch.equal(raw != 0, out["next"]["done"][..., 0])
 
 
 @pytest.mark.parametrize(
-    "wrap",
-    [
-        lambda s: s[:, None],  # (B, 1)
-        lambda s: (None, s),  # TorchRL's (rewards, end_scores)
-        lambda s: SimpleNamespace(logits=s[:, None]),  # a sequence classifier's output
-    ],
+    "wrap",  # (B, 1); TorchRL's (rewards, end_scores); a sequence classifier's output
+    [lambda s: s[:, None], lambda s: (None, s), lambda s: SimpleNamespace(logits=s[:, None])],
     ids=["B-by-1", "torchrl-tuple", "logits"],
 )
 def test_reward_model_output_forms(model, wrap):
@@ -321,23 +302,20 @@ def test_num_steps_keeps_the_last_values_and_constant_controller(model, ref_mode
     for _ in range(3):
         last = float(rollout(make_batch())["next"]["reward_kl"].mean())
     assert rollout.step_scheduler() == 0.3
-    assert controller.seen == [pytest.approx(last)]  # the last num_steps=1 value only
+    assert controller.seen == [pytest.approx(last)]  # mean KL rewards; num_steps=1: the last
 
 
 def test_log_prob_policy_as_ref_model(gpt2_tokenizer):
     model = tiny_model(gpt2_tokenizer, arch="gpt2")
     ref = tiny_model(gpt2_tokenizer, seed=1)
     policy = TransformersPolicy(ref, gpt2_tokenizer, generate=False, input_mode="tokens")
-    encoded = gpt2_tokenizer(
-        ["Hello there, how are", "The sky is"], padding=True, return_tensors="pt"
-    )
+    encoded = gpt2_tokenizer(["Hello, how are", "The sky is"], padding=True, return_tensors="pt")
     batch = {"input_ids": encoded.input_ids, "prompt_rindex": encoded.attention_mask.sum(-1)}
-    local = RolloutFromModel(model, ref, length_reward, max_new_tokens=4, label_baseline=False)
+    kwargs = {"max_new_tokens": 4, "label_baseline": False}
+    local = RolloutFromModel(model, ref, length_reward, **kwargs)
     torch.manual_seed(4)
     generated, log_probs, log_ratio = local.generate(batch)
-    with_policy = RolloutFromModel(
-        model, policy, length_reward, max_new_tokens=4, label_baseline=False
-    )
+    with_policy = RolloutFromModel(model, policy, length_reward, **kwargs)
     out = with_policy.create_rollout(batch, generated, log_probs)  # log_ratio via the policy
     reward_kl = out["next"]["reward_kl"][..., 0]
     torch.testing.assert_close(reward_kl, -0.1 * log_ratio, atol=1e-5, rtol=0)
