@@ -2,11 +2,11 @@
 
 ``RayLogProbModel`` is a client for a Ray actor that holds a log-prob-mode
 ``TransformersPolicy``. It follows the scorer protocol of ``llm_gym.samplers`` (``generate =
-False``, ``model(obs, responses, response_only=...) -> LogProbOutput``, ``input_mode``, and
-the token-level ``score(prompts, responses)``), so it goes wherever a reference model does: ``RetrieveLogProb``/``RetrieveKL``/
-``KLRewardWrapper`` and their vector versions, or ``RolloutFromModel(ref_model=...)`` with
-``input_mode="tokens"``. Envs in one process or in
-many (Ray tasks, other actors) reach the same weights through the actor's name.
+False``, the call ``model(obs, responses, response_only=...)``, ``input_mode`` and the
+token-level ``score(prompts, responses)``), so it goes wherever a reference model does: the KL
+wrappers and their vector versions, or ``RolloutFromModel(ref_model=...)`` with
+``input_mode="tokens"``. Envs in one process or in many (Ray tasks, other actors) reach the
+same weights through the actor's name.
 
 Start Ray first (``ray.init()``, or ``ray.init(address="auto")`` on a cluster)::
 

@@ -11,13 +11,7 @@ of envs, chats or policies: tensors in, tensors out, on the device of the tensor
 ([[5, 6, 7], [0, 0, 8]], [[0, 1, 2], [0, 0, 0]])
 """
 
-from llm_gym.lm.generation import (
-    DEFAULT_MAX_NEW_TOKENS,
-    GENERATE_ALIASES,
-    first_eos_lengths,
-    first_id,
-    generation_settings,
-)
+from llm_gym.lm.generation import first_eos_lengths, first_id, generation_settings
 from llm_gym.lm.log_probs import (
     forward_logits,
     gather_log_probs,
@@ -30,8 +24,6 @@ from llm_gym.lm.log_probs import (
 from llm_gym.lm.padding import left_pad, position_ids
 
 __all__ = [
-    "DEFAULT_MAX_NEW_TOKENS",
-    "GENERATE_ALIASES",
     "first_eos_lengths",
     "first_id",
     "forward_logits",

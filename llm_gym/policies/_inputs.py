@@ -69,11 +69,12 @@ def split_observation(obs: Any, input_mode: str) -> tuple[list[Any], bool]:
     if input_mode == "history":
         if isinstance(value, History) or _messages(value):
             return [History(value) if not isinstance(value, History) else value], False
-        if isinstance(value, Sequence) and not isinstance(value, str):
-            if len(value) == 0:
-                raise ValueError("obs['history'] is empty: expected at least one message")
-            if all(isinstance(h, History) or _messages(h) for h in value):
-                return [h if isinstance(h, History) else History(h) for h in value], True
+        if isinstance(value, (list, tuple)) and len(value) == 0:
+            raise ValueError("obs['history'] is empty: expected at least one message")
+        if isinstance(value, (list, tuple)) and all(
+            isinstance(h, History) or _messages(h) for h in value
+        ):
+            return [h if isinstance(h, History) else History(h) for h in value], True
         raise TypeError(
             "obs['history'] must be a tuple of {'role', 'content'} dicts (or a tuple of such "
             f"tuples for a batch), got {_describe(value)}"
@@ -119,7 +120,7 @@ class Encoder:
     def __init__(self, tokenizer: Any, vocab_size: int, template_kwargs: Mapping[str, Any]):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
-        self.template_kwargs = dict(template_kwargs)
+        self.template_kwargs = {k: v for k, v in template_kwargs.items() if v is not None}
         self.codec = TokenCodec(tokenizer)
 
     def render(self, history: History, *, generation_prompt: bool) -> dict[str, np.ndarray]:

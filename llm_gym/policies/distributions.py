@@ -65,14 +65,17 @@ class MaskedCategorical(D.Distribution):
 
     @property
     def mask(self) -> torch.Tensor:
+        """The bool ``(*B, T)`` mask of the positions that count."""
         return self._mask
 
     @property
     def vocab_size(self) -> int:
+        """The number of categories (the logits' last dim)."""
         return self._logits.shape[-1]
 
     @property
     def probs(self) -> torch.Tensor:
+        """``softmax(logits)`` at every position, masked or not."""
         return torch.softmax(self._logits, dim=-1)
 
     def _logsumexp(self) -> torch.Tensor:

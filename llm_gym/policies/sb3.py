@@ -180,6 +180,7 @@ class LLMActorCriticPolicy(ActorCriticPolicy):
         }
 
     def set_training_mode(self, mode: bool) -> None:
+        """SB3's training mode for the heads; the LMs stay in eval mode."""
         super().set_training_mode(mode)
         # No dropout, in rollouts or updates: see the class docstring.
         self.model.eval()
@@ -191,6 +192,7 @@ class LLMActorCriticPolicy(ActorCriticPolicy):
     def forward(
         self, obs: PyTorchObs, deterministic: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Actions (next tokens), their values and log-probs, from one pass of the LM."""
         logits, hidden = self._actor(obs)
         distribution = self._distribution(logits)
         actions = distribution.get_actions(deterministic=deterministic)
@@ -199,15 +201,18 @@ class LLMActorCriticPolicy(ActorCriticPolicy):
     def evaluate_actions(
         self, obs: PyTorchObs, actions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Values, log-probs of ``actions`` and entropies, for PPO's and A2C's losses."""
         logits, hidden = self._actor(obs)
         distribution = self._distribution(logits)
         log_prob = distribution.log_prob(actions)
         return self._value(obs, hidden), log_prob, distribution.entropy()
 
     def get_distribution(self, obs: PyTorchObs) -> CategoricalDistribution:
+        """The categorical over next tokens (the allowed ones) for ``obs``."""
         return self._distribution(self._actor(obs)[0])
 
     def predict_values(self, obs: PyTorchObs) -> torch.Tensor:
+        """The critic's values ``(B, 1)`` for ``obs``."""
         if self.value_model is not None:
             return self._value(obs, None)
         ids, mask = _inputs(obs)

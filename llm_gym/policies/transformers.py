@@ -145,9 +145,7 @@ class TransformersPolicy:
         )
         self._user_generate_kwargs = dict(generate_kwargs or {})
         template = {"chat_template_name": chat_template_name, "chat_template": chat_template}
-        self._encoder = Encoder(
-            tokenizer, self.vocab_size, {k: v for k, v in template.items() if v}
-        )
+        self._encoder = Encoder(tokenizer, self.vocab_size, template)
         gen = model.generation_config
         self.pad_token_id = first_id(
             self.generate_kwargs.get("pad_token_id"), gen.pad_token_id,
