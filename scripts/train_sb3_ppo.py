@@ -65,8 +65,10 @@ class CopyDigitEnv(DatasetChatEnv):
     teaches "one digit, then stop" early, and the copy is what lifts the reward to 1.0.
     """
 
-    def _score(self, response: str) -> tuple[float, bool, dict[str, Any]]:
-        answer, response = self._sample["answer"], response.strip()
+    def _score(self, response: str, sample: Any) -> tuple[float, bool, dict[str, Any]]:
+        # sample: the sub-env's in a vector env, None for this env's own episode
+        answer = (self.sample if sample is None else sample)["answer"]
+        response = response.strip()
         success = response == answer
         reward = 1.0 if success else 0.1 if len(response) == 1 and response in DIGITS else 0.0
         return reward, True, {"success": success, "answer": answer}
