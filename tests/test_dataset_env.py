@@ -384,9 +384,8 @@ def test_token_prompts_equal_encoding_the_whole_text(tokenizer_name, request):
 
 
 def test_system_prompt_tokens_are_not_reused_when_inexact(smollm2_tokenizer):
-    env = DatasetChatEnv(
-        ROWS, system_prompt="S", tokenizer=smollm2_tokenizer, observation_keys=("tokens", "text")
-    )
+    tok, keys = smollm2_tokenizer, ("tokens", "text")
+    env = DatasetChatEnv(ROWS, system_prompt="S", tokenizer=tok, observation_keys=keys)
     backend = env.codec._backend
     # A tokenizer whose ids depend on the whole text: the prefix cannot be reused.
     env.codec._encode_batch = lambda texts: [
