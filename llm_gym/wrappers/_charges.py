@@ -216,15 +216,17 @@ class KLCharge:
             else [self._carried(a, i if batched else None) for i, a in enumerate(actions)]
         )
         obs, rewards, terminated, truncated, info = env.step(actions if batched else actions[0])
-        column = (lambda key: list(info[key])) if batched else (lambda key: [info[key]])
-        parts = self.charge(
-            gens or column(self.gen_key), column(self.ref_key), np.atleast_1d(rewards)
-        )
+        # Per env: a vector env's arrays over sub-envs, a single env's values as a batch of one.
+        column = list if batched else (lambda value: [value])
+        gens = gens or column(info[self.gen_key])
+        parts = self.charge(gens, column(info[self.ref_key]), column(rewards))
         info.update(batch_infos(parts) if batched else parts[0])
         if self.add_to_reward:
-            penalties = np.array([part["kl_penalty"] for part in parts])
-            charged = np.asarray(rewards, dtype=np.float64) - penalties
-            rewards = charged.astype(rewards.dtype) if batched else float(charged[0])
+            penalties = [part["kl_penalty"] for part in parts]
+            if batched:
+                rewards = (np.asarray(rewards, np.float64) - penalties).astype(rewards.dtype)
+            else:
+                rewards = float(rewards) - penalties[0]
         return obs, rewards, terminated, truncated, info
 
     def _carried(self, action: Any, env_index: int | None) -> np.ndarray:
