@@ -66,14 +66,10 @@ class _LogProbActor:
                 f"{error} (ref_model_factory may also return (model, tokenizer))"
             ) from None
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> tuple[str | None, bool, Any, str]:
         policy = self.policy
-        return {
-            "input_mode": getattr(policy, "input_mode", None),
-            "pad_output": getattr(policy, "pad_output", False),
-            "tokenizer": getattr(policy, "tokenizer", None),
-            "repr": repr(policy),
-        }
+        attributes = ("input_mode", None), ("pad_output", False), ("tokenizer", None)
+        return (*(getattr(policy, name, default) for name, default in attributes), repr(policy))
 
     def call(self, obs: Any, responses: Any, response_only: bool = False) -> Any:
         return self.policy(obs, responses, response_only=response_only)
@@ -167,10 +163,7 @@ class RayLogProbModel:
             )
         # One round trip now: surfaces a failing factory here, not at the first env step.
         info = self._get(self.actor.describe.remote())
-        self.input_mode: str | None = info["input_mode"]
-        self.pad_output: bool = info["pad_output"]
-        self.tokenizer: Any = info["tokenizer"]
-        self._policy_repr: str = info["repr"]
+        self.input_mode, self.pad_output, self.tokenizer, self._policy_repr = info
 
     def __repr__(self) -> str:
         return f"RayLogProbModel({self._describe_actor()}, policy={self._policy_repr})"

@@ -153,17 +153,14 @@ class Encoder:
                 return self._checked(self._full_history(value))
             ids = self.codec.encode(value) if isinstance(value, str) else value
             return self._checked(Encoded(ids))
-        if isinstance(response, Response):
-            tokens = response.tokens
-        elif isinstance(response, np.ndarray):
-            tokens = check_token_ids("response", response)
-        elif not isinstance(response, str):
+        if not isinstance(response, (Response, str, np.ndarray)):
             raise TypeError(
                 "each response must be a Response, a str or a 1-D int64 array of token ids, "
                 f"got {type(response).__name__}"
             )
-        else:
-            tokens = None
+        tokens = response.tokens if isinstance(response, Response) else None
+        if isinstance(response, np.ndarray):
+            tokens = check_token_ids("response", response)
         if tokens is None:  # text only: in history mode, the template closes the turn
             text = response.text if isinstance(response, Response) else response
             if isinstance(value, History):

@@ -249,8 +249,7 @@ class TransformersPolicy:
                 f"score) and pad_output=False, got responses={type(responses).__name__} and "
                 f"pad_output={self.pad_output}"
             )
-        responses = split_responses(responses, len(values), batched)
-        encoded = [self._encoder.scored(v, r) for v, r in zip(values, responses, strict=True)]
+        encoded = self._encode(values, responses, batched)
         # The window holds every response plus the position before it, whose logits predict
         # the response's first token; its own first position is never a response token.
         keep = max(len(e.ids) - e.prompt_length for e in encoded) + 1 if response_only else 0
@@ -329,8 +328,7 @@ class TransformersPolicy:
                 "policy.get_new_version(generate=False).get_dist(...)"
             )
         values, batched = split_observation(obs, self.input_mode)
-        responses = split_responses(responses, len(values), batched)
-        encoded = [self._encoder.scored(v, r) for v, r in zip(values, responses, strict=True)]
+        encoded = self._encode(values, responses, batched)
         ids, attention = left_pad([e.ids for e in encoded], self.pad_token_id, self.device)
         selected = dist_mask(mask, encoded, attention) & has_prefix(attention)
         logits = self._forward(ids, attention)
@@ -339,6 +337,10 @@ class TransformersPolicy:
         return MaskedCategorical(aligned, selected), ids
 
     # -- the shared forward pass -------------------------------------------------------------
+
+    def _encode(self, values: list[Any], responses: Any, batched: bool) -> list[Any]:
+        responses = split_responses(responses, len(values), batched)
+        return [self._encoder.scored(v, r) for v, r in zip(values, responses, strict=True)]
 
     def _forward(self, ids: torch.Tensor, attention: torch.Tensor, keep: int = 0) -> torch.Tensor:
         max_positions = getattr(self.model.config, "max_position_embeddings", None)
