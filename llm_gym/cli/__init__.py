@@ -21,7 +21,7 @@ import transformers
 
 import llm_gym
 from llm_gym.cli import rollout, train
-from llm_gym.cli._args import EXIT_USAGE, Parser, llm_gym_env_ids
+from llm_gym.cli._args import EXIT_USAGE, Parser, check_task_env, llm_gym_env_ids, make_config
 
 __all__ = ["main", "build_parser", "llm_gym_env_ids"]
 
@@ -62,8 +62,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _envs()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    try:
-        prepared = args.prepare(args)
+    try:  # the run, prepared: models loaded, envs made, folder claimed
+        check_task_env(args.env, args.command)
+        prepared = args.job(make_config(args.config, args))
     # Setup errors (bad ids, paths, data, values) are the user's to fix: one line, exit 2.
     except (ValueError, TypeError, OSError, ImportError, gym.error.Error) as error:
         message = " ".join(str(error).split()) or type(error).__name__

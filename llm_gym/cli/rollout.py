@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 from typing import Any
 
-from llm_gym.cli._args import add_task_options, check_task_env, make_config, number
+from llm_gym.cli._args import add_task_options, number
 from llm_gym.run import Rollout, RolloutConfig
 from llm_gym.wrappers import ESTIMATORS
 
-__all__ = ["add_parser", "prepare", "run"]
+__all__ = ["add_parser", "run"]
 
 
 def add_parser(commands: Any) -> None:
@@ -35,14 +34,7 @@ def add_parser(commands: Any) -> None:
         "folder); without it no KL is charged")  # fmt: skip
     add("--kl-coef", type=number(float, 0.0), default=defaults.kl_coef)
     add("--estimator", choices=sorted(ESTIMATORS), default=defaults.estimator)
-    parser.set_defaults(prepare=prepare, run=run)
-
-
-def prepare(args: argparse.Namespace) -> Rollout:
-    """The prepared run (models loaded, envs made): where bad input fails."""
-    check_task_env(args.env, "rollout")
-    config = make_config(RolloutConfig, args)
-    return Rollout(config)
+    parser.set_defaults(config=RolloutConfig, job=Rollout, run=run)
 
 
 def run(rollout: Rollout) -> int:

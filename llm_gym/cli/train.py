@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 from typing import Any
 
-from llm_gym.cli._args import add_task_options, check_task_env, make_config, number
+from llm_gym.cli._args import add_task_options, number
 from llm_gym.train import GRPOConfig, GRPOTrainer
 from llm_gym.train.records import CHECKPOINT_DIR, METRICS_FILE, PLOT_FILE
 from llm_gym.wrappers import ESTIMATORS
 
-__all__ = ["add_parser", "prepare", "run"]
+__all__ = ["add_parser", "run"]
 
 
 def add_parser(commands: Any) -> None:
@@ -44,14 +43,7 @@ def add_parser(commands: Any) -> None:
         help="greedy episodes on held-out questions before and after (0: none)")  # fmt: skip
     add("--save-every", type=number(int, 1), default=defaults.save_every)
     add("--resume", action="store_true", help=f"continue from --out's {CHECKPOINT_DIR}/")
-    parser.set_defaults(prepare=prepare, run=run)
-
-
-def prepare(args: argparse.Namespace) -> GRPOTrainer:
-    """The prepared run (models loaded, envs made, folder claimed): where bad input fails."""
-    check_task_env(args.env, "train")
-    config = make_config(GRPOConfig, args)
-    return GRPOTrainer(config)
+    parser.set_defaults(config=GRPOConfig, job=GRPOTrainer, run=run)
 
 
 def run(trainer: GRPOTrainer) -> int:

@@ -6,8 +6,8 @@ calls with each batch of prompts. It plays one episode per prompt with the train
 and ``logprobs`` with the env's return as the extra field ``env_reward``, which
 ``env_reward_func`` hands to the trainer as a reward. For episodes of several turns it also
 returns ``env_mask`` (TRL's name for the mask of the tokens the model produced: 1 for the
-policy's, 0 for those the env inserted between turns), so that TRL never trains on them; an
-env with ``tools=`` gives it as its ``policy_mask`` observation, which is passed on as is.
+policy's, 0 for those the env inserted between turns: the env's ``policy_mask``
+observation), so that TRL never trains on them.
 
 Task envs (GSM8K, Countdown, reasoning-gym, MATH) draw their own questions: the trainer's
 dataset only paces the run (its prompts are placeholders, e.g. ``["solve"] * 1000``), and
@@ -99,6 +99,7 @@ class EnvRollout:
                     f"num_generations={group}"
                 )
             kwargs = {**self.env_kwargs, "input_mode": "tokens", "tokenizer": tokenizer}
+            kwargs["observation_keys"] = ("tokens", "policy_mask")
             if self.is_task:
                 make = [{"shard": (i, n), "repeats": group} for i in range(n)]
             else:
@@ -118,39 +119,23 @@ def _play(envs: list[gym.Env], obs: list[dict], policy: TransformersPolicy) -> d
     prompt_ids = [np.asarray(o["tokens"]).tolist() for o in obs]
     completion: list[list[int]] = [[] for _ in range(n)]
     logprobs: list[list[float]] = [[] for _ in range(n)]
-    mask: list[list[int]] = [[] for _ in range(n)]
-    returns = [0.0] * n
-    turns = [0] * n
-    active = list(range(n))
+    returns, turns, active = [0.0] * n, [0] * n, list(range(n))
     with torch.no_grad():
         while active:
-            batch = {"tokens": tuple(obs[i]["tokens"] for i in active)}
-            responses = policy(batch)
+            responses = policy({"tokens": tuple(obs[i]["tokens"] for i in active)})
             still = []
             for i, response in zip(active, responses, strict=True):
-                tokens = np.asarray(response.tokens).tolist()
-                completion[i] += tokens
+                completion[i] += np.asarray(response.tokens).tolist()
                 logprobs[i] += np.asarray(response.log_probs, dtype=float).tolist()
-                mask[i] += [1] * len(tokens)
-                seen = len(prompt_ids[i]) + len(completion[i])
                 obs[i], reward, terminated, truncated, _ = envs[i].step(response)
                 returns[i] += float(reward)
                 turns[i] += 1
                 if not (terminated or truncated):
-                    # The env's next prompt continues the exact tokens so far (token-in/out):
-                    # what it adds is the env's, never trained on.
-                    nxt = np.asarray(obs[i]["tokens"]).tolist()
-                    if nxt[:seen] != prompt_ids[i] + completion[i]:
-                        raise RuntimeError(
-                            f"env {i}'s next prompt does not continue the tokens so far: the "
-                            "env must keep the policy's tokens as they were sampled"
-                        )
-                    inserted = nxt[seen:]
-                    completion[i] += inserted
+                    # The next prompt continues the exact tokens so far (the env checks it):
+                    # what it adds (tool output, the next user turn) is the env's.
+                    inserted = obs[i]["tokens"][len(prompt_ids[i]) + len(completion[i]) :]
+                    completion[i] += inserted.tolist()
                     logprobs[i] += [0.0] * len(inserted)
-                    mask[i] += [0] * len(inserted)
-                    if "policy_mask" in obs[i]:  # a tool env marks the policy's tokens itself
-                        mask[i] = np.asarray(obs[i]["policy_mask"])[len(prompt_ids[i]) :].tolist()
                     still.append(i)
             active = still
     out: dict[str, list] = {
@@ -159,8 +144,9 @@ def _play(envs: list[gym.Env], obs: list[dict], policy: TransformersPolicy) -> d
         "logprobs": logprobs,
         "env_reward": returns,
     }
-    if max(turns) > 1:
-        out["env_mask"] = mask
+    if max(turns) > 1:  # the env's mask of the policy's tokens, over the completion
+        spans = zip(obs, prompt_ids, completion, strict=True)
+        out["env_mask"] = [o["policy_mask"][len(p) : len(p) + len(c)].tolist() for o, p, c in spans]
     return out
 
 

@@ -40,15 +40,15 @@ from tqdm.auto import tqdm
 from llm_gym.checks import check_int, check_number
 from llm_gym.models import load_model
 from llm_gym.run.config import RunConfig
+from llm_gym.run.plots import plot_curves
 from llm_gym.run.setup import charge_kl, make_sampler, resolve_device, resolve_dtype, task_envs
-from llm_gym.train.episodes import play_episodes
-from llm_gym.train.evaluation import evaluate
+from llm_gym.train.episodes import evaluate, play_episodes
 from llm_gym.train.records import (
     CHECKPOINT_DIR,
     METRICS_FILE,
     PLOT_FILE,
+    PLOTTED,
     load_trainer_state,
-    plot_metrics,
     read_metrics,
     save_checkpoint,
 )
@@ -211,7 +211,7 @@ class GRPOTrainer:
                     self.save(iteration + 1)
         bar.close()
         self.envs.close()
-        plot_metrics(rows, self.out / PLOT_FILE)
+        plot_curves(rows, PLOTTED, self.out / PLOT_FILE, "iteration")
         after = self.evaluate() if config.eval_episodes else None
         summary = {
             "before": self.before,

@@ -17,14 +17,12 @@ from typing import Any
 
 import torch
 
-from llm_gym.run.plots import plot_curves
-
 __all__ = [
     "CHECKPOINT_DIR",
     "METRICS_FILE",
+    "PLOTTED",
     "PLOT_FILE",
     "load_trainer_state",
-    "plot_metrics",
     "read_metrics",
     "save_checkpoint",
 ]
@@ -33,7 +31,6 @@ METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "training.png"
 CHECKPOINT_DIR = "checkpoint"
 TRAINER_STATE = "trainer.pt"
-SMOOTHING = 5  # iterations in the plotted running mean
 PLOTTED = ("reward", "success", "kl", "response_tokens", "level", "tokens_per_second")
 
 
@@ -67,8 +64,3 @@ def load_trainer_state(out: Path) -> dict[str, Any]:
             "exist (checkpoints are written every --save-every iterations)"
         )
     return torch.load(path, map_location="cpu", weights_only=False)
-
-
-def plot_metrics(rows: list[dict[str, Any]], path: Path) -> None:
-    """One panel per metric over iterations, as a PNG."""
-    plot_curves(rows, PLOTTED, path, "iteration", SMOOTHING)
