@@ -30,3 +30,25 @@ def default_model():
 @pytest.fixture(scope="session")
 def smollm2_tokenizer(default_model):
     return default_model[1]
+
+
+# Fresh per test module (module scope): tests that take gradients leave them on the model.
+@pytest.fixture(scope="module")
+def smol(default_model):
+    return default_model
+
+
+@pytest.fixture(scope="module")
+def tiny(smollm2_tokenizer):
+    """A random 2-layer llama over SmolLM2's vocabulary."""
+    from llm_gym.models import tiny_model
+
+    return tiny_model(smollm2_tokenizer), smollm2_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tiny_gpt2(gpt2_tokenizer):
+    """A random 2-layer GPT-2 (absolute positions) with GPT-2's tokenizer: pad == eos."""
+    from llm_gym.models import tiny_model
+
+    return tiny_model(gpt2_tokenizer, arch="gpt2", seed=1), gpt2_tokenizer

@@ -8,16 +8,6 @@ import llm_gym  # noqa: F401  (registers the ids)
 from llm_gym.wrappers import DifficultyCurriculum
 from llm_gym.wrappers import vector as vector_wrappers
 
-TASKS = {
-    "LLMChat-Countdown-v0": {"level": 1},
-    "LLMChat-ReasoningGym-v0": {"task": "basic_arithmetic"},
-}
-MATH_ROWS = [
-    {"problem": "What is half of one?", "solution": r"Half is $\boxed{\frac{1}{2}}$."},
-    {"problem": "Compute $2^3$.", "solution": r"$2^3 = \boxed{8}$"},
-    {"problem": "Solve $x + 1 = 3$.", "solution": r"So $x = \boxed{2}$."},
-]
-
 
 def play(env, right: bool):
     _, info = env.reset()

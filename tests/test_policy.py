@@ -11,24 +11,6 @@ from llm_gym.policies import LogProbOutput, TransformersPolicy
 from llm_gym.rewards.gsm8k import extract_answer
 from llm_gym.tasks import make_gsm8k_vector_env
 
-
-@pytest.fixture(scope="module")
-def smol(default_model):
-    return default_model
-
-
-@pytest.fixture(scope="module")
-def tiny(smollm2_tokenizer):
-    """A random 2-layer llama over SmolLM2's vocabulary."""
-    return tiny_model(smollm2_tokenizer), smollm2_tokenizer
-
-
-@pytest.fixture(scope="module")
-def tiny_gpt2(gpt2_tokenizer):
-    """A random 2-layer GPT-2 (absolute positions) with GPT-2's tokenizer: pad == eos."""
-    return tiny_model(gpt2_tokenizer, arch="gpt2", seed=1), gpt2_tokenizer
-
-
 # -- generate mode -------------------------------------------------------------------------
 
 

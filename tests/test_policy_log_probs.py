@@ -9,25 +9,7 @@ from transformers import GPT2LMHeadModel
 
 from llm_gym import History, Response
 from llm_gym.lm import keeps_logits
-from llm_gym.models import tiny_model
 from llm_gym.policies import LogProbOutput, MaskedCategorical, TransformersPolicy
-
-
-@pytest.fixture(scope="module")
-def smol(default_model):
-    return default_model
-
-
-@pytest.fixture(scope="module")
-def tiny(smollm2_tokenizer):
-    """A random 2-layer llama over SmolLM2's vocabulary."""
-    return tiny_model(smollm2_tokenizer), smollm2_tokenizer
-
-
-@pytest.fixture(scope="module")
-def tiny_gpt2(gpt2_tokenizer):
-    """A random 2-layer GPT-2 (absolute positions) with GPT-2's tokenizer: pad == eos."""
-    return tiny_model(gpt2_tokenizer, arch="gpt2", seed=1), gpt2_tokenizer
 
 
 class GPT2WithoutLogitsToKeep(GPT2LMHeadModel):

@@ -7,12 +7,12 @@ import math
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_rewards import ADD, JANET
 
 import llm_gym.rewards as rewards
 from llm_gym.rewards import (
     MODES,
     GSM8KReward,
-    GSM8KScore,
     extract_answer,
     extract_ground_truth,
     extract_tags,
@@ -20,25 +20,6 @@ from llm_gym.rewards import (
     normalize_number,
     score_gsm8k,
 )
-
-# The first GSM8K test problem's answer field, as the dataset stores it.
-JANET = (
-    "Janet sells 16 - 3 - 4 = <<16-3-4=9>>9 duck eggs a day.\n"
-    "She makes 9 * 2 = $<<9*2=18>>18 every day at the farmer's market.\n"
-    "#### 18"
-)
-ADD = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n#### 72"
-
-
-def parts(score: GSM8KScore) -> tuple[float, float, float, float, bool]:
-    return (
-        score.reward_answer,
-        score.reward_think,
-        score.reward_right,
-        score.reward,
-        score.success,
-    )
-
 
 # --- property tests: the parser never raises --------------------------------------------
 

@@ -5,17 +5,10 @@ import numpy as np
 import pytest
 import torch
 
-from llm_gym.models import tiny_model
 from llm_gym.policies import TransformersPolicy
 from llm_gym.samplers import FINISH_REASONS, Sample, Sampler, Scorer, is_scorer
 
 PROMPTS = [np.array([464, 3290, 318, 11, 257]), np.array([40, 588])]
-
-
-@pytest.fixture(scope="module")
-def tiny(smollm2_tokenizer):
-    """A random 2-layer llama over SmolLM2's vocabulary (49152 tokens)."""
-    return tiny_model(smollm2_tokenizer), smollm2_tokenizer
 
 
 def policy_for(tiny, **generate_kwargs):

@@ -270,7 +270,10 @@ class ChatEnv(gym.Env):
         if self._conversation is None or self.render_mode is None:
             return None
         text = "\n".join(f"[{m['role']}] {m['content']}" for m in self._conversation.history)
-        return print(text) if self.render_mode == "human" else text
+        if self.render_mode == "human":
+            print(text)
+            return None
+        return text
 
     def close(self) -> None:
         """Shut down the tools' servers (MCP)."""
@@ -332,14 +335,15 @@ class ChatEnv(gym.Env):
             )  # fmt: skip
             if problem and not truncated:
                 raise TokenPrefixError(f"turn {turn}: {problem}")
-            info = {"tool_calls": [r.as_dict() for r in records], **_tool_info(made, failed)}
+            counts = {"num_tool_calls": made, "failed_tool_calls": failed}
+            info = {"tool_calls": [r.as_dict() for r in records], **counts}
             return Outcome(extended, 0.0, False, bool(truncated), info)
         reward, terminated, info = self._score(self.assistant_prefix + content, sample)
         truncated = False
         if self.toolbox is not None:
             terminated = True  # with tools, the turn without a call is the final answer
             made, failed = conversation.tool_calls, conversation.failed_tool_calls
-            info = {**info, "tool_calls": [], **_tool_info(made, failed)}
+            info = {**info, "tool_calls": [], "num_tool_calls": made, "failed_tool_calls": failed}
         elif self.max_turns is not None and turn >= self.max_turns and not terminated:
             terminated, truncated = self.max_turns == 1, self.max_turns > 1
         extended, problem = self.builder.extend(
@@ -394,7 +398,3 @@ class ChatEnv(gym.Env):
             else:
                 obs[key] = conversation.policy_mask.astype(np.int64)
         return obs
-
-
-def _tool_info(made: int, failed: int) -> dict[str, int]:
-    return {"num_tool_calls": made, "failed_tool_calls": failed}
