@@ -16,10 +16,10 @@ from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
 from llm_gym.chat.conversation import Conversation
 from llm_gym.checks import check_int
 from llm_gym.envs.actions import decode_token_actions
-from llm_gym.envs.dataset import DatasetChatEnv
-from llm_gym.envs.sharding import Shard
+from llm_gym.envs.dataset import DatasetChatEnv, make_task_env
+from llm_gym.sources import Shard
 
-__all__ = ["DatasetChatVectorEnv", "batch_infos", "sharded_env_fns"]
+__all__ = ["DatasetChatVectorEnv", "batch_infos", "make_task_vector_env", "sharded_env_fns"]
 
 
 class DatasetChatVectorEnv(VectorEnv):
@@ -304,3 +304,14 @@ def sharded_env_fns(env_id: str, num_envs: int, **kwargs: Any) -> list[Callable[
     return [
         functools.partial(gym.make, env_id, shard=(i, num_envs), **kwargs) for i in range(num_envs)
     ]
+
+
+def make_task_vector_env(num_envs: int = 1, **kwargs: Any) -> DatasetChatVectorEnv:
+    """The ``vector_entry_point`` of every task's env id: ``num_envs`` conversations of
+    ``make_task_env(**kwargs)``.
+
+    >>> envs = make_task_vector_env(2, task_factory="llm_gym.tasks:countdown_task", level=0)
+    >>> envs.reset(seed=0)[1]["target"].shape
+    (2,)
+    """
+    return DatasetChatVectorEnv(make_task_env(**kwargs), num_envs)
