@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from llm_gym.chat.history import History
+from llm_gym.checks import check_bool, check_int
 from llm_gym.envs.chat import ChatEnv
 from llm_gym.sources import IndexedSource, IterableSource, Shard, Source
 from llm_gym.sources.datasets import is_iterable_dataset, load_records
@@ -84,15 +85,10 @@ class DatasetChatEnv(ChatEnv):
       ``0 .. count - 1`` and one seed serve each sample exactly ``repeats`` times per epoch
       between them, e.g. the sub-envs of ``SyncVectorEnv``/``AsyncVectorEnv`` or the ranks of
       a data-parallel run. Not for ``from_dataloader`` (shard the dataloader's sampler).
-    - ``field_map``: renames from dataset columns to env fields, such as
-      ``{"question": "query"}``, or a function from a raw record to the fields. The fields
-      must include ``"query"`` (a ``str``).
-    - ``reward``: the task's reward, ``reward(response_text, sample) -> (reward, info)`` or a
-      ``TaskScore``; None: no reward.
-    - ``required_fields``: the fields the reward reads, checked on the first sample at
-      construction (a dataset without them fails here, not at the first step).
-    - ``answer_format``: the format the prompt asks for (``llm_gym.rewards.ANSWER_FORMATS``),
-      recorded in ``task``; None: not said.
+    - ``field_map``, ``reward``, ``required_fields``, ``answer_format``: the task's, as in
+      ``llm_gym.tasks.Task``: the fields must include a str ``"query"``; ``reward(response_text,
+      sample)`` returns ``(reward, info)`` or a ``TaskScore`` (None: no reward); the required
+      fields are checked on the first sample, so a dataset without them fails here.
     - ``system_prompt``, ``max_turns``: as ``ChatEnv`` (``max_turns`` defaults to 1).
     - ``**chat_options``: ``ChatEnv``'s other arguments (``input_mode``, ``tokenizer``,
       ``template_kwargs``, ``observation_keys``, ``max_text_length``, ``render_mode``, the
@@ -139,15 +135,10 @@ class DatasetChatEnv(ChatEnv):
         **chat_options: Any,
     ) -> None:
         # Cheap checks first, so that bad arguments fail before any data is loaded.
-        if repeats is None:
-            repeats = 1
-        if isinstance(repeats, bool) or not isinstance(repeats, (int, np.integer)) or repeats < 1:
-            raise ValueError(f"repeats must be an int >= 1 (or None for 1), got {repeats!r}")
-        if not isinstance(shuffle, bool):
-            raise TypeError(f"shuffle must be a bool, got {type(shuffle).__name__}: {shuffle!r}")
-        if not isinstance(group_repeats, bool):
-            raise TypeError(f"group_repeats must be a bool, got {type(group_repeats).__name__}")
-        sharding = Shard.parse(shard, int(repeats))
+        repeats = check_int("repeats", 1 if repeats is None else repeats, 1)
+        check_bool("shuffle", shuffle)
+        check_bool("group_repeats", group_repeats)
+        sharding = Shard.parse(shard, repeats)
         if field_map is not None and not (isinstance(field_map, Mapping) or callable(field_map)):
             raise TypeError(
                 "field_map must be a dict of column renames (e.g. {'question': 'query'}) or a "
@@ -164,7 +155,7 @@ class DatasetChatEnv(ChatEnv):
         self.reward = reward
         self.required_fields = tuple(required_fields)
         self.answer_format = answer_format
-        self.repeats = int(repeats)
+        self.repeats = repeats
         self.group_repeats = group_repeats
         self.field_map = field_map
         self.seed = seed
