@@ -273,6 +273,8 @@ class DatasetChatEnv(ChatEnv):
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Start an episode from the next sample, or ``options={"sample": {...}}``; ``seed``
+        restarts the order it defines."""
         given = self._given_sample(options)  # checked before reseeding: a bad one changes nothing
         if seed is not None:
             self._source.reseed(self._order_seed(seed))

@@ -95,6 +95,7 @@ class DatasetChatVectorEnv(VectorEnv):
         seed: int | Sequence[int | None] | None = None,
         options: dict[str, Any] | None = None,
     ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Reset every sub-env (sub-env ``i`` seeded ``seed + i``, one order split N ways)."""
         seeds = self._seeds(seed)
         given = self.env._given_sample(options)  # checked before anything changes
         super().reset(seed=seeds[0])
@@ -107,6 +108,8 @@ class DatasetChatVectorEnv(VectorEnv):
     def step(
         self, actions: Sequence[Any]
     ) -> tuple[dict[str, Any], np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """Step the N conversations with ``actions`` at once; finished ones reset in the same
+        step (their last observation and info in ``info["final_obs"]``/``["final_info"]``)."""
         if self._conversations[0] is None:
             raise error.ResetNeeded("Cannot call DatasetChatVectorEnv.step before reset")
         outcomes = self._outcomes(actions)  # every sub-env's step computed before any is stored

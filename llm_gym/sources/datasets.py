@@ -92,6 +92,7 @@ class IndexedSource:
 
     @property
     def columns(self) -> list[str]:
+        """The data's column names (a list of dicts: the first one's keys)."""
         if _is_datasets(self.data, "Dataset"):
             return list(self.data.column_names)
         first = self.data[0]
@@ -116,10 +117,7 @@ class IndexedSource:
 
     def fork(self, shard: Shard) -> IndexedSource:
         """A source over the same data and seed that serves ``shard`` of the stream."""
-        other = object.__new__(IndexedSource)
-        other.data, other.shuffle, other.shard = self.data, self.shuffle, shard
-        other.reseed(self.seed)
-        return other
+        return IndexedSource(self.data, shuffle=self.shuffle, seed=self.seed, shard=shard)
 
     def order(self, epoch: int) -> np.ndarray:
         """The sample indices of ``epoch`` in serving order."""
@@ -129,6 +127,7 @@ class IndexedSource:
         return np.random.default_rng([self.seed, epoch]).permutation(n)
 
     def next_record(self) -> Any:
+        """The next sample of this source's shard of the order."""
         if not self._buffer:
             ahead = range(self._position, self._position + _PREFETCH)
             indices = [self._index_at(self.shard.record(k)) for k in ahead]

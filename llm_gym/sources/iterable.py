@@ -48,6 +48,7 @@ class IterableSource:
         return other
 
     def next_record(self) -> Any:
+        """The next sample the iterable yields (each ``repeats`` times in a row)."""
         return self._stream.next_record(self.repeats)
 
 

@@ -90,6 +90,7 @@ class ProceduralSource:
         return other
 
     def next_record(self) -> dict[str, Any]:
+        """The next sample of this source's shard, generated at the current level."""
         index = self.shard.record(self._position)
         # A repeat of the last sample is served as generated, so a level change between
         # two repeats does not split a GRPO group.
