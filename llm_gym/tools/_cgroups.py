@@ -1,8 +1,8 @@
 """A pids cgroup per sandboxed call: the process limit that binds root too.
 
-``RLIMIT_NPROC`` does not apply to root (the kernel exempts uid 0), and CI machines and
-containers often run as root. A cgroup's ``pids.max`` does; it is used where the pids
-controller is mounted writable (cgroup v1, or v2 with pids delegated).
+The kernel exempts root (uid 0, common in CI and containers) from ``RLIMIT_NPROC``; a
+cgroup's ``pids.max`` binds it. Used where the pids controller is mounted writable (cgroup
+v1, or v2 with pids delegated).
 """
 
 from __future__ import annotations
@@ -13,44 +13,26 @@ import time
 import warnings
 from functools import cache
 
-__all__ = ["PidsCgroup"]
+__all__ = ["create_pids_cgroup", "remove_cgroup"]
 
 _COUNTER = itertools.count()
 
 
-class PidsCgroup:
-    """A fresh cgroup limited to ``max_pids`` processes; ``procs`` is the file a process
-    writes its pid to, to join it."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.procs = os.path.join(path, "cgroup.procs")
-
-    @classmethod
-    def create(cls, max_pids: int) -> PidsCgroup | None:
-        """A new cgroup, or None (with a warning, once) where none can be made."""
-        base = _pids_root()
-        if base is None:
-            _warn_no_cgroup()
-            return None
-        path = os.path.join(base, f"llm_gym-{os.getpid()}-{next(_COUNTER)}")
-        try:
-            os.mkdir(path)
-            with open(os.path.join(path, "pids.max"), "w") as f:
-                f.write(str(max_pids))
-        except OSError:
-            _remove(path)
-            _warn_no_cgroup()
-            return None
-        return cls(path)
-
-    def remove(self) -> None:
-        """Delete the cgroup once its processes are gone (a killed PID namespace takes a
-        moment to empty)."""
-        _remove(self.path)
+def create_pids_cgroup(max_pids: int) -> str | None:
+    """The folder of a new cgroup of at most ``max_pids`` processes (a process joins it by
+    writing its pid to ``cgroup.procs`` there), or None, with a warning once, where none can
+    be made."""
+    base = _pids_root()
+    name = f"llm_gym-{os.getpid()}-{next(_COUNTER)}"
+    path = None if base is None else _make(os.path.join(base, name), max_pids)
+    if path is None:
+        _warn_no_cgroup()
+    return path
 
 
-def _remove(path: str) -> None:
+def remove_cgroup(path: str) -> None:
+    """Delete the cgroup once its processes are gone (a killed PID namespace takes a moment
+    to empty)."""
     for _ in range(100):
         try:
             os.rmdir(path)
@@ -61,9 +43,20 @@ def _remove(path: str) -> None:
             time.sleep(0.01)
 
 
+def _make(path: str, max_pids: int) -> str | None:
+    try:
+        os.mkdir(path)
+        with open(os.path.join(path, "pids.max"), "w") as f:
+            f.write(str(max_pids))
+        return path
+    except OSError:
+        remove_cgroup(path)
+        return None
+
+
 @cache
 def _pids_root() -> str | None:
-    """The directory of this process's pids cgroup, if we may create children in it."""
+    """The folder of this process's pids cgroup, if we may create limited children in it."""
     try:
         with open("/proc/self/cgroup") as f:
             lines = [line.rstrip("\n").split(":", 2) for line in f]
@@ -72,31 +65,23 @@ def _pids_root() -> str | None:
     except OSError:
         return None
     for hierarchy, controllers, relative in lines:
-        v1 = "pids" in controllers.split(",")
-        if not v1 and not (hierarchy == "0" and controllers == ""):
+        if "pids" in controllers.split(","):
+            fstype = "cgroup"  # v1: a hierarchy of its own
+        elif hierarchy == "0" and controllers == "":
+            fstype = "cgroup2"
+        else:
             continue
         for fields in mounts:
-            sep = fields.index("-")
-            fstype, options = fields[sep + 1], fields[sep + 3] if len(fields) > sep + 3 else ""
-            v1_pids = fstype == "cgroup" and "pids" in options.split(",")
-            if not (v1_pids if v1 else fstype == "cgroup2"):
+            # After "-": the file system type, the source, the super options (v1: controllers).
+            kind, _, options = fields[fields.index("-") + 1 :][:3]
+            if kind != fstype or (kind == "cgroup" and "pids" not in options.split(",")):
                 continue
             base = os.path.join(fields[4], relative.lstrip("/"))
-            if _can_limit(base):
+            probe = _make(os.path.join(base, f"llm_gym-probe-{os.getpid()}"), 1)
+            if probe is not None:
+                remove_cgroup(probe)
                 return base
     return None
-
-
-def _can_limit(base: str) -> bool:
-    probe = os.path.join(base, f"llm_gym-probe-{os.getpid()}")
-    try:
-        os.mkdir(probe)
-    except OSError:
-        return False
-    try:
-        return os.path.exists(os.path.join(probe, "pids.max"))
-    finally:
-        _remove(probe)
 
 
 @cache
