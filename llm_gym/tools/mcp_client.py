@@ -8,7 +8,7 @@ thread of its own) in which the server's session lives; any thread's calls go th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from functools import partial
 from typing import Any
@@ -67,9 +67,11 @@ class MCPTools:
             self._portal = self._stack.enter_context(start_blocking_portal())
             enter = self._portal.wrap_async_context_manager
             streams = self._stack.enter_context(enter(stdio_client(params)))
-            self._session = self._stack.enter_context(enter(ClientSession(*streams[:2])))
-            self._wait(self._session.initialize)
-            listed = self._wait(self._session.list_tools).tools
+            # The SDK's read timeout bounds every request: the start and each call.
+            session = ClientSession(*streams[:2], read_timeout_seconds=self.timeout)
+            self._session = self._stack.enter_context(enter(session))
+            self._portal.call(self._session.initialize)
+            listed = self._portal.call(self._session.list_tools).tools
         except BaseException as error:
             self.close()
             why = f"{type(error).__name__}: {error}"
@@ -80,31 +82,27 @@ class MCPTools:
         ]
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_restart, (self.command, self.env, self.cwd, self.timeout))
+        return (
+            partial(MCPTools, env=self.env, cwd=self.cwd, timeout=self.timeout),
+            (self.command,),
+        )
 
     @property
     def running(self) -> bool:
         """Whether the server is up: True from a successful start until ``close()``."""
         return self._stack is not None
 
-    def _wait(self, function: Callable[..., Any], *args: Any) -> Any:
-        """``await function(*args)`` in the portal, cancelled past ``timeout``."""
-        future = self._portal.start_task_soon(function, *args)
-        try:
-            return future.result(timeout=self.timeout)
-        except TimeoutError:
-            future.cancel()
-            raise
-
     def call(self, name: str, **arguments: Any) -> str:
         """Call tool ``name``; its text output, or ``ToolError`` with the server's message."""
+        from mcp import MCPError
+
         if not self.running:
             raise ToolError(f"the MCP server {self.command} is not running")
         try:
-            result = self._wait(self._session.call_tool, name, arguments)
-        except TimeoutError:
+            result = self._portal.call(self._session.call_tool, name, arguments)
+        except MCPError as error:  # the SDK's timeout and protocol errors
             raise ToolError(
-                f"the MCP tool {name!r} gave no result within {self.timeout:g} s"
+                f"the MCP tool {name!r} failed ({self.timeout:g} s limit): {error}"
             ) from None
         text = "\n".join(
             getattr(part, "text", None) or f"[{getattr(part, 'type', 'content')}]"
@@ -119,7 +117,3 @@ class MCPTools:
         stack, self._stack = self._stack, None
         if stack is not None:
             stack.close()
-
-
-def _restart(command: list[str], env: dict[str, str], cwd: str | None, timeout: float) -> MCPTools:
-    return MCPTools(command, env=env, cwd=cwd, timeout=timeout)

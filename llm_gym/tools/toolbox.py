@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from llm_gym.checks import check_choice, check_int
 from llm_gym.tools.base import Tool, ToolError, check_arguments, truncate_output
 from llm_gym.tools.calls import CALL_FORMATS, ToolCall, parse_tool_calls, tools_system_prompt
 from llm_gym.tools.interpreter import PythonInterpreter
@@ -16,6 +17,7 @@ from llm_gym.tools.mcp_client import MCPTools
 __all__ = ["Toolbox", "ToolRecord", "ToolSpec", "MAX_OUTPUT_CHARS"]
 
 MAX_OUTPUT_CHARS = 4000  # of a tool message, and of each record's output in info
+# What ``Toolbox(tools=...)`` takes: see ``Toolbox``.
 ToolSpec = str | Callable[..., Any] | Tool | PythonInterpreter | MCPTools
 
 
@@ -30,6 +32,7 @@ class ToolRecord:
     seconds: float
 
     def as_dict(self) -> dict[str, Any]:
+        """The record as the plain dict ``info["tool_calls"]`` holds."""
         return asdict(self)
 
 
@@ -59,11 +62,8 @@ class Toolbox:
             raise TypeError(
                 f"tools must be a list, e.g. ['python'] or [my_function], got {tools!r:.80}"
             )
-        if call_format not in CALL_FORMATS:
-            raise ValueError(f"tool_format must be one of {CALL_FORMATS}, got {call_format!r}")
-        if isinstance(max_output_chars, bool) or not isinstance(max_output_chars, int):
-            raise TypeError(f"max_output_chars must be an int, got {max_output_chars!r}")
-        self.call_format, self.max_output_chars = call_format, max_output_chars
+        self.call_format = check_choice("tool_format", call_format, CALL_FORMATS)
+        self.max_output_chars = check_int("max_output_chars", max_output_chars, low=1)
         self.servers: list[MCPTools] = []
         self.tools: dict[str, Tool] = {}
         for i, spec in enumerate(tools):
