@@ -11,6 +11,8 @@ no network. Where bwrap cannot run, it warns once that files and network are ope
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
 import shutil
 import signal
@@ -23,10 +25,11 @@ from dataclasses import dataclass
 from functools import cache
 
 from llm_gym.checks import check_choice, check_int, check_number, check_str
-from llm_gym.tools._cgroups import create_pids_cgroup, remove_cgroup
 from llm_gym.tools.base import Tool, ToolError, truncate_output
 
 __all__ = ["Execution", "PythonInterpreter"]
+
+_CGROUP_COUNTER = itertools.count()
 
 # Runs inside the sandboxed interpreter before the code: limits it cannot raise, then the code.
 _PROLOGUE = """\
@@ -37,11 +40,6 @@ code = sys.stdin.read()
 del resource, name, value
 exec(compile(code, "<code>", "exec"), {{"__name__": "__main__"}})
 """
-_SIGNALS = {
-    signal.SIGKILL: "killed (SIGKILL)",
-    signal.SIGXCPU: "stopped: CPU time limit exceeded",
-    signal.SIGSEGV: "crashed (segmentation fault)",
-}
 
 
 @dataclass(frozen=True)
@@ -60,12 +58,8 @@ class PythonInterpreter:
     """Runs code with ``python -I`` in a sandbox; ``tool`` is it as a ``Tool`` named
     ``python``.
 
-    >>> interpreter = PythonInterpreter()
-    >>> interpreter.run("print(48 / 2 + 48)").output
+    >>> PythonInterpreter().run("print(48 / 2 + 48)").output
     '72.0\\n'
-    >>> result = interpreter.run("import os; print(os.environ.get('HOME'))")
-    >>> result.ok, result.output.startswith("/")
-    (True, True)
     """
 
     def __init__(
@@ -119,7 +113,7 @@ class PythonInterpreter:
         if self.isolation == "rlimits":
             _warn_unisolated()
         scratch = tempfile.mkdtemp(prefix="llm_gym-python-")
-        cgroup = create_pids_cgroup(self.max_processes) if os.geteuid() == 0 else None
+        cgroup = _create_pids_cgroup(self.max_processes) if os.geteuid() == 0 else None
         start = time.perf_counter()
         try:
             # Output goes to a file, which RLIMIT_FSIZE bounds as a pipe's reader could not.
@@ -129,7 +123,14 @@ class PythonInterpreter:
                     self._argv(scratch, cgroup), stdin=subprocess.PIPE, stdout=out,
                     stderr=subprocess.STDOUT, cwd=scratch, env=env, start_new_session=True,
                 )  # fmt: skip
-                timed_out = _feed_and_wait(process, code, self.timeout)
+                try:
+                    process.communicate(code.encode("utf-8", "replace"), timeout=self.timeout)
+                    timed_out = False
+                except subprocess.TimeoutExpired:  # kill the group: bwrap's namespace dies too
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(process.pid, signal.SIGKILL)
+                    process.wait()
+                    timed_out = True
                 seconds = time.perf_counter() - start
                 size = out.seek(0, os.SEEK_END)
                 keep = 4 * self.max_output_chars + 4  # bytes: more than max_output_chars chars
@@ -140,7 +141,7 @@ class PythonInterpreter:
                     raw += b"\n" + out.read(keep)
         finally:
             if cgroup is not None:
-                remove_cgroup(cgroup)
+                _remove_cgroup(cgroup)
             shutil.rmtree(scratch, ignore_errors=True)
         text = raw.decode("utf-8", errors="replace")
         truncated = len(text) > self.max_output_chars
@@ -148,8 +149,8 @@ class PythonInterpreter:
         status = None if timed_out else process.returncode
         if timed_out:
             text += f"\nTimeoutError: the code ran past the {self.timeout:g} s limit and was killed"
-        elif status < 0:
-            text += f"\n{_SIGNALS.get(-status, f'killed by signal {-status}')}"
+        elif status < 0:  # e.g. "killed by signal 24: CPU time limit exceeded"
+            text += f"\nkilled by signal {-status}: {signal.strsignal(-status)}"
         return Execution(text, status == 0, status, seconds, timed_out, truncated)
 
     def _call(self, code: str) -> str:
@@ -174,20 +175,6 @@ class PythonInterpreter:
             join = f'echo $$ > {cgroup}/cgroup.procs && exec "$@"'
             argv = ["/bin/sh", "-c", join, "sh", *argv]
         return argv
-
-
-def _feed_and_wait(process: subprocess.Popen, code: str, timeout: float) -> bool:
-    """Send the code, wait; kill the process group at the timeout. True if it timed out."""
-    try:
-        process.communicate(code.encode("utf-8", errors="replace"), timeout=timeout)
-        return False
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(process.pid, signal.SIGKILL)  # bwrap's namespace dies with it
-        except ProcessLookupError:
-            pass
-        process.wait()
-        return True
 
 
 def _bwrap_args(bwrap: str, scratch: str, scratch_mb: int = 64) -> list[str]:
@@ -243,4 +230,81 @@ def _warn_unisolated() -> None:
         "in a container) to isolate it.",
         RuntimeWarning,
         stacklevel=3,
+    )
+
+
+def _create_pids_cgroup(max_pids: int) -> str | None:
+    """The folder of a new cgroup of at most ``max_pids`` processes, or None (with a warning,
+    once) where the pids controller is not mounted writable (cgroup v1, or v2 delegated).
+    The kernel exempts root from ``RLIMIT_NPROC``; ``pids.max`` binds it."""
+    base = _pids_root()
+    name = f"llm_gym-{os.getpid()}-{next(_CGROUP_COUNTER)}"
+    path = None if base is None else _make(os.path.join(base, name), max_pids)
+    if path is None:
+        _warn_no_cgroup()
+    return path
+
+
+def _remove_cgroup(path: str) -> None:
+    """Delete the cgroup once its processes are gone (a killed PID namespace takes a moment
+    to empty)."""
+    for _ in range(100):
+        try:
+            os.rmdir(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.01)
+
+
+def _make(path: str, max_pids: int) -> str | None:
+    try:
+        os.mkdir(path)
+        with open(os.path.join(path, "pids.max"), "w") as f:
+            f.write(str(max_pids))
+        return path
+    except OSError:
+        _remove_cgroup(path)
+        return None
+
+
+@cache
+def _pids_root() -> str | None:
+    """The folder of this process's pids cgroup, if we may create limited children in it."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = [line.rstrip("\n").split(":", 2) for line in f]
+        with open("/proc/self/mountinfo") as f:
+            mounts = [line.split() for line in f]
+    except OSError:
+        return None
+    for hierarchy, controllers, relative in lines:
+        if "pids" in controllers.split(","):
+            fstype = "cgroup"  # v1: a hierarchy of its own
+        elif hierarchy == "0" and controllers == "":
+            fstype = "cgroup2"
+        else:
+            continue
+        for fields in mounts:
+            # After "-": the file system type, the source, the super options (v1: controllers).
+            kind, _, options = fields[fields.index("-") + 1 :][:3]
+            if kind != fstype or (kind == "cgroup" and "pids" not in options.split(",")):
+                continue
+            base = os.path.join(fields[4], relative.lstrip("/"))
+            probe = _make(os.path.join(base, f"llm_gym-probe-{os.getpid()}"), 1)
+            if probe is not None:
+                _remove_cgroup(probe)
+                return base
+    return None
+
+
+@cache
+def _warn_no_cgroup() -> None:
+    warnings.warn(
+        "llm_gym's Python interpreter runs as root without a writable pids cgroup: the kernel "
+        "does not apply RLIMIT_NPROC to root, so model-written code can start processes "
+        "without a count limit (they still die at the wall-clock limit).",
+        RuntimeWarning,
+        stacklevel=4,
     )

@@ -41,15 +41,8 @@ class Toolbox:
 
     ``tools`` entries: ``"python"`` (a ``PythonInterpreter`` with its defaults), a
     ``PythonInterpreter``, a plain function (schema from its signature and docstring), a
-    ``Tool``, or ``MCPTools`` (all of a server's tools).
-
-    >>> box = Toolbox(["python"])
-    >>> record = box.run(box.parse('<tool_call>{"name": "python", '
-    ...                            '"arguments": {"code": "print(6 * 7)"}}</tool_call>')[0])
-    >>> record.ok, record.output
-    (True, '42\\n')
-    >>> box.run(ToolCall("nope")).output
-    "Error: unknown tool 'nope'; the tools are ['python']"
+    ``Tool``, or ``MCPTools`` (all of a server's tools). ``parse`` reads a response's calls
+    in ``call_format`` and ``run`` runs one, turning every failure into the record's output.
     """
 
     def __init__(
