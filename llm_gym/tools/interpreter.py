@@ -41,6 +41,18 @@ del resource, name, value
 exec(compile(code, "<code>", "exec"), {{"__name__": "__main__"}})
 """
 
+_UNISOLATED = (
+    "llm_gym's Python interpreter runs WITHOUT bubblewrap here ({why}): model-written code is "
+    "limited in time, memory, file size and processes and gets a clean environment, but it CAN "
+    "read and write your files and use the network. Enable unprivileged user namespaces (or "
+    "run in a container) to isolate it."
+)
+_NO_CGROUP = (
+    "llm_gym's Python interpreter runs as root without a writable pids cgroup: the kernel does "
+    "not apply RLIMIT_NPROC to root, so model-written code can start processes without a count "
+    "limit (they still die at the wall-clock limit)."
+)
+
 
 @dataclass(frozen=True)
 class Execution:
@@ -111,7 +123,7 @@ class PythonInterpreter:
         """Run ``code``; never raises for anything the code does."""
         check_str("code", code)
         if self.isolation == "rlimits":
-            _warn_unisolated()
+            _warn_once(_UNISOLATED.format(why=_bwrap()[1] or "sandbox=rlimits"), stacklevel=3)
         scratch = tempfile.mkdtemp(prefix="llm_gym-python-")
         cgroup = _create_pids_cgroup(self.max_processes) if os.geteuid() == 0 else None
         start = time.perf_counter()
@@ -221,28 +233,26 @@ def _bwrap() -> tuple[str | None, str]:
 
 
 @cache
-def _warn_unisolated() -> None:
-    warnings.warn(
-        "llm_gym's Python interpreter runs WITHOUT bubblewrap here "
-        f"({_bwrap()[1] or 'sandbox=rlimits'}): model-written code is limited in time, "
-        "memory, file size and processes and gets a clean environment, but it CAN read and "
-        "write your files and use the network. Enable unprivileged user namespaces (or run "
-        "in a container) to isolate it.",
-        RuntimeWarning,
-        stacklevel=3,
-    )
+def _warn_once(message: str, stacklevel: int) -> None:
+    warnings.warn(message, RuntimeWarning, stacklevel=stacklevel)
 
 
 def _create_pids_cgroup(max_pids: int) -> str | None:
     """The folder of a new cgroup of at most ``max_pids`` processes, or None (with a warning,
     once) where the pids controller is not mounted writable (cgroup v1, or v2 delegated).
     The kernel exempts root from ``RLIMIT_NPROC``; ``pids.max`` binds it."""
-    base = _pids_root()
     name = f"llm_gym-{os.getpid()}-{next(_CGROUP_COUNTER)}"
-    path = None if base is None else _make(os.path.join(base, name), max_pids)
-    if path is None:
-        _warn_no_cgroup()
-    return path
+    for folder in _pids_folders():
+        path = os.path.join(folder, name)
+        try:
+            os.mkdir(path)
+            with open(os.path.join(path, "pids.max"), "w") as f:
+                f.write(str(max_pids))
+            return path
+        except OSError:  # not ours to write, or no pids controller here
+            _remove_cgroup(path)
+    _warn_once(_NO_CGROUP, stacklevel=4)
+    return None
 
 
 def _remove_cgroup(path: str) -> None:
@@ -258,27 +268,17 @@ def _remove_cgroup(path: str) -> None:
             time.sleep(0.01)
 
 
-def _make(path: str, max_pids: int) -> str | None:
-    try:
-        os.mkdir(path)
-        with open(os.path.join(path, "pids.max"), "w") as f:
-            f.write(str(max_pids))
-        return path
-    except OSError:
-        _remove_cgroup(path)
-        return None
-
-
 @cache
-def _pids_root() -> str | None:
-    """The folder of this process's pids cgroup, if we may create limited children in it."""
+def _pids_folders() -> list[str]:
+    """This process's folder in each mounted cgroup hierarchy that has the pids controller."""
     try:
         with open("/proc/self/cgroup") as f:
             lines = [line.rstrip("\n").split(":", 2) for line in f]
         with open("/proc/self/mountinfo") as f:
             mounts = [line.split() for line in f]
     except OSError:
-        return None
+        return []
+    folders = []
     for hierarchy, controllers, relative in lines:
         if "pids" in controllers.split(","):
             fstype = "cgroup"  # v1: a hierarchy of its own
@@ -288,23 +288,7 @@ def _pids_root() -> str | None:
             continue
         for fields in mounts:
             # After "-": the file system type, the source, the super options (v1: controllers).
-            kind, _, options = fields[fields.index("-") + 1 :][:3]
-            if kind != fstype or (kind == "cgroup" and "pids" not in options.split(",")):
-                continue
-            base = os.path.join(fields[4], relative.lstrip("/"))
-            probe = _make(os.path.join(base, f"llm_gym-probe-{os.getpid()}"), 1)
-            if probe is not None:
-                _remove_cgroup(probe)
-                return base
-    return None
-
-
-@cache
-def _warn_no_cgroup() -> None:
-    warnings.warn(
-        "llm_gym's Python interpreter runs as root without a writable pids cgroup: the kernel "
-        "does not apply RLIMIT_NPROC to root, so model-written code can start processes "
-        "without a count limit (they still die at the wall-clock limit).",
-        RuntimeWarning,
-        stacklevel=4,
-    )
+            kind, options = fields[fields.index("-") + 1], fields[-1].split(",")
+            if kind == fstype and (kind == "cgroup2" or "pids" in options):
+                folders.append(os.path.join(fields[4], relative.lstrip("/")))
+    return folders
