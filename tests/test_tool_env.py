@@ -91,7 +91,7 @@ def test_a_plain_function_and_an_mcp_server_serve_the_same_episode(tmp_path):
         _, reward, terminated, _, info = env.step(ANSWER)
         assert (reward, terminated, info["success"]) == (1.0, True, True)
         env.close()
-    assert not server._thread.is_alive()  # env.close() shut the server down
+    assert not server.running  # env.close() shut the server down
 
 
 @pytest.mark.parametrize(

@@ -105,9 +105,12 @@ def test_the_rlimits_fallback_still_bounds_time_memory_and_processes():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"timeout": 0}, "timeout must be a number of seconds > 0, got 0"),
+        ({"timeout": 0}, "timeout must be a finite number > 0, got 0"),
         ({"memory_mb": "1G"}, "memory_mb must be an int >= 1, got '1G'"),
-        ({"sandbox": "docker"}, "sandbox must be 'auto', 'bubblewrap' or 'rlimits', got 'docker'"),
+        (
+            {"sandbox": "docker"},
+            r"sandbox must be one of \('auto', 'bubblewrap', 'rlimits'\), got 'docker'",
+        ),
     ],
 )
 def test_interpreter_rejects_bad_arguments(kwargs, message):
@@ -235,7 +238,7 @@ def test_mcp_tools_list_call_and_shut_down(mcp_server):
             copy.close()
     finally:
         server.close()
-    assert not server._thread.is_alive()
+    assert not server.running
     assert "not running" in Toolbox([server]).run(ToolCall("add", {"a": 1, "b": 2})).output
 
 

@@ -29,19 +29,8 @@ class Tool:
     """One tool the model may call: ``function(**arguments)`` returns its output.
 
     ``parameters`` is a JSON schema of an object, as in OpenAI's function-calling format;
-    ``schema`` is the entry a chat template's ``tools=`` takes.
-
-    >>> def add(a: int, b: int) -> int:
-    ...     '''Add two integers.
-    ...
-    ...     Args:
-    ...         a: The first.
-    ...         b: The second.
-    ...     '''
-    ...     return a + b
-    >>> tool = Tool.from_function(add)
-    >>> tool.name, tool.parameters["required"], tool.function(a=1, b=2)
-    ('add', ['a', 'b'], 3)
+    ``schema`` is the entry a chat template's ``tools=`` takes; ``from_function`` builds one
+    from a typed, documented function.
     """
 
     name: str

