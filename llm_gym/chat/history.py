@@ -7,13 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from llm_gym.chat.templates import (
-    CHAT_FORMATS,
-    format_for_template,
-    get_chat_template,
-    has_generation_markers,
-    resolve_chat_template,
-)
+from llm_gym.chat.templates import _message_format, has_generation_markers, resolve_chat_template
+from llm_gym.checks import check_str
 
 __all__ = ["History", "Message"]
 
@@ -77,6 +72,7 @@ class History:
         return self
 
     def copy(self) -> History:
+        """A new History with the same messages."""
         return History(self._messages)
 
     def __iter__(self) -> Iterator[Message]:
@@ -98,10 +94,12 @@ class History:
 
     @property
     def roles(self) -> list[str]:
+        """Each message's role, in order."""
         return [m["role"] for m in self._messages]
 
     @property
     def contents(self) -> list[str]:
+        """Each message's content, in order."""
         return [m["content"] for m in self._messages]
 
     @property
@@ -139,13 +137,26 @@ class History:
         if (tokenize or return_assistant_tokens_mask) and tokenizer is None:
             raise ValueError("tokenizer is required to tokenize a History, got None")
         template = resolve_chat_template(tokenizer, chat_template_name, chat_template)
-        text, spans = self._render(
-            template,
-            add_generation_prompt,
-            tokenizer,
-            template_kwargs,
-            return_assistant_tokens_mask,
+        messages = list(self.to_chats())
+        cut = None
+        if not self.is_complete:
+            cut, messages[-1]["content"] = messages[-1]["content"], _SENTINEL
+            add_generation_prompt = False
+        marked = return_assistant_tokens_mask and has_generation_markers(template)
+        # Imported here: rendering needs a tokenizer, so transformers is loaded already.
+        from transformers.utils.chat_template_utils import render_jinja_template
+
+        rendered, indices = render_jinja_template(
+            conversations=[messages],
+            chat_template=template,
+            add_generation_prompt=add_generation_prompt,
+            return_assistant_tokens_mask=marked,
+            **{**(getattr(tokenizer, "special_tokens_map", None) or {}), **template_kwargs},
         )
+        text, at = rendered[0], None
+        if cut is not None:
+            at = text.index(_SENTINEL)
+            text = text[:at] + cut
         if not tokenize and not return_assistant_tokens_mask:
             return text
         enc = tokenizer(
@@ -154,6 +165,10 @@ class History:
         ids = np.asarray(enc["input_ids"], dtype=np.int64)
         if not return_assistant_tokens_mask:
             return ids
+        if marked:
+            spans = [(s, min(e, len(text))) for s, e in indices[0] if at is None or s <= at]
+        else:
+            spans = self._content_spans(text)
         offsets = np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(-1, 2)
         mask = np.zeros(len(ids), dtype=bool)
         for start, end in spans:
@@ -164,46 +179,9 @@ class History:
             "assistant_masks": mask,
         }
 
-    def _render(
-        self,
-        template: str,
-        add_generation_prompt: bool,
-        tokenizer: Any,
-        template_kwargs: Mapping[str, Any],
-        with_spans: bool,
-    ) -> tuple[str, list[tuple[int, int]]]:
-        """Render to text, with the character spans of the assistant's output if asked."""
-        messages = [{"role": m["role"], "content": m["content"]} for m in self._messages]
-        cut = None
-        if messages and not self.is_complete:
-            cut = messages[-1]["content"]
-            messages[-1]["content"] = _SENTINEL
-            add_generation_prompt = False
-        kwargs = dict(getattr(tokenizer, "special_tokens_map", None) or {})
-        kwargs.update(template_kwargs)
-        marked = with_spans and has_generation_markers(template)
-        # Imported here: rendering needs a tokenizer, so transformers is loaded already.
-        from transformers.utils.chat_template_utils import render_jinja_template
-
-        rendered, indices = render_jinja_template(
-            conversations=[messages],
-            chat_template=template,
-            add_generation_prompt=add_generation_prompt,
-            return_assistant_tokens_mask=marked,
-            **kwargs,
-        )
-        text = rendered[0]
-        spans = []
-        if with_spans:
-            spans = [tuple(s) for s in indices[0]] if marked else self._content_spans(text)
-        if cut is not None:
-            at = text.index(_SENTINEL)
-            text = text[:at] + cut
-            spans = [(s, min(e, len(text))) for s, e in spans if s <= at]
-        return text, spans
-
     def _content_spans(self, text: str) -> list[tuple[int, int]]:
-        """Where each assistant message's content sits in ``text``, found left to right."""
+        """Where each assistant message's content sits in ``text``, found left to right: the
+        assistant mask of a template without ``{% generation %}`` markers."""
         spans, pos = [], 0
         for message in self._messages:
             at = text.find(message["content"], pos)
@@ -230,24 +208,18 @@ class History:
         >>> h.roles, h.contents, h.is_complete
         (['user', 'assistant'], ['hi', 'Hel'], False)
         """
-        if not isinstance(text, str):
-            raise TypeError(f"text must be a str, got {type(text).__name__}")
-        if chat_template is not None:
-            fmt = format_for_template(chat_template)
-        else:
-            get_chat_template(chat_template_name)  # validates the name
-            fmt = CHAT_FORMATS[chat_template_name]
+        check_str("text", text)
+        fmt = _message_format(resolve_chat_template(None, chat_template_name, chat_template))
         if fmt is None:
             raise ValueError(
                 "from_text knows the chatml, qwen and llama formats; chat_template matches none"
             )
-        if fmt.prefix and text.startswith(fmt.prefix):
-            text = text[len(fmt.prefix) :]
+        pattern, end_of_turn, start = fmt
+        text = text.removeprefix(start)
         messages = []
-        for match in fmt.message.finditer(text):
-            role, content, end = match.groups()
+        for role, content, end in pattern.findall(text):
             message: Message = {"role": role, "content": content}
-            if end != fmt.end_of_turn:
+            if end != end_of_turn:
                 message["is_complete"] = False
             messages.append(message)
         return cls(messages)
