@@ -2,8 +2,8 @@
 LogProbs and ChatHistory, without TensorDict, plus the ``Response`` an action can carry.
 
 Each has ``prompt``, ``response`` and ``full`` fields (``full`` = prompt + response), holding
-strings, ``History`` objects or 1-D numpy arrays. Conversions go one way, history → text →
-tokens, through the tokenizer's chat template, never by re-tokenizing sampled text.
+strings, ``History`` objects or 1-D numpy arrays. History becomes text through the chat
+template; text and tokens convert through the tokenizer.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from llm_gym.chat.codec import TokenCodec
 from llm_gym.chat.history import History
 
 __all__ = ["Response", "Text", "Tokens", "Masks", "LogProbs", "ChatHistory"]
@@ -87,14 +88,9 @@ class Text:
 
     def to_tokens(self, tokenizer: Any) -> Tokens:
         """Tokenize prompt and full; the response tokens are what full adds to the prompt."""
-
-        def encode(text: str | None) -> np.ndarray | None:
-            if text is None:
-                return None
-            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-            return np.asarray(ids, dtype=np.int64)
-
-        prompt, full = encode(self.prompt), encode(self.full)
+        encode = TokenCodec(tokenizer).encode
+        prompt = None if self.prompt is None else encode(self.prompt)
+        full = None if self.full is None else encode(self.full)
         response = None
         if prompt is not None and full is not None and np.array_equal(full[: len(prompt)], prompt):
             response = full[len(prompt) :]
@@ -119,6 +115,8 @@ class Tokens:
             self.full = np.concatenate([self.prompt, self.response])
 
     def to_text(self, tokenizer: Any, skip_special_tokens: bool = False) -> Text:
+        """Decode prompt, response and full with the tokenizer."""
+
         def decode(ids: np.ndarray | None) -> str | None:
             if ids is None:
                 return None
@@ -171,4 +169,5 @@ class ChatHistory:
         return Text(prompt=prompt, response=response, full=full)
 
     def to_tokens(self, tokenizer: Any, **template_kwargs: Any) -> Tokens:
+        """``to_text``, then ``Text.to_tokens``."""
         return self.to_text(tokenizer, **template_kwargs).to_tokens(tokenizer)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from llm_gym.chat.templates import _message_format, has_generation_markers, resolve_chat_template
+from llm_gym.chat.templates import has_generation_markers, resolve_chat_template
 from llm_gym.checks import check_str
 
 __all__ = ["History", "Message"]
@@ -209,13 +210,20 @@ class History:
         (['user', 'assistant'], ['hi', 'Hel'], False)
         """
         check_str("text", text)
-        fmt = _message_format(resolve_chat_template(None, chat_template_name, chat_template))
-        if fmt is None:
+        template = resolve_chat_template(None, chat_template_name, chat_template)
+        if "<|start_header_id|>" in template:
+            header, end_of_turn = "<|start_header_id|>", "<|eot_id|>"
+            role_end, text = "<|end_header_id|>\n\n", text.removeprefix("<|begin_of_text|>")
+        elif "<|im_start|>" in template:
+            header, role_end, end_of_turn = "<|im_start|>", "\n", "<|im_end|>"
+        else:
             raise ValueError(
                 "from_text knows the chatml, qwen and llama formats; chat_template matches none"
             )
-        pattern, end_of_turn, start = fmt
-        text = text.removeprefix(start)
+        # A message is its header, role and content, up to its end of turn, or for one cut
+        # off, up to the next header or the end of the text.
+        h, e = re.escape(header), re.escape(end_of_turn)
+        pattern = re.compile(rf"{h}(\w+){re.escape(role_end)}(.*?)({e}|(?={h})|\Z)", re.DOTALL)
         messages = []
         for role, content, end in pattern.findall(text):
             message: Message = {"role": role, "content": content}

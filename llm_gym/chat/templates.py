@@ -60,24 +60,6 @@ CHAT_TEMPLATES: dict[str, str] = {
     "llama": LLAMA_TEMPLATE,
 }
 
-# How to read a rendered conversation back: a regex whose groups are a message's role, its
-# content and how it ends (the end-of-turn marker, or the next header or the end of the text
-# for a message cut off), then the end-of-turn marker and the text's fixed start.
-_CHATML_FORMAT = (
-    re.compile(r"<\|im_start\|>(\w+)\n(.*?)(<\|im_end\|>|(?=<\|im_start\|>)|\Z)", re.DOTALL),
-    "<|im_end|>",
-    "",
-)
-_LLAMA_FORMAT = (
-    re.compile(
-        r"<\|start_header_id\|>(\w+)<\|end_header_id\|>\n\n(.*?)"
-        r"(<\|eot_id\|>|(?=<\|start_header_id\|>)|\Z)",
-        re.DOTALL,
-    ),
-    "<|eot_id|>",
-    "<|begin_of_text|>",
-)
-
 _GENERATION_RE = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
 
@@ -121,12 +103,3 @@ def resolve_chat_template(
     if isinstance(own, str) and own and "<|im_start|>" not in own:
         return own
     return CHATML_TEMPLATE
-
-
-def _message_format(template: str) -> tuple[re.Pattern[str], str, str] | None:
-    """The parser that reads back text rendered by ``template``, when one is known."""
-    if "<|start_header_id|>" in template:
-        return _LLAMA_FORMAT
-    if "<|im_start|>" in template:
-        return _CHATML_FORMAT
-    return None
