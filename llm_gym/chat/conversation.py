@@ -8,10 +8,10 @@ token-out).
 >>> from llm_gym.models import load_default_model
 >>> builder = PromptBuilder(load_default_model()[1], need_tokens=True)
 >>> (start,) = builder.start([History([{"role": "user", "content": "2+2?"}])])
->>> turn = builder.extend(start, "4", np.array([33, 2]), reward=1.0, version=3)
->>> turn.conversation.rewards, turn.conversation.versions, turn.problem
+>>> conversation, problem = builder.extend(start, "4", np.array([33, 2]), reward=1.0, version=3)
+>>> conversation.rewards, conversation.versions, problem
 ((1.0,), (3,), None)
->>> int(turn.conversation.policy_mask.sum())  # the two sampled tokens
+>>> int(conversation.policy_mask.sum())  # the two sampled tokens
 2
 """
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -27,7 +27,7 @@ from llm_gym.chat.codec import TokenCodec
 from llm_gym.chat.history import History
 from llm_gym.chat.templates import CHAT_TEMPLATES, resolve_chat_template
 
-__all__ = ["Conversation", "PromptBuilder", "TokenPrefixError", "Turn"]
+__all__ = ["Conversation", "PromptBuilder", "TokenPrefixError"]
 
 
 @dataclass(frozen=True)
@@ -65,13 +65,6 @@ class Conversation:
 
 class TokenPrefixError(RuntimeError):
     """A turn's prompt tokens do not extend the previous prompt and the sampled response."""
-
-
-class Turn(NamedTuple):
-    """A conversation extended by one turn, and what broke the token prefix (None: nothing)."""
-
-    conversation: Conversation
-    problem: str | None
 
 
 def _policy_mask_after(
@@ -129,12 +122,9 @@ class PromptBuilder:
         self._system = system_prompt
         # The built-in templates close an assistant turn with the same text whatever came
         # before, so that closing is rendered once; other templates are rendered in full.
-        self._fixed_closing = (
-            tokenizer is not None
-            and resolve_chat_template(
-                tokenizer, kwargs.get("chat_template_name"), kwargs.get("chat_template")
-            )
-            in CHAT_TEMPLATES.values()
+        names = kwargs.get("chat_template_name"), kwargs.get("chat_template")
+        self._fixed_closing = tokenizer is not None and (
+            resolve_chat_template(tokenizer, *names) in CHAT_TEMPLATES.values()
         )
         self._closing: str | None = None
         self._closing_ids: dict[str, np.ndarray] = {}
@@ -149,16 +139,13 @@ class PromptBuilder:
             return [Conversation(history) for history in histories]
         rendered = [self.render(history) for history in histories]
         tokens = self._encode(rendered) if self.need_tokens else [None] * len(histories)
-        return [
-            Conversation(
-                history,
-                text,
-                text + self.assistant_prefix,
-                ids,
-                None if ids is None else np.zeros(len(ids), np.bool_),
+        conversations = []
+        for history, text, ids in zip(histories, rendered, tokens, strict=True):
+            mask = None if ids is None else np.zeros(len(ids), np.bool_)
+            conversations.append(
+                Conversation(history, text, text + self.assistant_prefix, ids, mask)
             )
-            for history, text, ids in zip(histories, rendered, tokens, strict=True)
-        ]
+        return conversations
 
     def render(self, history: History) -> str:
         """``history`` with the chat template and the generation prompt."""
@@ -177,10 +164,11 @@ class PromptBuilder:
         version: int | None = None,
         tool_calls: tuple[int, int] | None = None,
         done: bool = False,
-    ) -> Turn:
+    ) -> tuple[Conversation, str | None]:
         """``conversation`` after the policy's turn (``content``, sampled as ``tokens`` or
         None for text the env tokenizes itself) and the messages the env ``added`` (tool
-        results); ``tool_calls`` are the new (made, failed) totals."""
+        results), and what broke the token prefix (None: nothing); ``tool_calls`` are the new
+        (made, failed) totals."""
         prefix = self.assistant_prefix
         turn = prefix + content
         history = conversation.history.copy().append({"role": self.policy_role, "content": turn})
@@ -194,7 +182,7 @@ class PromptBuilder:
             "done": done,
         }
         if self.tokenizer is None:
-            return Turn(Conversation(history, **record), None)
+            return Conversation(history, **record), None
         body = conversation.rendered + turn
         if self._closing is not None and not added:
             rendered, closing = body + self._closing, self._closing
@@ -206,33 +194,8 @@ class PromptBuilder:
             closing = rendered[len(body) :] if rendered.startswith(body) else None
             if closing is not None and self._fixed_closing and not added:
                 self._closing = closing
-        ids, mask, problem = None, None, None
-        if conversation.tokens is not None:
-            ids, mask, problem = self._tokens_after(
-                conversation, tokens, content, rendered, closing, added
-            )
-        extended = Conversation(history, rendered, rendered + prefix, ids, mask, **record)
-        return Turn(extended, problem)
-
-    def _encode(self, rendered: Sequence[str]) -> list[np.ndarray]:
-        """The token ids of rendered prompts, each followed by the assistant prefix's."""
-        if self._system is not None:  # tokenized on the first call only
-            head = History([self._system]).apply_chat_template(
-                self.tokenizer, **self.template_kwargs
-            )
-            self.codec.share_prefix(head)
-            self._system = None
-        return [np.concatenate([ids, self._prefix_ids]) for ids in self.codec.encode_many(rendered)]
-
-    def _tokens_after(
-        self,
-        conversation: Conversation,
-        tokens: np.ndarray | None,
-        content: str,
-        rendered: str,
-        closing: str | None,
-        added: Sequence[Any],
-    ) -> tuple[np.ndarray, np.ndarray | None, str | None]:
+        if conversation.tokens is None:
+            return Conversation(history, rendered, rendered + prefix, **record), None
         sampled = tokens is not None
         if not sampled:  # text given as a str is kept as said, its tokens too
             tokens = self.codec.encode(content)
@@ -244,12 +207,11 @@ class PromptBuilder:
             end = self.codec.end_of_turn(tokens) if sampled else None
             if end is not None and closing.startswith(end):
                 closing = closing[len(end) :]
-            if added:  # tool output varies: not worth a cache entry
+            closing_ids = self._closing_ids.get(closing)
+            if closing_ids is None:
                 closing_ids = self.codec.encode(closing)
-            else:
-                if closing not in self._closing_ids:
-                    self._closing_ids[closing] = self.codec.encode(closing)
-                closing_ids = self._closing_ids[closing]
+                if not added:  # tool output varies: not worth a cache entry
+                    self._closing_ids[closing] = closing_ids
             ids = np.concatenate([conversation.tokens, tokens, closing_ids, self._prefix_ids])
             ids.setflags(write=False)
         mask, problem = None, None
@@ -259,4 +221,14 @@ class PromptBuilder:
             )
         if not sampled:  # text the env tokenized itself: no sampled tokens to keep
             problem = None
-        return ids, mask, problem
+        return Conversation(history, rendered, rendered + prefix, ids, mask, **record), problem
+
+    def _encode(self, rendered: Sequence[str]) -> list[np.ndarray]:
+        """The token ids of rendered prompts, each followed by the assistant prefix's."""
+        if self._system is not None:  # tokenized on the first call only
+            head = History([self._system]).apply_chat_template(
+                self.tokenizer, **self.template_kwargs
+            )
+            self.codec.share_prefix(head)
+            self._system = None
+        return [np.concatenate([ids, self._prefix_ids]) for ids in self.codec.encode_many(rendered)]
