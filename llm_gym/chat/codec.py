@@ -3,8 +3,7 @@
 Through the transformers wrapper one text costs ~100 us of Python, more than a model's
 forward per prompt at N=128 on a GPU. Here each batch is one call into the Rust tokenizer
 (which spreads it over the cores), a text repeated in a batch (a GRPO group) is encoded once,
-and the rendered system prompt every prompt starts with is encoded once (forks share the
-codec).
+and so is the rendered system prompt every prompt starts with.
 
 >>> from llm_gym.models import load_default_model
 >>> codec = TokenCodec(load_default_model()[1])
@@ -84,12 +83,10 @@ class TokenCodec:
 
     def share_prefix(self, text: str) -> None:
         """Encode ``text`` (a rendered system prompt that many prompts start with) once; only
-        the first call counts.
-
-        Exact when the rest of a prompt starts with a special token: a fast tokenizer splits
-        the text at special tokens before anything else, so the two parts are encoded
-        independently anyway. Checked here on ``text`` + each special token, which also
-        catches tokenizers that treat the start of a text specially.
+        the first call counts. Exact when the rest of a prompt starts with a special token: a
+        fast tokenizer splits the text at special tokens before anything else, so the two parts
+        are encoded independently anyway. Checked here on ``text`` + each special token, which
+        also catches tokenizers that treat the start of a text specially.
         """
         if self._prefix is not None:
             return
@@ -101,10 +98,7 @@ class TokenCodec:
         probes = [text + special + "x\n" for special in specials]
         ids, *wholes = self._encode_batch([text, *probes])
         parts = self._encode_batch([probe[len(text) :] for probe in probes])
-        if all(
-            np.array_equal(whole, np.concatenate([ids, part]))
-            for whole, part in zip(wholes, parts, strict=True)
-        ):
+        if all(map(np.array_equal, wholes, (np.concatenate([ids, part]) for part in parts))):
             ids.setflags(write=False)
             self._prefix = (text, ids, specials)
 

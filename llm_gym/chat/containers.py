@@ -15,6 +15,7 @@ import numpy as np
 
 from llm_gym.chat.codec import TokenCodec
 from llm_gym.chat.history import History
+from llm_gym.checks import check_str
 
 __all__ = ["Response", "Text", "Tokens", "Masks", "LogProbs", "ChatHistory"]
 
@@ -50,8 +51,7 @@ class Response:
     version: int | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.text, str):
-            raise TypeError(f"Response.text must be a str, got {type(self.text).__name__}")
+        check_str("Response.text", self.text)
         tokens = _int_array("Response.tokens", self.tokens)
         log_probs = None
         if self.log_probs is not None:
@@ -73,9 +73,7 @@ class Response:
             raise TypeError(
                 f"a dict action must have a 'text' key (like Response), got keys {sorted(action)}"
             )
-        return cls(
-            action["text"], action.get("tokens"), action.get("log_probs"), action.get("version")
-        )
+        return cls(action["text"], *(action.get(k) for k in ("tokens", "log_probs", "version")))
 
 
 @dataclass
@@ -115,14 +113,13 @@ class Tokens:
             self.full = np.concatenate([self.prompt, self.response])
 
     def to_text(self, tokenizer: Any, skip_special_tokens: bool = False) -> Text:
-        """Decode prompt, response and full with the tokenizer."""
-
-        def decode(ids: np.ndarray | None) -> str | None:
-            if ids is None:
-                return None
-            return tokenizer.decode(ids.tolist(), skip_special_tokens=skip_special_tokens)
-
-        return Text(decode(self.prompt), decode(self.response), decode(self.full))
+        """Decode prompt, response and full, in one batch."""
+        parts = (self.prompt, self.response, self.full)
+        rows = [() if ids is None else ids for ids in parts]
+        texts = TokenCodec(tokenizer).decode_many(rows, skip_special_tokens)
+        return Text(
+            *(None if ids is None else text for ids, text in zip(parts, texts, strict=True))
+        )
 
 
 @dataclass

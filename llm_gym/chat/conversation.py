@@ -129,9 +129,7 @@ class PromptBuilder:
         self._closing: str | None = None
         self._closing_ids: dict[str, np.ndarray] = {}
         # Every prompt ends with the assistant prefix's tokens: the turn starts with it.
-        self._prefix_ids = np.zeros(0, dtype=np.int64)
-        if self.need_tokens and assistant_prefix:
-            self._prefix_ids = self.codec.encode(assistant_prefix)
+        self._prefix_ids = self.codec.encode(assistant_prefix) if self.need_tokens else None
 
     def start(self, histories: Sequence[History]) -> list[Conversation]:
         """A conversation for each history, their prompts tokenized in one batch."""

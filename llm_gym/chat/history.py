@@ -21,16 +21,13 @@ _SENTINEL = "\x00llm_gym-incomplete\x00"
 
 
 def _as_message(message: Any) -> Message:
-    if not isinstance(message, Mapping):
-        raise TypeError(
-            f"message must be a mapping with 'role' and 'content', got {type(message).__name__}"
-        )
-    role, content = message.get("role"), message.get("content")
+    role = content = None
+    got = type(message).__name__
+    if isinstance(message, Mapping):
+        role, content = message.get("role"), message.get("content")
+        got = f"role={type(role).__name__}, content={type(content).__name__}"
     if not isinstance(role, str) or not isinstance(content, str):
-        raise TypeError(
-            "message must have str 'role' and 'content', got "
-            f"role={type(role).__name__}, content={type(content).__name__}"
-        )
+        raise TypeError(f"message must be a mapping with str 'role' and 'content', got {got}")
     out: Message = {"role": role, "content": content}
     if message.get("is_complete", True) is False:
         out["is_complete"] = False
@@ -64,8 +61,7 @@ class History:
 
     def append(self, message: Mapping[str, Any]) -> History:
         """Append one message in place and return ``self``, so calls chain."""
-        self._messages.append(_as_message(message))
-        return self
+        return self.extend([message])
 
     def extend(self, messages: Iterable[Mapping[str, Any]]) -> History:
         """Append several messages (or another History) in place and return ``self``."""
@@ -127,9 +123,8 @@ class History:
 
         Returns the text; with ``tokenize=True`` its token ids (``int64``); with
         ``return_assistant_tokens_mask=True`` a dict of ``input_ids``, ``attention_mask`` and
-        ``assistant_masks`` (bool, True on the assistant's content and end-of-turn tokens).
-        A template without ``{% generation %}`` markers gets its assistant mask from the
-        character offsets of each assistant message's content.
+        ``assistant_masks`` (bool, True on the assistant's content and end-of-turn tokens;
+        found by the contents' character offsets for a template without generation markers).
 
         >>> h = History.from_chats([{"role": "user", "content": "2+2?"}])
         >>> h.apply_chat_template(chat_template_name="chatml_format", add_generation_prompt=True)
