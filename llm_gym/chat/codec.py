@@ -42,11 +42,9 @@ class TokenCodec:
         self.tokenizer = tokenizer
         self.vocab_size = len(tokenizer)
         self.backend = getattr(tokenizer, "backend_tokenizer", None)
-        # transformers' decode may post-process (clean_up_tokenization_spaces); then only its
-        # own decode gives its text.
-        self._rust_decode = self.backend is not None and not getattr(
-            tokenizer, "clean_up_tokenization_spaces", False
-        )
+        # transformers' decode may clean up spaces afterwards; then only it gives its text.
+        cleans_up = getattr(tokenizer, "clean_up_tokenization_spaces", False)
+        self._rust_decode = self.backend is not None and not cleans_up
         self._end_ids = {}
         for end in END_OF_TURN:
             ids = tokenizer.convert_tokens_to_ids([end])
@@ -131,6 +129,4 @@ class TokenCodec:
 
     def end_of_turn(self, tokens: np.ndarray | None) -> str | None:
         """The end-of-turn string a sampled response ends with (its last token), if any."""
-        if tokens is None or not len(tokens):
-            return None
-        return self._end_ids.get(int(tokens[-1]))
+        return self._end_ids.get(int(tokens[-1])) if tokens is not None and len(tokens) else None

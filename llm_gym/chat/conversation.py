@@ -186,9 +186,8 @@ class PromptBuilder:
             rendered, closing = body + self._closing, self._closing
         else:
             rendered = self.render(history)
-            # The template closes the turn (and opens the next); that text is all the prompt
-            # gains beyond the response itself, so the response is never re-tokenized. A
-            # template that rewrites earlier turns has none: only the full rendering is right.
+            # What the template adds after the response (closing the turn, opening the next);
+            # None for a template that rewrites earlier turns: only its full rendering is right.
             closing = rendered[len(body) :] if rendered.startswith(body) else None
             if closing is not None and self._fixed_closing and not added:
                 self._closing = closing
@@ -217,9 +216,8 @@ class PromptBuilder:
             mask, problem = _policy_mask_after(
                 conversation.tokens, conversation.policy_mask, tokens, ids
             )
-        if not sampled:  # text the env tokenized itself: no sampled tokens to keep
-            problem = None
-        return Conversation(history, rendered, rendered + prefix, ids, mask, **record), problem
+        extended = Conversation(history, rendered, rendered + prefix, ids, mask, **record)
+        return extended, problem if sampled else None  # text the env tokenized: nothing to keep
 
     def _encode(self, rendered: Sequence[str]) -> list[np.ndarray]:
         """The token ids of rendered prompts, each followed by the assistant prefix's."""

@@ -163,8 +163,15 @@ class History:
             return ids
         if marked:
             spans = [(s, min(e, len(text))) for s, e in indices[0] if at is None or s <= at]
-        else:
-            spans = self._content_spans(text)
+        else:  # no markers: each assistant message's content, found left to right
+            spans, pos = [], 0
+            for message in self._messages:
+                found = text.find(message["content"], pos)
+                if found < 0:
+                    continue
+                pos = found + len(message["content"])
+                if message["role"] == "assistant":
+                    spans.append((found, pos))
         offsets = np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(-1, 2)
         mask = np.zeros(len(ids), dtype=bool)
         for start, end in spans:
@@ -174,19 +181,6 @@ class History:
             "attention_mask": np.ones(len(ids), dtype=np.int64),
             "assistant_masks": mask,
         }
-
-    def _content_spans(self, text: str) -> list[tuple[int, int]]:
-        """Where each assistant message's content sits in ``text``, found left to right: the
-        assistant mask of a template without ``{% generation %}`` markers."""
-        spans, pos = [], 0
-        for message in self._messages:
-            at = text.find(message["content"], pos)
-            if at < 0:
-                continue
-            pos = at + len(message["content"])
-            if message["role"] == "assistant":
-                spans.append((at, pos))
-        return spans
 
     @classmethod
     def from_text(
@@ -219,10 +213,7 @@ class History:
         # off, up to the next header or the end of the text.
         h, e = re.escape(header), re.escape(end_of_turn)
         pattern = re.compile(rf"{h}(\w+){re.escape(role_end)}(.*?)({e}|(?={h})|\Z)", re.DOTALL)
-        messages = []
-        for role, content, end in pattern.findall(text):
-            message: Message = {"role": role, "content": content}
-            if end != end_of_turn:
-                message["is_complete"] = False
-            messages.append(message)
-        return cls(messages)
+        matches = pattern.findall(text)
+        return cls(
+            {"role": r, "content": c, "is_complete": e == end_of_turn} for r, c, e in matches
+        )
