@@ -38,12 +38,12 @@ def test_shared_prefix_gives_the_same_ids_and_encodes_only_the_rest(smollm2_toke
     system = "<|im_start|>system\nBe brief.<|im_end|>\n"
     codec.share_prefix(system)
     prompts = [system + f"<|im_start|>user\nQuestion {i}?<|im_end|>\n" for i in range(4)]
-    sent = []
-    encode_batch = codec._encode_batch
-    codec._encode_batch = lambda texts: sent.extend(texts) or encode_batch(texts)
+    assert codec.shared_prefix == system
+    calls = []
+    codec.backend = _Recorder(codec.backend, calls)
     for prompt, ids in zip(prompts, codec.encode_many(prompts), strict=True):
         assert ids.tolist() == smollm2_tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    assert sent == [prompt[len(system) :] for prompt in prompts]  # one batch, rests only
+    assert calls == [("encode_batch", [prompt[len(system) :] for prompt in prompts])]  # rests
     # a prompt that does not start with the prefix is encoded whole
     other = "<|im_start|>user\nNo system.<|im_end|>\n"
     assert (
@@ -83,9 +83,9 @@ def test_vector_env_decodes_token_actions_in_one_batch_with_single_env_results(
     texts = ["first answer<|im_end|>", "second"]
     actions = [np.asarray(smollm2_tokenizer(t)["input_ids"], dtype=np.int64) for t in texts]
     calls = []
-    envs.env.codec._backend = _Recorder(envs.env.codec._backend, calls)
+    envs.env.codec.backend = _Recorder(envs.env.codec.backend, calls)
     obs, _, terminated, _, info = envs.step(actions)
-    assert calls == [2]  # both responses in one call
+    assert [len(rows) for name, rows in calls if name == "decode_batch"] == [2]  # one call
     assert terminated.tolist() == [True, True]
     # each sampled response sits right after its prompt, never re-tokenized
     for prompt, final, action in zip(first["tokens"], info["final_obs"], actions, strict=True):
@@ -122,14 +122,22 @@ def test_vector_env_names_a_bad_token_action_and_steps_nothing(smollm2_tokenizer
 
 
 class _Recorder:
-    """A tokenizers backend that records the batch sizes given to decode_batch."""
+    """A ``TokenCodec.backend`` that records each call as (method, texts or rows)."""
 
     def __init__(self, backend, calls):
-        self._backend, self._calls = backend, calls
+        self.backend, self.calls = backend, calls
 
-    def decode_batch(self, lists, **kwargs):
-        self._calls.append(len(lists))
-        return self._backend.decode_batch(lists, **kwargs)
+    def encode(self, text, **kwargs):
+        self.calls.append(("encode", [text]))
+        return self.backend.encode(text, **kwargs)
+
+    def encode_batch(self, texts, **kwargs):
+        self.calls.append(("encode_batch", list(texts)))
+        return self.backend.encode_batch(texts, **kwargs)
+
+    def decode_batch(self, rows, **kwargs):
+        self.calls.append(("decode_batch", rows))
+        return self.backend.decode_batch(rows, **kwargs)
 
     def __getattr__(self, name):
-        return getattr(self._backend, name)
+        return getattr(self.backend, name)

@@ -371,9 +371,13 @@ def test_token_prompts_equal_encoding_the_whole_text(tokenizer_name, request):
         tokenizer=tokenizer,
         observation_keys=("text", "tokens"),
     )
-    sent: list[str] = []  # what reaches the Rust tokenizer
-    encode_batch = env.codec._encode_batch
-    env.codec._encode_batch = lambda texts: sent.extend(texts) or encode_batch(texts)
+    from types import SimpleNamespace
+
+    backend, sent = env.codec.backend, []  # what reaches the Rust tokenizer
+    env.codec.backend = SimpleNamespace(
+        encode=lambda text, **kw: sent.append(text) or backend.encode(text, **kw),
+        encode_batch=lambda texts, **kw: sent.extend(texts) or backend.encode_batch(texts, **kw),
+    )
     texts = []
     for _ in range(12):
         obs, _ = env.reset()
@@ -390,15 +394,19 @@ def test_token_prompts_equal_encoding_the_whole_text(tokenizer_name, request):
 def test_system_prompt_tokens_are_not_reused_when_inexact(smollm2_tokenizer):
     tok, keys = smollm2_tokenizer, ("tokens", "text")
     env = DatasetChatEnv(ROWS, system_prompt="S", tokenizer=tok, observation_keys=keys)
-    backend = env.codec._backend
-    # A tokenizer whose ids depend on the whole text: the prefix cannot be reused.
-    env.codec._encode_batch = lambda texts: [
-        np.append(backend.encode(t, add_special_tokens=False).ids, len(t) % 5).astype(np.int64)
-        for t in texts
-    ]
+    from types import SimpleNamespace
+
+    backend = env.codec.backend
+
+    def encode(text, **kwargs):  # ids that depend on the whole text: no prefix is reusable
+        return SimpleNamespace(ids=backend.encode(text, **kwargs).ids + [len(text) % 5])
+
+    env.codec.backend = SimpleNamespace(
+        encode=encode, encode_batch=lambda texts, **kw: [encode(t, **kw) for t in texts]
+    )
     for _ in range(3):
         obs, _ = env.reset()
         text = obs["text"]
         expected = backend.encode(text, add_special_tokens=False).ids + [len(text) % 5]
         assert obs["tokens"].tolist() == expected
-    assert env.codec._prefix is False
+    assert env.codec.shared_prefix is None

@@ -1,6 +1,5 @@
 """Chat data model: the ``Conversation`` record of an episode and the ``PromptBuilder`` that
-extends it, messages (``History``), chat templates, the containers policies exchange, and
-batched tokenizing (``TokenCodec``)."""
+extends it, ``History``, chat templates, policy containers, batched tokenizing (``TokenCodec``)."""
 
 from llm_gym.chat.codec import END_OF_TURN, TokenCodec
 from llm_gym.chat.containers import ChatHistory, LogProbs, Masks, Response, Text, Tokens

@@ -1,12 +1,9 @@
 """``TokenCodec``: a tokenizer's encode and decode as envs and policies call them, in batches.
 
-A vector env's step decodes N responses and, for the conversations that ended, renders and
-tokenizes N new prompts; a policy tokenizes N prompts and decodes N responses. Done one by
-one through the transformers wrapper that is ~100 us of Python per prompt, more than the
-model's forward at N=128 on a GPU. Here each batch is one call into the Rust tokenizer (which
-spreads it over the cores), a text repeated in a batch (a GRPO group) is encoded once, and
-the rendered system prompt every prompt starts with is encoded once per env family (forks
-share the codec).
+Through the transformers wrapper one text costs ~100 us of Python, more than a model's
+forward per prompt at N=128 on a GPU. Here each batch is one call into the Rust tokenizer
+(which spreads it over the cores), a text repeated in a batch (a GRPO group) is encoded once,
+and so is the rendered system prompt every prompt starts with.
 
 >>> from llm_gym.models import load_default_model
 >>> codec = TokenCodec(load_default_model()[1])
@@ -34,23 +31,34 @@ END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "</s>")
 
 class TokenCodec:
     """Batched, exact encode/decode of one tokenizer (same ids and text as the tokenizer's
-    own ``encode``/``decode`` without special tokens added)."""
+    own ``encode``/``decode`` without special tokens added).
+
+    ``backend`` is the Rust tokenizer (``tokenizers.Tokenizer``) that every batch goes
+    through, None for a slow tokenizer; it may be replaced by an object with the same
+    ``encode``/``encode_batch``/``decode``/``decode_batch`` methods, to observe the calls.
+    """
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = len(tokenizer)
-        self._backend = getattr(tokenizer, "backend_tokenizer", None)
-        # transformers' decode may post-process (clean_up_tokenization_spaces); then only its
-        # own decode gives its text.
-        self._rust_decode = self._backend is not None and not getattr(
-            tokenizer, "clean_up_tokenization_spaces", False
-        )
-        self._end_ids = self._end_of_turn_ids()
+        self.backend = getattr(tokenizer, "backend_tokenizer", None)
+        # transformers' decode may clean up spaces afterwards; then only it gives its text.
+        cleans_up = getattr(tokenizer, "clean_up_tokenization_spaces", False)
+        self._rust_decode = self.backend is not None and not cleans_up
+        self._end_ids = {}
+        for end in END_OF_TURN:
+            ids = tokenizer.convert_tokens_to_ids([end])
+            if ids and isinstance(ids[0], int) and 0 <= ids[0] < self.vocab_size:
+                if tokenizer.decode(ids, skip_special_tokens=False) == end:
+                    self._end_ids[ids[0]] = end
         # The rendered system prompt: (text, ids, special tokens a rest may start with),
         # False where splitting there is not exact, None until set.
         self._prefix: tuple[str, np.ndarray, tuple[str, ...]] | bool | None = None
 
-    # -- encode ----------------------------------------------------------------------------
+    @property
+    def shared_prefix(self) -> str | None:
+        """The text given to ``share_prefix`` when its ids are reused, else None."""
+        return self._prefix[0] if isinstance(self._prefix, tuple) else None
 
     def encode(self, text: str) -> np.ndarray:
         """``int64`` ids of ``text``, no special tokens added."""
@@ -59,62 +67,47 @@ class TokenCodec:
     def encode_many(self, texts: Sequence[str]) -> list[np.ndarray]:
         """``encode`` of each text, in one batch; equal texts share one (read-only) array."""
         unique = list(dict.fromkeys(texts))
-        prefix = self._prefix if isinstance(self._prefix, tuple) else None
-        heads, rests = [], []
-        for text in unique:
-            split = prefix is not None and text.startswith(prefix[0])
-            rest = text[len(prefix[0]) :] if split else text
-            split = split and rest.startswith(prefix[2])
-            heads.append(prefix[1] if split else None)
-            rests.append(rest if split else text)
+        head, head_ids, specials = (
+            self._prefix if isinstance(self._prefix, tuple) else ("", None, ())
+        )
+        split = [t.startswith(head) and t[len(head) :].startswith(specials) for t in unique]
+        rests = [t[len(head) :] if s else t for t, s in zip(unique, split, strict=True)]
         encoded = {}
-        for text, head, ids in zip(unique, heads, self._encode_batch(rests), strict=True):
-            ids = ids if head is None else np.concatenate([head, ids])
+        for text, s, ids in zip(unique, split, self._encode_batch(rests), strict=True):
+            ids = np.concatenate([head_ids, ids]) if s else ids
             ids.setflags(write=False)
             encoded[text] = ids
         return [encoded[text] for text in texts]
 
     def share_prefix(self, text: str) -> None:
-        """Encode ``text`` (a rendered system prompt that many prompts start with) once.
-
-        Exact when the rest of a prompt starts with a special token: a fast tokenizer splits
-        the text at special tokens before anything else, so the two parts are encoded
-        independently anyway. Checked here on ``text`` + each special token, which also
-        catches tokenizers that treat the start of a text specially.
+        """Encode ``text`` (a rendered system prompt that many prompts start with) once; only
+        the first call counts. Exact when the rest of a prompt starts with a special token: a
+        fast tokenizer splits the text at special tokens before anything else, so the two parts
+        are encoded independently anyway. Checked here on ``text`` + each special token, which
+        also catches tokenizers that treat the start of a text specially.
         """
         if self._prefix is not None:
             return
         self._prefix = False
-        if not text or self._backend is None:
-            return
-        added = self.tokenizer.added_tokens_decoder.values()
+        added = self.tokenizer.added_tokens_decoder.values() if self.backend is not None else ()
         specials = tuple(t.content for t in added if t.special and not t.lstrip)
-        if not specials:
+        if not text or not specials:
             return
-        ids = self._encode_batch([text])[0]
-        ids.setflags(write=False)
         probes = [text + special + "x\n" for special in specials]
-        wholes = self._encode_batch(probes)
+        ids, *wholes = self._encode_batch([text, *probes])
         parts = self._encode_batch([probe[len(text) :] for probe in probes])
-        if all(
-            np.array_equal(whole, np.concatenate([ids, part]))
-            for whole, part in zip(wholes, parts, strict=True)
-        ):
+        if all(map(np.array_equal, wholes, (np.concatenate([ids, part]) for part in parts))):
+            ids.setflags(write=False)
             self._prefix = (text, ids, specials)
 
     def _encode_batch(self, texts: list[str]) -> list[np.ndarray]:
-        if not texts:
-            return []
-        if self._backend is not None:
-            if len(texts) == 1:  # a batch call's thread pool costs more than one text
-                encodings = [self._backend.encode(texts[0], add_special_tokens=False)]
-            else:
-                encodings = self._backend.encode_batch(texts, add_special_tokens=False)
-            return [np.asarray(e.ids, dtype=np.int64) for e in encodings]
-        out = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+        if self.backend is None:
+            out = self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+        elif len(texts) == 1:  # a batch call's thread pool costs more than one text
+            out = [self.backend.encode(texts[0], add_special_tokens=False).ids]
+        else:
+            out = [e.ids for e in self.backend.encode_batch(texts, add_special_tokens=False)]
         return [np.asarray(ids, dtype=np.int64) for ids in out]
-
-    # -- decode ----------------------------------------------------------------------------
 
     def check_ids(self, tokens: np.ndarray) -> None:
         """Token ids the tokenizer can decode, or a ValueError naming the first bad one."""
@@ -127,24 +120,13 @@ class TokenCodec:
     ) -> list[str]:
         """Each row's text (check the ids first: -1 would overflow in the tokenizer)."""
         lists = [np.asarray(row).tolist() for row in rows]
-        if self._rust_decode and len(lists) == 1:
-            return [self._backend.decode(lists[0], skip_special_tokens=skip_special_tokens)]
-        if self._rust_decode:
-            return self._backend.decode_batch(lists, skip_special_tokens=skip_special_tokens)
         skip = skip_special_tokens
-        return [self.tokenizer.decode(ids, skip_special_tokens=skip) for ids in lists]
+        if not self._rust_decode:
+            return [self.tokenizer.decode(ids, skip_special_tokens=skip) for ids in lists]
+        if len(lists) == 1:  # as in _encode_batch
+            return [self.backend.decode(lists[0], skip_special_tokens=skip)]
+        return self.backend.decode_batch(lists, skip_special_tokens=skip)
 
     def end_of_turn(self, tokens: np.ndarray | None) -> str | None:
         """The end-of-turn string a sampled response ends with (its last token), if any."""
-        if tokens is None or not len(tokens):
-            return None
-        return self._end_ids.get(int(tokens[-1]))
-
-    def _end_of_turn_ids(self) -> dict[int, str]:
-        ends = {}
-        for end in END_OF_TURN:
-            ids = self.tokenizer.convert_tokens_to_ids([end])
-            if ids and isinstance(ids[0], int) and 0 <= ids[0] < self.vocab_size:
-                if self.tokenizer.decode(ids, skip_special_tokens=False) == end:
-                    ends[ids[0]] = end
-        return ends
+        return self._end_ids.get(int(tokens[-1])) if tokens is not None and len(tokens) else None

@@ -2,8 +2,8 @@
 LogProbs and ChatHistory, without TensorDict, plus the ``Response`` an action can carry.
 
 Each has ``prompt``, ``response`` and ``full`` fields (``full`` = prompt + response), holding
-strings, ``History`` objects or 1-D numpy arrays. Conversions go one way, history → text →
-tokens, through the tokenizer's chat template, never by re-tokenizing sampled text.
+strings, ``History`` objects or 1-D numpy arrays. History becomes text through the chat
+template; text and tokens convert through the tokenizer.
 """
 
 from __future__ import annotations
@@ -13,7 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from llm_gym.chat.codec import TokenCodec
 from llm_gym.chat.history import History
+from llm_gym.checks import check_str
 
 __all__ = ["Response", "Text", "Tokens", "Masks", "LogProbs", "ChatHistory"]
 
@@ -49,8 +51,7 @@ class Response:
     version: int | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.text, str):
-            raise TypeError(f"Response.text must be a str, got {type(self.text).__name__}")
+        check_str("Response.text", self.text)
         tokens = _int_array("Response.tokens", self.tokens)
         log_probs = None
         if self.log_probs is not None:
@@ -72,9 +73,7 @@ class Response:
             raise TypeError(
                 f"a dict action must have a 'text' key (like Response), got keys {sorted(action)}"
             )
-        return cls(
-            action["text"], action.get("tokens"), action.get("log_probs"), action.get("version")
-        )
+        return cls(action["text"], *(action.get(k) for k in ("tokens", "log_probs", "version")))
 
 
 @dataclass
@@ -87,14 +86,9 @@ class Text:
 
     def to_tokens(self, tokenizer: Any) -> Tokens:
         """Tokenize prompt and full; the response tokens are what full adds to the prompt."""
-
-        def encode(text: str | None) -> np.ndarray | None:
-            if text is None:
-                return None
-            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-            return np.asarray(ids, dtype=np.int64)
-
-        prompt, full = encode(self.prompt), encode(self.full)
+        encode = TokenCodec(tokenizer).encode
+        prompt = None if self.prompt is None else encode(self.prompt)
+        full = None if self.full is None else encode(self.full)
         response = None
         if prompt is not None and full is not None and np.array_equal(full[: len(prompt)], prompt):
             response = full[len(prompt) :]
@@ -119,12 +113,13 @@ class Tokens:
             self.full = np.concatenate([self.prompt, self.response])
 
     def to_text(self, tokenizer: Any, skip_special_tokens: bool = False) -> Text:
-        def decode(ids: np.ndarray | None) -> str | None:
-            if ids is None:
-                return None
-            return tokenizer.decode(ids.tolist(), skip_special_tokens=skip_special_tokens)
-
-        return Text(decode(self.prompt), decode(self.response), decode(self.full))
+        """Decode prompt, response and full, in one batch."""
+        parts = (self.prompt, self.response, self.full)
+        rows = [() if ids is None else ids for ids in parts]
+        texts = TokenCodec(tokenizer).decode_many(rows, skip_special_tokens)
+        return Text(
+            *(None if ids is None else text for ids, text in zip(parts, texts, strict=True))
+        )
 
 
 @dataclass
@@ -171,4 +166,5 @@ class ChatHistory:
         return Text(prompt=prompt, response=response, full=full)
 
     def to_tokens(self, tokenizer: Any, **template_kwargs: Any) -> Tokens:
+        """``to_text``, then ``Text.to_tokens``."""
         return self.to_text(tokenizer, **template_kwargs).to_tokens(tokenizer)

@@ -1,28 +1,25 @@
 """``Conversation``: the immutable record of one episode, and ``PromptBuilder``, which starts
 one from its first messages and extends one by a turn.
 
-A conversation holds everything an episode is: the messages, the prompt the policy sees next
-(as text and as exact token ids), which of those tokens the policy sampled (the mask a trainer
-takes its loss on), each assistant turn's reward and the policy version that produced it.
-Extending one never re-tokenizes a sampled response: the next prompt's tokens are the previous
-prompt's, the sampled ids, then what the template and the env add (token-in, token-out).
+Extending a conversation never re-tokenizes a sampled response: the next prompt's tokens are
+the previous prompt's, the sampled ids, then what the template and the env add (token-in,
+token-out).
 
 >>> from llm_gym.models import load_default_model
 >>> builder = PromptBuilder(load_default_model()[1], need_tokens=True)
 >>> (start,) = builder.start([History([{"role": "user", "content": "2+2?"}])])
->>> turn = builder.extend(start, "4", np.array([33, 2]), reward=1.0, version=3)
->>> turn.conversation.rewards, turn.conversation.versions, turn.problem
+>>> conversation, problem = builder.extend(start, "4", np.array([33, 2]), reward=1.0, version=3)
+>>> conversation.rewards, conversation.versions, problem
 ((1.0,), (3,), None)
->>> int(turn.conversation.policy_mask.sum())  # the two sampled tokens
+>>> int(conversation.policy_mask.sum())  # the two sampled tokens
 2
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -30,7 +27,7 @@ from llm_gym.chat.codec import TokenCodec
 from llm_gym.chat.history import History
 from llm_gym.chat.templates import CHAT_TEMPLATES, resolve_chat_template
 
-__all__ = ["Conversation", "PromptBuilder", "TokenPrefixError", "Turn", "policy_mask_after"]
+__all__ = ["Conversation", "PromptBuilder", "TokenPrefixError"]
 
 
 @dataclass(frozen=True)
@@ -41,8 +38,8 @@ class Conversation:
     - ``rendered`` / ``text``: the chat template's rendering with the generation prompt, and
       that plus the assistant prefix: the text prompt (None when nothing renders).
     - ``tokens``: the text prompt's token ids (read-only; None without a tokenizer).
-    - ``policy_mask``: True on the tokens the policy sampled; None once text the env tokenized
-      itself broke the token prefix.
+    - ``policy_mask``: True on the tokens the policy sampled (the mask a trainer takes its
+      loss on); None once text the env tokenized itself broke the token prefix.
     - ``rewards`` / ``versions``: per assistant turn, its reward and the policy version that
       produced it (None where unknown).
     - ``tool_calls`` / ``failed_tool_calls``: tool calls made and failed so far.
@@ -70,22 +67,15 @@ class TokenPrefixError(RuntimeError):
     """A turn's prompt tokens do not extend the previous prompt and the sampled response."""
 
 
-class Turn(NamedTuple):
-    """A conversation extended by one turn, and what broke the token prefix (None: nothing)."""
-
-    conversation: Conversation
-    problem: str | None
-
-
-def policy_mask_after(
+def _policy_mask_after(
     previous: np.ndarray, mask: np.ndarray, sampled: np.ndarray, new: np.ndarray
 ) -> tuple[np.ndarray | None, str | None]:
     """The mask of ``new`` (True on tokens the policy produced), or None and what broke.
 
     >>> prev, mask = np.array([1, 2]), np.zeros(2, bool)
-    >>> policy_mask_after(prev, mask, np.array([3]), np.array([1, 2, 3, 9]))[0].tolist()
+    >>> _policy_mask_after(prev, mask, np.array([3]), np.array([1, 2, 3, 9]))[0].tolist()
     [False, False, True, False]
-    >>> policy_mask_after(prev, mask, np.array([3]), np.array([1, 2, 4, 9]))[1]
+    >>> _policy_mask_after(prev, mask, np.array([3]), np.array([1, 2, 4, 9]))[1]
     'position 2 holds token 4 where the sampled response has token 3'
     """
     expected = np.concatenate([previous, sampled])
@@ -125,60 +115,41 @@ class PromptBuilder:
         system_prompt: Mapping[str, str] | None = None,
     ) -> None:
         self.tokenizer = tokenizer
-        self.template_kwargs = dict(template_kwargs or {})
+        self.template_kwargs = kwargs = dict(template_kwargs or {})
         self.codec = TokenCodec(tokenizer) if tokenizer is not None else None
         self.need_tokens = need_tokens and tokenizer is not None
         self.assistant_prefix, self.policy_role = assistant_prefix, policy_role
         self._system = system_prompt
         # The built-in templates close an assistant turn with the same text whatever came
         # before, so that closing is rendered once; other templates are rendered in full.
-        self._fixed_closing = tokenizer is not None and resolve_chat_template(
-            tokenizer,
-            self.template_kwargs.get("chat_template_name"),
-            self.template_kwargs.get("chat_template"),
-        ) in set(CHAT_TEMPLATES.values())
+        names = kwargs.get("chat_template_name"), kwargs.get("chat_template")
+        self._fixed_closing = tokenizer is not None and (
+            resolve_chat_template(tokenizer, *names) in CHAT_TEMPLATES.values()
+        )
         self._closing: str | None = None
         self._closing_ids: dict[str, np.ndarray] = {}
-        self._prefix_ids: np.ndarray | None = None
-        self._shared = False
+        # Every prompt ends with the assistant prefix's tokens: the turn starts with it.
+        self._prefix_ids = self.codec.encode(assistant_prefix) if self.need_tokens else None
 
     def start(self, histories: Sequence[History]) -> list[Conversation]:
         """A conversation for each history, their prompts tokenized in one batch."""
         if self.tokenizer is None:
             return [Conversation(history) for history in histories]
         rendered = [self.render(history) for history in histories]
-        tokens: list[Any] = [None] * len(histories)
-        if self.need_tokens:
-            tokens = self.encode_prompts(rendered)
-        prefix = self.assistant_prefix
-        return [
-            Conversation(
-                history,
-                r,
-                r + prefix,
-                ids,
-                None if ids is None else np.zeros(len(ids), np.bool_),
+        tokens = self._encode(rendered) if self.need_tokens else [None] * len(histories)
+        conversations = []
+        for history, text, ids in zip(histories, rendered, tokens, strict=True):
+            mask = None if ids is None else np.zeros(len(ids), np.bool_)
+            conversations.append(
+                Conversation(history, text, text + self.assistant_prefix, ids, mask)
             )
-            for history, r, ids in zip(histories, rendered, tokens, strict=True)
-        ]
+        return conversations
 
     def render(self, history: History) -> str:
         """``history`` with the chat template and the generation prompt."""
         return history.apply_chat_template(
             self.tokenizer, add_generation_prompt=True, **self.template_kwargs
         )
-
-    def encode_prompts(self, rendered: Sequence[str]) -> list[np.ndarray]:
-        """The token ids of rendered prompts, each followed by the assistant prefix's."""
-        if not self._shared:
-            self._shared = True
-            if self._system is not None:
-                head = History([self._system]).apply_chat_template(
-                    self.tokenizer, **self.template_kwargs
-                )
-                self.codec.share_prefix(head)
-        prefix = self._prefix_tokens()
-        return [np.concatenate([ids, prefix]) for ids in self.codec.encode_many(rendered)]
 
     def extend(
         self,
@@ -191,10 +162,11 @@ class PromptBuilder:
         version: int | None = None,
         tool_calls: tuple[int, int] | None = None,
         done: bool = False,
-    ) -> Turn:
+    ) -> tuple[Conversation, str | None]:
         """``conversation`` after the policy's turn (``content``, sampled as ``tokens`` or
         None for text the env tokenizes itself) and the messages the env ``added`` (tool
-        results); ``tool_calls`` are the new (made, failed) totals."""
+        results), and what broke the token prefix (None: nothing); ``tool_calls`` are the new
+        (made, failed) totals."""
         prefix = self.assistant_prefix
         turn = prefix + content
         history = conversation.history.copy().append({"role": self.policy_role, "content": turn})
@@ -208,78 +180,51 @@ class PromptBuilder:
             "done": done,
         }
         if self.tokenizer is None:
-            return Turn(dataclasses.replace(conversation, history=history, **record), None)
-        rendered, closing = self._rendered_after(conversation.rendered, turn, history, added)
-        # A template that rewrites earlier turns (closing None): only the full rendering is right.
-        if closing is None:
-            text = rendered + prefix
-        else:
-            text = conversation.text + content + closing + prefix
-        ids, mask, problem = None, None, None
-        if conversation.tokens is not None:
-            ids, mask, problem = self._tokens_after(
-                conversation, tokens, content, rendered, closing, added
-            )
-        extended = Conversation(history, rendered, text, ids, mask, **record)
-        return Turn(extended, problem)
-
-    # -- internals --------------------------------------------------------------------------
-
-    def _rendered_after(
-        self, rendered: str, turn: str, history: History, added: Sequence[Any]
-    ) -> tuple[str, str | None]:
+            return Conversation(history, **record), None
+        body = conversation.rendered + turn
         if self._closing is not None and not added:
-            return rendered + turn + self._closing, self._closing
-        full = self.render(history)
-        body = rendered + turn
-        # The template closes the turn (and opens the next); that text is all the prompt
-        # gains beyond the response itself, so the response is never re-tokenized.
-        closing = full[len(body) :] if full.startswith(body) else None
-        if closing is not None and self._fixed_closing and not added:
-            self._closing = closing
-        return full, closing
-
-    def _tokens_after(
-        self,
-        conversation: Conversation,
-        tokens: np.ndarray | None,
-        content: str,
-        rendered: str,
-        closing: str | None,
-        added: Sequence[Any],
-    ) -> tuple[np.ndarray, np.ndarray | None, str | None]:
+            rendered, closing = body + self._closing, self._closing
+        else:
+            rendered = self.render(history)
+            # What the template adds after the response (closing the turn, opening the next);
+            # None for a template that rewrites earlier turns: only its full rendering is right.
+            closing = rendered[len(body) :] if rendered.startswith(body) else None
+            if closing is not None and self._fixed_closing and not added:
+                self._closing = closing
+        if conversation.tokens is None:
+            return Conversation(history, rendered, rendered + prefix, **record), None
         sampled = tokens is not None
         if not sampled:  # text given as a str is kept as said, its tokens too
             tokens = self.codec.encode(content)
         if closing is None:
-            ids = self.encode_prompts([rendered])[0]
+            ids = self._encode([rendered])[0]
         else:
             # A sampled response ends with the end-of-turn token the template would add: it
             # is not added twice.
             end = self.codec.end_of_turn(tokens) if sampled else None
             if end is not None and closing.startswith(end):
                 closing = closing[len(end) :]
-            if added:  # tool output varies: not worth a cache entry
+            closing_ids = self._closing_ids.get(closing)
+            if closing_ids is None:
                 closing_ids = self.codec.encode(closing)
-            else:
-                if closing not in self._closing_ids:
-                    self._closing_ids[closing] = self.codec.encode(closing)
-                closing_ids = self._closing_ids[closing]
-            ids = np.concatenate([conversation.tokens, tokens, closing_ids, self._prefix_tokens()])
+                if not added:  # tool output varies: not worth a cache entry
+                    self._closing_ids[closing] = closing_ids
+            ids = np.concatenate([conversation.tokens, tokens, closing_ids, self._prefix_ids])
             ids.setflags(write=False)
         mask, problem = None, None
         if conversation.policy_mask is not None:
-            mask, problem = policy_mask_after(
+            mask, problem = _policy_mask_after(
                 conversation.tokens, conversation.policy_mask, tokens, ids
             )
-        if not sampled:  # text the env tokenized itself: no sampled tokens to keep
-            problem = None
-        return ids, mask, problem
+        extended = Conversation(history, rendered, rendered + prefix, ids, mask, **record)
+        return extended, problem if sampled else None  # text the env tokenized: nothing to keep
 
-    def _prefix_tokens(self) -> np.ndarray:
-        # The assistant's turn starts with the prefix, so every prompt ends with its tokens.
-        if self._prefix_ids is None:
-            prefix = self.assistant_prefix
-            empty = np.zeros(0, dtype=np.int64)
-            self._prefix_ids = self.codec.encode(prefix) if prefix else empty
-        return self._prefix_ids
+    def _encode(self, rendered: Sequence[str]) -> list[np.ndarray]:
+        """The token ids of rendered prompts, each followed by the assistant prefix's."""
+        if self._system is not None:  # tokenized on the first call only
+            head = History([self._system]).apply_chat_template(
+                self.tokenizer, **self.template_kwargs
+            )
+            self.codec.share_prefix(head)
+            self._system = None
+        return [np.concatenate([ids, self._prefix_ids]) for ids in self.codec.encode_many(rendered)]

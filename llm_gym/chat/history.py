@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from llm_gym.chat.templates import (
-    CHAT_FORMATS,
-    format_for_template,
-    get_chat_template,
-    has_generation_markers,
-    resolve_chat_template,
-)
+from llm_gym.chat.templates import has_generation_markers, resolve_chat_template
+from llm_gym.checks import check_str
 
 __all__ = ["History", "Message"]
 
@@ -25,16 +21,13 @@ _SENTINEL = "\x00llm_gym-incomplete\x00"
 
 
 def _as_message(message: Any) -> Message:
-    if not isinstance(message, Mapping):
-        raise TypeError(
-            f"message must be a mapping with 'role' and 'content', got {type(message).__name__}"
-        )
-    role, content = message.get("role"), message.get("content")
+    role = content = None
+    got = type(message).__name__
+    if isinstance(message, Mapping):
+        role, content = message.get("role"), message.get("content")
+        got = f"role={type(role).__name__}, content={type(content).__name__}"
     if not isinstance(role, str) or not isinstance(content, str):
-        raise TypeError(
-            "message must have str 'role' and 'content', got "
-            f"role={type(role).__name__}, content={type(content).__name__}"
-        )
+        raise TypeError(f"message must be a mapping with str 'role' and 'content', got {got}")
     out: Message = {"role": role, "content": content}
     if message.get("is_complete", True) is False:
         out["is_complete"] = False
@@ -68,8 +61,7 @@ class History:
 
     def append(self, message: Mapping[str, Any]) -> History:
         """Append one message in place and return ``self``, so calls chain."""
-        self._messages.append(_as_message(message))
-        return self
+        return self.extend([message])
 
     def extend(self, messages: Iterable[Mapping[str, Any]]) -> History:
         """Append several messages (or another History) in place and return ``self``."""
@@ -77,6 +69,7 @@ class History:
         return self
 
     def copy(self) -> History:
+        """A new History with the same messages."""
         return History(self._messages)
 
     def __iter__(self) -> Iterator[Message]:
@@ -98,10 +91,12 @@ class History:
 
     @property
     def roles(self) -> list[str]:
+        """Each message's role, in order."""
         return [m["role"] for m in self._messages]
 
     @property
     def contents(self) -> list[str]:
+        """Each message's content, in order."""
         return [m["content"] for m in self._messages]
 
     @property
@@ -128,9 +123,8 @@ class History:
 
         Returns the text; with ``tokenize=True`` its token ids (``int64``); with
         ``return_assistant_tokens_mask=True`` a dict of ``input_ids``, ``attention_mask`` and
-        ``assistant_masks`` (bool, True on the assistant's content and end-of-turn tokens).
-        A template without ``{% generation %}`` markers gets its assistant mask from the
-        character offsets of each assistant message's content.
+        ``assistant_masks`` (bool, True on the assistant's content and end-of-turn tokens;
+        found by the contents' character offsets for a template without generation markers).
 
         >>> h = History.from_chats([{"role": "user", "content": "2+2?"}])
         >>> h.apply_chat_template(chat_template_name="chatml_format", add_generation_prompt=True)
@@ -139,13 +133,26 @@ class History:
         if (tokenize or return_assistant_tokens_mask) and tokenizer is None:
             raise ValueError("tokenizer is required to tokenize a History, got None")
         template = resolve_chat_template(tokenizer, chat_template_name, chat_template)
-        text, spans = self._render(
-            template,
-            add_generation_prompt,
-            tokenizer,
-            template_kwargs,
-            return_assistant_tokens_mask,
+        messages = list(self.to_chats())
+        cut = None
+        if not self.is_complete:
+            cut, messages[-1]["content"] = messages[-1]["content"], _SENTINEL
+            add_generation_prompt = False
+        marked = return_assistant_tokens_mask and has_generation_markers(template)
+        # Imported here: rendering needs a tokenizer, so transformers is loaded already.
+        from transformers.utils.chat_template_utils import render_jinja_template
+
+        rendered, indices = render_jinja_template(
+            conversations=[messages],
+            chat_template=template,
+            add_generation_prompt=add_generation_prompt,
+            return_assistant_tokens_mask=marked,
+            **{**(getattr(tokenizer, "special_tokens_map", None) or {}), **template_kwargs},
         )
+        text, at = rendered[0], None
+        if cut is not None:
+            at = text.index(_SENTINEL)
+            text = text[:at] + cut
         if not tokenize and not return_assistant_tokens_mask:
             return text
         enc = tokenizer(
@@ -154,6 +161,17 @@ class History:
         ids = np.asarray(enc["input_ids"], dtype=np.int64)
         if not return_assistant_tokens_mask:
             return ids
+        if marked:
+            spans = [(s, min(e, len(text))) for s, e in indices[0] if at is None or s <= at]
+        else:  # no markers: each assistant message's content, found left to right
+            spans, pos = [], 0
+            for message in self._messages:
+                found = text.find(message["content"], pos)
+                if found < 0:
+                    continue
+                pos = found + len(message["content"])
+                if message["role"] == "assistant":
+                    spans.append((found, pos))
         offsets = np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(-1, 2)
         mask = np.zeros(len(ids), dtype=bool)
         for start, end in spans:
@@ -163,56 +181,6 @@ class History:
             "attention_mask": np.ones(len(ids), dtype=np.int64),
             "assistant_masks": mask,
         }
-
-    def _render(
-        self,
-        template: str,
-        add_generation_prompt: bool,
-        tokenizer: Any,
-        template_kwargs: Mapping[str, Any],
-        with_spans: bool,
-    ) -> tuple[str, list[tuple[int, int]]]:
-        """Render to text, with the character spans of the assistant's output if asked."""
-        messages = [{"role": m["role"], "content": m["content"]} for m in self._messages]
-        cut = None
-        if messages and not self.is_complete:
-            cut = messages[-1]["content"]
-            messages[-1]["content"] = _SENTINEL
-            add_generation_prompt = False
-        kwargs = dict(getattr(tokenizer, "special_tokens_map", None) or {})
-        kwargs.update(template_kwargs)
-        marked = with_spans and has_generation_markers(template)
-        # Imported here: rendering needs a tokenizer, so transformers is loaded already.
-        from transformers.utils.chat_template_utils import render_jinja_template
-
-        rendered, indices = render_jinja_template(
-            conversations=[messages],
-            chat_template=template,
-            add_generation_prompt=add_generation_prompt,
-            return_assistant_tokens_mask=marked,
-            **kwargs,
-        )
-        text = rendered[0]
-        spans = []
-        if with_spans:
-            spans = [tuple(s) for s in indices[0]] if marked else self._content_spans(text)
-        if cut is not None:
-            at = text.index(_SENTINEL)
-            text = text[:at] + cut
-            spans = [(s, min(e, len(text))) for s, e in spans if s <= at]
-        return text, spans
-
-    def _content_spans(self, text: str) -> list[tuple[int, int]]:
-        """Where each assistant message's content sits in ``text``, found left to right."""
-        spans, pos = [], 0
-        for message in self._messages:
-            at = text.find(message["content"], pos)
-            if at < 0:
-                continue
-            pos = at + len(message["content"])
-            if message["role"] == "assistant":
-                spans.append((at, pos))
-        return spans
 
     @classmethod
     def from_text(
@@ -230,24 +198,22 @@ class History:
         >>> h.roles, h.contents, h.is_complete
         (['user', 'assistant'], ['hi', 'Hel'], False)
         """
-        if not isinstance(text, str):
-            raise TypeError(f"text must be a str, got {type(text).__name__}")
-        if chat_template is not None:
-            fmt = format_for_template(chat_template)
+        check_str("text", text)
+        template = resolve_chat_template(None, chat_template_name, chat_template)
+        if "<|start_header_id|>" in template:
+            header, end_of_turn = "<|start_header_id|>", "<|eot_id|>"
+            role_end, text = "<|end_header_id|>\n\n", text.removeprefix("<|begin_of_text|>")
+        elif "<|im_start|>" in template:
+            header, role_end, end_of_turn = "<|im_start|>", "\n", "<|im_end|>"
         else:
-            get_chat_template(chat_template_name)  # validates the name
-            fmt = CHAT_FORMATS[chat_template_name]
-        if fmt is None:
             raise ValueError(
                 "from_text knows the chatml, qwen and llama formats; chat_template matches none"
             )
-        if fmt.prefix and text.startswith(fmt.prefix):
-            text = text[len(fmt.prefix) :]
-        messages = []
-        for match in fmt.message.finditer(text):
-            role, content, end = match.groups()
-            message: Message = {"role": role, "content": content}
-            if end != fmt.end_of_turn:
-                message["is_complete"] = False
-            messages.append(message)
-        return cls(messages)
+        # A message is its header, role and content, up to its end of turn, or for one cut
+        # off, up to the next header or the end of the text.
+        h, e = re.escape(header), re.escape(end_of_turn)
+        pattern = re.compile(rf"{h}(\w+){re.escape(role_end)}(.*?)({e}|(?={h})|\Z)", re.DOTALL)
+        matches = pattern.findall(text)
+        return cls(
+            {"role": r, "content": c, "is_complete": e == end_of_turn} for r, c, e in matches
+        )

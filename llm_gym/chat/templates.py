@@ -9,20 +9,18 @@ its end-of-turn token: the policy must learn to stop, and the role header is not
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Any
+
+from llm_gym.checks import check_choice, check_str
 
 __all__ = [
     "CHATML_TEMPLATE",
     "QWEN_TEMPLATE",
     "LLAMA_TEMPLATE",
     "CHAT_TEMPLATES",
-    "ChatFormat",
-    "CHAT_FORMATS",
     "has_generation_markers",
     "get_chat_template",
     "resolve_chat_template",
-    "template_name_for",
 ]
 
 CHATML_TEMPLATE = (
@@ -62,36 +60,6 @@ CHAT_TEMPLATES: dict[str, str] = {
     "llama": LLAMA_TEMPLATE,
 }
 
-
-@dataclass(frozen=True)
-class ChatFormat:
-    """How to read a rendered conversation back: one regex per message, one end marker."""
-
-    message: re.Pattern[str]
-    end_of_turn: str
-    prefix: str = ""
-
-
-_CHATML = ChatFormat(
-    re.compile(r"<\|im_start\|>(\w+)\n(.*?)(<\|im_end\|>|(?=<\|im_start\|>)|\Z)", re.DOTALL),
-    "<|im_end|>",
-)
-_LLAMA = ChatFormat(
-    re.compile(
-        r"<\|start_header_id\|>(\w+)<\|end_header_id\|>\n\n(.*?)"
-        r"(<\|eot_id\|>|(?=<\|start_header_id\|>)|\Z)",
-        re.DOTALL,
-    ),
-    "<|eot_id|>",
-    prefix="<|begin_of_text|>",
-)
-CHAT_FORMATS: dict[str, ChatFormat] = {
-    "chatml_format": _CHATML,
-    "chatml": _CHATML,
-    "qwen": _CHATML,
-    "llama": _LLAMA,
-}
-
 _GENERATION_RE = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
 
@@ -108,25 +76,7 @@ def has_generation_markers(template: str | None) -> bool:
 
 def get_chat_template(name: str) -> str:
     """Return the built-in template called ``name`` (``chatml_format``, ``qwen`` or ``llama``)."""
-    try:
-        return CHAT_TEMPLATES[name]
-    except KeyError:
-        raise ValueError(
-            f"chat_template_name must be one of {sorted(CHAT_TEMPLATES)}, got {name!r}"
-        ) from None
-
-
-def template_name_for(tokenizer: Any) -> str | None:
-    """Guess the built-in template for a tokenizer's model family, as TorchRL does by name."""
-    name = str(getattr(tokenizer, "name_or_path", "") or "").lower()
-    if "qwen" in name:
-        return "qwen"
-    if "llama" in name:
-        return "llama"
-    own = getattr(tokenizer, "chat_template", None)
-    if isinstance(own, str) and "<|im_start|>" in own:
-        return "chatml_format"
-    return None
+    return CHAT_TEMPLATES[check_choice("chat_template_name", name, sorted(CHAT_TEMPLATES))]
 
 
 def resolve_chat_template(
@@ -136,30 +86,20 @@ def resolve_chat_template(
 
     Order: an explicit ``chat_template``; a built-in by ``chat_template_name``; the tokenizer's
     own template when it already has generation markers; the built-in for the tokenizer's
-    model family; the tokenizer's own template (assistant masks then come from character
-    offsets); ChatML.
+    model family, guessed from its name as TorchRL does; the tokenizer's own template
+    (assistant masks then come from character offsets) unless it is ChatML; ChatML.
     """
     if chat_template is not None:
-        if not isinstance(chat_template, str):
-            raise TypeError(f"chat_template must be a str, got {type(chat_template).__name__}")
-        return chat_template
+        return check_str("chat_template", chat_template)
     if chat_template_name is not None:
         return get_chat_template(chat_template_name)
     own = getattr(tokenizer, "chat_template", None)
     if isinstance(own, str) and has_generation_markers(own):
         return own
-    family = template_name_for(tokenizer) if tokenizer is not None else None
+    name = str(getattr(tokenizer, "name_or_path", "") or "").lower()
+    family = next((family for family in ("qwen", "llama") if family in name), None)
     if family is not None:
         return CHAT_TEMPLATES[family]
-    if isinstance(own, str) and own:
+    if isinstance(own, str) and own and "<|im_start|>" not in own:
         return own
     return CHATML_TEMPLATE
-
-
-def format_for_template(template: str) -> ChatFormat | None:
-    """The parser that reads back text rendered by ``template``, when one is known."""
-    if "<|start_header_id|>" in template:
-        return _LLAMA
-    if "<|im_start|>" in template:
-        return _CHATML
-    return None
