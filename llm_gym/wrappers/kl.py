@@ -1,16 +1,13 @@
 """KL as Gymnasium reward wrappers: TorchRL's RetrieveLogProb, KLComputation, RetrieveKL and
 KLRewardTransform, stackable on any chat env.
 
-Each step, ``RetrieveLogProb`` scores the action's response tokens under a model (the
-reference, or the generator) given the prompt the env showed, and ``KLComputation`` turns the
-generator's and the reference's log-probs into a per-token KL and a reward penalty. Only this
-step's response is charged: earlier turns were charged in earlier steps. ``RetrieveKL`` is the
-two composed, as Gymnasium's ``ClipReward`` is ``TransformReward`` with a clip.
-
-A single env's step is the batch of one of the vector versions (``llm_gym.wrappers.vector``):
-both run the same code (``_charges.py``). A scoring model follows the scorer protocol of
-``llm_gym.samplers``: a ``TransformersPolicy`` with ``generate=False``, or
-``llm_gym.distributed.RayLogProbModel``.
+``RetrieveLogProb`` scores each step's response tokens under a model (the reference, or the
+generator) given the prompt the env showed; ``KLComputation`` turns the generator's and the
+reference's log-probs into a per-token KL and a reward penalty. Only this step's response is
+charged: earlier turns were charged in earlier steps. ``RetrieveKL`` is the two composed.
+A single env's step is the batch of one of the vector versions (``llm_gym.wrappers.vector``);
+scoring models follow ``llm_gym.samplers.Scorer`` (``TransformersPolicy(generate=False)``,
+``llm_gym.distributed.RayLogProbModel``).
 """
 
 from __future__ import annotations
@@ -93,28 +90,27 @@ class KLComputation(gym.Wrapper, gym.utils.RecordConstructorArgs):
         self.charge = KLCharge(
             env, gen_key, ref_key, coef, estimator, add_to_reward, kl_key, kl_controller
         )
-        self.kl_coefficient = self.charge.coefficient
         gym.utils.RecordConstructorArgs.__init__(
             self, _disable_deepcopy=True, **self.charge.arguments
         )
         gym.Wrapper.__init__(self, env)
 
-    # Every KL wrapper (single, vector, TokenKLWrapper) keeps its coefficient in
-    # self.kl_coefficient and takes these three accessors from here.
+    # Every KL wrapper (single, vector, TokenKLWrapper) keeps its settings and coefficient in
+    # self.charge and takes these three accessors from here.
     @property
     def kl_controller(self) -> KLController:
         """The controller that sets ``coef``."""
-        return self.kl_coefficient.controller
+        return self.charge.controller
 
     @property
     def coef(self) -> float:
         """The KL coefficient the next step charges."""
-        return self.kl_coefficient.coef
+        return self.charge.coef
 
     def update_kl_coef(self) -> float:
         """Update the coefficient from the KL rewards (``-kl_penalty``) of the steps since the
         last update, and return it. Call it at your update point, e.g. after each batch."""
-        return self.kl_coefficient.update()
+        return self.charge.update()
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         """Step the env and charge the response's KL (see the class docstring)."""
@@ -152,7 +148,7 @@ class RetrieveKL(gym.Wrapper, gym.utils.RecordConstructorArgs):
         env = KLComputation(
             env, gen_key, ref_key, coef, estimator, add_to_reward, kl_key, kl_controller
         )
-        self.charge, self.kl_coefficient = env.charge, env.kl_coefficient
+        self.charge = env.charge
         models = {"gen_model": gen_model, "ref_model": ref_model, "assistant_only": assistant_only}
         gym.utils.RecordConstructorArgs.__init__(
             self, _disable_deepcopy=True, **models, **self.charge.arguments
