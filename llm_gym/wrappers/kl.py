@@ -46,7 +46,7 @@ class RetrieveLogProb(gym.Wrapper, gym.utils.RecordConstructorArgs):
         self._prompt: Any = None  # the observation the next action answers
 
     def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
-        """Reset the env and keep its observation, the prompt of the next step."""
+        """Reset the env and keep its observation(s), the prompt(s) the next step answers."""
         self._prompt, info = self.env.reset(**kwargs)
         return self._prompt, info
 
@@ -122,10 +122,8 @@ class RetrieveKL(gym.Wrapper, gym.utils.RecordConstructorArgs):
     ``KLComputation``, in one wrapper (its ``env`` is that ``KLComputation``).
 
     ``gen_model`` may be omitted when the actions are Responses that carry their log-probs
-    (what ``TransformersPolicy`` returns). ``assistant_only`` as ``RetrieveLogProb``; the
-    other keyword arguments (``gen_key``, ``ref_key``, ``coef``, ``estimator``,
-    ``add_to_reward``, ``kl_key``, ``kl_controller``) and ``coef``, ``kl_controller``,
-    ``update_kl_coef`` as ``KLComputation``'s.
+    (what ``TransformersPolicy`` returns). ``assistant_only`` as ``RetrieveLogProb``'s; the
+    other arguments and the accessors as ``KLComputation``'s.
     """
 
     def __init__(

@@ -68,7 +68,9 @@ class DifficultyCurriculum(VectorWrapper, gym.utils.RecordConstructorArgs):
         """Step the envs; every finished episode counts towards the level's window."""
         obs, rewards, terminated, truncated, info = self.env.step(actions)
         info = self._with_level(info)
-        if self.schedule.moved(_finished_successes(info, terminated | truncated, self.success_key)):
+        if self.schedule.record(
+            _finished_successes(info, terminated | truncated, self.success_key)
+        ):
             base = self.env.unwrapped
             if hasattr(base, "set_level"):  # the native vector env: one shared level
                 base.set_level(self.level)
@@ -77,7 +79,5 @@ class DifficultyCurriculum(VectorWrapper, gym.utils.RecordConstructorArgs):
         return obs, rewards, terminated, truncated, info
 
     def _with_level(self, info: dict[str, Any]) -> dict[str, Any]:
-        info = dict(info)
-        info["level"] = np.full(self.num_envs, self.level, dtype=np.int64)
-        info["_level"] = np.ones(self.num_envs, dtype=bool)
-        return info
+        level = np.full(self.num_envs, self.level, dtype=np.int64)
+        return {**info, "level": level, "_level": np.ones(self.num_envs, dtype=bool)}

@@ -34,10 +34,7 @@ class RetrieveLogProb(VectorWrapper):
         self.log_prob_key, self.assistant_only = key, assistant_only
         self._prompt: Any = None  # the observations the next actions answer
 
-    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
-        """Reset the envs and keep their observations, the prompts of the next step."""
-        self._prompt, info = self.env.reset(**kwargs)
-        return self._prompt, info
+    reset = single.RetrieveLogProb.reset
 
     def step(self, actions: Any) -> VectorStep:
         """Score the N responses in one forward, then step the envs."""
