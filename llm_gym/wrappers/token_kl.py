@@ -1,8 +1,7 @@
 """``TokenKLWrapper``: a per-token KL penalty for ``TokenEnv``, for token-level RL libraries.
 
-The chat-level KL wrappers charge a whole response at once. With ``TokenEnv`` each step is
-one token, so the penalty can be charged where it arises, as RL4LMs and TRL's PPO do:
-``reward_t -= coef * kl(log π(a_t|s_t), log π_ref(a_t|s_t))``.
+The chat-level KL wrappers charge a whole response at once; with ``TokenEnv`` each step is
+one token, so the penalty is charged where it arises, as RL4LMs and TRL's PPO do.
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ from llm_gym.envs.tokens import TokenEnv
 from llm_gym.lm import next_token_log_probs
 from llm_gym.wrappers._charges import KLCharge
 from llm_gym.wrappers.controllers import KLController
-from llm_gym.wrappers.estimators import kl_estimate
 from llm_gym.wrappers.kl import KLComputation
 
 __all__ = ["TokenKLWrapper"]
@@ -34,7 +32,8 @@ def _log_prob(model: Any, state: dict[str, np.ndarray], allowed: Any, token: int
 
 
 class TokenKLWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
-    """Subtract ``coef · kl_t`` from each ``TokenEnv`` step's reward.
+    """Subtract ``coef · kl_t`` from each ``TokenEnv`` step's reward:
+    ``reward_t -= coef * kl(log π(a_t|s_t), log π_ref(a_t|s_t))``.
 
     ``kl_t`` is the estimator applied to the generator's and the reference's log-prob of the
     token just taken, given the observation (the left-padded window the policy saw). ``info``
@@ -143,9 +142,9 @@ class TokenKLWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         gen = _log_prob(self.gen_model, state, self._allowed, token)
         ref = _log_prob(self.ref_model, state, self._allowed, token)
         obs, reward, terminated, truncated, info = self.env.step(action)
-        kl = float(kl_estimate(np.array([gen]), np.array([ref]), self.charge.estimator)[0])
-        penalty = self.coef * kl
-        self.charge.kl_rewards.append(-penalty)
+        # The chat wrappers' charge, over a response of one token.
+        part = self.charge.charge([np.array([gen])], [np.array([ref])], [reward])[0]
+        kl, penalty = float(part["kl"][0]), part["kl_penalty"]
         self._obs = obs
         info = {**info, "log_prob": gen, "ref_log_prob": ref, "kl": kl, "kl_penalty": penalty}
         if self.charge.add_to_reward:
