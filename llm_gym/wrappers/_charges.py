@@ -91,25 +91,8 @@ def provides_key(env: Any, key: str) -> bool:
     return False
 
 
-# The reference models warned about (a weak set: a model's warning goes with the model).
+# The reference models warned about scoring below float32 (weakly held: they may go).
 _warned_low_precision: weakref.WeakSet[Any] = weakref.WeakSet()
-
-
-def warn_low_precision(ref_model: Any) -> None:
-    """Warn once per reference model that scores below float32 while the generator's
-    log-probs come from generation: their difference is then mostly rounding noise."""
-    dtype = str(getattr(getattr(ref_model, "model", None), "dtype", ""))
-    if dtype in ("torch.bfloat16", "torch.float16") and ref_model not in _warned_low_precision:
-        _warned_low_precision.add(ref_model)
-        warnings.warn(
-            f"the reference model scores in {dtype.removeprefix('torch.')}, below float32, and "
-            "the generator's log-probs come from generation: between a model and itself k1's "
-            "mean |KL| measured 0.027 in bfloat16 against 1.5e-6 in float32. Pass gen_model= "
-            "(RetrieveKL) to re-score the responses with the generator in the same forward "
-            "as the reference, or score in float32.",
-            UserWarning,
-            stacklevel=4,
-        )
 
 
 def with_retrievers(
@@ -127,7 +110,21 @@ def with_retrievers(
         raise ValueError("ref_model is required: the model the KL is measured against")
     check_scorer(ref_model, "ref_model")
     if gen_model is None:
-        warn_low_precision(ref_model)
+        # Log-probs from generation against a reference below float32: their difference is
+        # then mostly rounding noise. Said once per reference model (torch module).
+        model = getattr(ref_model, "model", None)  # a TransformersPolicy's torch model
+        dtype = str(getattr(model, "dtype", ""))
+        if dtype in ("torch.bfloat16", "torch.float16") and model not in _warned_low_precision:
+            _warned_low_precision.add(model)
+            warnings.warn(
+                f"the reference model scores in {dtype.removeprefix('torch.')}, below float32, "
+                "and the generator's log-probs come from generation: between a model and "
+                "itself k1's mean |KL| measured 0.027 in bfloat16 against 1.5e-6 in float32. "
+                "Pass gen_model= (RetrieveKL) to re-score the responses with the generator in "
+                "the same forward as the reference, or score in float32.",
+                UserWarning,
+                stacklevel=3,
+            )
         return retriever(env, ref_model, keys[1], assistant_only)
     check_scorer(gen_model, "gen_model")
     gen_tok, ref_tok = getattr(gen_model, "tokenizer", None), getattr(ref_model, "tokenizer", None)
