@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 from gymnasium.vector import VectorEnv, VectorWrapper
 
@@ -37,7 +36,7 @@ def _levels(env: VectorEnv) -> tuple[int, int]:
         return levels_of(base)  # raises, saying what is missing
 
 
-class DifficultyCurriculum(VectorWrapper, gym.utils.RecordConstructorArgs):
+class DifficultyCurriculum(VectorWrapper):
     """``llm_gym.wrappers.DifficultyCurriculum`` for a vector env (same arguments): every
     finished episode counts; the level is set on all sub-envs (``set_level`` of the native
     vector env, else ``call("set_level", ...)``); ``info["level"]`` is an array over sub-envs."""
@@ -50,12 +49,9 @@ class DifficultyCurriculum(VectorWrapper, gym.utils.RecordConstructorArgs):
         lower_below: float = 0.2,
         success_key: str = "success",
     ) -> None:
-        gym.utils.RecordConstructorArgs.__init__(
-            self, window=window, raise_at=raise_at, lower_below=lower_below, success_key=success_key
-        )
         self.schedule = LevelSchedule(*_levels(env), window, raise_at, lower_below)
         self.success_key = success_key
-        VectorWrapper.__init__(self, env)
+        super().__init__(env)
 
     level = single.DifficultyCurriculum.level
 
