@@ -1,13 +1,7 @@
 """KL as Gymnasium reward wrappers: TorchRL's RetrieveLogProb, KLComputation, RetrieveKL and
-KLRewardTransform, stackable on any chat env.
-
-``RetrieveLogProb`` scores each step's response tokens under a model (the reference, or the
-generator) given the prompt the env showed; ``KLComputation`` turns the generator's and the
-reference's log-probs into a per-token KL and a reward penalty. Only this step's response is
-charged: earlier turns were charged in earlier steps. ``RetrieveKL`` is the two composed.
-A single env's step is the batch of one of the vector versions (``llm_gym.wrappers.vector``);
-scoring models follow ``llm_gym.samplers.Scorer`` (``TransformersPolicy(generate=False)``,
-``llm_gym.distributed.RayLogProbModel``).
+KLRewardTransform, stackable on any chat env. Only this step's response is charged: earlier
+turns were charged in earlier steps. A single env's step is the batch of one of the vector
+versions (``llm_gym.wrappers.vector``); scoring models follow ``llm_gym.samplers.Scorer``.
 """
 
 from __future__ import annotations
@@ -62,7 +56,8 @@ class KLComputation(gym.Wrapper, gym.utils.RecordConstructorArgs):
     Σ kl``) and ``info["token_rewards"]`` (``-coef · kl_t``, the task reward added on the last
     token, as TorchRL's). With ``add_to_reward`` the step reward becomes ``reward -
     kl_penalty``. When no inner ``RetrieveLogProb`` writes ``gen_key``, the generator's
-    log-probs come from the action ``Response``.
+    log-probs come from the action ``Response``. ``charge`` holds the settings (``estimator``,
+    ``gen_key``, ``ref_key``, ``kl_key``, ``add_to_reward``) and the coefficient.
 
     Args:
         env: an env wrapped in ``RetrieveLogProb(..., key=ref_key)``.

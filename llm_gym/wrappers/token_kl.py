@@ -17,7 +17,7 @@ from llm_gym.envs.tokens import TokenEnv
 from llm_gym.lm import next_token_log_probs
 from llm_gym.wrappers._charges import KLCharge
 from llm_gym.wrappers.controllers import KLController
-from llm_gym.wrappers.kl import KLComputation
+from llm_gym.wrappers.kl import KLComputation, RetrieveLogProb
 
 __all__ = ["TokenKLWrapper"]
 
@@ -119,22 +119,19 @@ class TokenKLWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         gym.Wrapper.__init__(self, env)
         self.gen_model, self.ref_model = gen_model, ref_model
         self._allowed = allowed
-        self._obs: dict[str, np.ndarray] | None = None
+        self._prompt: dict[str, np.ndarray] | None = None
 
     kl_controller = KLComputation.kl_controller
     coef = KLComputation.coef
     update_kl_coef = KLComputation.update_kl_coef
 
-    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
-        """Reset the env and keep its observation, the state the next token is taken in."""
-        self._obs, info = self.env.reset(**kwargs)
-        return self._obs, info
+    reset = RetrieveLogProb.reset  # keeps the state the next token is taken in
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         """Score the token under both models, step the env and charge the token's KL."""
-        if self._obs is None:
+        if self._prompt is None:
             raise gym.error.ResetNeeded("Cannot call TokenKLWrapper.step before reset")
-        state = self._obs
+        state = self._prompt
         # Checked and scored before the env steps, so that a bad action changes nothing.
         token = self.env.unwrapped.check_action(action)
         if self._allowed is not None and not self._allowed[token]:
@@ -145,7 +142,7 @@ class TokenKLWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         # The chat wrappers' charge, over a response of one token.
         part = self.charge.charge([np.array([gen])], [np.array([ref])], [reward])[0]
         kl, penalty = float(part["kl"][0]), part["kl_penalty"]
-        self._obs = obs
+        self._prompt = obs
         info = {**info, "log_prob": gen, "ref_log_prob": ref, "kl": kl, "kl_penalty": penalty}
         if self.charge.add_to_reward:
             reward = float(reward) - penalty
