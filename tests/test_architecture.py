@@ -171,7 +171,7 @@ def test_vector_wrappers_take_the_single_env_signature(name):
     assert params[0] == params[1]  # every argument but env, a vector env there
 
 
-def test_vector_wrapper_arguments_fail_and_record_as_the_single_env_ones():
+def test_vector_wrapper_arguments_fail_and_bind_as_the_single_env_ones():
     rows = [{"query": "hi"}, {"query": "yo"}]
     envs = llm_gym.DatasetChatVectorEnv(DatasetChatEnv(rows), 2)
     scorer = EchoScorer()
@@ -180,7 +180,7 @@ def test_vector_wrapper_arguments_fail_and_record_as_the_single_env_ones():
     with pytest.raises(ValueError, match="estimator must be one of \\['k1', 'k2', 'k3'\\]"):
         vector_kl.KLRewardWrapper(envs, scorer, estimator="k9")
     wrapped = vector_kl.KLRewardWrapper(envs, scorer, 0.3, estimator="k3")
-    assert wrapped._saved_kwargs == {"ref_model": scorer, "coef": 0.3, "estimator": "k3"}
+    assert wrapped.env.env.model is scorer  # the reference's RetrieveLogProb, under the charge
     assert (wrapped.coef, wrapped.charge.estimator, wrapped.charge.ref_key) == (
         0.3,
         "k3",

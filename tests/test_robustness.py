@@ -145,16 +145,16 @@ def test_a_reference_below_float32_warns_once(gpt2_tokenizer):
 
     from llm_gym import ChatEnv, TransformersPolicy
     from llm_gym.models import tiny_model
-    from llm_gym.wrappers import KLRewardWrapper, _charges
+    from llm_gym.wrappers import KLRewardWrapper
 
+    # A fresh reference: the warning comes once per reference model, whatever ran before.
     ref = TransformersPolicy(
         tiny_model(gpt2_tokenizer).to(torch.bfloat16), gpt2_tokenizer, generate=False
     )
-    _charges._warned_low_precision = False
     with pytest.warns(UserWarning, match="scores in bfloat16, below float32.*Pass gen_model="):
         KLRewardWrapper(ChatEnv(query="hi"), ref)
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # once per process
+        warnings.simplefilter("error")  # not again for the same reference
         KLRewardWrapper(ChatEnv(query="hi"), ref)
 
 

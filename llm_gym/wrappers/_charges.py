@@ -1,12 +1,13 @@
 """The KL wrappers' one batched path: log-prob retrieval and the KL charge of N responses.
 
-A single env's step is a batch of one: the wrappers in ``kl.py`` and ``vector/kl.py`` call
-this code with ``batched=False`` or ``True``; only ``info``'s layout depends on it.
+The wrappers in ``kl.py`` and ``vector/kl.py`` call it with ``batched=False`` (a single env's
+step, a batch of one) or ``True``; only ``info``'s layout depends on it.
 """
 
 from __future__ import annotations
 
 import warnings
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -20,7 +21,7 @@ from llm_gym.samplers import check_scorer, response_log_probs
 from llm_gym.wrappers.controllers import ConstantKLController, KLController
 from llm_gym.wrappers.estimators import check_estimator, kl_estimate
 
-__all__ = ["KLCharge", "KLCoefficient", "retrieve", "with_retrievers"]
+__all__ = ["KLCharge", "retrieve", "with_retrievers"]
 
 Step = tuple[Any, Any, Any, Any, dict[str, Any]]
 
@@ -90,26 +91,8 @@ def provides_key(env: Any, key: str) -> bool:
     return False
 
 
-_LOW_PRECISION = {"torch.bfloat16", "torch.float16"}
-_warned_low_precision = False
-
-
-def warn_low_precision(ref_model: Any) -> None:
-    """Warn once per process when the reference scores below float32 and the generator's
-    log-probs come from generation: their difference is then mostly rounding noise."""
-    global _warned_low_precision
-    dtype = str(getattr(getattr(ref_model, "model", None), "dtype", ""))
-    if dtype in _LOW_PRECISION and not _warned_low_precision:
-        _warned_low_precision = True
-        warnings.warn(
-            f"the reference model scores in {dtype.removeprefix('torch.')}, below float32, and "
-            "the generator's log-probs come from generation: between a model and itself k1's "
-            "mean |KL| measured 0.027 in bfloat16 against 1.5e-6 in float32. Pass gen_model= "
-            "(RetrieveKL) to re-score the responses with the generator in the same forward "
-            "as the reference, or score in float32.",
-            UserWarning,
-            stacklevel=4,
-        )
+# The reference models warned about scoring below float32 (weakly held: they may go).
+_warned_low_precision: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def with_retrievers(
@@ -127,7 +110,21 @@ def with_retrievers(
         raise ValueError("ref_model is required: the model the KL is measured against")
     check_scorer(ref_model, "ref_model")
     if gen_model is None:
-        warn_low_precision(ref_model)
+        # Log-probs from generation against a reference below float32: their difference is
+        # then mostly rounding noise. Said once per reference model (torch module).
+        model = getattr(ref_model, "model", None)  # a TransformersPolicy's torch model
+        dtype = str(getattr(model, "dtype", ""))
+        if dtype in ("torch.bfloat16", "torch.float16") and model not in _warned_low_precision:
+            _warned_low_precision.add(model)
+            warnings.warn(
+                f"the reference model scores in {dtype.removeprefix('torch.')}, below float32, "
+                "and the generator's log-probs come from generation: between a model and "
+                "itself k1's mean |KL| measured 0.027 in bfloat16 against 1.5e-6 in float32. "
+                "Pass gen_model= (RetrieveKL) to re-score the responses with the generator in "
+                "the same forward as the reference, or score in float32.",
+                UserWarning,
+                stacklevel=3,
+            )
         return retriever(env, ref_model, keys[1], assistant_only)
     check_scorer(gen_model, "gen_model")
     gen_tok, ref_tok = getattr(gen_model, "tokenizer", None), getattr(ref_model, "tokenizer", None)
@@ -142,35 +139,13 @@ def with_retrievers(
     return retriever(env, ref_model, keys[1], assistant_only)
 
 
-class KLCoefficient:
-    """The KL coefficient, its controller, and the KL rewards (``-kl_penalty``) collected
-    since the controller's last update."""
-
-    def __init__(self, coef: float, kl_controller: KLController | None) -> None:
-        if kl_controller is None:
-            kl_controller = ConstantKLController(check_number("coef", coef, 0))
-        if not isinstance(kl_controller, KLController):
-            raise TypeError(
-                f"kl_controller must be a KLController, got {type(kl_controller).__name__}"
-            )
-        self.controller = kl_controller
-        self.kl_rewards: list[float] = []
-
-    @property
-    def coef(self) -> float:
-        """The coefficient the next charge uses."""
-        return self.controller.coef
-
-    def update(self) -> float:
-        """The controller's update from the KL rewards collected since the last one."""
-        values, self.kl_rewards = self.kl_rewards, []
-        if not values:
-            raise ValueError("update_kl_coef needs at least one step since the last update")
-        return self.controller.update(values)
-
-
 class KLCharge:
-    """``KLComputation``'s settings and its step: the per-token charge of a batch."""
+    """A KL wrapper's settings, its coefficient (``controller``) with the KL rewards
+    (``-kl_penalty``) collected since the controller's last update, and the charge of a batch.
+
+    ``env``: the env a ``KLComputation`` wraps, which must hold a ``RetrieveLogProb`` writing
+    ``ref_key``; None for a wrapper that scores by itself (``TokenKLWrapper``).
+    """
 
     def __init__(
         self,
@@ -184,15 +159,22 @@ class KLCharge:
         kl_controller: KLController | None,
     ) -> None:
         check_estimator(estimator)
-        self.coefficient = KLCoefficient(coef, kl_controller)
-        if not provides_key(env, ref_key):
+        controller = kl_controller
+        if kl_controller is None:
+            controller = ConstantKLController(check_number("coef", coef, 0))
+        if not isinstance(controller, KLController):
+            raise TypeError(
+                f"kl_controller must be a KLController, got {type(controller).__name__}"
+            )
+        if env is not None and not provides_key(env, ref_key):
             raise ValueError(
                 f"KLComputation reads info[{ref_key!r}]: wrap the env in "
                 f"RetrieveLogProb(env, ref_model, key={ref_key!r}) first (or use RetrieveKL)"
             )
+        self.controller, self.kl_rewards = controller, []
         self.gen_key, self.ref_key, self.kl_key = gen_key, ref_key, kl_key
         self.estimator, self.add_to_reward = estimator, add_to_reward
-        self.gen_from_info = provides_key(env, gen_key)
+        self.gen_from_info = env is not None and provides_key(env, gen_key)
         # What KLComputation records as its constructor arguments.
         self.arguments = {
             "gen_key": gen_key,
@@ -203,6 +185,18 @@ class KLCharge:
             "kl_key": kl_key,
             "kl_controller": kl_controller,
         }
+
+    @property
+    def coef(self) -> float:
+        """The coefficient the next charge uses."""
+        return self.controller.coef
+
+    def update(self) -> float:
+        """The controller's update from the KL rewards collected since the last one."""
+        values, self.kl_rewards = self.kl_rewards, []
+        if not values:
+            raise ValueError("update_kl_coef needs at least one step since the last update")
+        return self.controller.update(values)
 
     def step(self, env: Any, actions: Any, batched: bool) -> Step:
         """Step ``env`` and charge each response's KL: ``info`` gets the generator's
@@ -243,7 +237,7 @@ class KLCharge:
 
     def charge(self, gens: Sequence[Any], refs: Sequence[Any], rewards: Any) -> list[dict]:
         """Per env: the info entries (gen log-probs, per-token KL, penalty, token rewards)."""
-        coef, parts = self.coefficient.coef, []
+        coef, parts = self.coef, []
         for gen, ref, reward in zip(gens, refs, rewards, strict=True):
             if len(gen) != len(ref):
                 raise ValueError(
@@ -264,5 +258,5 @@ class KLCharge:
                     "token_rewards": token_rewards,
                 }
             )
-        self.coefficient.kl_rewards.extend(-part["kl_penalty"] for part in parts)
+        self.kl_rewards.extend(-part["kl_penalty"] for part in parts)
         return parts

@@ -10,21 +10,22 @@ with levels: ``LLMChat-Countdown-v0`` (count and size of the numbers) and
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from typing import Any
 
 import gymnasium as gym
 
+from llm_gym.checks import check_number
+
 __all__ = ["DifficultyCurriculum", "LevelSchedule"]
 
 
 class LevelSchedule:
-    """The level and the successes seen at it; ``record`` returns the next level.
+    """The level and the successes seen at it, moved by the rule above.
 
     >>> schedule = LevelSchedule(num_levels=3, level=0, window=2, raise_at=1.0, lower_below=0.5)
-    >>> [schedule.record(s) for s in (True, True, False, False, True)]
-    [0, 1, 1, 0, 0]
+    >>> schedule.record([True, True, False]), schedule.level, schedule.record([False])
+    (True, 1, True)
     """
 
     def __init__(
@@ -33,9 +34,7 @@ class LevelSchedule:
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
             raise ValueError(f"window must be an int >= 1 (episodes), got {window!r}")
         for name, value in (("raise_at", raise_at), ("lower_below", lower_below)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(f"{name} must be a number in [0, 1], got {value!r}")
-            if not (math.isfinite(value) and 0 <= value <= 1):
+            if check_number(name, value, 0) > 1:
                 raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
         if lower_below > raise_at:
             raise ValueError(
@@ -46,23 +45,18 @@ class LevelSchedule:
         self.window, self.raise_at, self.lower_below = window, raise_at, lower_below
         self.successes: list[bool] = []
 
-    def record(self, success: bool) -> int:
-        """Count one finished episode; the level after it."""
-        self.successes.append(bool(success))
-        if len(self.successes) >= self.window:
-            rate = sum(self.successes) / len(self.successes)
-            if rate >= self.raise_at and self.level < self.num_levels - 1:
-                self.level += 1
-            elif rate < self.lower_below and self.level > 0:
-                self.level -= 1
-            self.successes = []
-        return self.level
-
-    def moved(self, successes: Iterable[bool]) -> bool:
-        """Count finished episodes; whether the level changed."""
+    def record(self, successes: Iterable[bool]) -> bool:
+        """Count finished episodes (whether each succeeded); whether the level changed."""
         before = self.level
         for success in successes:
-            self.record(success)
+            self.successes.append(bool(success))
+            if len(self.successes) == self.window:
+                rate = sum(self.successes) / self.window
+                if rate >= self.raise_at and self.level < self.num_levels - 1:
+                    self.level += 1
+                elif rate < self.lower_below and self.level > 0:
+                    self.level -= 1
+                self.successes = []
         return self.level != before
 
 
@@ -131,6 +125,6 @@ class DifficultyCurriculum(gym.Wrapper, gym.utils.RecordConstructorArgs):
         obs, reward, terminated, truncated, info = self.env.step(action)
         info = {**info, "level": self.level}  # the level this episode was played at
         finished = [bool(info.get(self.success_key, False))] if terminated or truncated else []
-        if self.schedule.moved(finished):
+        if self.schedule.record(finished):
             self.env.unwrapped.set_level(self.level)
         return obs, reward, terminated, truncated, info

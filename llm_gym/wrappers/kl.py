@@ -1,16 +1,7 @@
 """KL as Gymnasium reward wrappers: TorchRL's RetrieveLogProb, KLComputation, RetrieveKL and
-KLRewardTransform, stackable on any chat env.
-
-Each step, ``RetrieveLogProb`` scores the action's response tokens under a model (the
-reference, or the generator) given the prompt the env showed, and ``KLComputation`` turns the
-generator's and the reference's log-probs into a per-token KL and a reward penalty. Only this
-step's response is charged: earlier turns were charged in earlier steps. ``RetrieveKL`` is the
-two composed, as Gymnasium's ``ClipReward`` is ``TransformReward`` with a clip.
-
-A single env's step is the batch of one of the vector versions (``llm_gym.wrappers.vector``):
-both run the same code (``_charges.py``). A scoring model follows the scorer protocol of
-``llm_gym.samplers``: a ``TransformersPolicy`` with ``generate=False``, or
-``llm_gym.distributed.RayLogProbModel``.
+KLRewardTransform, stackable on any chat env. Only this step's response is charged: earlier
+turns were charged in earlier steps. A single env's step is the batch of one of the vector
+versions (``llm_gym.wrappers.vector``); scoring models follow ``llm_gym.samplers.Scorer``.
 """
 
 from __future__ import annotations
@@ -49,7 +40,7 @@ class RetrieveLogProb(gym.Wrapper, gym.utils.RecordConstructorArgs):
         self._prompt: Any = None  # the observation the next action answers
 
     def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
-        """Reset the env and keep its observation, the prompt of the next step."""
+        """Reset the env and keep its observation(s), the prompt(s) the next step answers."""
         self._prompt, info = self.env.reset(**kwargs)
         return self._prompt, info
 
@@ -65,7 +56,8 @@ class KLComputation(gym.Wrapper, gym.utils.RecordConstructorArgs):
     Σ kl``) and ``info["token_rewards"]`` (``-coef · kl_t``, the task reward added on the last
     token, as TorchRL's). With ``add_to_reward`` the step reward becomes ``reward -
     kl_penalty``. When no inner ``RetrieveLogProb`` writes ``gen_key``, the generator's
-    log-probs come from the action ``Response``.
+    log-probs come from the action ``Response``. ``charge`` holds the settings (``estimator``,
+    ``gen_key``, ``ref_key``, ``kl_key``, ``add_to_reward``) and the coefficient.
 
     Args:
         env: an env wrapped in ``RetrieveLogProb(..., key=ref_key)``.
@@ -93,28 +85,27 @@ class KLComputation(gym.Wrapper, gym.utils.RecordConstructorArgs):
         self.charge = KLCharge(
             env, gen_key, ref_key, coef, estimator, add_to_reward, kl_key, kl_controller
         )
-        self.kl_coefficient = self.charge.coefficient
         gym.utils.RecordConstructorArgs.__init__(
             self, _disable_deepcopy=True, **self.charge.arguments
         )
         gym.Wrapper.__init__(self, env)
 
-    # Every KL wrapper (single, vector, TokenKLWrapper) keeps its coefficient in
-    # self.kl_coefficient and takes these three accessors from here.
+    # Every KL wrapper (single, vector, TokenKLWrapper) keeps its settings and coefficient in
+    # self.charge and takes these three accessors from here.
     @property
     def kl_controller(self) -> KLController:
         """The controller that sets ``coef``."""
-        return self.kl_coefficient.controller
+        return self.charge.controller
 
     @property
     def coef(self) -> float:
         """The KL coefficient the next step charges."""
-        return self.kl_coefficient.coef
+        return self.charge.coef
 
     def update_kl_coef(self) -> float:
         """Update the coefficient from the KL rewards (``-kl_penalty``) of the steps since the
         last update, and return it. Call it at your update point, e.g. after each batch."""
-        return self.kl_coefficient.update()
+        return self.charge.update()
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         """Step the env and charge the response's KL (see the class docstring)."""
@@ -126,10 +117,8 @@ class RetrieveKL(gym.Wrapper, gym.utils.RecordConstructorArgs):
     ``KLComputation``, in one wrapper (its ``env`` is that ``KLComputation``).
 
     ``gen_model`` may be omitted when the actions are Responses that carry their log-probs
-    (what ``TransformersPolicy`` returns). ``assistant_only`` as ``RetrieveLogProb``; the
-    other keyword arguments (``gen_key``, ``ref_key``, ``coef``, ``estimator``,
-    ``add_to_reward``, ``kl_key``, ``kl_controller``) and ``coef``, ``kl_controller``,
-    ``update_kl_coef`` as ``KLComputation``'s.
+    (what ``TransformersPolicy`` returns). ``assistant_only`` as ``RetrieveLogProb``'s; the
+    other arguments and the accessors as ``KLComputation``'s.
     """
 
     def __init__(
@@ -152,7 +141,7 @@ class RetrieveKL(gym.Wrapper, gym.utils.RecordConstructorArgs):
         env = KLComputation(
             env, gen_key, ref_key, coef, estimator, add_to_reward, kl_key, kl_controller
         )
-        self.charge, self.kl_coefficient = env.charge, env.kl_coefficient
+        self.charge = env.charge
         models = {"gen_model": gen_model, "ref_model": ref_model, "assistant_only": assistant_only}
         gym.utils.RecordConstructorArgs.__init__(
             self, _disable_deepcopy=True, **models, **self.charge.arguments

@@ -1,8 +1,7 @@
 """``TokenKLWrapper``: a per-token KL penalty for ``TokenEnv``, for token-level RL libraries.
 
-The chat-level KL wrappers charge a whole response at once. With ``TokenEnv`` each step is
-one token, so the penalty can be charged where it arises, as RL4LMs and TRL's PPO do:
-``reward_t -= coef * kl(log π(a_t|s_t), log π_ref(a_t|s_t))``.
+The chat-level KL wrappers charge a whole response at once; with ``TokenEnv`` each step is
+one token, so the penalty is charged where it arises, as RL4LMs and TRL's PPO do.
 """
 
 from __future__ import annotations
@@ -16,10 +15,9 @@ import torch
 
 from llm_gym.envs.tokens import TokenEnv
 from llm_gym.lm import next_token_log_probs
-from llm_gym.wrappers._charges import KLCoefficient
+from llm_gym.wrappers._charges import KLCharge
 from llm_gym.wrappers.controllers import KLController
-from llm_gym.wrappers.estimators import check_estimator, kl_estimate
-from llm_gym.wrappers.kl import KLComputation
+from llm_gym.wrappers.kl import KLComputation, RetrieveLogProb
 
 __all__ = ["TokenKLWrapper"]
 
@@ -34,25 +32,22 @@ def _log_prob(model: Any, state: dict[str, np.ndarray], allowed: Any, token: int
 
 
 class TokenKLWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
-    """Subtract ``coef · kl_t`` from each ``TokenEnv`` step's reward.
+    """Subtract ``coef · kl_t`` from each ``TokenEnv`` step's reward:
+    ``reward_t -= coef * kl(log π(a_t|s_t), log π_ref(a_t|s_t))``.
 
     ``kl_t`` is the estimator applied to the generator's and the reference's log-prob of the
-    token just taken, given the observation it was taken in: k1 (TorchRL's ``log p − log q``),
-    k2 or k3. Both models score the same left-padded window the policy saw. ``info`` gets
-    ``log_prob``, ``ref_log_prob``, ``kl`` and ``kl_penalty`` (``coef · kl_t``) every step.
+    token just taken, given the observation (the left-padded window the policy saw). ``info``
+    gets ``log_prob``, ``ref_log_prob``, ``kl`` and ``kl_penalty`` (``coef · kl_t``) every step.
 
     Args:
         env: a ``TokenEnv`` (possibly wrapped).
         gen_model: the policy's causal LM (for SB3, the object given as
             ``policy_kwargs["model"]``, which PPO trains in place, so log π is current).
         ref_model: the frozen reference LM (same tokenizer).
-        coef: KL coefficient (ignored when ``kl_controller`` is given).
-        estimator: ``"k1"``, ``"k2"`` or ``"k3"``.
-        add_to_reward: subtract the penalty from the reward (else only report it).
+        coef, estimator, add_to_reward, kl_controller: as ``KLComputation``'s, as are the
+            ``coef``, ``kl_controller`` and ``update_kl_coef`` accessors.
         allowed_token_ids: renormalize both distributions over these ids, to match a policy
             whose actions are restricted (``LLMActorCriticPolicy(allowed_token_ids=...)``).
-        kl_controller: a KL controller; ``update_kl_coef()`` updates it from the steps since
-            the last update.
 
     >>> import llm_gym
     >>> from llm_gym.envs import DatasetChatEnv
@@ -108,8 +103,9 @@ class TokenKLWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
                     f"{name}'s LM head has {head.weight.shape[0]} outputs, fewer than the "
                     f"env's {vocab} tokens: model and tokenizer do not match"
                 )
-        check_estimator(estimator)
-        self.kl_coefficient = KLCoefficient(coef, kl_controller)
+        self.charge = KLCharge(
+            None, "log_prob", "ref_log_prob", coef, estimator, add_to_reward, "kl", kl_controller
+        )
         allowed = None
         if allowed_token_ids is not None:
             ids = [int(i) for i in allowed_token_ids]
@@ -122,24 +118,20 @@ class TokenKLWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
             allowed[ids] = True
         gym.Wrapper.__init__(self, env)
         self.gen_model, self.ref_model = gen_model, ref_model
-        self.estimator, self.add_to_reward = estimator, add_to_reward
         self._allowed = allowed
-        self._obs: dict[str, np.ndarray] | None = None
+        self._prompt: dict[str, np.ndarray] | None = None
 
     kl_controller = KLComputation.kl_controller
     coef = KLComputation.coef
     update_kl_coef = KLComputation.update_kl_coef
 
-    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
-        """Reset the env and keep its observation, the state the next token is taken in."""
-        self._obs, info = self.env.reset(**kwargs)
-        return self._obs, info
+    reset = RetrieveLogProb.reset  # keeps the state the next token is taken in
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         """Score the token under both models, step the env and charge the token's KL."""
-        if self._obs is None:
+        if self._prompt is None:
             raise gym.error.ResetNeeded("Cannot call TokenKLWrapper.step before reset")
-        state = self._obs
+        state = self._prompt
         # Checked and scored before the env steps, so that a bad action changes nothing.
         token = self.env.unwrapped.check_action(action)
         if self._allowed is not None and not self._allowed[token]:
@@ -147,11 +139,11 @@ class TokenKLWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         gen = _log_prob(self.gen_model, state, self._allowed, token)
         ref = _log_prob(self.ref_model, state, self._allowed, token)
         obs, reward, terminated, truncated, info = self.env.step(action)
-        kl = float(kl_estimate(np.array([gen]), np.array([ref]), self.estimator)[0])
-        penalty = self.coef * kl
-        self.kl_coefficient.kl_rewards.append(-penalty)
-        self._obs = obs
+        # The chat wrappers' charge, over a response of one token.
+        part = self.charge.charge([np.array([gen])], [np.array([ref])], [reward])[0]
+        kl, penalty = float(part["kl"][0]), part["kl_penalty"]
+        self._prompt = obs
         info = {**info, "log_prob": gen, "ref_log_prob": ref, "kl": kl, "kl_penalty": penalty}
-        if self.add_to_reward:
+        if self.charge.add_to_reward:
             reward = float(reward) - penalty
         return obs, reward, terminated, truncated, info

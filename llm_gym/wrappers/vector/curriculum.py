@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 from gymnasium.vector import VectorEnv, VectorWrapper
 
@@ -37,7 +36,7 @@ def _levels(env: VectorEnv) -> tuple[int, int]:
         return levels_of(base)  # raises, saying what is missing
 
 
-class DifficultyCurriculum(VectorWrapper, gym.utils.RecordConstructorArgs):
+class DifficultyCurriculum(VectorWrapper):
     """``llm_gym.wrappers.DifficultyCurriculum`` for a vector env (same arguments): every
     finished episode counts; the level is set on all sub-envs (``set_level`` of the native
     vector env, else ``call("set_level", ...)``); ``info["level"]`` is an array over sub-envs."""
@@ -50,12 +49,9 @@ class DifficultyCurriculum(VectorWrapper, gym.utils.RecordConstructorArgs):
         lower_below: float = 0.2,
         success_key: str = "success",
     ) -> None:
-        gym.utils.RecordConstructorArgs.__init__(
-            self, window=window, raise_at=raise_at, lower_below=lower_below, success_key=success_key
-        )
         self.schedule = LevelSchedule(*_levels(env), window, raise_at, lower_below)
         self.success_key = success_key
-        VectorWrapper.__init__(self, env)
+        super().__init__(env)
 
     level = single.DifficultyCurriculum.level
 
@@ -68,7 +64,9 @@ class DifficultyCurriculum(VectorWrapper, gym.utils.RecordConstructorArgs):
         """Step the envs; every finished episode counts towards the level's window."""
         obs, rewards, terminated, truncated, info = self.env.step(actions)
         info = self._with_level(info)
-        if self.schedule.moved(_finished_successes(info, terminated | truncated, self.success_key)):
+        if self.schedule.record(
+            _finished_successes(info, terminated | truncated, self.success_key)
+        ):
             base = self.env.unwrapped
             if hasattr(base, "set_level"):  # the native vector env: one shared level
                 base.set_level(self.level)
@@ -77,7 +75,5 @@ class DifficultyCurriculum(VectorWrapper, gym.utils.RecordConstructorArgs):
         return obs, rewards, terminated, truncated, info
 
     def _with_level(self, info: dict[str, Any]) -> dict[str, Any]:
-        info = dict(info)
-        info["level"] = np.full(self.num_envs, self.level, dtype=np.int64)
-        info["_level"] = np.ones(self.num_envs, dtype=bool)
-        return info
+        level = np.full(self.num_envs, self.level, dtype=np.int64)
+        return {**info, "level": level, "_level": np.ones(self.num_envs, dtype=bool)}

@@ -1,17 +1,13 @@
-"""Vector versions of the KL wrappers: one padded forward pass scores all N responses.
-
-Each takes the same arguments as its single-env namesake in ``llm_gym.wrappers.kl`` and runs
-the same batched code; per-env values are stacked the Gymnasium way (``info[key]`` an array
-over envs, ``info["_" + key]`` its mask), per-token arrays in ``object`` arrays. With
-SAME_STEP autoreset the next prompt of a finished sub-env is its new episode's first
-observation, so nothing has to be thrown away.
+"""Vector versions of the KL wrappers, with the arguments of their single-env namesakes in
+``llm_gym.wrappers.kl`` and the same batched code: one padded forward pass scores all N
+responses. Per-env values are stacked the Gymnasium way (``info[key]`` an array over envs,
+``info["_" + key]`` its mask; per-token arrays in ``object`` arrays).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 from gymnasium.vector import VectorEnv, VectorWrapper
 
@@ -25,35 +21,27 @@ __all__ = ["RetrieveLogProb", "KLComputation", "RetrieveKL", "KLRewardWrapper"]
 VectorStep = tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]
 
 
-class RetrieveLogProb(VectorWrapper, gym.utils.RecordConstructorArgs):
-    """``info[key][i]``: the model's log-probs of sub-env i's response tokens this step.
-
-    All N (prompt, response) pairs go through the model in one left-padded forward pass.
-    Arguments as ``llm_gym.wrappers.RetrieveLogProb``.
+class RetrieveLogProb(VectorWrapper):
+    """``info[key][i]``: the model's log-probs of sub-env i's response tokens this step, all N
+    scored in one left-padded forward pass. Arguments as ``llm_gym.wrappers.RetrieveLogProb``.
     """
 
     def __init__(
         self, env: VectorEnv, model: Any, key: str = "ref_log_probs", assistant_only: bool = True
     ) -> None:
-        gym.utils.RecordConstructorArgs.__init__(
-            self, _disable_deepcopy=True, model=model, key=key, assistant_only=assistant_only
-        )
-        VectorWrapper.__init__(self, env)
+        super().__init__(env)
         self.model = check_scorer(model, "model")
         self.log_prob_key, self.assistant_only = key, assistant_only
         self._prompt: Any = None  # the observations the next actions answer
 
-    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
-        """Reset the envs and keep their observations, the prompts of the next step."""
-        self._prompt, info = self.env.reset(**kwargs)
-        return self._prompt, info
+    reset = single.RetrieveLogProb.reset
 
     def step(self, actions: Any) -> VectorStep:
         """Score the N responses in one forward, then step the envs."""
         return retrieve(self, actions, batched=True)
 
 
-class KLComputation(VectorWrapper, gym.utils.RecordConstructorArgs):
+class KLComputation(VectorWrapper):
     """Per-token KL for each sub-env, as ``llm_gym.wrappers.KLComputation``."""
 
     def __init__(
@@ -70,11 +58,7 @@ class KLComputation(VectorWrapper, gym.utils.RecordConstructorArgs):
         self.charge = KLCharge(
             env, gen_key, ref_key, coef, estimator, add_to_reward, kl_key, kl_controller
         )
-        self.kl_coefficient = self.charge.coefficient
-        gym.utils.RecordConstructorArgs.__init__(
-            self, _disable_deepcopy=True, **self.charge.arguments
-        )
-        VectorWrapper.__init__(self, env)
+        super().__init__(env)
 
     kl_controller = single.KLComputation.kl_controller
     coef = single.KLComputation.coef
@@ -85,7 +69,7 @@ class KLComputation(VectorWrapper, gym.utils.RecordConstructorArgs):
         return self.charge.step(self.env, actions, batched=True)
 
 
-class RetrieveKL(VectorWrapper, gym.utils.RecordConstructorArgs):
+class RetrieveKL(VectorWrapper):
     """Vector ``RetrieveLogProb`` for gen (optional) and ref, then ``KLComputation``'s charge,
     as ``llm_gym.wrappers.RetrieveKL``."""
 
@@ -109,12 +93,8 @@ class RetrieveKL(VectorWrapper, gym.utils.RecordConstructorArgs):
         env = KLComputation(
             env, gen_key, ref_key, coef, estimator, add_to_reward, kl_key, kl_controller
         )
-        self.charge, self.kl_coefficient = env.charge, env.kl_coefficient
-        models = {"gen_model": gen_model, "ref_model": ref_model, "assistant_only": assistant_only}
-        gym.utils.RecordConstructorArgs.__init__(
-            self, _disable_deepcopy=True, **models, **self.charge.arguments
-        )
-        VectorWrapper.__init__(self, env)
+        self.charge = env.charge
+        super().__init__(env)
 
     kl_controller = single.KLComputation.kl_controller
     coef = single.KLComputation.coef
@@ -126,7 +106,4 @@ class KLRewardWrapper(RetrieveKL):
     as ``llm_gym.wrappers.KLRewardWrapper``."""
 
     def __init__(self, env: VectorEnv, ref_model: Any, coef: float = 1.0, **options: Any) -> None:
-        gym.utils.RecordConstructorArgs.__init__(
-            self, _disable_deepcopy=True, ref_model=ref_model, coef=coef, **options
-        )
         super().__init__(env, None, ref_model, coef=coef, **options)
