@@ -1,23 +1,19 @@
-"""The sampler and scorer protocols: how prompt token ids become responses, and how wrappers,
-rollouts and trainers get the log-probs of given responses.
+"""Samplers and scorers: the two protocols every generation backend implements.
 
-Token level, what every backend (transformers here; vLLM and OpenAI-compatible servers beside
-it, one file each) implements; the ids that come back are the ids sampled, never re-tokenized::
+Token level, what each backend implements (``llm_gym.policies.TransformersPolicy`` here; vLLM
+or an OpenAI-compatible server would be one file each); the ids that come back are the ids
+sampled, never re-tokenized::
 
     sampler.sample(prompts: Sequence[np.ndarray]) -> list[Sample]
     scorer.score(prompts: Sequence[np.ndarray], responses: Sequence[np.ndarray])
         -> list[np.ndarray]  # float32 log π(response[t] | prompt + response[:t])
 
 Observation level, what the KL wrappers and rollouts call: a scorer says it scores with
-``generate = False`` (a policy in generate mode has the same call but samples) and maps an
-observation (or a vector env's batch) and the responses to one ``LogProbOutput`` each::
-
-    scorer(obs, responses, response_only=True) -> LogProbOutput | list[LogProbOutput]
-
-``response_only=True`` asks for the response's log-probs alone (``log_probs.response``;
-``prompt`` and ``full`` may then be None), which skips the vocabulary projection over the
-prompt. A scorer may have ``input_mode`` (the observation key it reads) and ``pad_output``
-(must be False here). ``TransformersPolicy`` implements all of it;
+``generate = False`` and maps an observation (or a vector env's batch) and the responses to
+one ``LogProbOutput`` each: ``scorer(obs, responses, response_only=True)``, where
+``response_only`` asks for ``log_probs.response`` alone (``prompt`` and ``full`` may then be
+None), which skips the vocabulary projection over the prompt. A scorer may have
+``input_mode`` (the observation key it reads) and ``pad_output`` (must be False here).
 ``llm_gym.distributed.RayLogProbModel`` scores in a Ray actor.
 """
 
