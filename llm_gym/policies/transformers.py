@@ -74,18 +74,7 @@ class TransformersPolicy:
             chosen from the tokenizer, as ChatEnv does; pass the env's ``template_kwargs``).
         device: where inputs go; default the model's device.
 
-    >>> from llm_gym import ChatEnv
-    >>> from llm_gym.models import load_default_model
-    >>> model, tokenizer = load_default_model()
-    >>> policy = TransformersPolicy(model, tokenizer, generate_kwargs={"max_tokens": 8})
-    >>> env = ChatEnv(query="What is 2+2?", max_turns=1)
-    >>> obs, info = env.reset(seed=0)
-    >>> response = policy(obs)
-    >>> len(response.tokens) == len(response.log_probs) <= 8, response.version
-    (True, 0)
-    >>> obs, reward, terminated, truncated, info = env.step(response)
-    >>> obs["history"][-1]["role"], terminated
-    ('assistant', True)
+    README's "Policies" section shows one stepping a ChatEnv.
     """
 
     def __init__(
