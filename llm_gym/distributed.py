@@ -1,12 +1,10 @@
 """Ray as llm_gym's distributed engine: one reference model in an actor, shared by many envs.
 
 ``RayLogProbModel`` is a client for a Ray actor that holds a log-prob-mode
-``TransformersPolicy``. It follows the scorer protocol of ``llm_gym.samplers`` (``generate =
-False``, the call ``model(obs, responses, response_only=...)``, ``input_mode`` and the
-token-level ``score(prompts, responses)``), so it goes wherever a reference model does: the KL
-wrappers and their vector versions, or ``RolloutFromModel(ref_model=...)`` with
-``input_mode="tokens"``. Envs in one process or in many (Ray tasks, other actors) reach the
-same weights through the actor's name.
+``TransformersPolicy``: a ``llm_gym.samplers.Scorer``, so it goes wherever a reference model
+does (the KL wrappers, ``RolloutFromModel(ref_model=...)`` with ``input_mode="tokens"``).
+Envs in one process or in many (Ray tasks, other actors) reach the same weights through the
+actor's name.
 
 Start Ray first (``ray.init()``, or ``ray.init(address="auto")`` on a cluster)::
 
@@ -82,11 +80,9 @@ _RemoteLogProbActor = ray.remote(_LogProbActor)
 
 
 class RayLogProbModel:
-    """A log-prob model that runs in a Ray actor; call it like a log-prob ``TransformersPolicy``.
-
-    ``model(obs, responses)`` sends the inputs to the actor and returns its ``LogProbOutput``
-    (a list for a batched observation), with one ``ray.get``. The actor scores one request at
-    a time; clients never hold the weights.
+    """A log-prob model that runs in a Ray actor; call it like a log-prob ``TransformersPolicy``
+    (one ``ray.get`` a call). The actor scores one request at a time; clients never hold the
+    weights.
 
     Args:
         ref_model_factory: a picklable zero-argument callable run once in the actor, returning
@@ -171,10 +167,8 @@ class RayLogProbModel:
     def __call__(
         self, obs: Mapping[str, Any], responses: Any = None, *, response_only: bool = False
     ) -> Any:
-        """Score ``obs`` (+ ``responses``) in the actor: what the local policy would return.
-
-        Errors the policy raises (a bad observation, say) come back as the same exception type.
-        """
+        """Score ``obs`` (+ ``responses``) in the actor: what the local policy would return (its
+        errors, a bad observation say, come back as the same exception type)."""
         return self._get(self.actor.call.remote(obs, responses, response_only))
 
     def score(self, prompts: Sequence[np.ndarray], responses: Sequence[np.ndarray]) -> list[Any]:

@@ -131,9 +131,9 @@ RATIOS = {
 # (file suffix, function): disjoint parts of vector KLRewardWrapper.step
 PROFILE_PARTS = [
     ("llm_gym/policies/_inputs.py", "scored", "encode N prompt+response (Encoder.scored)"),
-    ("llm_gym/lm/padding.py", "left_pad", "left-pad the batch"),
+    ("llm_gym/lm.py", "left_pad", "left-pad the batch"),
     ("llm_gym/policies/transformers.py", "_forward", "model forward (position_ids, no cache)"),
-    ("llm_gym/lm/log_probs.py", "token_log_probs", "log-probs: gather + logsumexp(vocab)"),
+    ("llm_gym/lm.py", "token_log_probs", "log-probs: gather + logsumexp(vocab)"),
     ("llm_gym/envs/vector.py", "step", "GSM8K vector env step (score + autoreset)"),
     ("llm_gym/wrappers/_charges.py", "charge", "per-env KL arithmetic (KLCharge.charge)"),
 ]

@@ -10,8 +10,13 @@ import warnings
 import pytest
 import torch
 
-from llm_gym.lm import gather_log_probs, has_prefix, log_probs_of, token_log_probs
-from llm_gym.lm import log_probs as lp
+from llm_gym.lm import (
+    CompiledLogProbs,
+    gather_log_probs,
+    has_prefix,
+    log_probs_of,
+    token_log_probs,
+)
 
 
 def plain(logits: torch.Tensor, ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
@@ -89,36 +94,37 @@ def test_the_compiled_kernel_falls_back_to_eager_with_one_warning(monkeypatch):
         return kernel
 
     monkeypatch.setattr(torch, "compile", broken_compile)
-    kernel = lp._CompiledKernel()
-    monkeypatch.setattr(lp, "_COMPILED", kernel)
+    kernel = CompiledLogProbs()
     logits, ids, _ = padded_batch(seed=4)
-    expected = log_probs_of(logits, ids, compiled=False)
     with pytest.warns(RuntimeWarning, match="no triton here"):
-        first = log_probs_of(logits, ids, compiled=True)
-    assert kernel.failed and torch.equal(first, expected)
+        assert kernel(logits, ids) is None  # the caller runs the eager form
+    assert kernel.failed
     with warnings.catch_warnings():  # no second warning: the failure is remembered
         warnings.simplefilter("error")
-        assert torch.equal(log_probs_of(logits, ids, compiled=True), expected)
+        assert kernel(logits, ids) is None
 
 
-def test_the_compiled_kernel_equals_the_definition_with_changing_shapes(monkeypatch):
+def test_the_compiled_kernel_equals_the_definition_with_changing_shapes():
     """The kernel CUDA runs, compiled here for the CPU (Inductor's C++ backend) when a C
-    compiler is present; without one the same call must fall back with the same values."""
-    kernel = lp._CompiledKernel()
-    monkeypatch.setattr(lp, "_COMPILED", kernel)
+    compiler is present; without one the call must fall back with the same values."""
+    kernel = CompiledLogProbs()
     for seed, dtype in ((5, torch.float32), (6, torch.float32), (7, torch.bfloat16)):
         logits, ids, attention = padded_batch(seed=seed, vocab=61 + seed)
         logits = logits[: 5 - seed % 2].to(dtype)  # batch size changes too
         ids, attention = ids[: logits.shape[0]], attention[: logits.shape[0]]
-        expected = plain(logits.float(), ids, attention)
+        eager = log_probs_of(logits, ids, compiled=False)
         if shutil.which("cc") or shutil.which("gcc"):
-            got = token_log_probs(logits, ids, attention, window=True, compiled=True)
-            assert not kernel.failed
+            got = kernel(logits, ids)
+            assert not kernel.failed and got.dtype == torch.float32
+            assert torch.allclose(got, eager, atol=1e-5, rtol=0)
         else:
             with pytest.warns(RuntimeWarning, match="torch.compile of the log-prob kernel"):
-                got = token_log_probs(logits, ids, attention, window=True, compiled=True)
+                assert kernel(logits, ids) is None
+        with warnings.catch_warnings():  # log_probs_of's shared kernel, compiled or not
+            warnings.simplefilter("ignore", RuntimeWarning)
+            got = token_log_probs(logits, ids, attention, window=True, compiled=True)
         assert got.dtype == torch.float32
-        assert torch.allclose(got, expected, atol=1e-5, rtol=0)
+        assert torch.allclose(got, plain(logits.float(), ids, attention), atol=1e-5, rtol=0)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

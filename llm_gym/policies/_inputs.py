@@ -1,10 +1,8 @@
 """Observations in, token ids out: how ``TransformersPolicy`` reads its inputs.
 
-An observation is a ChatEnv ``dict`` keyed by input mode; a vector env's observation has a
-tuple per key. Each conversation becomes an ``Encoded`` (its token ids, where the response
-starts, which tokens are the assistant's); ``llm_gym.lm.left_pad`` batches them for the model,
-and ``dist_mask`` lays ``get_dist``'s masks out the same way. Sampled token ids are used as
-given: nothing here decodes and re-tokenizes a response.
+An observation is a ChatEnv ``dict`` keyed by input mode (a vector env's holds a tuple per
+key). Each conversation becomes an ``Encoded``; ``dist_mask`` lays ``get_dist``'s masks out in
+the padded layout. Sampled token ids are used as given, never decoded and re-tokenized.
 """
 
 from __future__ import annotations
@@ -148,12 +146,7 @@ class Encoder:
 
     def scored(self, value: Any, response: Any) -> Encoded:
         """A conversation to score: prompt plus response, or a whole conversation."""
-        if response is None:
-            if isinstance(value, History):
-                return self._checked(self._full_history(value))
-            ids = self.codec.encode(value) if isinstance(value, str) else value
-            return self._checked(Encoded(ids))
-        if not isinstance(response, (Response, str, np.ndarray)):
+        if response is not None and not isinstance(response, (Response, str, np.ndarray)):
             raise TypeError(
                 "each response must be a Response, a str or a 1-D int64 array of token ids, "
                 f"got {type(response).__name__}"
@@ -161,23 +154,26 @@ class Encoder:
         tokens = response.tokens if isinstance(response, Response) else None
         if isinstance(response, np.ndarray):
             tokens = check_token_ids("response", response)
-        if tokens is None:  # text only: in history mode, the template closes the turn
-            text = response.text if isinstance(response, Response) else response
-            if isinstance(value, History):
-                full = value.copy().append({"role": "assistant", "content": text})
-                return self._checked(self._full_history(full))
-            tokens = self.codec.encode(text)
-        mask = None
+        text = response.text if isinstance(response, Response) else response
+        if isinstance(value, History) and tokens is None:
+            # A whole conversation; a text response is its last turn, closed by the template.
+            if response is not None:
+                value = value.copy().append({"role": "assistant", "content": text})
+            return self._checked(self._full_history(value))
+        if response is None:
+            return self._checked(Encoded(self._ids(value)))
+        tokens = self.codec.encode(text) if tokens is None else tokens
         if isinstance(value, History):
             rendered = self.render(value, generation_prompt=True)
             prompt, mask = rendered["input_ids"], rendered["assistant_masks"]
         else:
-            prompt = self.codec.encode(value) if isinstance(value, str) else value
-        n = len(prompt)
-        mask = np.concatenate(
-            [np.zeros(n, bool) if mask is None else mask, np.ones(len(tokens), bool)]
-        )
-        return self._checked(Encoded(np.concatenate([prompt, tokens]), n, mask))
+            prompt = self._ids(value)
+            mask = np.zeros(len(prompt), bool)
+        mask = np.concatenate([mask, np.ones(len(tokens), bool)])
+        return self._checked(Encoded(np.concatenate([prompt, tokens]), len(prompt), mask))
+
+    def _ids(self, value: str | np.ndarray) -> np.ndarray:
+        return self.codec.encode(value) if isinstance(value, str) else value
 
     def _full_history(self, history: History) -> Encoded:
         rendered = self.render(history, generation_prompt=False)

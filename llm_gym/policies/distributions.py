@@ -25,6 +25,9 @@ class MaskedCategorical(D.Distribution):
         ignore_index: what ``sample`` and ``mode`` put at masked positions (TorchRL and
             PyTorch's ``cross_entropy`` use -100).
 
+    ``logits`` (as given, not masked), ``mask`` (on the logits' device) and ``ignore_index``
+    are kept as attributes.
+
     >>> logits = torch.zeros(1, 3, 4)
     >>> dist = MaskedCategorical(logits, torch.tensor([[False, True, True]]))
     >>> dist.log_prob(torch.tensor([[7, 0, 1]]))  # position 0 is masked: its value is ignored
@@ -52,36 +55,26 @@ class MaskedCategorical(D.Distribution):
                 "mask must have the logits' shape without the vocab dim, "
                 f"{tuple(logits.shape[:-1])}, got {tuple(mask.shape)}"
             )
-        self._logits = logits
-        self._mask = mask.to(logits.device)
+        self.logits = logits
+        self.mask = mask.to(logits.device)
         self.ignore_index = ignore_index
         self._log_normalizer: torch.Tensor | None = None
         super().__init__(batch_shape=logits.shape[:-1], validate_args=False)
 
     @property
-    def logits(self) -> torch.Tensor:
-        """The logits as given (not masked)."""
-        return self._logits
-
-    @property
-    def mask(self) -> torch.Tensor:
-        """The bool ``(*B, T)`` mask of the positions that count."""
-        return self._mask
-
-    @property
     def vocab_size(self) -> int:
         """The number of categories (the logits' last dim)."""
-        return self._logits.shape[-1]
+        return self.logits.shape[-1]
 
     @property
     def probs(self) -> torch.Tensor:
         """``softmax(logits)`` at every position, masked or not."""
-        return torch.softmax(self._logits, dim=-1)
+        return torch.softmax(self.logits, dim=-1)
 
     def _logsumexp(self) -> torch.Tensor:
         # One pass over the vocab, cached: log_prob and entropy both need it.
         if self._log_normalizer is None:
-            self._log_normalizer = torch.logsumexp(self._logits, dim=-1)
+            self._log_normalizer = torch.logsumexp(self.logits, dim=-1)
         return self._log_normalizer
 
     def log_prob(self, value: torch.Tensor) -> torch.Tensor:
@@ -91,39 +84,39 @@ class MaskedCategorical(D.Distribution):
                 f"value must be a tensor of token ids with shape {tuple(self.batch_shape)}, got "
                 f"{type(value).__name__} with shape {tuple(getattr(value, 'shape', ()))}"
             )
-        value = value.to(self._logits.device).long()
+        value = value.to(self.logits.device).long()
         # Masked positions may hold anything (padding, -100): only the mask decides.
-        checked = value[self._mask]
+        checked = value[self.mask]
         if checked.numel() and (checked.min() < 0 or checked.max() >= self.vocab_size):
             raise ValueError(
                 f"value holds token ids outside [0, {self.vocab_size}) at unmasked positions: "
                 f"min {int(checked.min())}, max {int(checked.max())}"
             )
-        safe = value.masked_fill(~self._mask, 0)
-        picked = self._logits.gather(-1, safe.unsqueeze(-1)).squeeze(-1)
+        safe = value.masked_fill(~self.mask, 0)
+        picked = self.logits.gather(-1, safe.unsqueeze(-1)).squeeze(-1)
         log_prob = picked - self._logsumexp()
-        return log_prob.masked_fill(~self._mask, 0.0)
+        return log_prob.masked_fill(~self.mask, 0.0)
 
     def entropy(self) -> torch.Tensor:
         """Entropy at each unmasked position, 0 at masked ones."""
-        log_p = self._logits - self._logsumexp().unsqueeze(-1)
+        log_p = self.logits - self._logsumexp().unsqueeze(-1)
         # 0 * log 0 = 0: -inf logits (banned tokens) must give neither NaN nor NaN gradients.
         finite = log_p.masked_fill(torch.isinf(log_p), 0.0)
-        return (-(log_p.exp() * finite).sum(-1)).masked_fill(~self._mask, 0.0)
+        return (-(log_p.exp() * finite).sum(-1)).masked_fill(~self.mask, 0.0)
 
     def sample(self, sample_shape: torch.Size | tuple[int, ...] = ()) -> torch.Tensor:
         """Token ids drawn at every position; ``ignore_index`` where the mask is False."""
         with torch.no_grad():
-            samples = D.Categorical(logits=self._logits).sample(torch.Size(sample_shape))
-        return samples.masked_fill(~self._mask, self.ignore_index)
+            samples = D.Categorical(logits=self.logits).sample(torch.Size(sample_shape))
+        return samples.masked_fill(~self.mask, self.ignore_index)
 
     @property
     def mode(self) -> torch.Tensor:
         """The most likely token at each position; ``ignore_index`` where the mask is False."""
-        return self._logits.argmax(-1).masked_fill(~self._mask, self.ignore_index)
+        return self.logits.argmax(-1).masked_fill(~self.mask, self.ignore_index)
 
     def __repr__(self) -> str:
         return (
             f"MaskedCategorical(batch_shape={tuple(self.batch_shape)}, vocab={self.vocab_size}, "
-            f"unmasked={int(self._mask.sum())})"
+            f"unmasked={int(self.mask.sum())})"
         )

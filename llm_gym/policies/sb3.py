@@ -1,17 +1,12 @@
 """``LLMActorCriticPolicy``: a transformers causal LM as a stable-baselines3 actor-critic.
 
 For token-level envs (``llm_gym.TokenEnv``, RL4LMs' design): the observation is a batch of
-left-padded ``input_ids``/``attention_mask`` rows, the action is the next token. The LM head
-at each row's last real token gives the action logits; a value head on the same hidden state
-(or on a separate value model) gives the value. Usable with PPO and A2C::
+left-padded ``input_ids``/``attention_mask`` rows, the action is the next token. Usable with PPO
+and A2C: ``PPO(LLMActorCriticPolicy, env, policy_kwargs={"model": model})`` (README has a run).
 
-    PPO(LLMActorCriticPolicy, env, policy_kwargs={"model": model})
-
-Saving: SB3 stores the parameters (the LM's included) in the zip's state dicts and pickles
-``policy_kwargs`` beside them. A model *object* in ``policy_kwargs`` is pickled whole (fine
-for small models; the file then holds the weights twice); a local folder path or a factory
-function is pickled as a name, and ``PPO.load`` rebuilds the model from it before loading
-the trained weights.
+Saving: SB3 pickles ``policy_kwargs`` beside the parameters. A model *object* there is pickled
+whole (the file then holds the weights twice); a local folder path or a factory function is
+pickled as a name, and ``PPO.load`` rebuilds the model from it before loading the weights.
 """
 
 from __future__ import annotations
@@ -30,14 +25,14 @@ from torch import nn
 
 from llm_gym.lm import position_ids
 
-__all__ = ["LLMActorCriticPolicy", "ModelSpec", "resolve_model"]
+__all__ = ["LLMActorCriticPolicy", "ModelSpec", "last_positions"]
 
 # A model object, a local folder saved with save_pretrained ("default": SmolLM2), or a
 # function returning a model.
 ModelSpec = nn.Module | str | os.PathLike | Callable[[], nn.Module]
 
 
-def resolve_model(spec: ModelSpec, argument: str = "model") -> nn.Module:
+def _resolve_model(spec: ModelSpec, argument: str = "model") -> nn.Module:
     """The transformers model a ``ModelSpec`` names (objects are returned as they are)."""
     if isinstance(spec, nn.Module):
         model = spec
@@ -87,20 +82,6 @@ class LLMActorCriticPolicy(ActorCriticPolicy):
         use_sde: must be False (passed by SB3).
         optimizer_class / optimizer_kwargs: as SB3's; only parameters with
             ``requires_grad`` are optimised, so freezing LM layers works.
-
-    >>> import gymnasium as gym, llm_gym, torch
-    >>> from stable_baselines3 import PPO
-    >>> from llm_gym.models import load_gpt2_tokenizer, tiny_model
-    >>> tokenizer = load_gpt2_tokenizer()
-    >>> env = gym.make("LLMToken-GSM8K-v0", tokenizer=tokenizer, max_new_tokens=4,
-    ...                max_prompt_length=160, dataset=[{"question": "1+1?", "answer": "#### 2"}])
-    >>> agent = PPO(LLMActorCriticPolicy, env, n_steps=4, batch_size=4, n_epochs=1, seed=0,
-    ...             policy_kwargs={"model": tiny_model(tokenizer)})
-    >>> agent = agent.learn(total_timesteps=4)
-    >>> obs, info = env.reset(seed=0)
-    >>> action, _ = agent.predict(obs, deterministic=True)
-    >>> env.action_space.contains(int(action))
-    True
     """
 
     def __init__(
@@ -119,7 +100,7 @@ class LLMActorCriticPolicy(ActorCriticPolicy):
         _check_spaces(observation_space, action_space)
         if use_sde:
             raise ValueError("use_sde must be False: the action space is Discrete, got True")
-        policy_lm = resolve_model(model, "model")
+        policy_lm = _resolve_model(model, "model")
         if policy_lm.get_output_embeddings() is None:
             raise TypeError(
                 f"model must be a causal LM with an LM head (AutoModelForCausalLM), got "
@@ -132,7 +113,7 @@ class LLMActorCriticPolicy(ActorCriticPolicy):
                 f"model's LM head has {lm_vocab} outputs but the action space has {n_actions} "
                 "tokens: the model and the env's tokenizer do not match"
             )
-        critic = None if value_model is None else resolve_model(value_model, "value_model")
+        critic = None if value_model is None else _resolve_model(value_model, "value_model")
         allowed = _allowed_mask(allowed_token_ids, n_actions)
 
         # ActorCriticPolicy builds its MLP heads in _build; here _build only records the
@@ -213,10 +194,8 @@ class LLMActorCriticPolicy(ActorCriticPolicy):
 
     def predict_values(self, obs: PyTorchObs) -> torch.Tensor:
         """The critic's values ``(B, 1)`` for ``obs``."""
-        if self.value_model is not None:
-            return self._value(obs, None)
-        ids, mask = _inputs(obs)
-        return self.value_head(self._trunk_hidden(self.model, ids, mask).float())
+        shared = self.value_model is None
+        return self._value(obs, self._trunk_hidden(self.model, *_inputs(obs)) if shared else None)
 
     # -- internals -------------------------------------------------------------------------
 

@@ -1,10 +1,6 @@
-"""``TransformersPolicy``: a Hugging Face causal LM as a policy for llm_gym's chat envs.
-
-The Gymnasium form of TorchRL's ``TransformersWrapper``, and the transformers backend of the
-``llm_gym.samplers`` protocols. Two jobs, one code path each: ``sample`` (token ids in, the
-exact sampled ids and their log-probs out), which generate mode's call wraps with the chat
-template and decoding; and one padded forward pass, which ``score``, log-prob mode's call
-(``generate=False``) and ``get_dist`` share.
+"""``TransformersPolicy``: a Hugging Face causal LM as a policy for llm_gym's chat envs (the
+Gymnasium form of TorchRL's ``TransformersWrapper``) and the transformers backend of
+``llm_gym.samplers``: ``sample`` for generation, one padded forward pass for scoring.
 """
 
 from __future__ import annotations
@@ -42,31 +38,24 @@ _ARGUMENTS += ("num_samples", "chat_template_name", "chat_template", "device")
 
 
 class TransformersPolicy:
-    """A transformers causal LM as a policy over ChatEnv observations; a ``Sampler`` and a
-    ``Scorer`` of ``llm_gym.samplers`` whatever ``generate`` is.
-
-    Token level: ``policy.sample(prompts)`` samples one ``Sample`` per prompt token array
-    (``num_samples`` consecutive ones per prompt), in one left-padded batch;
-    ``policy.score(prompts, responses)`` gives the ``float32`` log-probs of given response
-    tokens. ``version`` (0 at first; a trainer adds one after each update) is stamped on every
-    ``Sample`` and ``Response``.
+    """A transformers causal LM as a policy over ChatEnv observations: the ``Sampler`` and
+    ``Scorer`` of ``llm_gym.samplers`` (token level: ``sample`` and ``score``), and a callable
+    on observations. ``version`` (0 at first; a trainer adds one after each update) is stamped
+    on every ``Sample`` and ``Response``.
 
     Generate mode (default): ``policy(obs)`` returns a ``Response`` (text, the exact sampled
     token ids ending at EOS when one was produced, and their log-probs); a vector env's batched
     observation gives a list; ``num_samples=k`` gives k Responses per observation. Log-probs
-    are log π(token | prefix) from the model's **raw** logits (log-softmax of
-    ``generate(output_logits=True)``), before any temperature, top-k/top-p or penalty: the
+    come from the model's **raw** logits, before any temperature, top-k/top-p or penalty: the
     policy's own probabilities, the ones a reference model's can be compared with for KL.
 
     Log-prob mode (``generate=False``): ``policy(obs, responses=None)`` scores conversations in
     one forward pass and returns a ``LogProbOutput`` (a list for a batch, one padded output with
     ``pad_output=True``). ``obs`` is either the prompt, with ``responses`` the replies to score
     (``Response`` — its exact tokens are used —, ``str`` or token array), or a whole
-    conversation (a history ending with the assistant's turn, or full text/tokens).
-    Padding is told by the attention mask, never by token id, so with ``pad_token ==
-    eos_token`` an EOS the policy produced keeps its real log-prob. ``get_dist`` runs the same
-    forward pass with gradients and returns a ``MaskedCategorical`` for a loss.
-
+    conversation (a history ending with the assistant's turn, or full text/tokens). An EOS the
+    policy produced keeps its real log-prob even when ``pad_token == eos_token``. ``get_dist``
+    runs the same forward pass with gradients and returns a ``MaskedCategorical`` for a loss.
     The policy never switches the model between train and eval mode; that stays the caller's.
 
     Args:
@@ -85,18 +74,7 @@ class TransformersPolicy:
             chosen from the tokenizer, as ChatEnv does; pass the env's ``template_kwargs``).
         device: where inputs go; default the model's device.
 
-    >>> from llm_gym import ChatEnv
-    >>> from llm_gym.models import load_default_model
-    >>> model, tokenizer = load_default_model()
-    >>> policy = TransformersPolicy(model, tokenizer, generate_kwargs={"max_tokens": 8})
-    >>> env = ChatEnv(query="What is 2+2?", max_turns=1)
-    >>> obs, info = env.reset(seed=0)
-    >>> response = policy(obs)
-    >>> len(response.tokens) == len(response.log_probs) <= 8, response.version
-    (True, 0)
-    >>> obs, reward, terminated, truncated, info = env.step(response)
-    >>> obs["history"][-1]["role"], terminated
-    ('assistant', True)
+    README's "Policies" section shows one stepping a ChatEnv.
     """
 
     def __init__(

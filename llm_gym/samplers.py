@@ -1,24 +1,11 @@
-"""The sampler and scorer protocols: how prompt token ids become responses, and how wrappers,
-rollouts and trainers get the log-probs of given responses.
+"""Samplers and scorers: the two protocols every generation backend implements
+(``llm_gym.policies.TransformersPolicy`` here; vLLM or an OpenAI-compatible server would be
+one file each), and the token-id checks they share.
 
-Token level, what every backend (transformers here; vLLM and OpenAI-compatible servers beside
-it, one file each) implements; the ids that come back are the ids sampled, never re-tokenized::
-
-    sampler.sample(prompts: Sequence[np.ndarray]) -> list[Sample]
-    scorer.score(prompts: Sequence[np.ndarray], responses: Sequence[np.ndarray])
-        -> list[np.ndarray]  # float32 log π(response[t] | prompt + response[:t])
-
-Observation level, what the KL wrappers and rollouts call: a scorer says it scores with
-``generate = False`` (a policy in generate mode has the same call but samples) and maps an
-observation (or a vector env's batch) and the responses to one ``LogProbOutput`` each::
-
-    scorer(obs, responses, response_only=True) -> LogProbOutput | list[LogProbOutput]
-
-``response_only=True`` asks for the response's log-probs alone (``log_probs.response``;
-``prompt`` and ``full`` may then be None), which skips the vocabulary projection over the
-prompt. A scorer may have ``input_mode`` (the observation key it reads) and ``pad_output``
-(must be False here). ``TransformersPolicy`` implements all of it;
-``llm_gym.distributed.RayLogProbModel`` scores in a Ray actor.
+A ``Sampler`` turns prompt token ids into ``Sample``s (the ids sampled, never re-tokenized);
+a ``Scorer`` gives the log-probs of given responses, at the token level (``score``) and on
+observations (its call, what the KL wrappers and rollouts use, one ``LogProbOutput`` per
+conversation). ``llm_gym.distributed.RayLogProbModel`` scores in a Ray actor.
 """
 
 from __future__ import annotations
@@ -96,7 +83,14 @@ class LogProbOutput:
 @runtime_checkable
 class Scorer(Protocol):
     """Anything that scores responses: token-level ``score`` and the observation-level call
-    (``generate = False``); the wrappers need only the call (see ``is_scorer``)."""
+    (``generate = False``); the wrappers need only the call (see ``is_scorer``).
+
+    The call maps an observation (or a vector env's batch) and the responses to one
+    ``LogProbOutput`` each. ``response_only=True`` asks for ``log_probs.response`` alone
+    (``prompt`` and ``full`` may then be None), which skips the vocabulary projection over the
+    prompt. A scorer may have ``input_mode`` (the observation key it reads) and ``pad_output``
+    (which must be False for the wrappers).
+    """
 
     generate: bool
 
