@@ -32,9 +32,7 @@ __all__ = [
     "Rollout",
     "RolloutConfig",
     "Summary",
-    "check_out",
     "prepare_out",
-    "run_rollout",
     "summarize",
 ]
 
@@ -100,18 +98,6 @@ class Summary:
         rows.append(("tokens/s", f"{self.tokens_per_second:.1f}"))
         width = max(len(name) for name, _ in rows)
         return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
-
-
-def check_out(out: Path, overwrite: bool) -> None:
-    """Refuse to mix two runs' episodes in one file."""
-    episodes = out / EPISODES_FILE
-    if episodes.exists() and not overwrite:
-        with episodes.open(encoding="utf-8") as f:
-            done = sum(1 for line in f if line.strip())
-        raise FileExistsError(
-            f"{episodes} already holds {done} episodes from an earlier run; pass another --out, "
-            "or --overwrite to start over"
-        )
 
 
 def prepare_out(out: Path) -> Path:
@@ -194,7 +180,14 @@ class Rollout:
     def __init__(self, config: RolloutConfig) -> None:
         self.config = config
         self.out = Path(config.out)
-        check_out(self.out, config.overwrite)
+        episodes = self.out / EPISODES_FILE  # two runs' episodes never mix in one file
+        if episodes.exists() and not config.overwrite:
+            with episodes.open(encoding="utf-8") as f:
+                done = sum(1 for line in f if line.strip())
+            raise FileExistsError(
+                f"{episodes} already holds {done} episodes from an earlier run; pass another "
+                "--out, or --overwrite to start over"
+            )
         device, dtype = resolve_device(config.device), resolve_dtype(config.dtype)
         model, tokenizer = load_model(config.model, device=device, dtype=dtype)
         context = getattr(model.config, "max_position_embeddings", None)
@@ -257,11 +250,6 @@ class Rollout:
                 )
         bar.close()
         return items, time.perf_counter() - start
-
-
-def run_rollout(config: RolloutConfig) -> Summary:
-    """Run ``config.episodes`` episodes, writing episodes, summary and plot to ``config.out``."""
-    return Rollout(config).run()
 
 
 def summarize(items: list[dict[str, Any]], seconds: float) -> Summary:

@@ -1,18 +1,11 @@
-"""Whole episodes across a vector env, one per sub-env: what a GRPO iteration trains on, and
-``evaluate``, the greedy success on held-out questions ``llm-gym train`` reports before and
-after.
+"""Whole episodes across a vector env, one per sub-env (what a GRPO iteration trains on), and
+``evaluate``, the greedy success on held-out questions before and after training.
 
-A single-turn episode takes one step; with tools an episode takes a varying number of turns.
-Each sub-env plays exactly one episode from the observation given; the policy generates only
-for sub-envs still playing, and a sub-env whose episode has ended gets the empty answer,
-which ends the throwaway episode its autoreset began at once (a multi-turn caller resets the
-vector env with a seed before the next batch, so the throwaway questions cost nothing and
-GRPO groups stay aligned; when every episode ends in one step there is none, and the
-returned observation continues the env's stream).
-
-An episode's conversation is its last observation's ``tokens`` (the final turn included) and
-``policy_mask`` marks the tokens the policy sampled: a trainer scores the conversation in one
-forward and takes its loss on those tokens only, never on tool output.
+Sub-envs whose episode has ended get the empty answer, which ends the throwaway episode their
+autoreset began at once (multi-turn callers reseed before the next batch; single-turn
+episodes all end in one step, so the returned observation continues the env's stream). An
+episode's conversation is its last observation's ``tokens``, and ``policy_mask`` marks the
+tokens the policy sampled: a trainer's loss never reads tool output.
 """
 
 from __future__ import annotations

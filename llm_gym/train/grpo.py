@@ -1,27 +1,19 @@
-"""GRPO through llm_gym, in one file: what ``llm-gym train`` runs.
-
-Each iteration is one loop, whatever the options (tools, KL, curriculum):
+"""GRPO through llm_gym, in one file: what ``llm-gym train`` runs. Each iteration, whatever the
+options (tools, KL, curriculum):
 
 1. The native vector env holds ``groups`` questions, each in ``group_size`` sub-envs side by
-   side (``repeats=G, group_repeats=True``). ``TransformersPolicy`` samples one response per
-   playing sub-env in one batch and returns the exact tokens (token-in/token-out); every
-   sub-env plays one whole episode (one turn, or with tools as many as it takes).
-2. The env scores them. With ``kl_coef > 0`` the KL wrappers charge ``coef · KL`` against a
-   frozen copy of the starting model, with a constant or adaptive coefficient.
+   side; the sampler generates one response per playing sub-env in one batch (exact tokens),
+   and every sub-env plays one whole episode (one turn, or with tools as many as it takes).
+2. The env scores them; with ``kl_coef > 0`` the KL wrappers charge ``coef · KL`` against a
+   frozen copy of the starting model (constant or adaptive coefficient).
 3. Advantages are group-relative: ``(r - mean_g) / (std_g + eps)``.
-4. The old log-probs are re-scored by the same forward that computes the new ones (not taken
-   from generation), so that ratio and KL compare like with like in any dtype: in bfloat16
-   the log-probs ``generate`` reports differ from a forward's by up to 0.2 nats per token.
-5. ``update_epochs`` optimizer steps on GRPO's clipped surrogate over each conversation's
-   policy tokens (never tool output), each accumulated over minibatches: per token,
-   averaged over each response, then over responses.
+4. The old log-probs come from the same forward as the new ones (not from generation: in
+   bfloat16 they differ by up to 0.2 nats per token), so ratio and KL compare like with like.
+5. ``update_epochs`` optimizer steps on the clipped surrogate over the policy's tokens (never
+   tool output), accumulated over minibatches.
 
-Single-turn episodes continue one stream: SAME_STEP autoreset hands back the next questions
-in the same ``step``, so no generation is wasted and an epoch of a dataset is seen exactly
-once. Tool episodes end after different numbers of turns, so each iteration reseeds the env
-to start every group on one question. A line of ``metrics.jsonl`` is written per iteration, a
-checkpoint every ``save_every``; greedy success on held-out questions is measured before and
-after.
+Single-turn episodes continue one stream (SAME_STEP autoreset: an epoch is seen exactly
+once); tool episodes end after different numbers of turns, so each iteration reseeds the env.
 """
 
 from __future__ import annotations
@@ -43,20 +35,26 @@ from llm_gym.run.config import RunConfig
 from llm_gym.run.plots import plot_curves
 from llm_gym.run.setup import charge_kl, make_sampler, resolve_device, resolve_dtype, task_envs
 from llm_gym.train.episodes import evaluate, play_episodes
-from llm_gym.train.records import (
-    CHECKPOINT_DIR,
-    METRICS_FILE,
-    PLOT_FILE,
-    PLOTTED,
-    load_trainer_state,
-    read_metrics,
-    save_checkpoint,
-)
 from llm_gym.wrappers import AdaptiveKLController
 
-__all__ = ["SUMMARY_FILE", "GRPOConfig", "GRPOTrainer", "group_advantages", "grpo_loss"]
+__all__ = [
+    "CHECKPOINT_DIR",
+    "METRICS_FILE",
+    "PLOT_FILE",
+    "SUMMARY_FILE",
+    "GRPOConfig",
+    "GRPOTrainer",
+    "group_advantages",
+    "grpo_loss",
+]
 
+# What a run leaves in its folder (the files --resume reads among them).
+METRICS_FILE = "metrics.jsonl"  # a line per iteration, flushed as it ends
+PLOT_FILE = "training.png"
 SUMMARY_FILE = "summary.json"
+CHECKPOINT_DIR = "checkpoint"  # model, tokenizer and TRAINER_STATE
+TRAINER_STATE = "trainer.pt"
+PLOTTED = ("reward", "success", "kl", "response_tokens", "level", "tokens_per_second")
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-4) -> torch.Tensor:
@@ -193,7 +191,10 @@ class GRPOTrainer:
         config, started = self.config, time.perf_counter()
         if self.before is None and config.eval_episodes:
             self.before = self.evaluate()
-        rows = read_metrics(self.out / METRICS_FILE, before=self.start)
+        metrics = self.out / METRICS_FILE
+        lines = metrics.read_text(encoding="utf-8").splitlines() if metrics.exists() else []
+        rows = [json.loads(line) for line in lines if line]
+        rows = [row for row in rows if row["iteration"] < self.start]  # earlier iterations
         bar = tqdm(
             total=config.iterations, initial=self.start, unit="it",
             disable=not config.progress, dynamic_ncols=True,
@@ -322,7 +323,9 @@ class GRPOTrainer:
     # -- checkpoints ------------------------------------------------------------------------
 
     def save(self, iteration: int) -> Path:
-        """Checkpoint after ``iteration`` iterations (what ``--resume`` continues from)."""
+        """Checkpoint after ``iteration`` iterations (what ``--resume`` continues from): the
+        model, the tokenizer and ``trainer.pt`` (optimizer, KL coefficient, level, RNG states),
+        replaced as a whole, so that a crash mid-save leaves the previous checkpoint."""
         state = {
             "iteration": iteration,
             "optimizer": self.optimizer.state_dict(),
@@ -332,7 +335,14 @@ class GRPOTrainer:
             "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
         }
-        return save_checkpoint(self.out, self.model, self.tokenizer, state)
+        final, partial = self.out / CHECKPOINT_DIR, self.out / (CHECKPOINT_DIR + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        self.model.save_pretrained(partial)
+        self.tokenizer.save_pretrained(partial)
+        torch.save(state, partial / TRAINER_STATE)
+        shutil.rmtree(final, ignore_errors=True)
+        partial.rename(final)
+        return final
 
     def _restore(self, state: dict[str, Any]) -> None:
         self.start, self.before = int(state["iteration"]), state["before"]
@@ -354,7 +364,13 @@ class GRPOTrainer:
         # Refuse to mix two runs in one folder; --resume continues one, --overwrite clears it.
         config, metrics = self.config, self.out / METRICS_FILE
         if config.resume:
-            return load_trainer_state(self.out)
+            path = self.out / CHECKPOINT_DIR / TRAINER_STATE
+            if not path.is_file():
+                raise FileNotFoundError(
+                    f"--resume needs a checkpoint of an earlier run in {self.out}, but {path} "
+                    "does not exist (checkpoints are written every --save-every iterations)"
+                )
+            return torch.load(path, map_location="cpu", weights_only=False)
         if metrics.exists() and not config.overwrite:
             raise FileExistsError(
                 f"{metrics} holds an earlier run; pass --resume to continue it, --overwrite to "
