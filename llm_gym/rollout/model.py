@@ -21,6 +21,7 @@ from llm_gym.lm import (
     forward_logits,
     gather_log_probs,
     generation_settings,
+    left_pad,
 )
 from llm_gym.rollout.checks import check_settings, check_tensor, read_batch
 from llm_gym.samplers import is_scorer, response_log_probs
@@ -164,12 +165,9 @@ class RolloutFromModel:
         input_ids, _, rindex = read_batch(batch, _device(self.model), self.label_baseline)
         batch_size, length = input_ids.shape
         # Left-pad the prompts: decoder-only models generate from the right edge.
-        width = int(rindex.max())
-        positions = torch.arange(width, device=input_ids.device)
-        shift = (width - rindex)[:, None]
-        left_mask = positions >= shift
-        source = (positions - shift).clamp(min=0)
-        prompts = torch.where(left_mask, input_ids.gather(1, source), self.pad_token_id)
+        rows = [row[:end] for row, end in zip(input_ids.tolist(), rindex.tolist(), strict=True)]
+        prompts, left_mask = left_pad(rows, self.pad_token_id, input_ids.device)
+        width = prompts.shape[1]
         out = self.model.generate(
             input_ids=prompts,
             attention_mask=left_mask.long(),

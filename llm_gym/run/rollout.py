@@ -26,7 +26,9 @@ from llm_gym.run.plots import plot_curves
 from llm_gym.run.setup import charge_kl, make_sampler, resolve_device, resolve_dtype, task_envs
 
 __all__ = [
+    "ARRAYS",
     "EPISODES_FILE",
+    "Episodes",
     "PLOT_FILE",
     "SUMMARY_FILE",
     "Rollout",
@@ -36,6 +38,7 @@ __all__ = [
     "summarize",
 ]
 
+ARRAYS = ("conversation_ids", "policy_mask", "token_kl")  # Episodes' record keys JSON skips
 EPISODES_FILE = "episodes.jsonl"
 PROCEDURAL_EPISODES = 64  # the default for tasks without a fixed size
 SUMMARY_FILE = "summary.json"
@@ -125,25 +128,39 @@ def _entry(info: dict[str, Any], i: int) -> dict[str, Any]:
     }
 
 
-class _Episodes:
-    """Per-env bookkeeping of running episodes, and the records of finished ones."""
+class Episodes:
+    """The running episode of every sub-env of a task's vector env (``task_envs``: tokens,
+    history and policy mask; SAME_STEP autoreset), and a record of each one that ends.
 
-    def __init__(self, num_envs: int, obs: dict[str, Any]) -> None:
+    A record is an ``episodes.jsonl`` line plus ``ARRAYS``: the whole conversation's token ids
+    (``conversation_ids``), the ``policy_mask`` over them and every step's per-token KL
+    (``token_kl``, None without a KL wrapper), which a trainer reads and JSON does not.
+    """
+
+    def __init__(self, envs: Any, obs: dict[str, Any]) -> None:
+        n = envs.num_envs
+        self.envs, self.obs = envs, obs
         self.prompts = [list(h) for h in obs["history"]]
-        self.responses: list[list[str]] = [[] for _ in range(num_envs)]
-        self.rewards = np.zeros(num_envs)
-        self.kl: list[list[np.ndarray]] = [[] for _ in range(num_envs)]
-        self.tokens = np.zeros(num_envs, dtype=np.int64)
+        self.responses: list[list[str]] = [[] for _ in range(n)]
+        self.rewards = np.zeros(n)
+        self.kl: list[list[np.ndarray]] = [[] for _ in range(n)]
+        self.tokens = np.zeros(n, dtype=np.int64)
 
-    def step(self, actions: list[Any], rewards: np.ndarray, info: dict[str, Any]) -> None:
+    def step(self, actions: list[Any]) -> list[dict[str, Any]]:
+        """Step every sub-env with its action (a ``Response``, or ``""`` for a sub-env left
+        out, whose episode it ends); the records of the episodes that ended. ``obs`` is then
+        the next observation."""
+        obs, rewards, terminated, truncated, info = self.envs.step(actions)
+        self.rewards += rewards
         for i, action in enumerate(actions):
-            self.responses[i].append(action.text)
-            self.tokens[i] += len(action.tokens)
+            self.responses[i].append(getattr(action, "text", action))
+            self.tokens[i] += len(getattr(action, "tokens", ()))
             if "kl" in info:
                 self.kl[i].append(info["kl"][i])
-        self.rewards += rewards
+        self.obs = obs
+        return [self._finish(i, info) for i in np.flatnonzero(terminated | truncated).tolist()]
 
-    def finish(self, i: int, info: dict[str, Any], next_obs: dict[str, Any]) -> dict[str, Any]:
+    def _finish(self, i: int, info: dict[str, Any]) -> dict[str, Any]:
         parts = _entry(info.get("final_info", {}), i)
         if "level" in info:  # the curriculum's level this episode was played at
             parts["level"] = _scalar(info["level"][i])
@@ -151,8 +168,9 @@ class _Episodes:
         # The task's own "reward" is kept as reward_task; "reward" is the episode's return,
         # KL penalty included.
         parts["reward_task"] = parts.pop("reward", None)
+        final = info["final_obs"][i]
         if "num_tool_calls" in parts:  # the whole conversation, tool messages included
-            parts["conversation"] = list(info["final_obs"][i]["history"])
+            parts["conversation"] = list(final["history"])
         record = {
             "env_index": i,
             "prompt": self.prompts[i],
@@ -163,8 +181,11 @@ class _Episodes:
             "num_tokens": int(self.tokens[i]),
             "kl_mean": None if kl is None or not len(kl) else float(kl.mean()),
             "kl_sum": None if kl is None else float(kl.sum()),
+            "conversation_ids": np.asarray(final["tokens"]),
+            "policy_mask": np.asarray(final["policy_mask"]).astype(np.bool_),
+            "token_kl": kl,
         }
-        self.prompts[i] = list(next_obs["history"][i])
+        self.prompts[i] = list(self.obs["history"][i])
         self.responses[i], self.kl[i] = [], []
         self.rewards[i], self.tokens[i] = 0.0, 0
         return record
@@ -223,22 +244,20 @@ class Rollout:
 
     def _collect(self) -> tuple[list[dict[str, Any]], float]:
         config, envs, items = self.config, self.envs, []
-        obs, _ = envs.reset(seed=config.seed)
-        running = _Episodes(config.num_envs, obs)
+        running = Episodes(envs, envs.reset(seed=config.seed)[0])
         bar = tqdm(
             total=config.episodes, unit="ep", disable=not config.progress, dynamic_ncols=True
         )
         start, generated, correct = time.perf_counter(), 0, 0
         with self.episodes_path.open("a", encoding="utf-8") as f:
             while len(items) < config.episodes:
-                actions = self.policy(obs)
+                actions = self.policy(running.obs)
                 generated += sum(len(a.tokens) for a in actions)
-                obs, rewards, terminated, truncated, info = envs.step(actions)
-                running.step(actions, rewards, info)
-                for i in np.flatnonzero(terminated | truncated).tolist():
+                for record in running.step(actions):
                     if len(items) == config.episodes:
                         break  # the last batch may finish more episodes than were asked for
-                    record = {"episode": len(items), **running.finish(i, info, obs)}
+                    kept = {key: value for key, value in record.items() if key not in ARRAYS}
+                    record = {"episode": len(items), **kept}
                     f.write(json.dumps(record, ensure_ascii=False) + "\n")
                     f.flush()  # a line per finished episode, readable after Ctrl-C
                     items.append(record)

@@ -33,6 +33,7 @@ from llm_gym.checks import check_int, check_number
 from llm_gym.models import load_model
 from llm_gym.run.config import RunConfig
 from llm_gym.run.plots import plot_curves
+from llm_gym.run.rollout import summarize
 from llm_gym.run.setup import charge_kl, make_sampler, resolve_device, resolve_dtype, task_envs
 from llm_gym.train.episodes import evaluate, play_episodes
 from llm_gym.wrappers import AdaptiveKLController
@@ -238,28 +239,29 @@ class GRPOTrainer:
                 f"train needs a single-turn task (every response ends its episode); {config.env} "
                 "went on: leave max_turns at 1"
             )
-        rewards = torch.as_tensor(batch.returns, dtype=torch.float32, device=self.device)
+        records, kl = batch.records, config.kl_coef > 0
+        summary = summarize(records, batch.seconds)
+        rewards = torch.tensor([r["reward"] for r in records], device=self.device)
+        masks = [record["policy_mask"] for record in records]
         loss = self._optimize(
-            batch.tokens, batch.masks, group_advantages(rewards, config.group_size)
-        )
-        infos, kl = batch.infos, config.kl_coef > 0
+            [record["conversation_ids"] for record in records], masks,
+            group_advantages(rewards, config.group_size),
+        )  # fmt: skip
         row = {
             "iteration": iteration,
-            "reward": float(batch.returns.mean()),
-            "task_reward": float(np.mean([info.get("reward", 0.0) for info in infos])),
-            "success": float(np.mean([bool(info.get("success")) for info in infos])),
-            "kl": float(np.mean(np.concatenate(batch.kl))) if kl else None,
+            "reward": summary.mean_reward,
+            "task_reward": float(np.mean([record["reward_task"] or 0.0 for record in records])),
+            "success": summary.accuracy,
+            "kl": float(np.mean(np.concatenate([r["token_kl"] for r in records]))) if kl else None,
             "kl_coef": float(self.envs.coef) if kl else None,
             "loss": loss,
-            "response_tokens": float(np.mean([mask.sum() for mask in batch.masks])),
+            "response_tokens": float(np.mean([mask.sum() for mask in masks])),
             "level": getattr(self.envs.unwrapped, "level", None),
-            "tokens_per_second": batch.generated / max(batch.seconds, 1e-9),
+            "tokens_per_second": summary.tokens_per_second,
         }
         if config.tools:
-            calls = [info.get("num_tool_calls", 0) for info in infos]
-            failed = sum(info.get("failed_tool_calls", 0) for info in infos)
-            row["tool_calls_per_episode"] = float(np.mean(calls))
-            row["failed_tool_share"] = failed / sum(calls) if sum(calls) else None
+            row["tool_calls_per_episode"] = summary.tool_calls_per_episode
+            row["failed_tool_share"] = summary.failed_tool_share
         if kl:
             self.envs.update_kl_coef()
         row["seconds"] = time.perf_counter() - start
@@ -314,10 +316,8 @@ class GRPOTrainer:
         replaces the greedy policy of the model)."""
         config = self.config
         return evaluate(
-            self.model, self.tokenizer, config.env,
-            episodes=config.eval_episodes, seed=config.eval_seed,
-            max_new_tokens=config.max_new_tokens, env_args=config.env_args, policy=policy,
-            answer_format=config.answer_format, **config.tool_options(),
+            self.model, self.tokenizer, config,
+            episodes=config.eval_episodes, seed=config.eval_seed, policy=policy,
         )  # fmt: skip
 
     # -- checkpoints ------------------------------------------------------------------------
