@@ -1,10 +1,5 @@
-"""``RolloutFromModel``: token-level RLHF rollouts of a causal LM, TorchRL's recipe in plain torch.
-
-Each generated token is one step of an episode, as if an env had sampled one token at a time:
-the KL penalty ``-kl_coef * (log p - log q)`` is paid on every token and the reward model's
-(clipped) score is paid on the last one. The result is a dict of tensors with TorchRL's keys
-and shapes, nested like its TensorDict (``out["next"]["reward"]``), ready for GAE and PPO.
-"""
+"""``RolloutFromModel``: token-level RLHF rollouts of a causal LM, TorchRL's recipe in plain torch:
+each generated token is one step of an episode, ready for GAE and PPO."""
 
 from __future__ import annotations
 

@@ -2,16 +2,14 @@
 ``evaluate``, the greedy success on held-out questions before and after training.
 
 Sub-envs whose episode has ended get the empty answer, which ends the throwaway episode their
-autoreset began at once (multi-turn callers reseed before the next batch; single-turn
-episodes all end in one step, so the returned observation continues the env's stream). An
-episode's conversation is its last observation's ``tokens``, and ``policy_mask`` marks the
-tokens the policy sampled: a trainer's loss never reads tool output.
+autoreset began at once: multi-turn callers reseed before the next batch, and single-turn
+episodes all end in one step, so the returned observation continues the env's stream.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -22,27 +20,25 @@ from llm_gym.run.config import RunConfig
 from llm_gym.run.rollout import Episodes, summarize
 from llm_gym.run.setup import task_envs
 
-__all__ = ["EpisodeBatch", "evaluate", "play_episodes"]
-
-
-@dataclass
-class EpisodeBatch:
-    """One finished episode per sub-env: their records (``llm_gym.run.rollout.Episodes``),
-    the seconds spent generating, and the policy calls (1: every episode ended in one step)."""
-
-    records: list[dict[str, Any]]
-    seconds: float
-    turns: int
+__all__ = ["evaluate", "play_episodes"]
 
 
 @torch.no_grad()
-def play_episodes(envs: Any, policy: Any, obs: dict[str, Any]) -> tuple[EpisodeBatch, dict]:
-    """Play one episode in every sub-env of ``envs`` (``task_envs``) from ``obs``; the
-    episodes and the last obs."""
+def play_episodes(
+    envs: Any, policy: Any, obs: dict[str, Any], *, tools: bool
+) -> tuple[list[dict[str, Any]], float, dict[str, Any]]:
+    """Play one episode in every sub-env of ``envs`` (``task_envs``) from ``obs``: their
+    records (``llm_gym.run.rollout.Episodes``), the seconds spent generating and the last
+    observation. Without ``tools`` every response must end its episode."""
     running = Episodes(envs, obs)
     records: list[Any] = [None] * envs.num_envs
     seconds, turns = 0.0, 0
     while None in records:
+        if turns and not tools:
+            raise ValueError(
+                "the task went on after a response: without tools, leave max_turns at 1 "
+                "(every response ends its episode)"
+            )
         active = [i for i, record in enumerate(records) if record is None]
         start = time.perf_counter()
         responses = policy({"tokens": tuple(running.obs["tokens"][i] for i in active)})
@@ -54,7 +50,7 @@ def play_episodes(envs: Any, policy: Any, obs: dict[str, Any]) -> tuple[EpisodeB
         for record in running.step(actions):
             if record["env_index"] in active:  # not the throwaway episode of a finished one
                 records[record["env_index"]] = record
-    return EpisodeBatch(records, seconds, turns), running.obs
+    return records, seconds, running.obs
 
 
 @torch.no_grad()
@@ -78,7 +74,7 @@ def evaluate(
     episodes are played in rounds of one whole episode per sub-env, round ``r`` from the
     order of ``seed + r``, so the questions do not depend on how many turns the model took.
     """
-    tools, env_id = bool(config.tools), config.env
+    tools = bool(config.tools)
     envs = task_envs(replace(config, curriculum=0), tokenizer, min(num_envs, episodes))
     if policy is None:
         kwargs = {"max_new_tokens": config.max_new_tokens, "do_sample": False}
@@ -89,10 +85,8 @@ def evaluate(
         while len(records) < episodes:
             if tools and records:
                 obs, _ = envs.reset(seed=seed + len(records) // envs.num_envs)
-            batch, obs = play_episodes(envs, policy, obs)
-            if batch.turns > 1 and not tools:
-                raise ValueError(f"evaluate needs a single-turn task; {env_id} went on")
-            records += batch.records[: episodes - len(records)]
+            played, _, obs = play_episodes(envs, policy, obs, tools=tools)
+            records += played[: episodes - len(records)]
     finally:
         envs.close()
     summary = summarize(records, seconds=0.0)

@@ -1,19 +1,11 @@
-"""GRPO through llm_gym, in one file: what ``llm-gym train`` runs. Each iteration, whatever the
-options (tools, KL, curriculum):
+"""GRPO through llm_gym, in one file: what ``llm-gym train`` runs (README, "Training").
 
-1. The native vector env holds ``groups`` questions, each in ``group_size`` sub-envs side by
-   side; the sampler generates one response per playing sub-env in one batch (exact tokens),
-   and every sub-env plays one whole episode (one turn, or with tools as many as it takes).
-2. The env scores them; with ``kl_coef > 0`` the KL wrappers charge ``coef · KL`` against a
-   frozen copy of the starting model (constant or adaptive coefficient).
-3. Advantages are group-relative: ``(r - mean_g) / (std_g + eps)``.
-4. The old log-probs come from the same forward as the new ones (not from generation: in
-   bfloat16 they differ by up to 0.2 nats per token), so ratio and KL compare like with like.
-5. ``update_epochs`` optimizer steps on the clipped surrogate over the policy's tokens (never
-   tool output), accumulated over minibatches.
-
-Single-turn episodes continue one stream (SAME_STEP autoreset: an epoch is seen exactly
-once); tool episodes end after different numbers of turns, so each iteration reseeds the env.
+Each iteration, whatever the options (tools, KL, curriculum): every sub-env of the native
+vector env (``groups`` questions, ``group_size`` sub-envs each) plays one whole episode; the
+env scores it, the KL wrappers charging ``coef · KL`` against the starting model when
+``kl_coef > 0``; advantages are group-relative; ``update_epochs`` optimizer steps on the
+clipped surrogate over the policy's tokens (never tool output), the old log-probs re-scored
+by the same forward as the new ones, so that ratio and KL compare like with like in any dtype.
 """
 
 from __future__ import annotations
@@ -233,14 +225,9 @@ class GRPOTrainer:
         config, start = self.config, time.perf_counter()
         if config.tools:  # a fresh seed restarts each group on one question
             obs, _ = self.envs.reset(seed=config.seed + 1 + iteration)
-        batch, next_obs = play_episodes(self.envs, self.sampler, obs)
-        if batch.turns > 1 and not config.tools:
-            raise ValueError(
-                f"train needs a single-turn task (every response ends its episode); {config.env} "
-                "went on: leave max_turns at 1"
-            )
-        records, kl = batch.records, config.kl_coef > 0
-        summary = summarize(records, batch.seconds)
+        tools, kl = bool(config.tools), config.kl_coef > 0
+        records, seconds, next_obs = play_episodes(self.envs, self.sampler, obs, tools=tools)
+        summary = summarize(records, seconds)
         rewards = torch.tensor([r["reward"] for r in records], device=self.device)
         masks = [record["policy_mask"] for record in records]
         loss = self._optimize(
