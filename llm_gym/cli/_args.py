@@ -15,6 +15,7 @@ import gymnasium as gym
 from llm_gym.rewards.answers import ANSWER_FORMATS
 from llm_gym.run.config import DTYPE_NAMES
 from llm_gym.tools.calls import CALL_FORMATS
+from llm_gym.wrappers.estimators import ESTIMATORS
 
 EXIT_USAGE = 2
 BUILTIN_TOOLS = ("python",)
@@ -77,9 +78,9 @@ def check_task_env(env_id: str, command: str) -> None:
         )
 
 
-def add_task_options(add: Callable[..., Any], defaults: Any) -> None:
-    """The options ``rollout`` and ``train`` share: task, model, sampling, tools, device, run
-    folder."""
+def add_run_options(add: Callable[..., Any], defaults: Any) -> None:
+    """The options of ``RunConfig``, which ``rollout`` and ``train`` share: task, model,
+    sampling, tools, KL penalty, device, run folder."""
     add("--env", default=defaults.env, help="registered env id (default: %(default)s, "
         "procedural and offline; LLMChat-GSM8K-v0 for GSM8K)")  # fmt: skip
     add("--env-arg", action="append", default=[], type=env_arg, metavar="KEY=VALUE",
@@ -95,6 +96,9 @@ def add_task_options(add: Callable[..., Any], defaults: Any) -> None:
     add("--max-new-tokens", type=number(int, 1), default=defaults.max_new_tokens)
     add("--temperature", type=number(float, 0.0), default=defaults.temperature,
         help="sampling temperature (default: %(default)s)")  # fmt: skip
+    add("--kl-coef", type=number(float, 0.0), default=defaults.kl_coef,
+        help="the KL penalty's coefficient (default: %(default)s; 0: none)")  # fmt: skip
+    add("--estimator", choices=sorted(ESTIMATORS), default=defaults.estimator)
     add("--device", default=defaults.device,
         help="'auto' (CUDA when there is a GPU), 'cpu', 'cuda' or 'cuda:N'")  # fmt: skip
     add("--dtype", choices=DTYPE_NAMES, default=defaults.dtype,

@@ -1,29 +1,13 @@
 """Train with TRL's ``GRPOTrainer`` on any llm_gym env: a ``rollout_func`` and its reward.
 
-``make_rollout_func(env_id, **env_kwargs)`` returns what ``GRPOTrainer(rollout_func=...)``
-calls with each batch of prompts. It plays one episode per prompt with the trainer's model
-(multi-turn included), token-in/token-out, and returns ``prompt_ids``, ``completion_ids``
-and ``logprobs`` with the env's return as the extra field ``env_reward``, which
-``env_reward_func`` hands to the trainer as a reward. For episodes of several turns it also
-returns ``env_mask`` (TRL's name for the mask of the tokens the model produced: 1 for the
-policy's, 0 for those the env inserted between turns: the env's ``policy_mask``
-observation), so that TRL never trains on them.
-
-Task envs (GSM8K, Countdown, reasoning-gym, MATH) draw their own questions: the trainer's
-dataset only paces the run (its prompts are placeholders, e.g. ``["solve"] * 1000``), and
-each group of ``num_generations`` consecutive prompts gets one question of the env's stream,
-exactly once per epoch. ``LLMChat-v0`` takes each prompt (a string, or the last user message
-of a conversation) as its query, for one turn unless ``max_turns`` says otherwise.
-
-    from trl import GRPOConfig, GRPOTrainer
-    from llm_gym.integrations.trl import env_reward_func, make_rollout_func
-
-    trainer = GRPOTrainer(
-        model=model, processing_class=tokenizer, args=GRPOConfig(...),
-        train_dataset=Dataset.from_dict({"prompt": ["solve"] * 1000}),
-        reward_funcs=[env_reward_func],
-        rollout_func=make_rollout_func("LLMChat-Countdown-v0", level=0),
-    )
+``make_rollout_func(env_id, **env_kwargs)`` plays one episode per prompt with the trainer's
+model, token-in/token-out, and returns ``prompt_ids``, ``completion_ids``, ``logprobs``, the
+env's return as ``env_reward`` (``env_reward_func`` hands it to the trainer) and, for episodes
+of several turns, ``env_mask`` (the env's ``policy_mask``: 0 on the tokens the env inserted
+between turns). Task envs draw their own questions: the trainer's prompts only pace the run,
+and each group of ``num_generations`` consecutive prompts gets one question of the env's
+stream. ``LLMChat-v0`` takes each prompt (or its last user message) as its query. README,
+"TRL's GRPOTrainer on any llm_gym env", has the example.
 """
 
 from __future__ import annotations
@@ -53,8 +37,6 @@ def env_reward_func(completions: Sequence[Any], env_reward: Sequence[float], **_
 def make_rollout_func(env_id: str, *, seed: int = 0, **env_kwargs: Any) -> EnvRollout:
     """A ``rollout_func`` for ``GRPOTrainer`` that plays ``env_id`` (made with
     ``env_kwargs``; the first batch's questions come from ``seed``)."""
-    if gym.spec(env_id).vector_entry_point is None:  # (an unknown id fails here)
-        env_kwargs.setdefault("max_turns", 1)  # a plain chat: one reply per prompt
     return EnvRollout(env_id, seed=seed, **env_kwargs)
 
 
@@ -62,13 +44,16 @@ class EnvRollout:
     """Plays one episode per prompt, all prompts' turns generated in one batch per turn."""
 
     def __init__(self, env_id: str, *, seed: int = 0, **env_kwargs: Any) -> None:
+        self.is_task = gym.spec(env_id).vector_entry_point is not None  # unknown ids fail here
+        if not self.is_task:
+            env_kwargs.setdefault("max_turns", 1)  # a plain chat: one reply per prompt
         self.env_id, self.seed, self.env_kwargs = env_id, seed, env_kwargs
-        self.is_task = gym.spec(env_id).vector_entry_point is not None
         self._envs: list[gym.Env] = []
         self._key: tuple[int, int, int] | None = None
         self._fresh = True  # the next reset starts the stream of `seed`
 
     def __call__(self, prompts: Sequence[Any], trainer: Any) -> dict[str, list]:
+        """One episode per prompt with ``trainer``'s model: what TRL's ``rollout_func`` returns."""
         model = trainer.accelerator.unwrap_model(trainer.model)
         tokenizer = trainer.processing_class
         group = trainer.num_generations if model.training else trainer.num_generations_eval

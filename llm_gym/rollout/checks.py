@@ -11,6 +11,7 @@ import torch
 
 from llm_gym.checks import check_bool, check_int, check_number
 from llm_gym.samplers import is_scorer
+from llm_gym.wrappers.controllers import KLController
 
 __all__ = ["check_settings", "check_tensor", "read_batch"]
 
@@ -51,12 +52,10 @@ def check_settings(
         raise ValueError(f"score_clip must be a number > 0 (inf: no clip), got {score_clip!r}")
     if kl_coef is not None:
         check_number("kl_coef", kl_coef, 0)
-    if kl_scheduler is not None and not (
-        callable(getattr(kl_scheduler, "update", None)) and hasattr(kl_scheduler, "coef")
-    ):
+    if kl_scheduler is not None and not isinstance(kl_scheduler, KLController):
         raise TypeError(
-            "kl_scheduler must be a KL controller with .coef and .update(kl_values) (see "
-            f"llm_gym.wrappers.controllers), got {type(kl_scheduler).__name__}"
+            "kl_scheduler must be a KL controller (llm_gym.wrappers.controllers), got "
+            f"{type(kl_scheduler).__name__}"
         )
     if kl_scheduler is None:
         kl_coef = 0.1 if kl_coef is None else kl_coef

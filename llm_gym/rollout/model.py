@@ -1,10 +1,5 @@
-"""``RolloutFromModel``: token-level RLHF rollouts of a causal LM, TorchRL's recipe in plain torch.
-
-Each generated token is one step of an episode, as if an env had sampled one token at a time:
-the KL penalty ``-kl_coef * (log p - log q)`` is paid on every token and the reward model's
-(clipped) score is paid on the last one. The result is a dict of tensors with TorchRL's keys
-and shapes, nested like its TensorDict (``out["next"]["reward"]``), ready for GAE and PPO.
-"""
+"""``RolloutFromModel``: token-level RLHF rollouts of a causal LM, TorchRL's recipe in plain torch:
+each generated token is one step of an episode, ready for GAE and PPO."""
 
 from __future__ import annotations
 
@@ -21,6 +16,7 @@ from llm_gym.lm import (
     forward_logits,
     gather_log_probs,
     generation_settings,
+    left_pad,
 )
 from llm_gym.rollout.checks import check_settings, check_tensor, read_batch
 from llm_gym.samplers import is_scorer, response_log_probs
@@ -29,53 +25,48 @@ __all__ = ["RolloutFromModel"]
 
 
 class RolloutFromModel:
-    """Token-level rollouts of a causal LM against a reward model and a reference model.
+    """Token-level rollouts of a causal LM against a reward model and a reference model:
+    TorchRL's ``RolloutFromModel`` without TensorDict.
 
-    The Gymnasium-side port of TorchRL's ``RolloutFromModel``, without TensorDict. ``batch``
-    is a dict (or any object with these attributes, like TorchRL's ``PromptData``) holding
-    ``input_ids`` ``(B, L)``, right-padded; ``prompt_rindex`` ``(B,)``, the number of prompt
-    tokens at the start of each row (generation continues from ``input_ids[i, :rindex]``;
-    whatever follows, e.g. a reference completion, is not shown to the model); and
-    ``attention_mask`` ``(B, L)``, needed for the label baseline.
-
-    ``rollout(batch)`` returns, with ``M = max_new_tokens`` and ``W = L + M`` (the seeds' shapes):
+    ``batch`` is a dict (or an object with these attributes, like TorchRL's ``PromptData``):
+    ``input_ids`` ``(B, L)``, right-padded; ``prompt_rindex`` ``(B,)``, the prompt length of
+    each row (generation continues from ``input_ids[i, :rindex]``; what follows, e.g. a
+    reference completion, is not shown to the model); ``attention_mask`` ``(B, L)``, needed
+    for the label baseline. With ``M = max_new_tokens`` and ``W = L + M``, the rollout holds:
 
     - ``action`` ``(B, M)`` int64: the generated tokens, ``pad_token_id`` after a row ended;
-    - ``input_ids`` / ``attention_mask`` ``(B, M, W)`` int64 / bool: the prompt plus the first
-      ``t`` generated tokens at step ``t``, right-padded;
-    - ``sample_log_prob`` ``(B, M, 1)`` float32: log π(action) from the model's raw logits;
+    - ``input_ids`` / ``attention_mask`` ``(B, M, W)``: the prompt plus the first ``t``
+      generated tokens at step ``t``, right-padded;
+    - ``sample_log_prob`` ``(B, M, 1)`` float32: log π(action) under the raw logits;
     - ``mask`` ``(B, M)`` bool: the real steps (up to and including each row's last token);
     - ``next``: ``input_ids`` / ``attention_mask`` (the state after the step), ``done``,
-      ``terminated`` ``(B, M, 1)`` bool, and ``reward``, ``reward_raw``, ``reward_kl``
-      ``(B, M, 1)`` float32 with ``reward = reward_raw + reward_kl``.
+      ``terminated`` ``(B, M, 1)`` bool, and ``reward = reward_raw + reward_kl``, ``(B, M, 1)``.
 
-    A row ends at its first EOS (``terminated``) or after ``M`` tokens (truncated): ``done`` is
-    True once, on that last token, where ``reward_raw`` holds the clipped score. Steps after it
-    are padding: zero reward, zero log-prob, ``mask`` False. EOS and pad ids come from
+    A row ends at its first EOS (``terminated``) or after ``M`` tokens: ``done`` is True on
+    that last token, where ``reward_raw`` holds the clipped score; later steps are padding
+    (zero reward and log-prob, ``mask`` False). EOS and pad ids come from
     ``generate_kwargs``, then ``model.generation_config``, then ``tokenizer``.
 
     Args:
         model: a transformers causal LM that generates the responses.
-        ref_model: the frozen reference: a causal LM (called like ``model``), or a log-prob
-            policy reading token ids (``TransformersPolicy(..., generate=False,
-            input_mode="tokens")`` or ``llm_gym.distributed.RayLogProbModel``).
-        reward_model: called as ``reward_model(input_ids=, attention_mask=)`` on right-padded
-            ``(B, W)`` sequences; returns one score per row: a ``(B,)`` or ``(B, 1)`` tensor,
-            an output with ``.logits`` (a sequence classifier), or TorchRL's
-            ``(rewards, end_scores)`` tuple (the last item is used).
-        kl_coef: the KL coefficient; defaults to ``kl_scheduler.coef`` when a scheduler is
-            given, else 0.1 (TorchRL's default).
+        ref_model: the frozen reference: a causal LM, or a log-prob policy reading token ids
+            (``TransformersPolicy(..., generate=False, input_mode="tokens")``, a
+            ``RayLogProbModel``).
+        reward_model: called as ``reward_model(input_ids=, attention_mask=)`` on ``(B, W)``
+            sequences; returns one score per row: a ``(B,)`` or ``(B, 1)`` tensor, an output
+            with ``.logits``, or TorchRL's ``(rewards, end_scores)`` (the last item is used).
+        kl_coef: defaults to ``kl_scheduler.coef`` given a scheduler, else 0.1 (TorchRL's).
         max_new_tokens: ``M``, the episode length.
         score_clip: scores are clipped to ``[-score_clip, score_clip]``.
-        kl_scheduler: a controller from ``llm_gym.wrappers.controllers``; ``step_scheduler()``
-            feeds it the mean KL reward of each rollout since the last call.
+        kl_scheduler: a controller of ``llm_gym.wrappers.controllers``, fed by
+            ``step_scheduler()``.
         num_steps: keep only the last ``num_steps`` KL values for the scheduler.
-        tokenizer: where EOS/pad ids come from when the model's generation config has none.
+        tokenizer: where EOS/pad ids come from when the generation config has none.
         label_baseline: subtract the score of the batch's own ``input_ids`` (prompt plus
-            reference completion, as in TorchRL's ``PromptData``) before clipping, as TorchRL
-            does. Set False for prompt-only batches to use the raw score.
-        generate_kwargs: ``GenerationConfig`` settings for ``model.generate`` (default
-            ``do_sample=True``); the length comes from ``max_new_tokens``.
+            reference completion) before clipping, as TorchRL does; False for prompt-only
+            batches.
+        generate_kwargs: ``GenerationConfig`` settings (default ``do_sample=True``); the
+            length is ``max_new_tokens``.
 
     >>> from llm_gym.models import tiny_model
     >>> model = tiny_model(vocab_size=32)
@@ -169,12 +160,9 @@ class RolloutFromModel:
         input_ids, _, rindex = read_batch(batch, _device(self.model), self.label_baseline)
         batch_size, length = input_ids.shape
         # Left-pad the prompts: decoder-only models generate from the right edge.
-        width = int(rindex.max())
-        positions = torch.arange(width, device=input_ids.device)
-        shift = (width - rindex)[:, None]
-        left_mask = positions >= shift
-        source = (positions - shift).clamp(min=0)
-        prompts = torch.where(left_mask, input_ids.gather(1, source), self.pad_token_id)
+        rows = [row[:end] for row, end in zip(input_ids.tolist(), rindex.tolist(), strict=True)]
+        prompts, left_mask = left_pad(rows, self.pad_token_id, input_ids.device)
+        width = prompts.shape[1]
         out = self.model.generate(
             input_ids=prompts,
             attention_mask=left_mask.long(),
@@ -229,9 +217,7 @@ class RolloutFromModel:
         log_ratio = check_tensor(m, "log_ratio", log_ratio, (batch_size, m))
         device = generated.device
         steps = torch.arange(m, device=device)
-        action = generated.gather(1, rindex[:, None] + steps)
-        lengths = first_eos_lengths(action, self.eos_token_ids)
-        valid = steps < lengths[:, None]
+        action, lengths, valid = self._actions(generated, rindex)
         last = action.gather(1, (lengths - 1)[:, None]).squeeze(1)
         eos = torch.tensor(self.eos_token_ids, dtype=torch.long, device=device)
         ended_with_eos = torch.isin(last, eos)
@@ -281,14 +267,20 @@ class RolloutFromModel:
 
     # -- helpers -------------------------------------------------------------------------
 
+    def _actions(
+        self, generated: torch.Tensor, rindex: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The ``M`` tokens after each prompt, each row's length (to its first EOS) and which
+        of the tokens are real."""
+        steps = torch.arange(self.max_new_tokens, device=generated.device)
+        action = generated.gather(1, rindex[:, None] + steps)
+        lengths = first_eos_lengths(action, self.eos_token_ids)
+        return action, lengths, steps < lengths[:, None]
+
     def _log_ratio(self, generated: torch.Tensor, rindex: torch.Tensor) -> torch.Tensor:
         """``log p - log q`` of each generated token (0 after the response), ``(B, M)``."""
         m = self.max_new_tokens
-        steps = torch.arange(m, device=generated.device)
-        lengths = first_eos_lengths(
-            generated.gather(1, rindex[:, None] + steps), self.eos_token_ids
-        )
-        real = steps < lengths[:, None]
+        _, lengths, real = self._actions(generated, rindex)
         log_p = _lm_log_probs(self.model, generated, rindex, lengths, m)
         if is_scorer(self.ref_model):
             log_q = self._policy_log_probs(generated, rindex, lengths)

@@ -1,11 +1,7 @@
-"""The run configuration ``llm-gym rollout`` and ``llm-gym train`` share: which model runs
-on which task, with which tools, KL penalty, device, dtype, seed and run folder.
-
-``RolloutConfig`` (``llm_gym.run``) and ``GRPOConfig`` (``llm_gym.train``) are a
-``RunConfig`` plus their own fields, each with its command's defaults, so that every
-function of a run (the task's envs, the sampler, the KL penalty) takes either, and both are
-written with flat keywords: ``GRPOConfig(model="default", iterations=20)``. This module
-imports nothing heavy.
+"""The run configuration ``llm-gym rollout`` and ``llm-gym train`` share. ``RolloutConfig``
+and ``GRPOConfig`` extend it with their own fields and defaults, so every function of a run
+takes either, written with flat keywords: ``GRPOConfig(model="default", iterations=20)``.
+This module imports nothing heavy.
 
 >>> RunConfig(max_new_tokens=0)
 Traceback (most recent call last):

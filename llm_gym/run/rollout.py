@@ -26,18 +26,19 @@ from llm_gym.run.plots import plot_curves
 from llm_gym.run.setup import charge_kl, make_sampler, resolve_device, resolve_dtype, task_envs
 
 __all__ = [
+    "ARRAYS",
     "EPISODES_FILE",
+    "Episodes",
     "PLOT_FILE",
     "SUMMARY_FILE",
     "Rollout",
     "RolloutConfig",
     "Summary",
-    "check_out",
     "prepare_out",
-    "run_rollout",
     "summarize",
 ]
 
+ARRAYS = ("conversation_ids", "policy_mask", "token_kl")  # Episodes' record keys JSON skips
 EPISODES_FILE = "episodes.jsonl"
 PROCEDURAL_EPISODES = 64  # the default for tasks without a fixed size
 SUMMARY_FILE = "summary.json"
@@ -102,18 +103,6 @@ class Summary:
         return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 
 
-def check_out(out: Path, overwrite: bool) -> None:
-    """Refuse to mix two runs' episodes in one file."""
-    episodes = out / EPISODES_FILE
-    if episodes.exists() and not overwrite:
-        with episodes.open(encoding="utf-8") as f:
-            done = sum(1 for line in f if line.strip())
-        raise FileExistsError(
-            f"{episodes} already holds {done} episodes from an earlier run; pass another --out, "
-            "or --overwrite to start over"
-        )
-
-
 def prepare_out(out: Path) -> Path:
     """Create the run folder with an empty episodes file and no earlier run's summary or plot
     (an interrupted run must not leave another run's summary beside its episodes)."""
@@ -139,25 +128,39 @@ def _entry(info: dict[str, Any], i: int) -> dict[str, Any]:
     }
 
 
-class _Episodes:
-    """Per-env bookkeeping of running episodes, and the records of finished ones."""
+class Episodes:
+    """The running episode of every sub-env of a task's vector env (``task_envs``: tokens,
+    history and policy mask; SAME_STEP autoreset), and a record of each one that ends.
 
-    def __init__(self, num_envs: int, obs: dict[str, Any]) -> None:
+    A record is an ``episodes.jsonl`` line plus ``ARRAYS``: the whole conversation's token ids
+    (``conversation_ids``), the ``policy_mask`` over them and every step's per-token KL
+    (``token_kl``, None without a KL wrapper), which a trainer reads and JSON does not.
+    """
+
+    def __init__(self, envs: Any, obs: dict[str, Any]) -> None:
+        n = envs.num_envs
+        self.envs, self.obs = envs, obs
         self.prompts = [list(h) for h in obs["history"]]
-        self.responses: list[list[str]] = [[] for _ in range(num_envs)]
-        self.rewards = np.zeros(num_envs)
-        self.kl: list[list[np.ndarray]] = [[] for _ in range(num_envs)]
-        self.tokens = np.zeros(num_envs, dtype=np.int64)
+        self.responses: list[list[str]] = [[] for _ in range(n)]
+        self.rewards = np.zeros(n)
+        self.kl: list[list[np.ndarray]] = [[] for _ in range(n)]
+        self.tokens = np.zeros(n, dtype=np.int64)
 
-    def step(self, actions: list[Any], rewards: np.ndarray, info: dict[str, Any]) -> None:
+    def step(self, actions: list[Any]) -> list[dict[str, Any]]:
+        """Step every sub-env with its action (a ``Response``, or ``""`` for a sub-env left
+        out, whose episode it ends); the records of the episodes that ended. ``obs`` is then
+        the next observation."""
+        obs, rewards, terminated, truncated, info = self.envs.step(actions)
+        self.rewards += rewards
         for i, action in enumerate(actions):
-            self.responses[i].append(action.text)
-            self.tokens[i] += len(action.tokens)
+            self.responses[i].append(getattr(action, "text", action))
+            self.tokens[i] += len(getattr(action, "tokens", ()))
             if "kl" in info:
                 self.kl[i].append(info["kl"][i])
-        self.rewards += rewards
+        self.obs = obs
+        return [self._finish(i, info) for i in np.flatnonzero(terminated | truncated).tolist()]
 
-    def finish(self, i: int, info: dict[str, Any], next_obs: dict[str, Any]) -> dict[str, Any]:
+    def _finish(self, i: int, info: dict[str, Any]) -> dict[str, Any]:
         parts = _entry(info.get("final_info", {}), i)
         if "level" in info:  # the curriculum's level this episode was played at
             parts["level"] = _scalar(info["level"][i])
@@ -165,8 +168,9 @@ class _Episodes:
         # The task's own "reward" is kept as reward_task; "reward" is the episode's return,
         # KL penalty included.
         parts["reward_task"] = parts.pop("reward", None)
+        final = info["final_obs"][i]
         if "num_tool_calls" in parts:  # the whole conversation, tool messages included
-            parts["conversation"] = list(info["final_obs"][i]["history"])
+            parts["conversation"] = list(final["history"])
         record = {
             "env_index": i,
             "prompt": self.prompts[i],
@@ -177,8 +181,11 @@ class _Episodes:
             "num_tokens": int(self.tokens[i]),
             "kl_mean": None if kl is None or not len(kl) else float(kl.mean()),
             "kl_sum": None if kl is None else float(kl.sum()),
+            "conversation_ids": np.asarray(final["tokens"]),
+            "policy_mask": np.asarray(final["policy_mask"]).astype(np.bool_),
+            "token_kl": kl,
         }
-        self.prompts[i] = list(next_obs["history"][i])
+        self.prompts[i] = list(self.obs["history"][i])
         self.responses[i], self.kl[i] = [], []
         self.rewards[i], self.tokens[i] = 0.0, 0
         return record
@@ -194,7 +201,14 @@ class Rollout:
     def __init__(self, config: RolloutConfig) -> None:
         self.config = config
         self.out = Path(config.out)
-        check_out(self.out, config.overwrite)
+        episodes = self.out / EPISODES_FILE  # two runs' episodes never mix in one file
+        if episodes.exists() and not config.overwrite:
+            with episodes.open(encoding="utf-8") as f:
+                done = sum(1 for line in f if line.strip())
+            raise FileExistsError(
+                f"{episodes} already holds {done} episodes from an earlier run; pass another "
+                "--out, or --overwrite to start over"
+            )
         device, dtype = resolve_device(config.device), resolve_dtype(config.dtype)
         model, tokenizer = load_model(config.model, device=device, dtype=dtype)
         context = getattr(model.config, "max_position_embeddings", None)
@@ -230,22 +244,20 @@ class Rollout:
 
     def _collect(self) -> tuple[list[dict[str, Any]], float]:
         config, envs, items = self.config, self.envs, []
-        obs, _ = envs.reset(seed=config.seed)
-        running = _Episodes(config.num_envs, obs)
+        running = Episodes(envs, envs.reset(seed=config.seed)[0])
         bar = tqdm(
             total=config.episodes, unit="ep", disable=not config.progress, dynamic_ncols=True
         )
         start, generated, correct = time.perf_counter(), 0, 0
         with self.episodes_path.open("a", encoding="utf-8") as f:
             while len(items) < config.episodes:
-                actions = self.policy(obs)
+                actions = self.policy(running.obs)
                 generated += sum(len(a.tokens) for a in actions)
-                obs, rewards, terminated, truncated, info = envs.step(actions)
-                running.step(actions, rewards, info)
-                for i in np.flatnonzero(terminated | truncated).tolist():
+                for record in running.step(actions):
                     if len(items) == config.episodes:
                         break  # the last batch may finish more episodes than were asked for
-                    record = {"episode": len(items), **running.finish(i, info, obs)}
+                    kept = {key: value for key, value in record.items() if key not in ARRAYS}
+                    record = {"episode": len(items), **kept}
                     f.write(json.dumps(record, ensure_ascii=False) + "\n")
                     f.flush()  # a line per finished episode, readable after Ctrl-C
                     items.append(record)
@@ -257,11 +269,6 @@ class Rollout:
                 )
         bar.close()
         return items, time.perf_counter() - start
-
-
-def run_rollout(config: RolloutConfig) -> Summary:
-    """Run ``config.episodes`` episodes, writing episodes, summary and plot to ``config.out``."""
-    return Rollout(config).run()
 
 
 def summarize(items: list[dict[str, Any]], seconds: float) -> Summary:

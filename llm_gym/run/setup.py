@@ -42,10 +42,8 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return resolved
 
 
-def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+def resolve_dtype(dtype: str) -> torch.dtype:
     """A torch dtype from its name (``"float32"``, ``"bfloat16"``, ``"float16"``)."""
-    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
-        return dtype
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     return DTYPES[dtype]

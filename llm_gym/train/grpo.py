@@ -1,27 +1,11 @@
-"""GRPO through llm_gym, in one file: what ``llm-gym train`` runs.
+"""GRPO through llm_gym, in one file: what ``llm-gym train`` runs (README, "Training").
 
-Each iteration is one loop, whatever the options (tools, KL, curriculum):
-
-1. The native vector env holds ``groups`` questions, each in ``group_size`` sub-envs side by
-   side (``repeats=G, group_repeats=True``). ``TransformersPolicy`` samples one response per
-   playing sub-env in one batch and returns the exact tokens (token-in/token-out); every
-   sub-env plays one whole episode (one turn, or with tools as many as it takes).
-2. The env scores them. With ``kl_coef > 0`` the KL wrappers charge ``coef · KL`` against a
-   frozen copy of the starting model, with a constant or adaptive coefficient.
-3. Advantages are group-relative: ``(r - mean_g) / (std_g + eps)``.
-4. The old log-probs are re-scored by the same forward that computes the new ones (not taken
-   from generation), so that ratio and KL compare like with like in any dtype: in bfloat16
-   the log-probs ``generate`` reports differ from a forward's by up to 0.2 nats per token.
-5. ``update_epochs`` optimizer steps on GRPO's clipped surrogate over each conversation's
-   policy tokens (never tool output), each accumulated over minibatches: per token,
-   averaged over each response, then over responses.
-
-Single-turn episodes continue one stream: SAME_STEP autoreset hands back the next questions
-in the same ``step``, so no generation is wasted and an epoch of a dataset is seen exactly
-once. Tool episodes end after different numbers of turns, so each iteration reseeds the env
-to start every group on one question. A line of ``metrics.jsonl`` is written per iteration, a
-checkpoint every ``save_every``; greedy success on held-out questions is measured before and
-after.
+Each iteration, whatever the options (tools, KL, curriculum): every sub-env of the native
+vector env (``groups`` questions, ``group_size`` sub-envs each) plays one whole episode; the
+env scores it, the KL wrappers charging ``coef · KL`` against the starting model when
+``kl_coef > 0``; advantages are group-relative; ``update_epochs`` optimizer steps on the
+clipped surrogate over the policy's tokens (never tool output), the old log-probs re-scored
+by the same forward as the new ones, so that ratio and KL compare like with like in any dtype.
 """
 
 from __future__ import annotations
@@ -41,22 +25,29 @@ from llm_gym.checks import check_int, check_number
 from llm_gym.models import load_model
 from llm_gym.run.config import RunConfig
 from llm_gym.run.plots import plot_curves
+from llm_gym.run.rollout import summarize
 from llm_gym.run.setup import charge_kl, make_sampler, resolve_device, resolve_dtype, task_envs
 from llm_gym.train.episodes import evaluate, play_episodes
-from llm_gym.train.records import (
-    CHECKPOINT_DIR,
-    METRICS_FILE,
-    PLOT_FILE,
-    PLOTTED,
-    load_trainer_state,
-    read_metrics,
-    save_checkpoint,
-)
 from llm_gym.wrappers import AdaptiveKLController
 
-__all__ = ["SUMMARY_FILE", "GRPOConfig", "GRPOTrainer", "group_advantages", "grpo_loss"]
+__all__ = [
+    "CHECKPOINT_DIR",
+    "METRICS_FILE",
+    "PLOT_FILE",
+    "SUMMARY_FILE",
+    "GRPOConfig",
+    "GRPOTrainer",
+    "group_advantages",
+    "grpo_loss",
+]
 
+# What a run leaves in its folder (the files --resume reads among them).
+METRICS_FILE = "metrics.jsonl"  # a line per iteration, flushed as it ends
+PLOT_FILE = "training.png"
 SUMMARY_FILE = "summary.json"
+CHECKPOINT_DIR = "checkpoint"  # model, tokenizer and TRAINER_STATE
+TRAINER_STATE = "trainer.pt"
+PLOTTED = ("reward", "success", "kl", "response_tokens", "level", "tokens_per_second")
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-4) -> torch.Tensor:
@@ -193,7 +184,10 @@ class GRPOTrainer:
         config, started = self.config, time.perf_counter()
         if self.before is None and config.eval_episodes:
             self.before = self.evaluate()
-        rows = read_metrics(self.out / METRICS_FILE, before=self.start)
+        metrics = self.out / METRICS_FILE
+        lines = metrics.read_text(encoding="utf-8").splitlines() if metrics.exists() else []
+        rows = [json.loads(line) for line in lines if line]
+        rows = [row for row in rows if row["iteration"] < self.start]  # earlier iterations
         bar = tqdm(
             total=config.iterations, initial=self.start, unit="it",
             disable=not config.progress, dynamic_ncols=True,
@@ -231,34 +225,30 @@ class GRPOTrainer:
         config, start = self.config, time.perf_counter()
         if config.tools:  # a fresh seed restarts each group on one question
             obs, _ = self.envs.reset(seed=config.seed + 1 + iteration)
-        batch, next_obs = play_episodes(self.envs, self.sampler, obs)
-        if batch.turns > 1 and not config.tools:
-            raise ValueError(
-                f"train needs a single-turn task (every response ends its episode); {config.env} "
-                "went on: leave max_turns at 1"
-            )
-        rewards = torch.as_tensor(batch.returns, dtype=torch.float32, device=self.device)
+        tools, kl = bool(config.tools), config.kl_coef > 0
+        records, seconds, next_obs = play_episodes(self.envs, self.sampler, obs, tools=tools)
+        summary = summarize(records, seconds)
+        rewards = torch.tensor([r["reward"] for r in records], device=self.device)
+        masks = [record["policy_mask"] for record in records]
         loss = self._optimize(
-            batch.tokens, batch.masks, group_advantages(rewards, config.group_size)
-        )
-        infos, kl = batch.infos, config.kl_coef > 0
+            [record["conversation_ids"] for record in records], masks,
+            group_advantages(rewards, config.group_size),
+        )  # fmt: skip
         row = {
             "iteration": iteration,
-            "reward": float(batch.returns.mean()),
-            "task_reward": float(np.mean([info.get("reward", 0.0) for info in infos])),
-            "success": float(np.mean([bool(info.get("success")) for info in infos])),
-            "kl": float(np.mean(np.concatenate(batch.kl))) if kl else None,
+            "reward": summary.mean_reward,
+            "task_reward": float(np.mean([record["reward_task"] or 0.0 for record in records])),
+            "success": summary.accuracy,
+            "kl": float(np.mean(np.concatenate([r["token_kl"] for r in records]))) if kl else None,
             "kl_coef": float(self.envs.coef) if kl else None,
             "loss": loss,
-            "response_tokens": float(np.mean([mask.sum() for mask in batch.masks])),
+            "response_tokens": float(np.mean([mask.sum() for mask in masks])),
             "level": getattr(self.envs.unwrapped, "level", None),
-            "tokens_per_second": batch.generated / max(batch.seconds, 1e-9),
+            "tokens_per_second": summary.tokens_per_second,
         }
         if config.tools:
-            calls = [info.get("num_tool_calls", 0) for info in infos]
-            failed = sum(info.get("failed_tool_calls", 0) for info in infos)
-            row["tool_calls_per_episode"] = float(np.mean(calls))
-            row["failed_tool_share"] = failed / sum(calls) if sum(calls) else None
+            row["tool_calls_per_episode"] = summary.tool_calls_per_episode
+            row["failed_tool_share"] = summary.failed_tool_share
         if kl:
             self.envs.update_kl_coef()
         row["seconds"] = time.perf_counter() - start
@@ -313,16 +303,16 @@ class GRPOTrainer:
         replaces the greedy policy of the model)."""
         config = self.config
         return evaluate(
-            self.model, self.tokenizer, config.env,
-            episodes=config.eval_episodes, seed=config.eval_seed,
-            max_new_tokens=config.max_new_tokens, env_args=config.env_args, policy=policy,
-            answer_format=config.answer_format, **config.tool_options(),
+            self.model, self.tokenizer, config,
+            episodes=config.eval_episodes, seed=config.eval_seed, policy=policy,
         )  # fmt: skip
 
     # -- checkpoints ------------------------------------------------------------------------
 
     def save(self, iteration: int) -> Path:
-        """Checkpoint after ``iteration`` iterations (what ``--resume`` continues from)."""
+        """Checkpoint after ``iteration`` iterations (what ``--resume`` continues from): the
+        model, the tokenizer and ``trainer.pt`` (optimizer, KL coefficient, level, RNG states),
+        replaced as a whole, so that a crash mid-save leaves the previous checkpoint."""
         state = {
             "iteration": iteration,
             "optimizer": self.optimizer.state_dict(),
@@ -332,7 +322,14 @@ class GRPOTrainer:
             "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
         }
-        return save_checkpoint(self.out, self.model, self.tokenizer, state)
+        final, partial = self.out / CHECKPOINT_DIR, self.out / (CHECKPOINT_DIR + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        self.model.save_pretrained(partial)
+        self.tokenizer.save_pretrained(partial)
+        torch.save(state, partial / TRAINER_STATE)
+        shutil.rmtree(final, ignore_errors=True)
+        partial.rename(final)
+        return final
 
     def _restore(self, state: dict[str, Any]) -> None:
         self.start, self.before = int(state["iteration"]), state["before"]
@@ -354,7 +351,13 @@ class GRPOTrainer:
         # Refuse to mix two runs in one folder; --resume continues one, --overwrite clears it.
         config, metrics = self.config, self.out / METRICS_FILE
         if config.resume:
-            return load_trainer_state(self.out)
+            path = self.out / CHECKPOINT_DIR / TRAINER_STATE
+            if not path.is_file():
+                raise FileNotFoundError(
+                    f"--resume needs a checkpoint of an earlier run in {self.out}, but {path} "
+                    "does not exist (checkpoints are written every --save-every iterations)"
+                )
+            return torch.load(path, map_location="cpu", weights_only=False)
         if metrics.exists() and not config.overwrite:
             raise FileExistsError(
                 f"{metrics} holds an earlier run; pass --resume to continue it, --overwrite to "
