@@ -1,9 +1,11 @@
-"""What a chat env accepts as the assistant's turn, checked once, and the turn's content.
+"""What ``ChatEnv`` accepts, checked once: its observation keys and each action.
 
 An action is a ``str``, a 1-D integer array of token ids, a ``Response`` or a dict with a
 ``"text"`` key. Whatever it is, it becomes a ``Response`` here, or a clear error that names
 what was expected and what came: model output is hostile input.
 
+>>> observation_keys_for("tokens", None, tools=["python"], tokenizer=object())
+('tokens', 'policy_mask')
 >>> check_action("4", None, "history", 100)
 Response(text='4', tokens=None, log_probs=None, version=None)
 >>> turn_content(Response("4<|im_end|>", np.array([19, 2])), None)
@@ -19,8 +21,42 @@ import numpy as np
 
 from llm_gym.chat.codec import END_OF_TURN, TokenCodec
 from llm_gym.chat.containers import Response
+from llm_gym.checks import check_choice
+from llm_gym.spaces import INPUT_MODES
 
-__all__ = ["check_action", "decode_token_actions", "turn_content"]
+__all__ = ["check_action", "decode_token_actions", "observation_keys_for", "turn_content"]
+
+MASK_KEY = "policy_mask"  # observation key: 1 on the prompt tokens the policy sampled
+
+
+def observation_keys_for(
+    input_mode: str, observation_keys: Sequence[str] | None, tools: Any, tokenizer: Any
+) -> tuple[str, ...]:
+    """``observation_keys`` or ``(input_mode,)``, checked, plus the policy mask with tools in
+    tokens mode (a multi-turn trainer needs it)."""
+    check_choice("input_mode", input_mode, INPUT_MODES)
+    if isinstance(observation_keys, str):
+        raise TypeError(
+            f"observation_keys must be a tuple of input modes, e.g. ({observation_keys!r},), "
+            f"got the str {observation_keys!r}"
+        )
+    keys = tuple(observation_keys) if observation_keys is not None else (input_mode,)
+    for key in keys:
+        if key not in (*INPUT_MODES, MASK_KEY):
+            raise ValueError(
+                f"observation_keys must be among {(*INPUT_MODES, MASK_KEY)}, got {key!r}"
+            )
+    if MASK_KEY in keys and "tokens" not in keys:
+        raise ValueError(f"observation key {MASK_KEY!r} marks tokens: add 'tokens', got {keys}")
+    if tools and "tokens" in keys and MASK_KEY not in keys:
+        keys = (*keys, MASK_KEY)
+    if tokenizer is None and any(key != "history" for key in keys):
+        mode = next(key for key in keys if key != "history")
+        raise ValueError(
+            f"input_mode {mode!r} needs tokenizer= (a transformers tokenizer, to render "
+            "the chat template and tokenize), got tokenizer=None"
+        )
+    return keys
 
 
 def check_action(
