@@ -1,11 +1,6 @@
-"""``TokenEnv``: one token per step over any chat task, RL4LMs' design on current Gymnasium.
-
-Classic RL libraries (stable-baselines3, CleanRL, RLlib) want fixed-shape array observations
-and a ``Discrete`` action. ``TokenEnv`` gives them that over a chat task: the observation is
-the prompt's token ids plus what was generated so far, left-padded to a fixed length; each
-action appends one token; when the response ends, the task env (a ``DatasetChatEnv`` such as
-GSM8K) scores it exactly as it scores a policy's ``Response``.
-"""
+"""``TokenEnv``: one token per step over any chat task, RL4LMs' design on current Gymnasium,
+for classic RL libraries (stable-baselines3, CleanRL, RLlib), which want fixed-shape array
+observations and a ``Discrete`` action."""
 
 from __future__ import annotations
 
@@ -17,6 +12,7 @@ import numpy as np
 from gymnasium import spaces
 
 from llm_gym.chat.containers import Response
+from llm_gym.checks import check_bool, check_choice, check_int
 from llm_gym.envs.chat import ChatEnv
 
 __all__ = ["TokenEnv", "make_token_env"]
@@ -62,10 +58,9 @@ class TokenEnv(gym.Env):
 
     ``terminated=True`` when the action is an EOS token (``eos_token_ids``); ``truncated=True``
     when ``max_new_tokens`` tokens were generated without one. Either way the response is
-    scored. Libraries that bootstrap truncated episodes with the value of the final
-    observation (stable-baselines3 does) would add that value on top of the final score, and
-    a policy learns to run out the length to collect it: with them, pass
-    ``terminate_at_max_new_tokens=True``, which reports the length limit as ``terminated``.
+    scored. Libraries that bootstrap truncated episodes with the final observation's value
+    (stable-baselines3 does) would add it to the final score, and a policy learns to run out
+    the length to collect it: with them, pass ``terminate_at_max_new_tokens=True``.
 
     ## Arguments
 
@@ -78,8 +73,7 @@ class TokenEnv(gym.Env):
     - ``truncate_prompt``: a longer prompt keeps its last ``max_prompt_length`` tokens (True)
       or raises a ``ValueError`` at reset (False, default), leaving the env unchanged.
     - ``eos_token_ids``: ids that end the response; default the tokenizer's EOS.
-    - ``terminate_at_max_new_tokens``: report the length limit as ``terminated`` instead of
-      ``truncated`` (default False; see Episode End).
+    - ``terminate_at_max_new_tokens``: the length limit ``terminated`` (default False).
     - ``render_mode``: ``"ansi"`` (the prompt and response as text) or ``"human"`` (print it).
 
     ## Version History
@@ -140,22 +134,14 @@ class TokenEnv(gym.Env):
                 "tokenizer must be the task env's tokenizer: got one with "
                 f"{len(tokenizer)} tokens, task_env's has {len(task.tokenizer)}"
             )
-        for name, value in (
-            ("max_new_tokens", max_new_tokens),
-            ("max_prompt_length", max_prompt_length),
-        ):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        for name, flag in (
-            ("truncate_prompt", truncate_prompt),
-            ("terminate_at_max_new_tokens", terminate_at_max_new_tokens),
-        ):
-            if not isinstance(flag, bool):
-                raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
-        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ValueError(
-                f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}"
-            )
+        self.max_new_tokens = check_int("max_new_tokens", max_new_tokens, low=1)
+        self.max_prompt_length = check_int("max_prompt_length", max_prompt_length, low=1)
+        self.truncate_prompt = check_bool("truncate_prompt", truncate_prompt)
+        self.terminate_at_max_new_tokens = check_bool(
+            "terminate_at_max_new_tokens", terminate_at_max_new_tokens
+        )
+        modes = (None, *self.metadata["render_modes"])
+        self.render_mode = check_choice("render_mode", render_mode, modes)
         self.vocab_size = len(tokenizer)
         if eos_token_ids is None:
             eos_token_ids = tokenizer.eos_token_id
@@ -170,12 +156,7 @@ class TokenEnv(gym.Env):
 
         self.task_env = task_env
         self.tokenizer = tokenizer
-        self.max_new_tokens = int(max_new_tokens)
-        self.max_prompt_length = int(max_prompt_length)
-        self.truncate_prompt = truncate_prompt
         self.eos_token_ids = frozenset(eos)
-        self.terminate_at_max_new_tokens = terminate_at_max_new_tokens
-        self.render_mode = render_mode
         self.length = self.max_prompt_length + self.max_new_tokens
         self.observation_space = spaces.Dict(
             {
@@ -196,6 +177,7 @@ class TokenEnv(gym.Env):
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """Reset the task and show its prompt (see Starting State)."""
         super().reset(seed=seed)
         obs, info = self.task_env.reset(seed=seed, options=options)
         prompt = self._prompt_tokens(obs)
@@ -217,6 +199,7 @@ class TokenEnv(gym.Env):
         return self._observation(), {**info, "prompt_length": len(prompt)}
 
     def step(self, action: Any) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
+        """Append one token; at the response's end, the task's reward (see Rewards)."""
         if self._done:
             raise gym.error.ResetNeeded(
                 "TokenEnv.step needs a reset first: the episode has not started or has ended"
@@ -257,6 +240,7 @@ class TokenEnv(gym.Env):
         return text
 
     def close(self) -> None:
+        """Close the task env."""
         self.task_env.close()
 
     @property
