@@ -69,7 +69,7 @@ def check_action(
         response = Response(action)
     elif isinstance(action, Mapping):
         response = Response.from_mapping(dict(action))
-    elif isinstance(action, np.ndarray) and np.issubdtype(action.dtype, np.integer):
+    elif _is_token_ids(action):
         if action.ndim != 1:
             raise ValueError(f"a token action must be 1-D, got shape {action.shape}")
         if codec is None:
@@ -115,21 +115,19 @@ def turn_content(response: Response, codec: TokenCodec | None) -> str:
 def decode_token_actions(actions: Sequence[Any], codec: TokenCodec | None) -> list[Any]:
     """``actions`` with each 1-D integer array as its ``Response``, all decoded in one batch;
     other actions as given (``check_action`` reads them)."""
-    arrays = [
-        i
-        for i, action in enumerate(actions)
-        if isinstance(action, np.ndarray)
-        and action.ndim == 1
-        and np.issubdtype(action.dtype, np.integer)
-    ]
+    out = list(actions)
+    arrays = [i for i, action in enumerate(out) if _is_token_ids(action) and action.ndim == 1]
     if not arrays or codec is None:
-        return list(actions)
+        return out
     for i in arrays:
         try:  # before decoding: -1 would overflow in the tokenizer
-            codec.check_ids(actions[i])
+            codec.check_ids(out[i])
         except ValueError as err:
             raise ValueError(f"actions[{i}]: {err}") from None
-    out = list(actions)
-    for i, text in zip(arrays, codec.decode_many([actions[i] for i in arrays]), strict=True):
-        out[i] = Response(text, actions[i])
+    for i, text in zip(arrays, codec.decode_many([out[i] for i in arrays]), strict=True):
+        out[i] = Response(text, out[i])
     return out
+
+
+def _is_token_ids(action: Any) -> bool:
+    return isinstance(action, np.ndarray) and np.issubdtype(action.dtype, np.integer)

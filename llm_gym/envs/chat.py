@@ -74,27 +74,24 @@ class ChatEnv(gym.Env):
     | ``tokens``  | ``int64`` token ids of that prompt                              |
     | ``policy_mask`` | ``int64`` 0/1 per token of ``tokens``: 1 where the policy sampled it |
 
+    In ``"tokens"`` mode each prompt is the previous one's tokens, the tokens the policy
+    sampled, then what the env added, checked each step (``TokenPrefixError`` names the turn
+    and position). With tools ``policy_mask`` is added to the tokens: a trainer takes its
+    loss on the sampled tokens, never on tool output.
+
     ## Rewards
 
-    Always ``0.0``: ``DatasetChatEnv`` scores with a task's reward, wrappers add others. A turn
-    that calls tools gets ``0.0`` in every env: it is not an answer.
+    Always ``0.0``: ``DatasetChatEnv`` scores with a task's reward, wrappers add others.
 
     ## Tools
 
-    With ``tools=``, a turn that holds tool calls (``tool_format``) is not scored: the env runs
-    the calls in order, appends the turn verbatim and one ``tool`` message per call (its
-    output, or an error the model can read: bad JSON, an unknown tool, wrong arguments, a tool
-    that raised; never an exception out of ``step``), and the episode goes on. The turn
-    without a call is the final answer. ``info["tool_calls"]`` lists the step's calls (name,
-    arguments, ok, output truncated to ``llm_gym.tools.MAX_OUTPUT_CHARS``, seconds);
-    ``info["num_tool_calls"]``/``["failed_tool_calls"]`` count the episode's. The tools reach
-    the model through the chat template's ``tools=`` where it renders them and the env renders
-    the prompt, else as a block appended to the system prompt.
-
-    In ``"tokens"`` mode each prompt is the previous prompt's tokens, the tokens the policy
-    sampled, then what the env added; this is checked each step (``TokenPrefixError`` names
-    the turn and position). ``policy_mask`` (added to ``observation_keys`` with tools in
-    tokens mode) lets a trainer take its loss on the sampled tokens, never on tool output.
+    With ``tools=``, a turn that holds tool calls is no answer (reward ``0.0`` in every env):
+    the env runs the calls in order (``Toolbox.run``, which never raises) and appends the turn
+    verbatim and one ``tool`` message per call, its output or an error the model can read.
+    The turn without a call is the final answer. ``info["tool_calls"]`` lists the step's
+    ``ToolRecord``s as dicts; ``info["num_tool_calls"]`` and ``info["failed_tool_calls"]``
+    count the episode's. The model sees the tools in the chat template's ``tools=`` where it
+    renders them and the env renders the prompt, else in a block added to the system prompt.
 
     ## Starting State
 
@@ -117,19 +114,16 @@ class ChatEnv(gym.Env):
     - ``system_role`` / ``user_role`` / ``policy_role``: role names (``"system"``, ``"user"``,
       ``"assistant"``).
     - ``tokenizer``: a transformers tokenizer; required for ``"text"`` and ``"tokens"``.
-    - ``template_kwargs``: passed to ``History.apply_chat_template`` (e.g.
-      ``chat_template_name="qwen"``, ``chat_template=...``).
+    - ``template_kwargs``: for ``History.apply_chat_template`` (``chat_template_name=...``).
     - ``max_turns``: assistant turns per episode, or ``None`` for no limit.
     - ``observation_keys``, ``max_text_length``: the observation's keys, the text spaces' limit.
     - ``assistant_prefix``: text that starts every assistant turn (e.g. ``"<think>"``): the
       text and tokens prompts end with it, so the policy's tokens continue it; the turn in
       the history and the text scored are the prefix plus the response. Text and tokens
       modes only (a history observation cannot hold a started turn).
-    - ``tools``: a list of ``"python"`` (the sandboxed ``llm_gym.tools.PythonInterpreter``),
-      plain functions with type hints and a docstring, ``llm_gym.tools.Tool`` or
-      ``llm_gym.tools.MCPTools(command=[...])`` (shut down by ``close()``).
-    - ``tool_format``: ``"hermes"`` (``<tool_call>{"name": ..., "arguments": ...}</tool_call>``,
-      default) or ``"markdown"`` (```` ```python ```` blocks run by the ``python`` tool).
+    - ``tools``: ``llm_gym.tools.Toolbox``'s: ``"python"`` (a sandboxed interpreter), plain
+      functions, ``Tool`` or ``MCPTools`` (shut down by ``close()``).
+    - ``tool_format``: ``"hermes"`` (default) or ``"markdown"`` (see ``llm_gym.tools.calls``).
     - ``max_tool_calls``: tool calls per episode (default 4).
 
     ## Version History
@@ -237,7 +231,7 @@ class ChatEnv(gym.Env):
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Start a conversation (see Starting State); the observation and an empty info."""
+        """Start a conversation (see Starting State)."""
         super().reset(seed=seed)
         if options is not None and not isinstance(options, Mapping):
             raise TypeError(f"options must be a dict or None, got {type(options).__name__}")

@@ -122,8 +122,7 @@ class TokenEnv(gym.Env):
                 "task_env must be single-turn (max_turns=1): a TokenEnv episode is one "
                 f"assistant turn, got max_turns={task.max_turns!r}"
             )
-        if tokenizer is None:
-            tokenizer = task.tokenizer
+        tokenizer = task.tokenizer if tokenizer is None else tokenizer
         if tokenizer is None:
             raise ValueError(
                 "TokenEnv needs tokenizer= (the policy's transformers tokenizer), got None and "
