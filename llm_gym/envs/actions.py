@@ -106,10 +106,9 @@ def turn_content(response: Response, codec: TokenCodec | None) -> str:
     text, tokens = response.text, response.tokens
     if tokens is None or not len(tokens):
         return text
-    if codec is None:
-        return next((text[: -len(end)] for end in END_OF_TURN if text.endswith(end)), text)
-    end = codec.end_of_turn(tokens)
-    return text[: -len(end)] if end is not None and text.endswith(end) else text
+    ends = END_OF_TURN if codec is None else (codec.end_of_turn(tokens),)
+    end = next((end for end in ends if end and text.endswith(end)), None)
+    return text[: -len(end)] if end else text
 
 
 def decode_token_actions(actions: Sequence[Any], codec: TokenCodec | None) -> list[Any]:

@@ -67,12 +67,10 @@ class ChatEnv(gym.Env):
 
     A ``Dict`` keyed by ``observation_keys`` (default: just ``input_mode``):
 
-    | key         | value                                                           |
-    |-------------|-----------------------------------------------------------------|
-    | ``history`` | tuple of ``{"role", "content"}`` dicts, the conversation so far |
-    | ``text``    | the prompt rendered with the chat template and generation prompt |
-    | ``tokens``  | ``int64`` token ids of that prompt                              |
-    | ``policy_mask`` | ``int64`` 0/1 per token of ``tokens``: 1 where the policy sampled it |
+    - ``history``: the conversation so far, a tuple of ``{"role", "content"}`` dicts.
+    - ``text``: the prompt rendered with the chat template and generation prompt.
+    - ``tokens``: that prompt's ``int64`` token ids.
+    - ``policy_mask``: ``int64`` 0/1 per token of ``tokens``, 1 where the policy sampled it.
 
     In ``"tokens"`` mode each prompt is the previous one's tokens, the tokens the policy
     sampled, then what the env added, checked each step (``TokenPrefixError`` names the turn
@@ -117,10 +115,9 @@ class ChatEnv(gym.Env):
     - ``template_kwargs``: for ``History.apply_chat_template`` (``chat_template_name=...``).
     - ``max_turns``: assistant turns per episode, or ``None`` for no limit.
     - ``observation_keys``, ``max_text_length``: the observation's keys, the text spaces' limit.
-    - ``assistant_prefix``: text that starts every assistant turn (e.g. ``"<think>"``): the
-      text and tokens prompts end with it, so the policy's tokens continue it; the turn in
-      the history and the text scored are the prefix plus the response. Text and tokens
-      modes only (a history observation cannot hold a started turn).
+    - ``assistant_prefix``: text that starts every assistant turn (e.g. ``"<think>"``), text
+      and tokens modes only: the prompts end with it, so the policy's tokens continue it; the
+      history's turn and the text scored are the prefix plus the response.
     - ``tools``: ``llm_gym.tools.Toolbox``'s: ``"python"`` (a sandboxed interpreter), plain
       functions, ``Tool`` or ``MCPTools`` (shut down by ``close()``).
     - ``tool_format``: ``"hermes"`` (default) or ``"markdown"`` (see ``llm_gym.tools.calls``).
@@ -381,12 +378,8 @@ class ChatEnv(gym.Env):
 def _offer_tools(
     toolbox: Any, system_prompt: str | None, template_kwargs: dict, tokenizer: Any, here: bool
 ) -> str | None:
-    """Show the tools to the model; the system prompt after that.
-
-    A template that renders ``tools=`` gets them in ``template_kwargs`` when the env renders
-    the prompt (``here``); otherwise (and for history observations, which a policy renders
-    itself) a block appended to the system prompt lists them.
-    """
+    """Show the tools to the model as ``ChatEnv``'s Tools says (``here``: the env renders the
+    prompt); the system prompt after that."""
     if here:
         name = template_kwargs.get("chat_template_name")
         template = resolve_chat_template(tokenizer, name, template_kwargs.get("chat_template"))

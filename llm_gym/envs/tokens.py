@@ -231,8 +231,8 @@ class TokenEnv(gym.Env):
         """``"ansi"``: the prompt and the response so far as text; ``"human"``: print it."""
         if self._prompt is None or self.render_mode is None:
             return None
-        ids = np.concatenate([self._prompt, np.asarray(self._generated, dtype=np.int64)])
-        text = self.tokenizer.decode(ids.tolist(), skip_special_tokens=False)
+        ids = [*self._prompt.tolist(), *self._generated]
+        text = self.tokenizer.decode(ids, skip_special_tokens=False)
         if self.render_mode == "human":
             print(text)
             return None
@@ -262,8 +262,8 @@ class TokenEnv(gym.Env):
         return np.asarray(ids, dtype=np.int64)
 
     def check_action(self, action: Any) -> int:
-        """The action as a token id, or a clear error (NumPy scalars and 1-element arrays ok)."""
-        # SB3 and vector envs hand over NumPy scalars or one-element arrays.
+        """The action as a token id, or a clear error; NumPy scalars and one-element arrays
+        (what SB3 and vector envs hand over) are ok."""
         if isinstance(action, np.ndarray) and action.size == 1 and action.ndim <= 1:
             if np.issubdtype(action.dtype, np.integer):
                 action = action.reshape(()).item()
@@ -284,9 +284,8 @@ def make_token_env(task: str, **kwargs: Any) -> TokenEnv:
     """``TokenEnv`` over the registered chat task ``task``, made in tokens mode and single-turn.
 
     The entry point of the ``LLMToken-*`` ids (``LLMToken-GSM8K-v0``: ``task=
-    "LLMChat-GSM8K-v0"``). ``kwargs`` holds both envs' arguments: ``TokenEnv``'s
-    (``tokenizer``, ``max_new_tokens``, ``max_prompt_length``, ...) go to it, all others to
-    the task (``split``, ``data_dir``, ``dataset``, ``seed``, ...).
+    "LLMChat-GSM8K-v0"``). ``TokenEnv``'s arguments in ``kwargs`` go to it, all others
+    (``split``, ``dataset``, ``seed``, ...) to the task.
     """
     own = {name: kwargs.pop(name) for name in _TOKEN_ENV_ARGUMENTS if name in kwargs}
     if own.get("tokenizer") is None:
