@@ -1,8 +1,7 @@
 """What ``ChatEnv`` accepts, checked once: its observation keys and each action.
 
-An action is a ``str``, a 1-D integer array of token ids, a ``Response`` or a dict with a
-``"text"`` key. Whatever it is, it becomes a ``Response`` here, or a clear error that names
-what was expected and what came: model output is hostile input.
+Every action (``ChatEnv``'s Action Space says what it may be) becomes a ``Response`` here,
+or a clear error that names what was expected and what came: model output is hostile input.
 
 >>> observation_keys_for("tokens", None, tools=["python"], tokenizer=object())
 ('tokens', 'policy_mask')

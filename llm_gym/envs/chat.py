@@ -28,8 +28,7 @@ __all__ = ["ChatEnv", "MASK_KEY"]
 
 
 class ActionRead(NamedTuple):
-    """A checked action: its ``Response``, the turn's text less the end-of-turn token, and
-    its tool calls (none: the turn is an answer)."""
+    """A checked action: its ``Response``, ``turn_content`` and tool calls (none: an answer)."""
 
     response: Response
     content: str
@@ -57,11 +56,10 @@ class ChatEnv(gym.Env):
 
     ## Action Space
 
-    The assistant's turn: a ``str`` in ``"history"``/``"text"`` modes
-    (``UnicodeText(max_text_length)``) or a 1-D ``int64`` array of token ids in ``"tokens"``
-    mode (``Sequence(Discrete(vocab), stack=True)``), appended to the prompt exactly as given,
-    never re-tokenized. Every mode also takes a ``Response`` (what the policy adapters return)
-    or a dict with a ``"text"`` key.
+    The assistant's turn: a ``str`` (``UnicodeText(max_text_length)``), or in ``"tokens"``
+    mode a 1-D ``int64`` array of token ids (``Sequence(Discrete(vocab), stack=True)``),
+    appended to the prompt as given, never re-tokenized. Every mode also takes a ``Response``
+    (what the policy adapters return) or a dict with a ``"text"`` key.
 
     ## Observation Space
 
@@ -93,9 +91,8 @@ class ChatEnv(gym.Env):
 
     ## Starting State
 
-    ``[system_prompt?, user query]``. The query comes from ``reset(options={"query": ...})``,
-    otherwise from the ``query=`` argument; ``options={"history": [...]}`` starts from a given
-    conversation instead.
+    ``[system_prompt?, user query]``, the query from ``reset(options={"query": ...})`` or else
+    ``query=``; ``options={"history": [...]}`` starts from a given conversation instead.
 
     ## Episode End
 
@@ -163,7 +160,7 @@ class ChatEnv(gym.Env):
     ) -> None:
         keys = observation_keys_for(input_mode, observation_keys, tools, tokenizer)
         self.max_turns = check_int("max_turns", max_turns, low=1, optional=True)
-        check_str("assistant_prefix", assistant_prefix)
+        self.assistant_prefix = check_str("assistant_prefix", assistant_prefix)
         if assistant_prefix and input_mode == "history":
             raise ValueError(
                 "assistant_prefix needs input_mode 'text' or 'tokens' (a history observation "
@@ -183,7 +180,6 @@ class ChatEnv(gym.Env):
         self.system_role, self.user_role, self.policy_role = system_role, user_role, policy_role
         self.tokenizer = tokenizer
         self.template_kwargs = dict(template_kwargs or {})
-        self.assistant_prefix = assistant_prefix
         self.toolbox = None
         if tools:
             from llm_gym.tools import Toolbox  # here: envs without tools never import it
@@ -239,8 +235,7 @@ class ChatEnv(gym.Env):
     def step(
         self, action: str | np.ndarray | Response | Mapping[str, Any]
     ) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
-        """Append the assistant's turn (and run its tool calls); a step that raises changes
-        nothing."""
+        """Append the assistant's turn and run its tool calls; one that raises changes nothing."""
         read = self._read(self._conversation, action)
         records = self._run_tools(self._conversation, read.calls)
         outcome = self._advance(self._conversation, read, records)

@@ -50,9 +50,8 @@ class TokenEnv(gym.Env):
 
     ## Starting State
 
-    The task's prompt (system prompt and the next dataset question, rendered with the chat
-    template and generation prompt), nothing generated. ``reset``'s ``seed`` and ``options``
-    go to the task env; ``info`` is the task's reset info plus ``prompt_length``.
+    The task's prompt, nothing generated. ``reset``'s ``seed`` and ``options`` go to the task
+    env; ``info`` is the task's reset info plus ``prompt_length``.
 
     ## Episode End
 
@@ -158,10 +157,8 @@ class TokenEnv(gym.Env):
         self.eos_token_ids = frozenset(eos)
         self.length = self.max_prompt_length + self.max_new_tokens
         self.observation_space = spaces.Dict(
-            {
-                "input_ids": spaces.Box(0, self.vocab_size - 1, (self.length,), np.int64),
-                "attention_mask": spaces.Box(0, 1, (self.length,), np.int8),
-            }
+            attention_mask=spaces.Box(0, 1, (self.length,), np.int8),
+            input_ids=spaces.Box(0, self.vocab_size - 1, (self.length,), np.int64),
         )
         self.action_space = spaces.Discrete(self.vocab_size)
 
