@@ -9,6 +9,7 @@ is made. The names below are imported on first use::
 """
 
 import importlib
+from collections.abc import Callable
 from typing import Any
 
 from gymnasium.envs.registration import register, registry
@@ -30,17 +31,19 @@ _EXPORTS = {
     "Tokens": "llm_gym.chat",
     "TransformersPolicy": "llm_gym.policies",
     "RolloutFromModel": "llm_gym.rollout",
+    "Task": "llm_gym.tasks",
     "chat": None,
     "envs": None,
     "lm": None,
     "policies": None,
     "rewards": None,
     "rollout": None,
+    "sources": None,
     "tasks": None,
     "wrappers": None,
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = sorted([*_EXPORTS, "register_task"])
 
 
 def __getattr__(name: str) -> Any:
@@ -70,29 +73,27 @@ def _register(env_id: str, **kwargs: Any) -> None:
         register(id=env_id, disable_env_checker=True, **kwargs)
 
 
-# String entry points: nothing is imported until an env is made.
+def register_task(env_id: str, task_factory: str | Callable[..., Any]) -> None:
+    """Register ``env_id`` as the env of a task: ``gym.make(env_id, **kwargs)`` calls
+    ``task_factory`` (a function returning an ``llm_gym.tasks.Task``, or its
+    ``"module:function"`` path, imported only when an env is made) with the arguments it
+    declares and gives the rest to ``DatasetChatEnv``; ``gym.make_vec`` gives the native
+    vector env. See ``llm_gym.envs.make_task_env``."""
+    _register(
+        env_id,
+        entry_point="llm_gym.envs.dataset:make_task_env",
+        vector_entry_point="llm_gym.envs.vector:make_task_vector_env",
+        kwargs={"task_factory": task_factory},
+    )
+
+
+# String entry points: nothing is imported until an env is made. No max_episode_steps:
+# TimeLimit would turn the end of a single-turn task into a truncation.
 _register("LLMChat-v0", entry_point="llm_gym.envs.chat:ChatEnv")
-# No max_episode_steps: TimeLimit would turn the end of a single-turn task into a truncation.
-_register(
-    "LLMChat-GSM8K-v0",
-    entry_point="llm_gym.tasks.gsm8k:make_gsm8k_env",
-    vector_entry_point="llm_gym.tasks.gsm8k:make_gsm8k_vector_env",
-)
-_register(
-    "LLMChat-Countdown-v0",
-    entry_point="llm_gym.tasks.countdown:make_countdown_env",
-    vector_entry_point="llm_gym.tasks.countdown:make_countdown_vector_env",
-)
-_register(
-    "LLMChat-ReasoningGym-v0",
-    entry_point="llm_gym.tasks.reasoning_gym:make_reasoning_gym_env",
-    vector_entry_point="llm_gym.tasks.reasoning_gym:make_reasoning_gym_vector_env",
-)
-_register(
-    "LLMChat-MATH-v0",
-    entry_point="llm_gym.tasks.math:make_math_env",
-    vector_entry_point="llm_gym.tasks.math:make_math_vector_env",
-)
+register_task("LLMChat-GSM8K-v0", "llm_gym.tasks.gsm8k:gsm8k_task")
+register_task("LLMChat-Countdown-v0", "llm_gym.tasks.countdown:countdown_task")
+register_task("LLMChat-ReasoningGym-v0", "llm_gym.tasks.reasoning_gym:reasoning_gym_task")
+register_task("LLMChat-MATH-v0", "llm_gym.tasks.math:math_task")
 _register(
     "LLMToken-GSM8K-v0",
     entry_point="llm_gym.envs.tokens:make_token_env",

@@ -41,9 +41,9 @@ import torch
 
 import llm_gym  # noqa: F401  (registers LLMChat-GSM8K-v0)
 from llm_gym import Response
-from llm_gym.envs.data_sources import IterableSource
 from llm_gym.lm import left_pad
 from llm_gym.models import load_default_model
+from llm_gym.sources import IterableSource
 from llm_gym.train import DTYPES, resolve_device, resolve_dtype
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -18,8 +18,8 @@ import torch
 
 import llm_gym  # noqa: F401  (registers LLMChat-GSM8K-v0)
 from llm_gym import Response, TransformersPolicy
-from llm_gym.envs.data_sources import IterableSource
 from llm_gym.lm import forward_logits, left_pad, token_log_probs
+from llm_gym.sources import IterableSource
 from llm_gym.wrappers import vector as vector_kl
 from llm_gym.wrappers.kl import KLRewardWrapper
 

@@ -9,12 +9,20 @@ the GSM8K loader reads; ``FIXTURE`` is that folder. The real data is read from
 """
 
 import atexit
+import functools
 import json
 import shutil
 import tempfile
 from pathlib import Path
 
-__all__ = ["FIXTURE", "TEST", "TRAIN"]
+from llm_gym.envs import make_task_env, make_task_vector_env
+from llm_gym.tasks import gsm8k_task
+
+# LLMChat-GSM8K-v0 without gym.make's wrappers: the task's env, as DatasetChatEnv.
+make_gsm8k_env = functools.partial(make_task_env, gsm8k_task)
+make_gsm8k_vector_env = functools.partial(make_task_vector_env, task_factory=gsm8k_task)
+
+__all__ = ["FIXTURE", "TEST", "TRAIN", "make_gsm8k_env", "make_gsm8k_vector_env"]
 
 TRAIN = [
     {

@@ -1,5 +1,6 @@
 """DatasetChatEnv: data sources, seeded epochs, repeats, dataloaders and errors."""
 
+import functools
 import json
 import subprocess
 import sys
@@ -12,9 +13,9 @@ import torch
 from gsm8k_fixture import FIXTURE  # made-up problems, written to a temp folder
 from gymnasium.utils.env_checker import check_env
 
-from llm_gym.envs import DatasetChatEnv, data_sources
-from llm_gym.envs.data_sources import IndexedSource
-from llm_gym.envs.sharding import Shard
+from llm_gym.envs import DatasetChatEnv
+from llm_gym.sources import IndexedSource, Shard
+from llm_gym.sources import datasets as data_sources
 
 ROWS = [{"query": f"q{i}", "id": i} for i in range(10)]
 
@@ -325,7 +326,10 @@ def test_shards_split_one_order_and_its_repeats():
 
 
 def test_procedural_shards_share_the_seed_and_split_the_indices():
-    from llm_gym.tasks import make_countdown_env
+    from llm_gym.envs import make_task_env
+    from llm_gym.tasks import countdown_task
+
+    make_countdown_env = functools.partial(make_task_env, countdown_task)
 
     whole = make_countdown_env(seed=5)
     shard = make_countdown_env(seed=5, shard=(1, 2))

@@ -5,14 +5,15 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from conftest import GSM8K_PATH
-from gsm8k_fixture import FIXTURE  # made-up problems, written to a temp folder
+from gsm8k_fixture import FIXTURE, make_gsm8k_env  # made-up problems, in a temp folder
 from gymnasium.utils.env_checker import check_env
 
 import llm_gym  # noqa: F401  (registers the ids)
 from llm_gym import Response
-from llm_gym.envs import DatasetChatEnv, data_sources
+from llm_gym.envs import DatasetChatEnv
 from llm_gym.rewards import GSM8KReward
-from llm_gym.tasks import GSM8K_SYSTEM_PROMPT, gsm8k_task, load_gsm8k, make_gsm8k_env
+from llm_gym.sources import datasets as data_sources
+from llm_gym.tasks import GSM8K_SYSTEM_PROMPT, gsm8k_task, load_gsm8k
 
 # Copied from torchrl/envs/llm/datasets/gsm8k.py (torchrl 0.14), GSM8K_SYSTEM_PROMPT.
 TORCHRL_SYSTEM_PROMPT = "\n".join(
@@ -40,7 +41,9 @@ def janet_env(**kwargs):
 
 def test_registered_without_time_limit():
     env = make()
-    assert env.spec.max_episode_steps is None and env.spec.entry_point.endswith(":make_gsm8k_env")
+    assert env.spec.max_episode_steps is None and env.spec.kwargs["task_factory"].endswith(
+        ":gsm8k_task"
+    )
     assert isinstance(env.unwrapped, DatasetChatEnv)
 
 

@@ -4,8 +4,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from gsm8k_fixture import make_gsm8k_env
 
-import llm_gym
 from llm_gym import ChatEnv, Response, TransformersPolicy
 from llm_gym.models import tiny_model
 from llm_gym.wrappers import (
@@ -99,7 +99,7 @@ def test_kl_equals_independent_computation(estimator, policies, models, gpt2_tok
 def test_task_reward_lands_on_the_last_token(policies, models, gpt2_tokenizer):
     _, gen_scorer, ref_scorer = policies
     env = KLRewardWrapper(
-        llm_gym.tasks.make_gsm8k_env(
+        make_gsm8k_env(
             dataset=[{"question": "2+2?", "answer": "#### 4"}],
             input_mode="tokens",
             tokenizer=gpt2_tokenizer,

@@ -234,7 +234,7 @@ def test_reasoning_gym_levels_and_other_tasks():
     assert env.reset()[1]["metadata"]["difficulty"] != {}
     default = gym.make("LLMChat-ReasoningGym-v0", task="leg_counting", level=None)
     assert default.unwrapped.num_levels == 1
-    with pytest.raises(ValueError, match="level must be in \\[0, 0\\]"):
+    with pytest.raises(ValueError, match="level must be an int in \\[0, 0\\]"):
         default.unwrapped.set_level(1)
 
 

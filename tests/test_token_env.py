@@ -7,14 +7,16 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from gsm8k_fixture import FIXTURE  # made-up problems, written to a temp folder
+from gsm8k_fixture import (
+    FIXTURE,  # made-up problems, written to a temp folder
+    make_gsm8k_env,
+)
 from gymnasium.utils.env_checker import check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 import llm_gym
 from llm_gym.envs import DatasetChatEnv, TokenEnv
 from llm_gym.models import tiny_model
-from llm_gym.tasks import make_gsm8k_env
 from llm_gym.wrappers import AdaptiveKLController, TokenKLWrapper
 
 JANET = {"question": "Janet has 9 eggs and sells them for $2 each. How much?", "answer": "#### 18"}

@@ -7,12 +7,14 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from conftest import GSM8K_PATH
-from gsm8k_fixture import FIXTURE  # made-up problems, written to a temp folder
+from gsm8k_fixture import (
+    FIXTURE,  # made-up problems, written to a temp folder
+    make_gsm8k_env,
+)
 from gymnasium.vector import AutoresetMode
 
 import llm_gym  # noqa: F401  (registers the ids)
 from llm_gym.envs import DatasetChatEnv, DatasetChatVectorEnv, sharded_env_fns
-from llm_gym.tasks import make_gsm8k_env
 
 ROWS = [{"query": f"q{i}", "id": i} for i in range(10)]
 RIGHT, WRONG = "<answer>12</answer>", "no answer"

@@ -1,14 +1,20 @@
 """The environments; each is registered with Gymnasium on ``import llm_gym``.
 
-``ChatEnv`` (a conversation), ``DatasetChatEnv`` (queries from a dataset, scored by a task's
-reward), ``DatasetChatVectorEnv`` (N of those, batched) and ``TokenEnv`` (one token per step
-over any chat task). The tasks themselves (GSM8K) live in ``llm_gym.tasks``.
+``ChatEnv`` (a conversation), ``DatasetChatEnv`` (a task's queries, scored by its reward;
+``make_task_env`` makes one from a task), ``DatasetChatVectorEnv`` (N of those, batched) and
+``TokenEnv`` (one token per step over any chat task). The tasks live in ``llm_gym.tasks``.
 """
 
 from llm_gym.envs.chat import ChatEnv
-from llm_gym.envs.dataset import DatasetChatEnv, TaskReward, TaskScore
+from llm_gym.envs.dataset import DatasetChatEnv, make_task_env
 from llm_gym.envs.tokens import TokenEnv
-from llm_gym.envs.vector import DatasetChatVectorEnv, batch_infos, sharded_env_fns
+from llm_gym.envs.vector import (
+    DatasetChatVectorEnv,
+    batch_infos,
+    make_task_vector_env,
+    sharded_env_fns,
+)
+from llm_gym.tasks.task import TaskReward, TaskScore
 
 __all__ = [
     "ChatEnv",
@@ -18,5 +24,7 @@ __all__ = [
     "TaskScore",
     "TokenEnv",
     "batch_infos",
+    "make_task_env",
+    "make_task_vector_env",
     "sharded_env_fns",
 ]

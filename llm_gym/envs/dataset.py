@@ -1,50 +1,26 @@
-"""``DatasetChatEnv``: a ``ChatEnv`` whose user queries come from a dataset, scored by a task.
-
-A task is data plus a reward: the dataset, the field mapping that finds each row's query, a
-system prompt, and a reward function ``reward(response, sample) -> (reward, info)`` (or a
-``TaskScore``). ``llm_gym.tasks`` holds the built-in ones (GSM8K).
-"""
+"""``DatasetChatEnv``: a ``ChatEnv`` whose user queries come from a task's source, scored by
+the task's reward; ``make_task_env`` makes one from a ``Task`` or a task's function."""
 
 from __future__ import annotations
 
+import importlib
+import inspect
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from llm_gym.chat.history import History
+from llm_gym.checks import check_bool, check_int
 from llm_gym.envs.chat import ChatEnv
-from llm_gym.envs.data_sources import (
-    IndexedSource,
-    IterableSource,
-    is_iterable_dataset,
-    load_records,
-)
-from llm_gym.envs.procedural import ProceduralSource
-from llm_gym.envs.sharding import Shard
+from llm_gym.sources import IndexedSource, IterableSource, Shard, Source
+from llm_gym.sources.datasets import is_iterable_dataset, load_records
+from llm_gym.tasks.task import FieldMap, Task, TaskReward, TaskScore
 
-__all__ = ["DatasetChatEnv", "QUERY_KEY", "TaskReward", "TaskScore"]
+__all__ = ["DatasetChatEnv", "QUERY_KEY", "make_task_env"]
 
 QUERY_KEY = "query"
-FieldMap = Mapping[str, str] | Callable[[Mapping[str, Any]], Mapping[str, Any]]
 _OPTION_KEYS = ("sample",)
-
-
-class TaskScore(NamedTuple):
-    """What a task's reward says of one response.
-
-    ``answered``: whether the response gave an answer, which ends a multi-turn episode
-    (``max_turns > 1``); a plain ``(reward, info)`` pair counts as answered.
-    """
-
-    reward: float
-    info: dict[str, Any]
-    answered: bool = True
-
-
-# reward(response_text, sample) -> TaskScore or (reward, info); sample is the row after
-# field_map, query included.
-TaskReward = Callable[[str, Mapping[str, Any]], "TaskScore | tuple[float, dict[str, Any]]"]
 
 
 class DatasetChatEnv(ChatEnv):
@@ -55,7 +31,8 @@ class DatasetChatEnv(ChatEnv):
     The Gymnasium form of TorchRL's ``DatasetChatEnv``. Each ``reset`` draws a sample, puts
     its ``"query"`` field in the user message (after ``system_prompt``) and returns the
     sample's other fields in ``info``. Each step's response is scored by ``reward`` against
-    the current sample (see ``llm_gym.tasks.gsm8k`` for a task built this way).
+    the current sample. ``from_task`` serves an ``llm_gym.tasks.Task`` (the registered
+    ``LLMChat-<task>-v0`` ids are such envs).
 
     Samples are served in a seeded order: each epoch serves every sample exactly once
     (``repeats`` times in a row each, so that consecutive episodes form a GRPO group), then
@@ -94,8 +71,8 @@ class DatasetChatEnv(ChatEnv):
 
     - ``dataset``: a Hub dataset name (with ``name=`` config and ``split=``), a path to a
       local ``.jsonl``/``.json``/``.parquet`` file or a folder of them, a ``datasets.Dataset``
-      (or ``DatasetDict`` with ``split=``), or a sequence of dicts. Use ``from_dataloader`` for
-      an iterable such as a ``DataLoader``.
+      (or ``DatasetDict`` with ``split=``), a sequence of dicts, or a ``llm_gym.sources``
+      ``Source``. Use ``from_dataloader`` for an iterable such as a ``DataLoader``.
     - ``name`` / ``split``: the Hub config and split (a folder's files are split by name).
     - ``shuffle``: shuffle each epoch (default True); ``seed``: the order's seed (None:
       random, until ``reset(seed=...)``).
@@ -108,13 +85,10 @@ class DatasetChatEnv(ChatEnv):
       ``0 .. count - 1`` and one seed serve each sample exactly ``repeats`` times per epoch
       between them, e.g. the sub-envs of ``SyncVectorEnv``/``AsyncVectorEnv`` or the ranks of
       a data-parallel run. Not for ``from_dataloader`` (shard the dataloader's sampler).
-    - ``field_map``: renames from dataset columns to env fields, such as
-      ``{"question": "query"}``, or a function from a raw record to the fields. The fields
-      must include ``"query"`` (a ``str``).
-    - ``reward``: the task's reward, ``reward(response_text, sample) -> (reward, info)`` or a
-      ``TaskScore``; None: no reward.
-    - ``required_fields``: the fields the reward reads, checked on the first sample at
-      construction (a dataset without them fails here, not at the first step).
+    - ``field_map``, ``reward``, ``required_fields``, ``answer_format``: the task's, as in
+      ``llm_gym.tasks.Task``: the fields must include a str ``"query"``; ``reward(response_text,
+      sample)`` returns ``(reward, info)`` or a ``TaskScore`` (None: no reward); the required
+      fields are checked on the first sample, so a dataset without them fails here.
     - ``system_prompt``, ``max_turns``: as ``ChatEnv`` (``max_turns`` defaults to 1).
     - ``**chat_options``: ``ChatEnv``'s other arguments (``input_mode``, ``tokenizer``,
       ``template_kwargs``, ``observation_keys``, ``max_text_length``, ``render_mode``, the
@@ -155,20 +129,16 @@ class DatasetChatEnv(ChatEnv):
         field_map: FieldMap | None = None,
         reward: TaskReward | None = None,
         required_fields: tuple[str, ...] = (),
+        answer_format: str | None = None,
         system_prompt: str | None = None,
         max_turns: int | None = 1,
         **chat_options: Any,
     ) -> None:
         # Cheap checks first, so that bad arguments fail before any data is loaded.
-        if repeats is None:
-            repeats = 1
-        if isinstance(repeats, bool) or not isinstance(repeats, (int, np.integer)) or repeats < 1:
-            raise ValueError(f"repeats must be an int >= 1 (or None for 1), got {repeats!r}")
-        if not isinstance(shuffle, bool):
-            raise TypeError(f"shuffle must be a bool, got {type(shuffle).__name__}: {shuffle!r}")
-        if not isinstance(group_repeats, bool):
-            raise TypeError(f"group_repeats must be a bool, got {type(group_repeats).__name__}")
-        sharding = Shard.parse(shard, int(repeats))
+        repeats = check_int("repeats", 1 if repeats is None else repeats, 1)
+        check_bool("shuffle", shuffle)
+        check_bool("group_repeats", group_repeats)
+        sharding = Shard.parse(shard, repeats)
         if field_map is not None and not (isinstance(field_map, Mapping) or callable(field_map)):
             raise TypeError(
                 "field_map must be a dict of column renames (e.g. {'question': 'query'}) or a "
@@ -184,13 +154,16 @@ class DatasetChatEnv(ChatEnv):
         super().__init__(system_prompt=system_prompt, max_turns=max_turns, **chat_options)
         self.reward = reward
         self.required_fields = tuple(required_fields)
-        self.repeats = int(repeats)
+        self.answer_format = answer_format
+        self.repeats = repeats
         self.group_repeats = group_repeats
         self.field_map = field_map
         self.seed = seed
         self.shard = (sharding.index, sharding.count)
-        if isinstance(dataset, (IndexedSource, IterableSource, ProceduralSource)):
+        if isinstance(dataset, Source):
             self._source = dataset.fork(sharding)
+            if seed is not None:
+                self._source.reseed(seed)
         elif is_iterable_dataset(dataset):
             self._source = IterableSource(dataset, repeats=self.repeats)
         else:
@@ -204,9 +177,24 @@ class DatasetChatEnv(ChatEnv):
         if isinstance(self._source, IndexedSource):
             self._check_fields(self._source.data[0], self._source.columns)
         self._sample: dict[str, Any] | None = None
-        # The rendered system prompt and its tokens, reused by every prompt: (text, ids,
-        # special tokens the rest may start with, checked on a real prompt), None until
-        # needed, False where reuse would not be exact.
+
+    @classmethod
+    def from_task(cls, task: Task, **kwargs: Any) -> DatasetChatEnv:
+        """The env serving ``task``: its source, prompt, fields and reward; ``kwargs`` are
+        this class's other arguments (``seed``, ``repeats``, ``max_turns``, ``input_mode``,
+        ...) and win over the task's, except ``system_prompt=None``, which keeps its prompt.
+
+        >>> from llm_gym.tasks import Task
+        >>> env = DatasetChatEnv.from_task(Task([{"query": "2+2?"}], prompt="Be brief."))
+        >>> [m["content"] for m in env.reset(seed=0)[0]["history"]]
+        ['Be brief.', '2+2?']
+        """
+        if not isinstance(task, Task):
+            raise TypeError(f"task must be an llm_gym.tasks.Task, got {type(task).__name__}")
+        given = {k: v for k, v in kwargs.items() if not (k == "system_prompt" and v is None)}
+        # A callable source loads the task's data now, when the env is made.
+        source = task.source() if callable(task.source) else task.source
+        return cls(source, **(dict(task) | given))
 
     @classmethod
     def from_dataloader(cls, dataloader: Iterable[Any], **kwargs: Any) -> DatasetChatEnv:
@@ -228,9 +216,21 @@ class DatasetChatEnv(ChatEnv):
     # -- data ------------------------------------------------------------------------------
 
     @property
-    def source(self) -> IndexedSource | IterableSource | ProceduralSource:
+    def source(self) -> Source:
         """Where the samples come from (shared with the forks of this env)."""
         return self._source
+
+    @property
+    def task(self) -> Task:
+        """The task this env serves: its source, prompt, fields and reward."""
+        return Task(
+            source=self._source,
+            prompt=self.system_prompt,
+            reward=self.reward,
+            answer_format=self.answer_format,
+            field_map=self.field_map,
+            required_fields=self.required_fields,
+        )
 
     @property
     def level(self) -> int | None:
@@ -273,6 +273,8 @@ class DatasetChatEnv(ChatEnv):
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Start an episode from the next sample, or ``options={"sample": {...}}``; ``seed``
+        restarts the order it defines."""
         given = self._given_sample(options)  # checked before reseeding: a bad one changes nothing
         if seed is not None:
             self._source.reseed(self._order_seed(seed))
@@ -368,3 +370,29 @@ class DatasetChatEnv(ChatEnv):
                 f"dataset's samples lack the fields {missing} the task's reward reads; its "
                 f"fields are {sorted(sample)} (rename a column with field_map=...)"
             )
+
+
+def make_task_env(task_factory: str | Callable[..., Task] | Task, **kwargs: Any) -> DatasetChatEnv:
+    """The env of a task: ``task_factory`` (a ``Task``, a function returning one, or its
+    ``"module:function"`` path) is called with the arguments it declares, and
+    ``DatasetChatEnv.from_task`` gets the rest. Each ``LLMChat-<task>-v0`` id is this
+    function with the task's function (``llm_gym.register_task``).
+
+    >>> env = make_task_env("llm_gym.tasks.countdown:countdown_task", level=0, seed=0)
+    >>> env.level, env.reset(seed=0)[1]["target"] == env.sample["target"]
+    (0, True)
+    """
+    if isinstance(task_factory, str):
+        module, _, name = task_factory.partition(":")
+        task_factory = getattr(importlib.import_module(module), name)
+    if isinstance(task_factory, Task):
+        return DatasetChatEnv.from_task(task_factory, **kwargs)
+    if not callable(task_factory):
+        raise TypeError(
+            f"task_factory must be a Task, a function returning one or its 'module:function' "
+            f"path, got {type(task_factory).__name__}"
+        )
+    # The function's own parameters make the task; everything else configures the env.
+    own = inspect.signature(task_factory).parameters
+    task = task_factory(**{k: v for k, v in kwargs.items() if k in own})
+    return DatasetChatEnv.from_task(task, **{k: v for k, v in kwargs.items() if k not in own})

@@ -16,10 +16,10 @@ from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
 from llm_gym.chat.conversation import Conversation
 from llm_gym.checks import check_int
 from llm_gym.envs.actions import decode_token_actions
-from llm_gym.envs.dataset import DatasetChatEnv
-from llm_gym.envs.sharding import Shard
+from llm_gym.envs.dataset import DatasetChatEnv, make_task_env
+from llm_gym.sources import Shard
 
-__all__ = ["DatasetChatVectorEnv", "batch_infos", "sharded_env_fns"]
+__all__ = ["DatasetChatVectorEnv", "batch_infos", "make_task_vector_env", "sharded_env_fns"]
 
 
 class DatasetChatVectorEnv(VectorEnv):
@@ -95,6 +95,7 @@ class DatasetChatVectorEnv(VectorEnv):
         seed: int | Sequence[int | None] | None = None,
         options: dict[str, Any] | None = None,
     ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Reset every sub-env (sub-env ``i`` seeded ``seed + i``, one order split N ways)."""
         seeds = self._seeds(seed)
         given = self.env._given_sample(options)  # checked before anything changes
         super().reset(seed=seeds[0])
@@ -107,6 +108,8 @@ class DatasetChatVectorEnv(VectorEnv):
     def step(
         self, actions: Sequence[Any]
     ) -> tuple[dict[str, Any], np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """Step the N conversations with ``actions`` at once; finished ones reset in the same
+        step (their last observation and info in ``info["final_obs"]``/``["final_info"]``)."""
         if self._conversations[0] is None:
             raise error.ResetNeeded("Cannot call DatasetChatVectorEnv.step before reset")
         outcomes = self._outcomes(actions)  # every sub-env's step computed before any is stored
@@ -304,3 +307,14 @@ def sharded_env_fns(env_id: str, num_envs: int, **kwargs: Any) -> list[Callable[
     return [
         functools.partial(gym.make, env_id, shard=(i, num_envs), **kwargs) for i in range(num_envs)
     ]
+
+
+def make_task_vector_env(num_envs: int = 1, **kwargs: Any) -> DatasetChatVectorEnv:
+    """The ``vector_entry_point`` of every task's env id: ``num_envs`` conversations of
+    ``make_task_env(**kwargs)``.
+
+    >>> envs = make_task_vector_env(2, task_factory="llm_gym.tasks:countdown_task", level=0)
+    >>> envs.reset(seed=0)[1]["target"].shape
+    (2,)
+    """
+    return DatasetChatVectorEnv(make_task_env(**kwargs), num_envs)

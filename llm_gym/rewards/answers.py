@@ -1,10 +1,11 @@
-"""Answer formats shared by every task: where a response's final answer is, and how a graded
-answer becomes TorchRL's reward parts.
+"""Answer formats, one registry for every task: how a system prompt asks for the final
+answer, where a response gives it, and how a graded answer becomes TorchRL's reward parts.
 
-Formats (``ANSWER_FORMATS``): ``"tags"`` (TorchRL's ``<think>``/``<answer>``; the first
-``<answer>`` wins), ``"boxed"`` (the last brace-matched ``\\boxed{...}``), ``"hash"`` (what
-follows the last ``####``) and ``"last_number"`` (the last number in the text). Extraction
-runs in time linear in the response: model output is hostile input.
+Formats (``ANSWER_FORMATS``, also ``MODES``, the name ``GSM8KReward``'s ``mode`` has always
+used): ``"tags"`` (TorchRL's ``<think>``/``<answer>``; the first ``<answer>`` wins),
+``"hash"`` (what follows the last ``####``), ``"boxed"`` (the last brace-matched
+``\\boxed{...}``) and ``"last_number"`` (the last number in the text). Extraction runs in time
+linear in the response: model output is hostile input.
 
 >>> extract_answer("<think>2 + 2</think> <answer>4</answer>")
 '4'
@@ -23,6 +24,7 @@ from typing import Any
 __all__ = [
     "ANSWER_FORMATS",
     "MODES",
+    "AnswerFormat",
     "AnswerReward",
     "AnswerScore",
     "check_answer_format",
@@ -30,11 +32,9 @@ __all__ = [
     "extract_answer",
     "extract_tags",
     "score_answer",
+    "system_prompt",
     "trl_rows",
 ]
-
-ANSWER_FORMATS = ("tags", "hash", "boxed", "last_number")
-MODES = ANSWER_FORMATS  # the name GSM8KReward's ``mode`` has always used
 
 # A signed number with optional thousands separators and decimals. The lookbehind stops a
 # match from starting inside another number, so "5-3" reads as 5 and 3, not 5 and -3.
@@ -101,6 +101,68 @@ def _after_last_hash(text: str, numeric: bool) -> str | None:
     return None
 
 
+def _tagged(text: str, numeric: bool) -> str | None:
+    return extract_tags(text)[1]
+
+
+def _boxed(text: str, numeric: bool) -> str | None:
+    return _last_boxed(text)
+
+
+def _last_number(text: str, numeric: bool) -> str | None:
+    return (_NUMBER_RE.findall(text) or [None])[-1]
+
+
+@dataclass(frozen=True)
+class AnswerFormat:
+    """One way of giving the final answer: the system prompt's ``instruction`` for it, and
+    ``extract(text, numeric)``, which finds it in a response (None when there is none)."""
+
+    instruction: str
+    extract: Callable[[str, bool], str | None]
+
+
+ANSWER_FORMATS: dict[str, AnswerFormat] = {
+    "tags": AnswerFormat(
+        "The assistant first thinks about the reasoning process in the mind and then "
+        "provides the user with the answer.\nThe reasoning process and answer are enclosed "
+        "within <think></think> and <answer></answer> tags, respectively,\ni.e., "
+        "<think>reasoning process here</think> <answer>answer here</answer>.",
+        _tagged,
+    ),
+    "hash": AnswerFormat(
+        "The assistant reasons step by step, then writes the final answer alone on the last "
+        "line, after '#### '.",
+        _after_last_hash,
+    ),
+    "boxed": AnswerFormat(
+        "The assistant reasons step by step, then puts the final answer within \\boxed{}.",
+        _boxed,
+    ),
+    "last_number": AnswerFormat(
+        "The assistant reasons briefly, then ends the response with the final answer as a number.",
+        _last_number,
+    ),
+}
+MODES = tuple(ANSWER_FORMATS)
+
+
+def system_prompt(description: str, answer_format: str, answer_hint: str = "") -> str:
+    """A task's system prompt: ``description`` (what the user asks), then how to answer in
+    ``answer_format``, then ``answer_hint`` (e.g. "The answer should be a number.").
+
+    >>> print(system_prompt("The user gives a sum.", "boxed"))
+    A conversation between User and Assistant. The user gives a sum.
+    The assistant reasons step by step, then puts the final answer within \\boxed{}.
+    """
+    instruction = ANSWER_FORMATS[check_answer_format(answer_format)].instruction
+    head = f"A conversation between User and Assistant. {description}\n{instruction}"
+    # TorchRL's prompts put the hint on the tags line: "... answer here</answer>. The answer
+    # should be a number."
+    separator = " " if answer_format == "tags" else "\n"
+    return f"{head}{separator}{answer_hint}" if answer_hint else head
+
+
 def extract_answer(text: str, mode: str = "tags", *, numeric: bool = True) -> str | None:
     """Extract the model's final answer from ``text``; ``None`` when there is none.
 
@@ -122,15 +184,7 @@ def extract_answer(text: str, mode: str = "tags", *, numeric: bool = True) -> st
     True
     """
     check_str("text", text)
-    check_answer_format(mode, "mode")
-    if mode == "tags":
-        found: str | None = extract_tags(text)[1]
-    elif mode == "hash":
-        found = _after_last_hash(text, numeric)
-    elif mode == "boxed":
-        found = _last_boxed(text)
-    else:
-        found = (_NUMBER_RE.findall(text) or [None])[-1]
+    found = ANSWER_FORMATS[check_answer_format(mode, "mode")].extract(text, numeric)
     found = found.strip() if found is not None else None
     return found or None
 
@@ -264,11 +318,13 @@ def trl_rows(completions: Sequence[Any], **columns: Sequence[Any]) -> list[tuple
 
 
 def check_str(name: str, value: Any) -> None:
+    """Raises ``TypeError`` naming ``name`` unless ``value`` is a ``str``."""
     if not isinstance(value, str):
         raise TypeError(f"{name} must be a str, got {type(value).__name__}: {value!r:.80}")
 
 
 def check_answer_format(value: Any, name: str = "answer_format") -> str:
+    """``value`` if it names one of ``ANSWER_FORMATS``."""
     if value not in ANSWER_FORMATS:
         raise ValueError(
             f"{name} must be one of {', '.join(map(repr, ANSWER_FORMATS))}; got {value!r}"
@@ -277,6 +333,7 @@ def check_answer_format(value: Any, name: str = "answer_format") -> str:
 
 
 def check_reward(name: str, value: Any) -> float:
+    """``value`` as a finite float: a reward's value."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be an int or float, got {type(value).__name__}: {value!r}")
     if not math.isfinite(value):

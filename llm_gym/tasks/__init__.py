@@ -1,35 +1,33 @@
-"""Tasks: data, a system prompt and a reward, served by ``DatasetChatEnv``. One file a task.
+"""Tasks: a ``Task`` is a source of items, a system prompt, an answer format and a reward.
+
+One file a task, each a function returning a ``Task`` whose env id is registered on
+``import llm_gym`` (``llm_gym.register_task``):
 
 - ``gsm8k``: GSM8K (``LLMChat-GSM8K-v0``), TorchRL's prompt and reward.
-- ``countdown``: Countdown (``LLMChat-Countdown-v0``), procedural, with levels.
+- ``countdown``: Countdown (``LLMChat-Countdown-v0``), generated, with levels.
 - ``math``: MATH (``LLMChat-MATH-v0``), answers checked by ``math-verify``.
 - ``reasoning_gym``: any reasoning-gym task (``LLMChat-ReasoningGym-v0``), with its levels.
-- ``formats``: the system prompt of each answer format, shared by all of them.
 """
 
-from llm_gym.tasks.countdown import COUNTDOWN_LEVELS, make_countdown_env
-from llm_gym.tasks.formats import FORMAT_INSTRUCTIONS, system_prompt
-from llm_gym.tasks.gsm8k import (
-    GSM8K_SYSTEM_PROMPT,
-    gsm8k_task,
-    load_gsm8k,
-    make_gsm8k_env,
-    make_gsm8k_vector_env,
-)
-from llm_gym.tasks.math import load_math, make_math_env
-from llm_gym.tasks.reasoning_gym import make_reasoning_gym_env
+from llm_gym.rewards.answers import ANSWER_FORMATS, system_prompt
+from llm_gym.tasks.countdown import COUNTDOWN_LEVELS, countdown_task
+from llm_gym.tasks.gsm8k import GSM8K_SYSTEM_PROMPT, gsm8k_task, load_gsm8k
+from llm_gym.tasks.math import load_math, math_task
+from llm_gym.tasks.reasoning_gym import reasoning_gym_task
+from llm_gym.tasks.task import Task, TaskReward, TaskScore
 
 __all__ = [
+    "ANSWER_FORMATS",
     "COUNTDOWN_LEVELS",
-    "FORMAT_INSTRUCTIONS",
     "GSM8K_SYSTEM_PROMPT",
+    "Task",
+    "TaskReward",
+    "TaskScore",
+    "countdown_task",
     "gsm8k_task",
     "load_gsm8k",
     "load_math",
-    "make_countdown_env",
-    "make_gsm8k_env",
-    "make_gsm8k_vector_env",
-    "make_math_env",
-    "make_reasoning_gym_env",
+    "math_task",
+    "reasoning_gym_task",
     "system_prompt",
 ]

@@ -1,10 +1,5 @@
-"""Any reasoning-gym task as an llm_gym task: generated questions, the task's own verifier.
-
-reasoning-gym (PyPI ``reasoning-gym``, the ``reasoning`` extra) generates 100+ kinds of
-questions offline from a seed, scores answers with each task's ``score_answer`` and, for most
-tasks, defines a curriculum of difficulty levels. Level ``L`` here is the curriculum at global
-level ``L``; ``task_config`` fixes any field whatever the level.
-"""
+"""reasoning-gym (``LLMChat-ReasoningGym-v0``): any of its 100+ generated tasks, scored by
+the task's own verifier, with its curriculum as levels (the ``reasoning`` extra)."""
 
 from __future__ import annotations
 
@@ -14,14 +9,11 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
-from llm_gym.envs.dataset import DatasetChatEnv, TaskScore
-from llm_gym.envs.procedural import ProceduralSource
-from llm_gym.envs.vector import DatasetChatVectorEnv
-from llm_gym.rewards.answers import check_answer_format, check_reward, score_answer
-from llm_gym.tasks._build import task_env
-from llm_gym.tasks.formats import system_prompt
+from llm_gym.rewards.answers import check_reward, score_answer, system_prompt
+from llm_gym.sources.procedural import ProceduralSource
+from llm_gym.tasks.task import Task, TaskScore
 
-__all__ = ["ReasoningGymTask", "make_reasoning_gym_env", "make_reasoning_gym_vector_env"]
+__all__ = ["ReasoningGymGenerator", "reasoning_gym_task"]
 
 # Questions are drawn by index from a dataset of this size (reasoning-gym seeds each one with
 # seed + index, so a large size costs nothing).
@@ -40,7 +32,7 @@ def _reasoning_gym() -> Any:
     return reasoning_gym
 
 
-class ReasoningGymTask:
+class ReasoningGymGenerator:
     """One reasoning-gym task at a level: questions by ``(seed, index, level)``, and scores.
 
     Picklable (it holds names and settings; datasets are rebuilt on demand), so async vector
@@ -98,6 +90,7 @@ class ReasoningGymTask:
         return dataset_cls(config)
 
     def question(self, seed: int, index: int, level: int | None) -> dict[str, Any]:
+        """Question ``index`` of ``seed`` at ``level`` (None: the task's own configuration)."""
         entry = self._dataset(seed % 2**31, level)[index % _SIZE]
         return {
             "query": entry["question"],
@@ -118,84 +111,60 @@ class ReasoningGymTask:
 
 
 def _score(
-    task: ReasoningGymTask,
+    task: ReasoningGymGenerator,
     answer_format: str,
     format_reward: float,
     response: str,
-    sample: Mapping[str, Any],
+    item: Mapping[str, Any],
 ) -> TaskScore:
     scores: list[float] = []
 
     def grade(answer: str) -> float:
-        scores.append(task.score(answer, sample))
+        scores.append(task.score(answer, item))
         return scores[-1]
 
     score = score_answer(response, answer_format, grade, format_reward=format_reward, numeric=False)
     info = score.info() | {
         "score": scores[-1] if scores else 0.0,
-        "answer": sample["answer"],
-        "task": sample["task"],
-        "metadata": copy.deepcopy(sample["metadata"]),  # fresh: the reset info holds the same
+        "answer": item["answer"],
+        "task": item["task"],
+        "metadata": copy.deepcopy(item["metadata"]),  # fresh: the reset info holds the same
     }
     return TaskScore(score.reward, info, answered=score.reward_answer > 0)
 
 
-def make_reasoning_gym_env(
+def reasoning_gym_task(
     *,
     task: str = "basic_arithmetic",
     task_config: Mapping[str, Any] | None = None,
     level: int | None = 0,
     answer_format: str = "tags",
     format_reward: float = 0.0,
-    seed: int | None = None,
-    **env_kwargs: Any,
-) -> DatasetChatEnv:
+) -> Task:
     """A reasoning-gym task: generated questions, scored by the task's own verifier.
 
     ## Description
 
     Each episode asks one question that reasoning-gym generates for ``task`` from the seed
-    (offline); the policy's extracted answer is scored by the task's ``score_answer``.
-
-    ## Action Space
-
-    As ``ChatEnv``: a ``str`` (or token ids in ``"tokens"`` mode), or a ``Response``.
-
-    ## Observation Space
-
-    As ``ChatEnv``: a ``Dict`` with the prompt as ``history``, ``text`` and/or ``tokens``.
+    (offline); the task's ``score_answer`` scores the extracted answer.
 
     ## Rewards
 
-    The task's score of the answer, in [0, 1] (1.0 is ``success``); ``format_reward`` (default
-    0.0) is the floor for a response that gives an answer, 0.0 without one. ``info`` holds
-    TorchRL's parts (``reward_answer``, ``reward_think``, ``reward_right``, ``reward``,
-    ``success``), ``score`` (the task's), ``answer`` (the ground truth, a str), ``task`` and
-    ``metadata`` (the entry's).
-
-    ## Starting State
-
-    ``[system, user question]``; the reset ``info`` holds ``answer``, ``task`` and
-    ``metadata``.
-
-    ## Episode End
-
-    With ``max_turns=1`` (default) the response ends the episode with ``terminated=True``;
-    with more turns, the first answer does.
+    The task's score of the answer, in [0, 1] (1.0 is ``success``); ``format_reward`` (0.0)
+    is the floor for a response that gives an answer, 0.0 without one. ``info``: TorchRL's
+    parts, ``score`` (the task's), ``answer`` (the ground truth, a str), ``task`` and
+    ``metadata``; the reset ``info`` holds the last three.
 
     ## Arguments
 
-    - ``task``: a reasoning-gym task name (``reasoning_gym.factory.DATASETS``).
-    - ``task_config``: the task's config fields (e.g. ``{"max_terms": 3}``); they win over
-      the level's.
-    - ``level``: the curriculum's global level (0, the default, is the easiest; ``set_level``
-      changes it); None: the task's own default configuration, as the only level. A task
-      without a curriculum has one level.
-    - ``answer_format``: ``"tags"`` (default), ``"boxed"``, ``"hash"`` or ``"last_number"``.
-    - ``format_reward``: the reward's floor for a well-formed answer.
-    - ``seed``: the questions' seed (the sub-envs of a vector env split its questions).
-    - ``env_kwargs``: ``DatasetChatEnv``'s other arguments (``repeats``, ``group_repeats``,
-      ``input_mode``, ``tokenizer``, ``assistant_prefix``, ``system_prompt``, ...).
+    - ``task``: a reasoning-gym task name (``reasoning_gym.factory.DATASETS``);
+      ``task_config``: its config fields (e.g. ``{"max_terms": 3}``), which win over the
+      level's.
+    - ``level``: the curriculum's global level (0, the easiest, by default; the env's
+      ``set_level`` changes it); None: the task's own default configuration as the only
+      level. A task without a curriculum has one level.
+    - ``answer_format``: ``"tags"`` (default), ``"boxed"``, ``"hash"`` or ``"last_number"``;
+      ``format_reward``: the floor for a well-formed answer.
 
     ## Version History
 
@@ -211,28 +180,25 @@ def make_reasoning_gym_env(
     >>> reward, info["success"], info["task"]
     (1.0, True, 'basic_arithmetic')
     """
-    check_answer_format(answer_format)
+    prompt = system_prompt(_DESCRIPTION, answer_format)  # checks answer_format
     format_reward = check_reward("format_reward", format_reward)
-    rg_task = ReasoningGymTask(task, task_config)
-    num_levels = rg_task.num_levels if level is not None else 1
+    generator = ReasoningGymGenerator(task, task_config)
+    num_levels = generator.num_levels if level is not None else 1
     if level is not None and (
         isinstance(level, bool) or not isinstance(level, int) or not 0 <= level < num_levels
     ):
         raise ValueError(
             f"level must be None or an int in [0, {num_levels - 1}] for {task!r}, got {level!r}"
         )
-    fixed = level is None or rg_task.num_levels == 1
-    rg_task.check(None if fixed else level)
+    fixed = level is None or generator.num_levels == 1
+    generator.check(None if fixed else level)
 
     def generate(seed: int, index: int, current: int) -> dict[str, Any]:
-        return rg_task.question(seed, index, None if fixed else current)
+        return generator.question(seed, index, None if fixed else current)
 
-    source = ProceduralSource(generate, num_levels=num_levels, level=level or 0, seed=seed)
-    reward = functools.partial(_score, rg_task, answer_format, format_reward)
-    task_kwargs = {"system_prompt": system_prompt(_DESCRIPTION, answer_format), "reward": reward}
-    return task_env(source, task_kwargs, env_kwargs, seed=seed)
-
-
-def make_reasoning_gym_vector_env(num_envs: int = 1, **kwargs: Any) -> DatasetChatVectorEnv:
-    """``LLMChat-ReasoningGym-v0``'s ``vector_entry_point``: N conversations of one task."""
-    return DatasetChatVectorEnv(make_reasoning_gym_env(**kwargs), num_envs)
+    return Task(
+        source=ProceduralSource(generate, num_levels=num_levels, level=level or 0),
+        prompt=prompt,
+        reward=functools.partial(_score, generator, answer_format, format_reward),
+        answer_format=answer_format,
+    )

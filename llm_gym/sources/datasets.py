@@ -1,9 +1,9 @@
-"""Where a ``DatasetChatEnv`` gets its samples: Hub datasets, local files, lists, dataloaders.
+"""Stored data as a source: Hub datasets, local files and folders, lists of dicts.
 
 ``load_records`` turns any accepted ``dataset=`` value into something indexable (a
-``datasets.Dataset`` or a list of dicts). ``IndexedSource`` serves it in a seeded order, one
-epoch at a time; ``IterableSource`` serves whatever an iterable (a ``DataLoader``, a list of
-batches) yields, restarting it when it runs out.
+``datasets.Dataset`` or a list of dicts); ``load_split`` reads a task's split offline from a
+folder, else from the Hub. ``IndexedSource`` serves indexable data in a seeded order, one
+epoch at a time.
 
 The order of an ``IndexedSource`` is a pure function of ``(seed, position)``: epoch ``e`` is
 ``default_rng([seed, e]).permutation(n)``. The same seed gives the same order in every
@@ -20,27 +20,32 @@ True
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import sys
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 import numpy as np
 
-from llm_gym.envs.sharding import Shard
+from llm_gym.sources.base import Shard, Source, check_seed, fresh_seed
 
 __all__ = [
+    "SPLITS",
     "IndexedSource",
-    "IterableSource",
     "hub_unavailable_reason",
     "is_iterable_dataset",
     "load_hub_dataset",
     "load_local_dataset",
     "load_records",
+    "load_split",
+    "task_data",
 ]
+
+SPLITS = ("train", "test")
 
 _LOCAL_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 # Reading one row of an Arrow-backed Dataset costs ~20 us, a block of 32 ~3 us a row.
@@ -58,18 +63,6 @@ def _is_datasets(value: Any, class_name: str) -> bool:
 def is_iterable_dataset(value: Any) -> bool:
     """Whether ``value`` is a streaming ``datasets.IterableDataset``."""
     return _is_datasets(value, "IterableDataset")
-
-
-def _fresh_seed() -> int:
-    return int(np.random.SeedSequence().entropy)
-
-
-def _check_seed(name: str, seed: Any) -> int | None:
-    if seed is None:
-        return None
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"{name} must be None or an int >= 0, got {seed!r}")
-    return int(seed)
 
 
 class IndexedSource:
@@ -99,6 +92,7 @@ class IndexedSource:
 
     @property
     def columns(self) -> list[str]:
+        """The data's column names (a list of dicts: the first one's keys)."""
         if _is_datasets(self.data, "Dataset"):
             return list(self.data.column_names)
         first = self.data[0]
@@ -111,8 +105,8 @@ class IndexedSource:
 
     def reseed(self, seed: int | None) -> None:
         """Restart from the first sample of the order that ``seed`` defines (new if None)."""
-        seed = _check_seed("seed", seed)
-        self.seed = _fresh_seed() if seed is None else seed
+        seed = check_seed(seed)
+        self.seed = fresh_seed() if seed is None else seed
         self.rewind()
 
     def rewind(self) -> None:
@@ -123,10 +117,7 @@ class IndexedSource:
 
     def fork(self, shard: Shard) -> IndexedSource:
         """A source over the same data and seed that serves ``shard`` of the stream."""
-        other = object.__new__(IndexedSource)
-        other.data, other.shuffle, other.shard = self.data, self.shuffle, shard
-        other.reseed(self.seed)
-        return other
+        return IndexedSource(self.data, shuffle=self.shuffle, seed=self.seed, shard=shard)
 
     def order(self, epoch: int) -> np.ndarray:
         """The sample indices of ``epoch`` in serving order."""
@@ -136,6 +127,7 @@ class IndexedSource:
         return np.random.default_rng([self.seed, epoch]).permutation(n)
 
     def next_record(self) -> Any:
+        """The next sample of this source's shard of the order."""
         if not self._buffer:
             ahead = range(self._position, self._position + _PREFETCH)
             indices = [self._index_at(self.shard.record(k)) for k in ahead]
@@ -152,117 +144,6 @@ class IndexedSource:
         if epoch != self._epoch:
             self._epoch, self._order = epoch, self.order(epoch)
         return int(self._order[index])
-
-
-class IterableSource:
-    """Serves the samples an iterable yields, in its own order, restarting it when exhausted.
-
-    A yielded item may be one sample (a dict), a list of dicts, or a collated batch (a dict of
-    equal-length lists or arrays, what a ``DataLoader`` returns); batches are split into
-    samples. Shuffling and seeding belong to the iterable (e.g. ``DataLoader(generator=...)``).
-    Each sample is served ``repeats`` times in a row. Forks share the stream, so a vector
-    env's sub-envs draw from one stream, as TorchRL's batched env does: that is how they
-    split it, whatever their shard.
-    """
-
-    def __init__(self, iterable: Iterable[Any], *, repeats: int = 1) -> None:
-        if isinstance(iterable, (str, bytes, Mapping)) or not isinstance(iterable, Iterable):
-            raise TypeError(
-                f"dataloader must be an iterable of samples or batches (a DataLoader, a list "
-                f"of dicts), got {type(iterable).__name__}"
-            )
-        self.iterable = iterable
-        self.repeats = repeats
-        self._stream = _Stream(iterable)
-
-    def reseed(self, seed: int | None) -> None:
-        """No-op: the iterable owns its order."""
-        _check_seed("seed", seed)
-
-    def rewind(self) -> None:
-        """Restart the iterable from its beginning (``iter()`` again)."""
-        self._stream.restart()
-
-    def fork(self, shard: Shard) -> IterableSource:
-        """A source sharing this one's stream (a shared stream needs no shard)."""
-        other = object.__new__(IterableSource)
-        other.iterable, other._stream = self.iterable, self._stream
-        other.repeats = shard.repeats
-        return other
-
-    def next_record(self) -> Any:
-        return self._stream.next_record(self.repeats)
-
-
-class _Stream:
-    """One pass after another over an iterable, each sample handed out ``repeats`` times."""
-
-    def __init__(self, iterable: Iterable[Any]) -> None:
-        self.iterable = iterable
-        self.restart()
-
-    def restart(self) -> None:
-        self._iterator: Iterator[Any] | None = None
-        self._pending: list[Any] = []
-        self._current: Any = None
-        self._served = 0
-
-    def next_record(self, repeats: int) -> Any:
-        if self._current is None or self._served >= repeats:
-            while not self._pending:
-                self._pending = _unbatch(self._next_item())
-                self._pending.reverse()  # pop() from the end serves them in order
-            self._current, self._served = self._pending.pop(), 0
-        self._served += 1
-        return self._current
-
-    def _next_item(self) -> Any:
-        if self._iterator is None:
-            self._iterator = iter(self.iterable)
-        try:
-            return next(self._iterator)
-        except StopIteration:
-            pass
-        # End of an epoch: start the next one. A one-shot iterator (a generator) has nothing
-        # more to give, which would otherwise loop forever.
-        self._iterator = iter(self.iterable)
-        try:
-            return next(self._iterator)
-        except StopIteration:
-            raise ValueError(
-                f"dataloader {type(self.iterable).__name__} yielded no samples when restarted; "
-                "pass a re-iterable (a list, a DataLoader), not a one-shot iterator"
-            ) from None
-
-
-def _unbatch(item: Any) -> list[Any]:
-    if isinstance(item, Mapping):
-        values = list(item.values())
-        if values and all(_is_column(v) for v in values):
-            lengths = {len(v) for v in values}
-            if len(lengths) != 1:
-                raise ValueError(
-                    f"a collated batch must have columns of one length, got lengths "
-                    f"{ {k: len(v) for k, v in item.items()} }"
-                )
-            columns = {k: v.tolist() if hasattr(v, "tolist") else list(v) for k, v in item.items()}
-            return [
-                dict(zip(columns, row, strict=True)) for row in zip(*columns.values(), strict=True)
-            ]
-        return [item]
-    if isinstance(item, (list, tuple)):
-        return list(item)
-    raise TypeError(
-        f"dataloader items must be dicts, lists of dicts or collated batches, "
-        f"got {type(item).__name__}"
-    )
-
-
-def _is_column(value: Any) -> bool:
-    if isinstance(value, (list, tuple)):
-        return True
-    shape = getattr(value, "shape", None)  # numpy arrays and torch tensors with a batch dim
-    return shape is not None and len(shape) >= 1
 
 
 def hub_unavailable_reason() -> str | None:
@@ -394,3 +275,53 @@ def load_records(
         "dataset must be a Hub dataset name, a local path, a datasets.Dataset or a sequence "
         f"of dicts, got {type(dataset).__name__}"
     )
+
+
+def load_split(
+    name: str,
+    split: str,
+    data_dir: str | os.PathLike[str] | None,
+    env_var: str,
+    hub_id: str,
+    hub_config: str | None,
+) -> Any:
+    """``split`` of task ``name`` as a ``datasets.Dataset``.
+
+    From ``data_dir`` (a folder holding ``train.jsonl``/``test.jsonl``) if given, else from
+    the folder in ``$env_var`` if set, else from the Hub's ``hub_id``; every failure names
+    both the local and the Hub option.
+    """
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    if data_dir is not None:
+        origin = f"data_dir={str(data_dir)!r}"
+    elif os.environ.get(env_var):
+        data_dir, origin = os.environ[env_var], f"${env_var}={os.environ[env_var]!r}"
+    if data_dir is not None:
+        path = Path(data_dir).expanduser() / f"{split}.jsonl"
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"{name}'s {split!r} split was not found: {origin} has no file {path.name} "
+                f"({path}). Point data_dir= or ${env_var} at a folder holding "
+                f"train.jsonl and test.jsonl, or leave both unset to load {hub_id!r} "
+                "from the Hugging Face Hub."
+            )
+        return load_local_dataset(path)
+    try:
+        return load_hub_dataset(hub_id, hub_config, split)
+    except Exception as error:  # any Hub failure gets the same advice
+        raise FileNotFoundError(
+            f"{name} could not be loaded from the Hugging Face Hub ({hub_id!r}, config "
+            f"{hub_config!r}): {str(error).rstrip('.')}. Offline, pass data_dir= (or set "
+            f"${env_var}) to a folder holding train.jsonl and test.jsonl."
+        ) from error
+
+
+def task_data(dataset: Any, split: str, load: Callable[[], Any]) -> Any:
+    """A dataset task's ``Task.source``: the user's ``dataset`` (a source or a streaming
+    dataset as given; other data read with ``split`` when the env is made), else ``load``."""
+    if dataset is None:
+        return load
+    if isinstance(dataset, Source) or is_iterable_dataset(dataset):
+        return dataset
+    return functools.partial(load_records, dataset, split=split)

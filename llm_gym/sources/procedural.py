@@ -21,9 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
-from llm_gym.envs.sharding import Shard
+from llm_gym.checks import check_int
+from llm_gym.sources.base import Shard, check_seed, fresh_seed
 
 __all__ = ["ProceduralSource"]
 
@@ -52,20 +51,19 @@ class ProceduralSource:
     ) -> None:
         if not callable(generate):
             raise TypeError(f"generate must be callable, got {type(generate).__name__}")
-        if isinstance(num_levels, bool) or not isinstance(num_levels, int) or num_levels < 1:
-            raise ValueError(f"num_levels must be an int >= 1, got {num_levels!r}")
-        self.generate, self.num_levels = generate, num_levels
-        self._level = [_check_level(level, num_levels)]  # one cell, shared with the forks
+        self.generate, self.num_levels = generate, check_int("num_levels", num_levels, 1)
+        self._level = [check_int("level", level, 0, num_levels - 1)]  # shared with the forks
         self.shard = shard or Shard()
         self.reseed(seed)
 
     @property
     def level(self) -> int:
+        """The level the next samples are generated at."""
         return self._level[0]
 
     def set_level(self, level: int) -> None:
         """Generate the next samples at ``level`` (for this source and all its forks)."""
-        self._level[0] = _check_level(level, self.num_levels)
+        self._level[0] = check_int("level", level, 0, self.num_levels - 1)
 
     @property
     def position(self) -> int:
@@ -74,11 +72,8 @@ class ProceduralSource:
 
     def reseed(self, seed: int | None) -> None:
         """Restart from the first sample of ``seed`` (a fresh random seed if None)."""
-        if seed is not None and (
-            isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0
-        ):
-            raise ValueError(f"seed must be None or an int >= 0, got {seed!r}")
-        self.seed = int(np.random.SeedSequence().entropy % 2**63) if seed is None else int(seed)
+        seed = check_seed(seed)
+        self.seed = fresh_seed() if seed is None else seed
         self.rewind()
 
     def rewind(self) -> None:
@@ -95,6 +90,7 @@ class ProceduralSource:
         return other
 
     def next_record(self) -> dict[str, Any]:
+        """The next sample of this source's shard, generated at the current level."""
         index = self.shard.record(self._position)
         # A repeat of the last sample is served as generated, so a level change between
         # two repeats does not split a GRPO group.
@@ -102,11 +98,3 @@ class ProceduralSource:
             self._last = (index, self.generate(self.seed, index, self.level))
         self._position += 1
         return self._last[1]
-
-
-def _check_level(level: Any, num_levels: int) -> int:
-    if isinstance(level, bool) or not isinstance(level, (int, np.integer)):
-        raise TypeError(f"level must be an int, got {type(level).__name__}")
-    if not 0 <= level < num_levels:
-        raise ValueError(f"level must be in [0, {num_levels - 1}], got {level}")
-    return int(level)

@@ -1,20 +1,51 @@
-"""``Shard``: which positions of one seeded stream of samples a source serves.
+"""What a source of task items is (``Source``), and which part of its stream one env serves
+(``Shard``).
 
 A vector env's sub-envs, or the processes of a data-parallel run, each serve a shard, so that
-between them they serve every sample exactly ``repeats`` times per epoch.
+between them they serve every item exactly ``repeats`` times per epoch.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-__all__ = ["Shard"]
+from llm_gym.checks import check_int
+
+__all__ = ["Shard", "Source", "check_seed", "fresh_seed"]
+
+
+@runtime_checkable
+class Source(Protocol):
+    """Where a task's items come from: a dataset split, a generator, an iterable.
+
+    A source serves one seeded stream of items (``next_record``); ``fork(shard)`` gives a
+    source over the same items and seed that serves ``shard`` of the stream, which is how the
+    sub-envs of a vector env split an epoch exactly once. Sources with difficulty levels also
+    have ``level``, ``num_levels`` and ``set_level`` (shared with their forks).
+    """
+
+    def next_record(self) -> Mapping[str, Any]:
+        """The next item of this source's shard of the stream."""
+        ...
+
+    def reseed(self, seed: int | None) -> None:
+        """Restart from the first item of the order ``seed`` defines (a fresh one if None)."""
+        ...
+
+    def rewind(self) -> None:
+        """Restart from the first item of the current seed's order."""
+        ...
+
+    def fork(self, shard: Shard) -> Source:
+        """A source over the same items and seed that serves ``shard`` of the stream."""
+        ...
 
 
 class Shard:
-    """Which samples of one seeded stream a source serves, and how often each.
+    """Which items of one seeded stream a source serves, and how often each.
 
     The stream serves every record ``repeats`` times in a row. A source with shard
     ``(index, count)`` serves stream positions ``index, index + count, index + 2 * count, ...``:
@@ -49,5 +80,15 @@ class Shard:
         return cls(int(shard[0]), int(shard[1]), repeats)
 
     def record(self, k: int) -> int:
-        """The stream record that this source's ``k``-th sample is."""
+        """The stream record that this source's ``k``-th item is."""
         return (self.index + k * self.count) // self.repeats
+
+
+def check_seed(seed: Any) -> int | None:
+    """``seed`` as an int >= 0, or None."""
+    return check_int("seed", seed, 0, optional=True)
+
+
+def fresh_seed() -> int:
+    """A random seed, for a source reseeded with None."""
+    return int(np.random.SeedSequence().entropy % 2**63)

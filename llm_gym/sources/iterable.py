@@ -1,0 +1,123 @@
+"""``IterableSource``: the items an iterable yields (a ``DataLoader``, a list of batches), in
+the iterable's own order, restarted when it runs out."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+from llm_gym.sources.base import Shard, check_seed
+
+__all__ = ["IterableSource"]
+
+
+class IterableSource:
+    """Serves the samples an iterable yields, in its own order, restarting it when exhausted.
+
+    A yielded item may be one sample (a dict), a list of dicts, or a collated batch (a dict of
+    equal-length lists or arrays, what a ``DataLoader`` returns); batches are split into
+    samples. Shuffling and seeding belong to the iterable (e.g. ``DataLoader(generator=...)``).
+    Each sample is served ``repeats`` times in a row. Forks share the stream, so a vector
+    env's sub-envs draw from one stream, as TorchRL's batched env does: that is how they
+    split it, whatever their shard.
+    """
+
+    def __init__(self, iterable: Iterable[Any], *, repeats: int = 1) -> None:
+        if isinstance(iterable, (str, bytes, Mapping)) or not isinstance(iterable, Iterable):
+            raise TypeError(
+                f"dataloader must be an iterable of samples or batches (a DataLoader, a list "
+                f"of dicts), got {type(iterable).__name__}"
+            )
+        self.iterable = iterable
+        self.repeats = repeats
+        self._stream = _Stream(iterable)
+
+    def reseed(self, seed: int | None) -> None:
+        """No-op: the iterable owns its order."""
+        check_seed(seed)
+
+    def rewind(self) -> None:
+        """Restart the iterable from its beginning (``iter()`` again)."""
+        self._stream.restart()
+
+    def fork(self, shard: Shard) -> IterableSource:
+        """A source sharing this one's stream (a shared stream needs no shard)."""
+        other = object.__new__(IterableSource)
+        other.iterable, other._stream = self.iterable, self._stream
+        other.repeats = shard.repeats
+        return other
+
+    def next_record(self) -> Any:
+        """The next sample the iterable yields (each ``repeats`` times in a row)."""
+        return self._stream.next_record(self.repeats)
+
+
+class _Stream:
+    """One pass after another over an iterable, each sample handed out ``repeats`` times."""
+
+    def __init__(self, iterable: Iterable[Any]) -> None:
+        self.iterable = iterable
+        self.restart()
+
+    def restart(self) -> None:
+        self._iterator: Iterator[Any] | None = None
+        self._pending: list[Any] = []
+        self._current: Any = None
+        self._served = 0
+
+    def next_record(self, repeats: int) -> Any:
+        if self._current is None or self._served >= repeats:
+            while not self._pending:
+                self._pending = _unbatch(self._next_item())
+                self._pending.reverse()  # pop() from the end serves them in order
+            self._current, self._served = self._pending.pop(), 0
+        self._served += 1
+        return self._current
+
+    def _next_item(self) -> Any:
+        if self._iterator is None:
+            self._iterator = iter(self.iterable)
+        try:
+            return next(self._iterator)
+        except StopIteration:
+            pass
+        # End of an epoch: start the next one. A one-shot iterator (a generator) has nothing
+        # more to give, which would otherwise loop forever.
+        self._iterator = iter(self.iterable)
+        try:
+            return next(self._iterator)
+        except StopIteration:
+            raise ValueError(
+                f"dataloader {type(self.iterable).__name__} yielded no samples when restarted; "
+                "pass a re-iterable (a list, a DataLoader), not a one-shot iterator"
+            ) from None
+
+
+def _unbatch(item: Any) -> list[Any]:
+    if isinstance(item, Mapping):
+        values = list(item.values())
+        if values and all(_is_column(v) for v in values):
+            lengths = {len(v) for v in values}
+            if len(lengths) != 1:
+                raise ValueError(
+                    f"a collated batch must have columns of one length, got lengths "
+                    f"{ {k: len(v) for k, v in item.items()} }"
+                )
+            columns = {k: v.tolist() if hasattr(v, "tolist") else list(v) for k, v in item.items()}
+            return [
+                dict(zip(columns, row, strict=True)) for row in zip(*columns.values(), strict=True)
+            ]
+        return [item]
+    if isinstance(item, (list, tuple)):
+        return list(item)
+    raise TypeError(
+        f"dataloader items must be dicts, lists of dicts or collated batches, "
+        f"got {type(item).__name__}"
+    )
+
+
+def _is_column(value: Any) -> bool:
+    if isinstance(value, (list, tuple)):
+        return True
+    shape = getattr(value, "shape", None)  # numpy arrays and torch tensors with a batch dim
+    return shape is not None and len(shape) >= 1
