@@ -117,6 +117,5 @@ def check_choice(name: str, value: T, choices: Collection[Any]) -> T:
     except TypeError:  # an unhashable value looked up in a set or dict
         ok = False
     if not ok:
-        shown = tuple(choices) if not isinstance(choices, tuple) else choices
-        raise ValueError(f"{name} must be one of {shown}, got {value!r:.80}")
+        raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r:.80}")
     return value

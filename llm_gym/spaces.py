@@ -1,10 +1,4 @@
-"""Gymnasium spaces for chat: any Unicode text, conversations, and token-id sequences.
-
-Gymnasium's ``Text`` only admits its charset (alphanumerics by default), and a chat message
-holds spaces, punctuation and any script. ``UnicodeText`` keeps ``Text``'s machinery (so
-``batch_space``, vector envs and the env checker treat it as text) and admits every string
-up to a length limit.
-"""
+"""Gymnasium spaces for chat: any Unicode text, conversations, and token-id sequences."""
 
 from __future__ import annotations
 
@@ -29,8 +23,9 @@ _SAMPLE_LENGTH = 64
 class UnicodeText(spaces.Text):
     """A ``Text`` space of any Unicode string with ``min_length <= len(s) <= max_length``.
 
-    ``sample()`` draws short strings (at most 64 characters beyond ``min_length``) from a
-    mixed charset, since a uniform length up to ``max_length`` would be megabytes.
+    Gymnasium's ``Text`` only admits its charset (alphanumerics by default); a chat message
+    holds any script. This keeps ``Text``'s machinery, so ``batch_space``, vector envs and the
+    env checker treat it as text.
 
     >>> space = UnicodeText(100)
     >>> space.contains("Hello, world! ¿Qué tal? 你好")
@@ -49,9 +44,12 @@ class UnicodeText(spaces.Text):
         super().__init__(max_length, min_length=min_length, charset=_SAMPLE_CHARSET, seed=seed)
 
     def contains(self, x: Any) -> bool:
+        """Whether ``x`` is a ``str`` of an admitted length."""
         return isinstance(x, str) and self.min_length <= len(x) <= self.max_length
 
     def sample(self, mask: Any = None, probability: Any = None) -> str:
+        """A short string (at most 64 characters beyond ``min_length``) from a mixed charset:
+        a uniform length up to ``max_length`` would be megabytes."""
         if mask is not None or probability is not None:
             return super().sample(mask=mask, probability=probability)
         high = min(self.max_length, self.min_length + _SAMPLE_LENGTH)

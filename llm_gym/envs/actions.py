@@ -1,9 +1,10 @@
-"""What a chat env accepts as the assistant's turn, checked once, and the turn's content.
+"""What ``ChatEnv`` accepts, checked once: its observation keys and each action.
 
-An action is a ``str``, a 1-D integer array of token ids, a ``Response`` or a dict with a
-``"text"`` key. Whatever it is, it becomes a ``Response`` here, or a clear error that names
-what was expected and what came: model output is hostile input.
+Every action (``ChatEnv``'s Action Space says what it may be) becomes a ``Response`` here,
+or a clear error that names what was expected and what came: model output is hostile input.
 
+>>> observation_keys_for("tokens", None, tools=["python"], tokenizer=object())
+('tokens', 'policy_mask')
 >>> check_action("4", None, "history", 100)
 Response(text='4', tokens=None, log_probs=None, version=None)
 >>> turn_content(Response("4<|im_end|>", np.array([19, 2])), None)
@@ -19,8 +20,42 @@ import numpy as np
 
 from llm_gym.chat.codec import END_OF_TURN, TokenCodec
 from llm_gym.chat.containers import Response
+from llm_gym.checks import check_choice
+from llm_gym.spaces import INPUT_MODES
 
-__all__ = ["check_action", "decode_token_actions", "turn_content"]
+__all__ = ["check_action", "decode_token_actions", "observation_keys_for", "turn_content"]
+
+MASK_KEY = "policy_mask"  # observation key: 1 on the prompt tokens the policy sampled
+
+
+def observation_keys_for(
+    input_mode: str, observation_keys: Sequence[str] | None, tools: Any, tokenizer: Any
+) -> tuple[str, ...]:
+    """``observation_keys`` or ``(input_mode,)``, checked, plus the policy mask with tools in
+    tokens mode (a multi-turn trainer needs it)."""
+    check_choice("input_mode", input_mode, INPUT_MODES)
+    if isinstance(observation_keys, str):
+        raise TypeError(
+            f"observation_keys must be a tuple of input modes, e.g. ({observation_keys!r},), "
+            f"got the str {observation_keys!r}"
+        )
+    keys = tuple(observation_keys) if observation_keys is not None else (input_mode,)
+    for key in keys:
+        if key not in (*INPUT_MODES, MASK_KEY):
+            raise ValueError(
+                f"observation_keys must be among {(*INPUT_MODES, MASK_KEY)}, got {key!r}"
+            )
+    if MASK_KEY in keys and "tokens" not in keys:
+        raise ValueError(f"observation key {MASK_KEY!r} marks tokens: add 'tokens', got {keys}")
+    if tools and "tokens" in keys and MASK_KEY not in keys:
+        keys = (*keys, MASK_KEY)
+    if tokenizer is None and any(key != "history" for key in keys):
+        mode = next(key for key in keys if key != "history")
+        raise ValueError(
+            f"input_mode {mode!r} needs tokenizer= (a transformers tokenizer, to render "
+            "the chat template and tokenize), got tokenizer=None"
+        )
+    return keys
 
 
 def check_action(
@@ -33,7 +68,7 @@ def check_action(
         response = Response(action)
     elif isinstance(action, Mapping):
         response = Response.from_mapping(dict(action))
-    elif isinstance(action, np.ndarray) and np.issubdtype(action.dtype, np.integer):
+    elif _is_token_ids(action):
         if action.ndim != 1:
             raise ValueError(f"a token action must be 1-D, got shape {action.shape}")
         if codec is None:
@@ -70,30 +105,27 @@ def turn_content(response: Response, codec: TokenCodec | None) -> str:
     text, tokens = response.text, response.tokens
     if tokens is None or not len(tokens):
         return text
-    if codec is None:
-        return next((text[: -len(end)] for end in END_OF_TURN if text.endswith(end)), text)
-    end = codec.end_of_turn(tokens)
-    return text[: -len(end)] if end is not None and text.endswith(end) else text
+    ends = END_OF_TURN if codec is None else (codec.end_of_turn(tokens),)
+    end = next((end for end in ends if end and text.endswith(end)), None)
+    return text[: -len(end)] if end else text
 
 
 def decode_token_actions(actions: Sequence[Any], codec: TokenCodec | None) -> list[Any]:
     """``actions`` with each 1-D integer array as its ``Response``, all decoded in one batch;
     other actions as given (``check_action`` reads them)."""
-    arrays = [
-        i
-        for i, action in enumerate(actions)
-        if isinstance(action, np.ndarray)
-        and action.ndim == 1
-        and np.issubdtype(action.dtype, np.integer)
-    ]
+    out = list(actions)
+    arrays = [i for i, action in enumerate(out) if _is_token_ids(action) and action.ndim == 1]
     if not arrays or codec is None:
-        return list(actions)
+        return out
     for i in arrays:
         try:  # before decoding: -1 would overflow in the tokenizer
-            codec.check_ids(actions[i])
+            codec.check_ids(out[i])
         except ValueError as err:
             raise ValueError(f"actions[{i}]: {err}") from None
-    out = list(actions)
-    for i, text in zip(arrays, codec.decode_many([actions[i] for i in arrays]), strict=True):
-        out[i] = Response(text, actions[i])
+    for i, text in zip(arrays, codec.decode_many([out[i] for i in arrays]), strict=True):
+        out[i] = Response(text, out[i])
     return out
+
+
+def _is_token_ids(action: Any) -> bool:
+    return isinstance(action, np.ndarray) and np.issubdtype(action.dtype, np.integer)

@@ -19,21 +19,16 @@ from llm_gym.chat.codec import TokenCodec
 from llm_gym.chat.containers import Response
 from llm_gym.chat.conversation import Conversation, PromptBuilder, TokenPrefixError
 from llm_gym.chat.history import History
-from llm_gym.envs.actions import check_action, turn_content
-from llm_gym.envs.chat_arguments import (
-    MASK_KEY,
-    check_chat_settings,
-    observation_keys_for,
-    offer_tools,
-)
+from llm_gym.chat.templates import resolve_chat_template
+from llm_gym.checks import check_choice, check_int, check_str
+from llm_gym.envs.actions import MASK_KEY, check_action, observation_keys_for, turn_content
 from llm_gym.spaces import MAX_TEXT_LENGTH, UnicodeText, history_space, token_space
 
 __all__ = ["ChatEnv", "MASK_KEY"]
 
 
 class ActionRead(NamedTuple):
-    """A checked action: its ``Response``, the turn's text less the end-of-turn token, and
-    its tool calls (none: the turn is an answer)."""
+    """A checked action: its ``Response``, ``turn_content`` and tool calls (none: an answer)."""
 
     response: Response
     content: str
@@ -57,57 +52,47 @@ class ChatEnv(gym.Env):
 
     The Gymnasium form of TorchRL's ``ChatEnv``. Each episode starts from a user query
     (optionally after a system prompt); each action is the assistant's reply, which is appended
-    to the conversation, and the conversation so far becomes the next prompt. ``ChatEnv`` gives
-    no reward itself: ``DatasetChatEnv`` scores with a task's reward, or wrappers add one.
+    to the conversation, and the conversation so far becomes the next prompt.
 
     ## Action Space
 
-    The assistant's turn: a ``str`` in ``"history"``/``"text"`` modes
-    (``UnicodeText(max_text_length)``) or a 1-D ``int64`` array of token ids in ``"tokens"``
-    mode (``Sequence(Discrete(vocab), stack=True)``). A ``Response`` carrying ``text``,
-    ``tokens`` and ``log_probs`` (what the policy adapters return) or a dict with a ``"text"``
-    key is accepted in every mode. Token ids are appended to the prompt exactly as given,
-    never decoded and re-tokenized.
+    The assistant's turn: a ``str`` (``UnicodeText(max_text_length)``), or in ``"tokens"``
+    mode a 1-D ``int64`` array of token ids (``Sequence(Discrete(vocab), stack=True)``),
+    appended to the prompt as given, never re-tokenized. Every mode also takes a ``Response``
+    (what the policy adapters return) or a dict with a ``"text"`` key.
 
     ## Observation Space
 
     A ``Dict`` keyed by ``observation_keys`` (default: just ``input_mode``):
 
-    | key         | value                                                           |
-    |-------------|-----------------------------------------------------------------|
-    | ``history`` | tuple of ``{"role", "content"}`` dicts, the conversation so far |
-    | ``text``    | the prompt rendered with the chat template and generation prompt |
-    | ``tokens``  | ``int64`` token ids of that prompt                              |
-    | ``policy_mask`` | ``int64`` 0/1 per token of ``tokens``: 1 where the policy sampled it |
+    - ``history``: the conversation so far, a tuple of ``{"role", "content"}`` dicts.
+    - ``text``: the prompt rendered with the chat template and generation prompt.
+    - ``tokens``: that prompt's ``int64`` token ids.
+    - ``policy_mask``: ``int64`` 0/1 per token of ``tokens``, 1 where the policy sampled it.
+
+    In ``"tokens"`` mode each prompt is the previous one's tokens, the tokens the policy
+    sampled, then what the env added, checked each step (``TokenPrefixError`` names the turn
+    and position). With tools ``policy_mask`` is added to the tokens: a trainer takes its
+    loss on the sampled tokens, never on tool output.
 
     ## Rewards
 
-    Always ``0.0`` (``DatasetChatEnv`` takes a task's reward). A turn that calls tools gets
-    ``0.0`` in every env: it is not an answer.
+    Always ``0.0``: ``DatasetChatEnv`` scores with a task's reward, wrappers add others.
 
     ## Tools
 
-    With ``tools=``, a turn that holds tool calls (``tool_format``) is not scored: the env runs
-    the calls in order, appends the turn verbatim and one ``tool`` message per call (its
-    output, or an error the model can read: bad JSON, an unknown tool, wrong arguments, a tool
-    that raised; never an exception out of ``step``), and the episode goes on. The turn
-    without a call is the final answer. ``info["tool_calls"]`` lists the step's calls (name,
-    arguments, ok, output truncated to ``llm_gym.tools.MAX_OUTPUT_CHARS``, seconds);
-    ``info["num_tool_calls"]``/``["failed_tool_calls"]`` count the episode's. The tools reach
-    the model through the chat template's ``tools=`` where it renders them and the env renders
-    the prompt, else as a block appended to the system prompt.
-
-    In ``"tokens"`` mode every prompt is the previous prompt's tokens, then the tokens the
-    policy sampled (never re-tokenized), then what the env added; this is checked each step
-    (``TokenPrefixError`` names the turn and position), and the observation's ``policy_mask``
-    (1 on the tokens the policy sampled; added to ``observation_keys`` with tools in tokens
-    mode, or ask for it) lets a trainer take its loss on those, never on tool output.
+    With ``tools=``, a turn that holds tool calls is no answer (reward ``0.0`` in every env):
+    the env runs the calls in order (``Toolbox.run``, which never raises) and appends the turn
+    verbatim and one ``tool`` message per call, its output or an error the model can read.
+    The turn without a call is the final answer. ``info["tool_calls"]`` lists the step's
+    ``ToolRecord``s as dicts; ``info["num_tool_calls"]`` and ``info["failed_tool_calls"]``
+    count the episode's. The model sees the tools in the chat template's ``tools=`` where it
+    renders them and the env renders the prompt, else in a block added to the system prompt.
 
     ## Starting State
 
-    ``[system_prompt?, user query]``. The query comes from ``reset(options={"query": ...})``,
-    otherwise from the ``query=`` argument; ``options={"history": [...]}`` starts from a given
-    conversation instead.
+    ``[system_prompt?, user query]``, the query from ``reset(options={"query": ...})`` or else
+    ``query=``; ``options={"history": [...]}`` starts from a given conversation instead.
 
     ## Episode End
 
@@ -120,25 +105,19 @@ class ChatEnv(gym.Env):
     ## Arguments
 
     - ``input_mode``: ``"history"`` (default), ``"text"`` or ``"tokens"``.
-    - ``query``: default user query for ``reset``.
-    - ``system_prompt``: optional first message, with role ``system_role``.
+    - ``query``, ``system_prompt``: the default user query and an optional first message.
     - ``system_role`` / ``user_role`` / ``policy_role``: role names (``"system"``, ``"user"``,
       ``"assistant"``).
     - ``tokenizer``: a transformers tokenizer; required for ``"text"`` and ``"tokens"``.
-    - ``template_kwargs``: passed to ``History.apply_chat_template`` (e.g.
-      ``chat_template_name="qwen"``, ``chat_template=...``).
+    - ``template_kwargs``: for ``History.apply_chat_template`` (``chat_template_name=...``).
     - ``max_turns``: assistant turns per episode, or ``None`` for no limit.
-    - ``observation_keys``: which of history/text/tokens to expose (text/tokens need a tokenizer).
-    - ``max_text_length``: length limit of the text spaces.
-    - ``assistant_prefix``: text that starts every assistant turn (e.g. ``"<think>"``): the
-      text and tokens prompts end with it, so the policy's tokens continue it; the turn in
-      the history and the text scored are the prefix plus the response. Text and tokens
-      modes only (a history observation cannot hold a started turn).
-    - ``tools``: a list of ``"python"`` (the sandboxed ``llm_gym.tools.PythonInterpreter``),
-      plain functions with type hints and a docstring, ``llm_gym.tools.Tool`` or
-      ``llm_gym.tools.MCPTools(command=[...])`` (shut down by ``close()``).
-    - ``tool_format``: ``"hermes"`` (``<tool_call>{"name": ..., "arguments": ...}</tool_call>``,
-      default) or ``"markdown"`` (```` ```python ```` blocks run by the ``python`` tool).
+    - ``observation_keys``, ``max_text_length``: the observation's keys, the text spaces' limit.
+    - ``assistant_prefix``: text that starts every assistant turn (e.g. ``"<think>"``), text
+      and tokens modes only: the prompts end with it, so the policy's tokens continue it; the
+      history's turn and the text scored are the prefix plus the response.
+    - ``tools``: ``llm_gym.tools.Toolbox``'s: ``"python"`` (a sandboxed interpreter), plain
+      functions, ``Tool`` or ``MCPTools`` (shut down by ``close()``).
+    - ``tool_format``: ``"hermes"`` (default) or ``"markdown"`` (see ``llm_gym.tools.calls``).
     - ``max_tool_calls``: tool calls per episode (default 4).
 
     ## Version History
@@ -180,35 +159,34 @@ class ChatEnv(gym.Env):
         render_mode: str | None = None,
     ) -> None:
         keys = observation_keys_for(input_mode, observation_keys, tools, tokenizer)
-        check_chat_settings(
-            input_mode=input_mode,
-            max_turns=max_turns,
-            assistant_prefix=assistant_prefix,
-            query=query,
-            max_text_length=max_text_length,
-            max_tool_calls=max_tool_calls,
-            render_mode=render_mode,
-            render_modes=self.metadata["render_modes"],
-        )
+        self.max_turns = check_int("max_turns", max_turns, low=1, optional=True)
+        self.assistant_prefix = check_str("assistant_prefix", assistant_prefix)
+        if assistant_prefix and input_mode == "history":
+            raise ValueError(
+                "assistant_prefix needs input_mode 'text' or 'tokens' (a history observation "
+                f"cannot hold a started assistant turn), got input_mode='history' and "
+                f"assistant_prefix={assistant_prefix!r}"
+            )
+        self.query = check_str("query", query, optional=True)
+        self.max_text_length = check_int("max_text_length", max_text_length, low=1)
+        self.max_tool_calls = check_int("max_tool_calls", max_tool_calls)
+        if max_tool_calls < 1:
+            raise ValueError(f"max_tool_calls must be >= 1, got {max_tool_calls}")
+        modes = (None, *self.metadata["render_modes"])
+        self.render_mode = check_choice("render_mode", render_mode, modes)
         self.input_mode = input_mode
         self.observation_keys = keys
-        self.query = query
         self.system_prompt = system_prompt
         self.system_role, self.user_role, self.policy_role = system_role, user_role, policy_role
         self.tokenizer = tokenizer
         self.template_kwargs = dict(template_kwargs or {})
-        self.max_turns = max_turns
-        self.max_text_length = max_text_length
-        self.assistant_prefix = assistant_prefix
-        self.render_mode = render_mode
-        self.max_tool_calls = max_tool_calls
         self.toolbox = None
         if tools:
             from llm_gym.tools import Toolbox  # here: envs without tools never import it
 
             self.toolbox = Toolbox(tools, tool_format)
             rendered_here = tokenizer is not None and input_mode != "history"
-            self.system_prompt = offer_tools(
+            self.system_prompt = _offer_tools(
                 self.toolbox, self.system_prompt, self.template_kwargs, tokenizer, rendered_here
             )
 
@@ -246,6 +224,7 @@ class ChatEnv(gym.Env):
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Start a conversation (see Starting State)."""
         super().reset(seed=seed)
         if options is not None and not isinstance(options, Mapping):
             raise TypeError(f"options must be a dict or None, got {type(options).__name__}")
@@ -256,7 +235,7 @@ class ChatEnv(gym.Env):
     def step(
         self, action: str | np.ndarray | Response | Mapping[str, Any]
     ) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
-        # Computed and checked before anything is stored: a step that raises changes nothing.
+        """Append the assistant's turn and run its tool calls; one that raises changes nothing."""
         read = self._read(self._conversation, action)
         records = self._run_tools(self._conversation, read.calls)
         outcome = self._advance(self._conversation, read, records)
@@ -318,39 +297,32 @@ class ChatEnv(gym.Env):
         sample: Mapping[str, Any] | None = None,
     ) -> Outcome:
         response, content, calls = read
-        version = response.version
         turn = conversation.turns + 1
-        if calls:  # the turn verbatim, then one tool message per call that ran
-            made = conversation.tool_calls + len(records)
-            failed = conversation.failed_tool_calls + sum(not r.ok for r in records)
-            over = len(records) < len(calls)  # calls past max_tool_calls did not run
-            # With tools max_turns=1 means nothing (the answer ends the episode); above 1 it
-            # bounds the turns.
-            limit = self.max_turns if self.max_turns is not None and self.max_turns > 1 else None
-            truncated = over or (limit is not None and turn >= limit)
-            messages = [{"role": "tool", "content": record.output} for record in records]
-            extended, problem = self.builder.extend(
-                conversation, content, response.tokens, messages,
-                version=version, tool_calls=(made, failed), done=truncated,
-            )  # fmt: skip
-            if problem and not truncated:
-                raise TokenPrefixError(f"turn {turn}: {problem}")
-            counts = {"num_tool_calls": made, "failed_tool_calls": failed}
-            info = {"tool_calls": [r.as_dict() for r in records], **counts}
-            return Outcome(extended, 0.0, False, bool(truncated), info)
-        reward, terminated, info = self._score(self.assistant_prefix + content, sample)
-        truncated = False
+        made = conversation.tool_calls + len(records)
+        failed = conversation.failed_tool_calls + sum(not r.ok for r in records)
+        if calls:  # not an answer: the turn verbatim, then one tool message per call that ran
+            reward, terminated, info = 0.0, False, {}
+            # Calls past max_tool_calls did not run. With tools max_turns=1 means nothing
+            # (the answer ends the episode); above 1 it bounds the turns.
+            over = len(records) < len(calls)
+            truncated = over or ((self.max_turns or 0) > 1 and turn >= self.max_turns)
+        else:
+            reward, terminated, info = self._score(self.assistant_prefix + content, sample)
+            truncated = False
+            if self.toolbox is not None:
+                terminated = True  # with tools, the turn without a call is the final answer
+            elif self.max_turns is not None and turn >= self.max_turns and not terminated:
+                terminated, truncated = self.max_turns == 1, self.max_turns > 1
         if self.toolbox is not None:
-            terminated = True  # with tools, the turn without a call is the final answer
-            made, failed = conversation.tool_calls, conversation.failed_tool_calls
-            info = {**info, "tool_calls": [], "num_tool_calls": made, "failed_tool_calls": failed}
-        elif self.max_turns is not None and turn >= self.max_turns and not terminated:
-            terminated, truncated = self.max_turns == 1, self.max_turns > 1
+            counts = {"num_tool_calls": made, "failed_tool_calls": failed}
+            info = {**info, "tool_calls": [r.as_dict() for r in records], **counts}
+        done = terminated or truncated
         extended, problem = self.builder.extend(
             conversation, content, response.tokens,
-            reward=reward, version=version, done=terminated or truncated,
+            [{"role": "tool", "content": record.output} for record in records],
+            reward=reward, version=response.version, tool_calls=(made, failed), done=done,
         )  # fmt: skip
-        if problem and not (terminated or truncated):
+        if problem and not done:
             raise TokenPrefixError(f"turn {turn}: {problem}")
         return Outcome(extended, float(reward), bool(terminated), bool(truncated), info)
 
@@ -368,9 +340,7 @@ class ChatEnv(gym.Env):
             raise ValueError(
                 "reset needs a user query: pass options={'query': '...'} or ChatEnv(query=...)"
             )
-        if not isinstance(query, str):
-            raise TypeError(f"options['query'] must be a str, got {type(query).__name__}")
-        return self._history_for(query), {}
+        return self._history_for(check_str("options['query']", query)), {}
 
     def _history_for(self, query: str) -> History:
         history = History()
@@ -398,3 +368,18 @@ class ChatEnv(gym.Env):
             else:
                 obs[key] = conversation.policy_mask.astype(np.int64)
         return obs
+
+
+def _offer_tools(
+    toolbox: Any, system_prompt: str | None, template_kwargs: dict, tokenizer: Any, here: bool
+) -> str | None:
+    """Show the tools to the model as ``ChatEnv``'s Tools says (``here``: the env renders the
+    prompt); the system prompt after that."""
+    if here:
+        name = template_kwargs.get("chat_template_name")
+        template = resolve_chat_template(tokenizer, name, template_kwargs.get("chat_template"))
+        if "tools" in template:
+            template_kwargs["tools"] = toolbox.schemas
+            return system_prompt
+    block = toolbox.system_prompt()
+    return block if not system_prompt else f"{system_prompt}\n\n{block}"

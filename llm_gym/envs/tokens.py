@@ -1,11 +1,6 @@
-"""``TokenEnv``: one token per step over any chat task, RL4LMs' design on current Gymnasium.
-
-Classic RL libraries (stable-baselines3, CleanRL, RLlib) want fixed-shape array observations
-and a ``Discrete`` action. ``TokenEnv`` gives them that over a chat task: the observation is
-the prompt's token ids plus what was generated so far, left-padded to a fixed length; each
-action appends one token; when the response ends, the task env (a ``DatasetChatEnv`` such as
-GSM8K) scores it exactly as it scores a policy's ``Response``.
-"""
+"""``TokenEnv``: one token per step over any chat task, RL4LMs' design on current Gymnasium,
+for classic RL libraries (stable-baselines3, CleanRL, RLlib), which want fixed-shape array
+observations and a ``Discrete`` action."""
 
 from __future__ import annotations
 
@@ -17,6 +12,7 @@ import numpy as np
 from gymnasium import spaces
 
 from llm_gym.chat.containers import Response
+from llm_gym.checks import check_bool, check_choice, check_int
 from llm_gym.envs.chat import ChatEnv
 
 __all__ = ["TokenEnv", "make_token_env"]
@@ -54,18 +50,16 @@ class TokenEnv(gym.Env):
 
     ## Starting State
 
-    The task's prompt (system prompt and the next dataset question, rendered with the chat
-    template and generation prompt), nothing generated. ``reset``'s ``seed`` and ``options``
-    go to the task env; ``info`` is the task's reset info plus ``prompt_length``.
+    The task's prompt, nothing generated. ``reset``'s ``seed`` and ``options`` go to the task
+    env; ``info`` is the task's reset info plus ``prompt_length``.
 
     ## Episode End
 
     ``terminated=True`` when the action is an EOS token (``eos_token_ids``); ``truncated=True``
     when ``max_new_tokens`` tokens were generated without one. Either way the response is
-    scored. Libraries that bootstrap truncated episodes with the value of the final
-    observation (stable-baselines3 does) would add that value on top of the final score, and
-    a policy learns to run out the length to collect it: with them, pass
-    ``terminate_at_max_new_tokens=True``, which reports the length limit as ``terminated``.
+    scored. Libraries that bootstrap truncated episodes with the final observation's value
+    (stable-baselines3 does) would add it to the final score, and a policy learns to run out
+    the length to collect it: with them, pass ``terminate_at_max_new_tokens=True``.
 
     ## Arguments
 
@@ -78,8 +72,7 @@ class TokenEnv(gym.Env):
     - ``truncate_prompt``: a longer prompt keeps its last ``max_prompt_length`` tokens (True)
       or raises a ``ValueError`` at reset (False, default), leaving the env unchanged.
     - ``eos_token_ids``: ids that end the response; default the tokenizer's EOS.
-    - ``terminate_at_max_new_tokens``: report the length limit as ``terminated`` instead of
-      ``truncated`` (default False; see Episode End).
+    - ``terminate_at_max_new_tokens``: the length limit ``terminated`` (default False).
     - ``render_mode``: ``"ansi"`` (the prompt and response as text) or ``"human"`` (print it).
 
     ## Version History
@@ -128,8 +121,7 @@ class TokenEnv(gym.Env):
                 "task_env must be single-turn (max_turns=1): a TokenEnv episode is one "
                 f"assistant turn, got max_turns={task.max_turns!r}"
             )
-        if tokenizer is None:
-            tokenizer = task.tokenizer
+        tokenizer = task.tokenizer if tokenizer is None else tokenizer
         if tokenizer is None:
             raise ValueError(
                 "TokenEnv needs tokenizer= (the policy's transformers tokenizer), got None and "
@@ -140,22 +132,14 @@ class TokenEnv(gym.Env):
                 "tokenizer must be the task env's tokenizer: got one with "
                 f"{len(tokenizer)} tokens, task_env's has {len(task.tokenizer)}"
             )
-        for name, value in (
-            ("max_new_tokens", max_new_tokens),
-            ("max_prompt_length", max_prompt_length),
-        ):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        for name, flag in (
-            ("truncate_prompt", truncate_prompt),
-            ("terminate_at_max_new_tokens", terminate_at_max_new_tokens),
-        ):
-            if not isinstance(flag, bool):
-                raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
-        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ValueError(
-                f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}"
-            )
+        self.max_new_tokens = check_int("max_new_tokens", max_new_tokens, low=1)
+        self.max_prompt_length = check_int("max_prompt_length", max_prompt_length, low=1)
+        self.truncate_prompt = check_bool("truncate_prompt", truncate_prompt)
+        self.terminate_at_max_new_tokens = check_bool(
+            "terminate_at_max_new_tokens", terminate_at_max_new_tokens
+        )
+        modes = (None, *self.metadata["render_modes"])
+        self.render_mode = check_choice("render_mode", render_mode, modes)
         self.vocab_size = len(tokenizer)
         if eos_token_ids is None:
             eos_token_ids = tokenizer.eos_token_id
@@ -170,18 +154,11 @@ class TokenEnv(gym.Env):
 
         self.task_env = task_env
         self.tokenizer = tokenizer
-        self.max_new_tokens = int(max_new_tokens)
-        self.max_prompt_length = int(max_prompt_length)
-        self.truncate_prompt = truncate_prompt
         self.eos_token_ids = frozenset(eos)
-        self.terminate_at_max_new_tokens = terminate_at_max_new_tokens
-        self.render_mode = render_mode
         self.length = self.max_prompt_length + self.max_new_tokens
         self.observation_space = spaces.Dict(
-            {
-                "input_ids": spaces.Box(0, self.vocab_size - 1, (self.length,), np.int64),
-                "attention_mask": spaces.Box(0, 1, (self.length,), np.int8),
-            }
+            attention_mask=spaces.Box(0, 1, (self.length,), np.int8),
+            input_ids=spaces.Box(0, self.vocab_size - 1, (self.length,), np.int64),
         )
         self.action_space = spaces.Discrete(self.vocab_size)
 
@@ -196,6 +173,7 @@ class TokenEnv(gym.Env):
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """Reset the task and show its prompt (see Starting State)."""
         super().reset(seed=seed)
         obs, info = self.task_env.reset(seed=seed, options=options)
         prompt = self._prompt_tokens(obs)
@@ -217,6 +195,7 @@ class TokenEnv(gym.Env):
         return self._observation(), {**info, "prompt_length": len(prompt)}
 
     def step(self, action: Any) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
+        """Append one token; at the response's end, the task's reward (see Rewards)."""
         if self._done:
             raise gym.error.ResetNeeded(
                 "TokenEnv.step needs a reset first: the episode has not started or has ended"
@@ -249,14 +228,15 @@ class TokenEnv(gym.Env):
         """``"ansi"``: the prompt and the response so far as text; ``"human"``: print it."""
         if self._prompt is None or self.render_mode is None:
             return None
-        ids = np.concatenate([self._prompt, np.asarray(self._generated, dtype=np.int64)])
-        text = self.tokenizer.decode(ids.tolist(), skip_special_tokens=False)
+        ids = [*self._prompt.tolist(), *self._generated]
+        text = self.tokenizer.decode(ids, skip_special_tokens=False)
         if self.render_mode == "human":
             print(text)
             return None
         return text
 
     def close(self) -> None:
+        """Close the task env."""
         self.task_env.close()
 
     @property
@@ -279,8 +259,8 @@ class TokenEnv(gym.Env):
         return np.asarray(ids, dtype=np.int64)
 
     def check_action(self, action: Any) -> int:
-        """The action as a token id, or a clear error (NumPy scalars and 1-element arrays ok)."""
-        # SB3 and vector envs hand over NumPy scalars or one-element arrays.
+        """The action as a token id, or a clear error; NumPy scalars and one-element arrays
+        (what SB3 and vector envs hand over) are ok."""
         if isinstance(action, np.ndarray) and action.size == 1 and action.ndim <= 1:
             if np.issubdtype(action.dtype, np.integer):
                 action = action.reshape(()).item()
@@ -301,9 +281,8 @@ def make_token_env(task: str, **kwargs: Any) -> TokenEnv:
     """``TokenEnv`` over the registered chat task ``task``, made in tokens mode and single-turn.
 
     The entry point of the ``LLMToken-*`` ids (``LLMToken-GSM8K-v0``: ``task=
-    "LLMChat-GSM8K-v0"``). ``kwargs`` holds both envs' arguments: ``TokenEnv``'s
-    (``tokenizer``, ``max_new_tokens``, ``max_prompt_length``, ...) go to it, all others to
-    the task (``split``, ``data_dir``, ``dataset``, ``seed``, ...).
+    "LLMChat-GSM8K-v0"``). ``TokenEnv``'s arguments in ``kwargs`` go to it, all others
+    (``split``, ``dataset``, ``seed``, ...) to the task.
     """
     own = {name: kwargs.pop(name) for name in _TOKEN_ENV_ARGUMENTS if name in kwargs}
     if own.get("tokenizer") is None:
