@@ -34,11 +34,8 @@ class DatasetChatEnv(ChatEnv):
     the current sample. ``from_task`` serves an ``llm_gym.tasks.Task`` (the registered
     ``LLMChat-<task>-v0`` ids are such envs).
 
-    Samples are served in a seeded order: each epoch serves every sample exactly once
-    (``repeats`` times in a row each, so that consecutive episodes form a GRPO group), then
-    the next epoch reshuffles. The order depends only on the seed, also across processes.
-    With ``shard=(i, n)`` the env serves every ``n``-th sample of that order from the
-    ``i``-th on, so ``n`` envs (processes, sub-envs) share one epoch exactly once.
+    Samples are served in a seeded order (``llm_gym.sources``): each epoch serves every
+    sample exactly once, ``repeats`` times in a row (a GRPO group), whatever the process.
 
     ## Action Space
 
@@ -81,18 +78,14 @@ class DatasetChatEnv(ChatEnv):
       of ``repeats``, so that each sample's copies fill consecutive sub-envs in one step (a
       GRPO group side by side); a single env is unaffected.
     - ``shard``: ``(index, count)``: serve stream positions ``index, index + count, ...``
-      (see ``llm_gym.envs.sharding.Shard``); None: all. ``count`` envs with indices
-      ``0 .. count - 1`` and one seed serve each sample exactly ``repeats`` times per epoch
-      between them, e.g. the sub-envs of ``SyncVectorEnv``/``AsyncVectorEnv`` or the ranks of
-      a data-parallel run. Not for ``from_dataloader`` (shard the dataloader's sampler).
+      (``llm_gym.sources.Shard``; None: all), so ``count`` envs (sub-envs, data-parallel
+      ranks) with one seed split each epoch exactly once. Not for ``from_dataloader``.
     - ``field_map``, ``reward``, ``required_fields``, ``answer_format``: the task's, as in
       ``llm_gym.tasks.Task``: the fields must include a str ``"query"``; ``reward(response_text,
       sample)`` returns ``(reward, info)`` or a ``TaskScore`` (None: no reward); the required
       fields are checked on the first sample, so a dataset without them fails here.
     - ``system_prompt``, ``max_turns``: as ``ChatEnv`` (``max_turns`` defaults to 1).
-    - ``**chat_options``: ``ChatEnv``'s other arguments (``input_mode``, ``tokenizer``,
-      ``template_kwargs``, ``observation_keys``, ``max_text_length``, ``render_mode``, the
-      role names).
+    - ``**chat_options``: ``ChatEnv``'s other arguments (``input_mode``, ``tokenizer``, ...).
 
     ## Version History
 

@@ -26,17 +26,14 @@ class DatasetChatVectorEnv(VectorEnv):
     """N conversations of one ``DatasetChatEnv`` task, stepped together with batched results.
 
     The sub-envs share one seeded stream of samples, as TorchRL's batched env draws each
-    batch from one dataloader: sub-env ``i`` serves stream positions ``i, i + N, i + 2N,
-    ...`` (``shard=(i, N)``), so the first ``len(dataset) * repeats`` episodes of single-turn
-    tasks hold every sample exactly ``repeats`` times, and each later epoch does too.
-    ``reset(seed=s)`` gives sub-env ``i`` the seed ``s + i`` (Gymnasium's rule), which a
-    shard turns back into the order ``s``: sub-env ``i`` equals its own copy of the task with
-    ``shard=(i, N)``, so ``SyncVectorEnv``/``AsyncVectorEnv`` of such copies see the same
-    prompts. The data is loaded once and shared. Finished conversations reset in
-    the same step (``AutoresetMode.SAME_STEP``), so no generation is wasted: their last
-    observation and info are in ``info["final_obs"]`` / ``info["final_info"]`` (masks
-    ``info["_final_obs"]`` / ``info["_final_info"]``) and the returned observation is the
-    new episode's first.
+    batch from one dataloader: sub-env ``i`` serves its shard ``(i, N)``, so every epoch
+    holds every sample exactly ``repeats`` times across sub-envs. ``reset(seed=s)`` gives
+    sub-env ``i`` the seed ``s + i`` (Gymnasium's rule), which its shard turns back into the
+    order ``s``, so ``sharded_env_fns`` copies in ``SyncVectorEnv``/``AsyncVectorEnv`` see
+    the same prompts. Finished conversations reset in the same step
+    (``AutoresetMode.SAME_STEP``): their last observation and info are in
+    ``info["final_obs"]`` / ``info["final_info"]`` and the returned observation is the new
+    episode's first.
 
     With ``repeats=G`` and ``num_envs`` a multiple of ``G`` (which ``group_repeats=True``
     on the task requires), sub-envs ``b*G .. b*G+G-1`` always hold the same sample, each
@@ -300,8 +297,7 @@ def sharded_env_fns(env_id: str, num_envs: int, **kwargs: Any) -> list[Callable[
     >>> [env.unwrapped.shard for env in envs.envs]
     [(0, 2), (1, 2)]
     """
-    if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
-        raise ValueError(f"num_envs must be an int >= 1, got {num_envs!r}")
+    check_int("num_envs", num_envs, 1)
     if "shard" in kwargs:
         raise TypeError("sharded_env_fns() sets each sub-env's shard itself, got shard=")
     return [
