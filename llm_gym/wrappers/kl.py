@@ -49,12 +49,9 @@ class RetrieveLogProb(gym.Wrapper, gym.utils.RecordConstructorArgs):
 class KLComputation(gym.Wrapper, gym.utils.RecordConstructorArgs):
     """Per-token KL from ``info[gen_key]`` and ``info[ref_key]``; optionally a reward penalty.
 
-    Writes ``info[kl_key]`` (``float32`` per response token), ``info["kl_penalty"]`` (``coef ·
-    Σ kl``) and ``info["token_rewards"]`` (``-coef · kl_t``, the task reward added on the last
-    token, as TorchRL's). With ``add_to_reward`` the step reward becomes ``reward -
-    kl_penalty``. When no inner ``RetrieveLogProb`` writes ``gen_key``, the generator's
-    log-probs come from the action ``Response``. ``charge`` holds the settings (``estimator``,
-    ``gen_key``, ``ref_key``, ``kl_key``, ``add_to_reward``) and the coefficient.
+    ``info`` gets ``kl_key``, ``kl_penalty`` (``coef · Σ kl``) and ``token_rewards``, as README's
+    "KL wrappers" says. When no inner ``RetrieveLogProb`` writes ``gen_key``, the generator's
+    log-probs come from the action ``Response``. ``charge`` holds the settings and coefficient.
 
     Args:
         env: an env wrapped in ``RetrieveLogProb(..., key=ref_key)``.
