@@ -1,6 +1,4 @@
-"""Tools a model calls between turns: the calling protocol (``calls``), a sandboxed Python
-interpreter (``interpreter``), plain functions (``base``), MCP servers (``mcp_client``) and
-an env's set of them (``toolbox``)."""
+"""Tools a model calls between turns (README: "Tools"; its layout says which module holds what)."""
 
 from llm_gym.tools.base import Tool, ToolError, check_arguments
 from llm_gym.tools.calls import CALL_FORMATS, ToolCall, parse_tool_calls, tools_system_prompt

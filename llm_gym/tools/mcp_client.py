@@ -1,10 +1,7 @@
-"""``MCPTools``: the tools of an MCP server, started from a command line and spoken to over
-stdio with the official ``mcp`` SDK.
-
-The SDK is async; an env steps synchronously, and a vector env calls tools from several
-threads at once. So each ``MCPTools`` holds an anyio blocking portal (an event loop in a
-thread of its own) in which the server's session lives; any thread's calls go through it.
-"""
+"""``MCPTools``. The ``mcp`` SDK is async; an env steps synchronously, and a vector env calls
+tools from several threads at once. So each ``MCPTools`` holds an anyio blocking portal (an
+event loop in a thread of its own) in which the server's session lives; any thread's calls go
+through it."""
 
 from __future__ import annotations
 
@@ -20,19 +17,17 @@ __all__ = ["MCPTools"]
 
 
 class MCPTools:
-    """Start the MCP server ``command`` and list its tools (``tools``, one ``Tool`` each).
+    """Start the MCP server ``command`` over stdio with the official ``mcp`` SDK and list its
+    tools (``tools``, one ``Tool`` each). Pass it in an env's ``tools=``; ``env.close()`` (or
+    ``close()``) shuts the server down. Pickling it (as ``AsyncVectorEnv`` does) carries the
+    command, and the copy starts a server of its own.
 
-    Pass it in an env's ``tools=``; ``env.close()`` (or ``close()``) shuts the server down.
-    Pickling it (as ``AsyncVectorEnv`` does) carries the command, and the copy starts a
-    server of its own.
-
-    Arguments:
-
-    - ``command``: the server's command line, e.g. ``["python", "server.py"]``.
-    - ``env``: extra environment variables for the server (the SDK passes only a safe few of
-      the parent's: ``HOME``, ``PATH``, ``USER``, ...).
-    - ``cwd``: the server's working directory.
-    - ``timeout``: seconds to wait for the server to start, and for each call.
+    Args:
+        command: the server's command line, e.g. ``["python", "server.py"]``.
+        env: extra environment variables for the server (the SDK passes only a safe few of
+            the parent's: ``HOME``, ``PATH``, ``USER``, ...).
+        cwd: the server's working directory.
+        timeout: seconds to wait for the server to start, and for each call.
     """
 
     def __init__(

@@ -37,12 +37,9 @@ class ToolRecord:
 
 
 class Toolbox:
-    """The tools of one env (shared by its vector env's sub-envs).
-
-    ``tools`` entries: ``"python"`` (a ``PythonInterpreter`` with its defaults), a
-    ``PythonInterpreter``, a plain function (schema from its signature and docstring), a
-    ``Tool``, or ``MCPTools`` (all of a server's tools). ``parse`` reads a response's calls
-    in ``call_format`` and ``run`` runs one, turning every failure into the record's output.
+    """The tools of one env (shared by its vector env's sub-envs), each given as README's
+    "Tools" says (``"python"``: a ``PythonInterpreter`` with its defaults). ``parse`` reads a
+    response's calls in ``call_format``; ``run`` runs one, every failure the record's output.
     """
 
     def __init__(

@@ -1,5 +1,4 @@
-"""Gymnasium wrappers: KL rewards (single-env and vector), KL estimators and controllers, and
-a difficulty curriculum."""
+"""Gymnasium wrappers: KL rewards, their estimators and controllers, a difficulty curriculum."""
 
 from llm_gym.wrappers.controllers import (
     AdaptiveKLController,

@@ -1,8 +1,5 @@
-"""The KL wrappers' one batched path: log-prob retrieval and the KL charge of N responses.
-
-The wrappers in ``kl.py`` and ``vector/kl.py`` call it with ``batched=False`` (a single env's
-step, a batch of one) or ``True``; only ``info``'s layout depends on it.
-"""
+"""The KL wrappers' one batched path: log-prob retrieval and the KL charge of N responses;
+``batched=False`` is a single env's step as a batch of one (only ``info``'s layout differs)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""``DifficultyCurriculum``: raise a task's level when the policy masters it, lower it when
-the policy fails, so that the reward stays informative as the policy learns.
-
-The rule (a moving window, as reasoning-gym's and most curriculum RL recipes use): after
-every ``window`` finished episodes at a level, a success rate of at least ``raise_at`` moves
-one level up, one below ``lower_below`` one level down; the window then starts afresh. Tasks
-with levels: ``LLMChat-Countdown-v0`` (count and size of the numbers) and
-``LLMChat-ReasoningGym-v0`` (the task's curriculum).
-"""
+"""``DifficultyCurriculum``: move a task's level with the policy's success, so that the reward
+stays informative as the policy learns. Tasks with levels: ``LLMChat-Countdown-v0`` (count and
+size of the numbers) and ``LLMChat-ReasoningGym-v0`` (the task's curriculum)."""
 
 from __future__ import annotations
 
@@ -21,7 +15,9 @@ __all__ = ["DifficultyCurriculum", "LevelSchedule"]
 
 
 class LevelSchedule:
-    """The level and the successes seen at it, moved by the rule above.
+    """The level and the successes seen at it. The rule (a moving window, as reasoning-gym's):
+    after every ``window`` finished episodes at a level, a success rate of at least ``raise_at``
+    moves one level up, one below ``lower_below`` one level down; the window then restarts.
 
     >>> schedule = LevelSchedule(num_levels=3, level=0, window=2, raise_at=1.0, lower_below=0.5)
     >>> schedule.record([True, True, False]), schedule.level, schedule.record([False])

@@ -1,8 +1,5 @@
-"""KL as Gymnasium reward wrappers: TorchRL's RetrieveLogProb, KLComputation, RetrieveKL and
-KLRewardTransform, stackable on any chat env. Only this step's response is charged: earlier
-turns were charged in earlier steps. A single env's step is the batch of one of the vector
-versions (``llm_gym.wrappers.vector``); scoring models follow ``llm_gym.samplers.Scorer``.
-"""
+"""TorchRL's RetrieveLogProb, KLComputation, RetrieveKL and KLRewardTransform as Gymnasium
+wrappers for any chat env (README: "KL wrappers"); the vector versions are in ``vector/``."""
 
 from __future__ import annotations
 
@@ -52,12 +49,9 @@ class RetrieveLogProb(gym.Wrapper, gym.utils.RecordConstructorArgs):
 class KLComputation(gym.Wrapper, gym.utils.RecordConstructorArgs):
     """Per-token KL from ``info[gen_key]`` and ``info[ref_key]``; optionally a reward penalty.
 
-    Writes ``info[kl_key]`` (``float32`` per response token), ``info["kl_penalty"]`` (``coef ·
-    Σ kl``) and ``info["token_rewards"]`` (``-coef · kl_t``, the task reward added on the last
-    token, as TorchRL's). With ``add_to_reward`` the step reward becomes ``reward -
-    kl_penalty``. When no inner ``RetrieveLogProb`` writes ``gen_key``, the generator's
-    log-probs come from the action ``Response``. ``charge`` holds the settings (``estimator``,
-    ``gen_key``, ``ref_key``, ``kl_key``, ``add_to_reward``) and the coefficient.
+    ``info`` gets ``kl_key``, ``kl_penalty`` (``coef · Σ kl``) and ``token_rewards``, as README's
+    "KL wrappers" says. When no inner ``RetrieveLogProb`` writes ``gen_key``, the generator's
+    log-probs come from the action ``Response``. ``charge`` holds the settings and coefficient.
 
     Args:
         env: an env wrapped in ``RetrieveLogProb(..., key=ref_key)``.
@@ -157,19 +151,7 @@ class KLRewardWrapper(RetrieveKL):
     """TorchRL's legacy ``KLRewardTransform``: ``reward -= coef · Σ (log p − log q)`` with the
     generator's log-probs taken from the action ``Response`` and the reference scored here.
 
-    Other keyword arguments as ``RetrieveKL``.
-
-    >>> import llm_gym
-    >>> from llm_gym.models import load_default_model
-    >>> model, tokenizer = load_default_model()
-    >>> policy = llm_gym.TransformersPolicy(model, tokenizer, generate_kwargs={"max_tokens": 6})
-    >>> env = KLRewardWrapper(
-    ...     llm_gym.ChatEnv(query="Hi!", max_turns=1), policy.get_new_version(generate=False)
-    ... )
-    >>> obs, info = env.reset(seed=0)
-    >>> obs, reward, terminated, truncated, info = env.step(policy(obs))
-    >>> abs(info["kl_penalty"]) < 1e-4  # the reference is the policy itself
-    True
+    Other keyword arguments as ``RetrieveKL``; README's "KL wrappers" has an example.
     """
 
     def __init__(self, env: gym.Env, ref_model: Any, coef: float = 1.0, **options: Any) -> None:

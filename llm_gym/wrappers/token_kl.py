@@ -1,8 +1,4 @@
-"""``TokenKLWrapper``: a per-token KL penalty for ``TokenEnv``, for token-level RL libraries.
-
-The chat-level KL wrappers charge a whole response at once; with ``TokenEnv`` each step is
-one token, so the penalty is charged where it arises, as RL4LMs and TRL's PPO do.
-"""
+"""``TokenKLWrapper``: a per-token KL penalty for ``TokenEnv``, for token-level RL libraries."""
 
 from __future__ import annotations
 
@@ -33,7 +29,8 @@ def _log_prob(model: Any, state: dict[str, np.ndarray], allowed: Any, token: int
 
 class TokenKLWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
     """Subtract ``coef · kl_t`` from each ``TokenEnv`` step's reward:
-    ``reward_t -= coef * kl(log π(a_t|s_t), log π_ref(a_t|s_t))``.
+    ``reward_t -= coef * kl(log π(a_t|s_t), log π_ref(a_t|s_t))``, where the penalty arises (as
+    RL4LMs and TRL's PPO do), not a whole response at once as the chat-level KL wrappers.
 
     ``kl_t`` is the estimator applied to the generator's and the reference's log-prob of the
     token just taken, given the observation (the left-padded window the policy saw). ``info``

@@ -1,5 +1,4 @@
-"""The vector ``DifficultyCurriculum``: one level for all sub-envs, moved by the success rate
-of the episodes they finish."""
+"""The vector ``DifficultyCurriculum``: one level for all sub-envs."""
 
 from __future__ import annotations
 

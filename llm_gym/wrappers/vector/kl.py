@@ -1,8 +1,6 @@
-"""Vector versions of the KL wrappers, with the arguments of their single-env namesakes in
-``llm_gym.wrappers.kl`` and the same batched code: one padded forward pass scores all N
-responses. Per-env values are stacked the Gymnasium way (``info[key]`` an array over envs,
-``info["_" + key]`` its mask; per-token arrays in ``object`` arrays).
-"""
+"""Vector KL wrappers, as their single-env namesakes: one padded forward scores all N responses.
+Per-env values are stacked the Gymnasium way (``info[key]`` an array over envs, ``info["_" +
+key]`` its mask; per-token arrays in ``object`` arrays)."""
 
 from __future__ import annotations
 
