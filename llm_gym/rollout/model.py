@@ -7,16 +7,17 @@ import collections
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import torch
+import torch.nn.functional as F
 
 from llm_gym.lm import (
     first_eos_lengths,
-    first_id,
     forward_logits,
-    gather_log_probs,
+    generate_with_log_probs,
     generation_settings,
     left_pad,
+    special_token_ids,
+    token_log_probs,
 )
 from llm_gym.rollout.checks import check_settings, check_tensor, read_batch
 from llm_gym.samplers import is_scorer, response_log_probs
@@ -45,7 +46,8 @@ class RolloutFromModel:
     A row ends at its first EOS (``terminated``) or after ``M`` tokens: ``done`` is True on
     that last token, where ``reward_raw`` holds the clipped score; later steps are padding
     (zero reward and log-prob, ``mask`` False). EOS and pad ids come from
-    ``generate_kwargs``, then ``model.generation_config``, then ``tokenizer``.
+    ``generate_kwargs``, then ``model.generation_config``, then ``tokenizer``; the pad id
+    falls back to the first EOS id.
 
     Args:
         model: a transformers causal LM that generates the responses.
@@ -107,28 +109,20 @@ class RolloutFromModel:
         self.model = model
         self.ref_model = ref_model
         self.reward_model = reward_model
-        self.kl_coef = float(kl_coef)
+        self.kl_coef = kl_coef
         self.max_new_tokens = max_new_tokens
         self.score_clip = float(score_clip)
         self.kl_scheduler = kl_scheduler
         self.label_baseline = label_baseline
-        gen = model.generation_config
-        eos = kwargs.get("eos_token_id", gen.eos_token_id)
-        if eos is None and tokenizer is not None:
-            eos = tokenizer.eos_token_id
-        self.eos_token_ids = [] if eos is None else [int(e) for e in np.atleast_1d(eos)]
-        self.pad_token_id = first_id(
-            kwargs.get("pad_token_id"), gen.pad_token_id,
-            getattr(tokenizer, "pad_token_id", None), eos, default=-1,
-        )  # fmt: skip
-        if self.pad_token_id < 0:
+        self.eos_token_ids, pad = special_token_ids(model, kwargs, tokenizer)
+        if pad is None:
             raise ValueError(
                 "no pad or EOS token id: the model's generation_config has none; pass "
                 "tokenizer= or generate_kwargs={'pad_token_id': ...}"
             )
-        self.generate_kwargs = {"do_sample": True, **kwargs}
-        self.generate_kwargs |= {"eos_token_id": self.eos_token_ids or None}
-        self.generate_kwargs |= {"pad_token_id": self.pad_token_id}
+        self.pad_token_id = pad
+        self.generate_kwargs = {"do_sample": True, **kwargs, "pad_token_id": pad}
+        self.generate_kwargs["eos_token_id"] = self.eos_token_ids or None
         # TorchRL keeps the last num_steps values (a deque) or all of them (a list).
         self._kl_queue: collections.deque[float] = collections.deque(maxlen=num_steps)
 
@@ -159,39 +153,24 @@ class RolloutFromModel:
         """
         input_ids, _, rindex = read_batch(batch, _device(self.model), self.label_baseline)
         batch_size, length = input_ids.shape
+        m = self.max_new_tokens
         # Left-pad the prompts: decoder-only models generate from the right edge.
         rows = [row[:end] for row, end in zip(input_ids.tolist(), rindex.tolist(), strict=True)]
         prompts, left_mask = left_pad(rows, self.pad_token_id, input_ids.device)
-        width = prompts.shape[1]
-        out = self.model.generate(
-            input_ids=prompts,
-            attention_mask=left_mask.long(),
-            max_new_tokens=self.max_new_tokens,
-            return_dict_in_generate=True,
-            output_logits=True,
+        new, lengths, log_probs = generate_with_log_probs(
+            self.model, prompts, left_mask, self.eos_token_ids, max_new_tokens=m,
             **self.generate_kwargs,
-        )
-        new = out.sequences[:, width:]
-        steps = new.shape[1]
-        lengths = first_eos_lengths(new, self.eos_token_ids)
+        )  # fmt: skip
+        steps = new.shape[1]  # generate stops early when every row has ended
         real = torch.arange(steps, device=new.device) < lengths[:, None]
-        new = torch.where(real, new, self.pad_token_id)
 
-        generated = input_ids.new_full(
-            (batch_size, length + self.max_new_tokens), self.pad_token_id
-        )
+        generated = input_ids.new_full((batch_size, length + m), self.pad_token_id)
         in_prompt = torch.arange(length, device=input_ids.device) < rindex[:, None]
         generated[:, :length] = torch.where(in_prompt, input_ids, self.pad_token_id)
         index = rindex[:, None] + torch.arange(steps, device=new.device)
-        generated.scatter_(1, index, new)
-
-        # Raw logits, one step at a time: log-softmax over a (B, M, V) stack would copy it.
-        log_probs = torch.zeros(batch_size, self.max_new_tokens, device=new.device)
-        for step, logits in enumerate(out.logits):
-            log_probs[:, step] = gather_log_probs(logits, new[:, step])
-        log_probs[:, :steps] = torch.where(real, log_probs[:, :steps], 0.0)
-        log_ratio = self._log_ratio(generated, rindex)
-        return generated, log_probs.unsqueeze(-1), log_ratio
+        generated.scatter_(1, index, torch.where(real, new, self.pad_token_id))
+        log_probs = F.pad(torch.where(real, log_probs, 0.0), (0, m - steps))
+        return generated, log_probs.unsqueeze(-1), self._log_ratio(generated, rindex)
 
     @torch.no_grad()
     def create_rollout(
@@ -341,17 +320,14 @@ def _lm_log_probs(
 ) -> torch.Tensor:
     """log π of the ``m`` tokens after each prompt under a causal LM, 0 after the response."""
     device = _device(model)
+    ids, rindex, lengths = generated.to(device), rindex.to(device), lengths.to(device)
     width = int((rindex + lengths).max())
-    ids = generated[:, :width].to(device)
-    rindex, lengths = rindex.to(device), lengths.to(device)
     real = torch.arange(width, device=device) < (rindex + lengths)[:, None]
-    # The logits at rindex - 1 + k predict generated token k; only the last `keep` positions,
-    # from the shortest prompt's end on, hold any (right padding), so only those are computed.
-    keep = width - int(rindex.min()) + 1
-    logits = forward_logits(model, ids, real, keep)
+    # Generated tokens are predicted from the shortest prompt's last token on (right
+    # padding): only the logits of that window are computed.
+    start = int(rindex.min()) - 1
+    logits = forward_logits(model, ids[:, :width], real, width - start)
+    log_probs = token_log_probs(logits, ids[:, start:width], real[:, start:])
     steps = torch.arange(m, device=device)
-    source = (rindex[:, None] - 1 + steps - (width - keep)).clamp(max=keep - 1)
-    logits = logits.gather(1, source[..., None].expand(-1, -1, logits.shape[-1]))
-    targets = generated.to(device).gather(1, rindex[:, None] + steps)
-    log_probs = gather_log_probs(logits.flatten(0, 1), targets.flatten()).view(targets.shape)
-    return torch.where(steps < lengths[:, None], log_probs, 0.0)
+    source = (rindex[:, None] + steps - start).clamp(max=width - start - 1)
+    return torch.where(steps < lengths[:, None], log_probs.gather(1, source), 0.0)
