@@ -170,7 +170,7 @@ class RolloutFromModel:
         index = rindex[:, None] + torch.arange(steps, device=new.device)
         generated.scatter_(1, index, torch.where(real, new, self.pad_token_id))
         log_probs = F.pad(torch.where(real, log_probs, 0.0), (0, m - steps))
-        return generated, log_probs.unsqueeze(-1), self._log_ratio(generated, rindex)
+        return generated, log_probs.unsqueeze(-1), self._log_ratio(generated, rindex, lengths)
 
     @torch.no_grad()
     def create_rollout(
@@ -191,17 +191,17 @@ class RolloutFromModel:
         m = self.max_new_tokens
         generated = check_tensor(m, "generated", generated, (batch_size, length + m))
         log_probs = check_tensor(m, "log_probs", log_probs, (batch_size, m, 1))
-        if log_ratio is None:
-            log_ratio = self._log_ratio(generated, rindex)
-        log_ratio = check_tensor(m, "log_ratio", log_ratio, (batch_size, m))
         device = generated.device
         steps = torch.arange(m, device=device)
-        action, lengths, valid = self._actions(generated, rindex)
-        last = action.gather(1, (lengths - 1)[:, None]).squeeze(1)
-        eos = torch.tensor(self.eos_token_ids, dtype=torch.long, device=device)
-        ended_with_eos = torch.isin(last, eos)
+        action = generated.gather(1, rindex[:, None] + steps)
+        lengths = first_eos_lengths(action, self.eos_token_ids)
+        valid = steps < lengths[:, None]
+        if log_ratio is None:
+            log_ratio = self._log_ratio(generated, rindex, lengths)
+        log_ratio = check_tensor(m, "log_ratio", log_ratio, (batch_size, m))
         done = (steps == (lengths - 1)[:, None]).unsqueeze(-1)
-        terminated = done & ended_with_eos[:, None, None]
+        eos = torch.tensor(self.eos_token_ids, dtype=torch.long, device=device)
+        terminated = done & torch.isin(action, eos).unsqueeze(-1)  # the last token is an EOS
 
         # State at step t: the prompt plus the first min(t, length) generated tokens.
         shown = torch.minimum(torch.arange(m + 1, device=device), lengths[:, None])
@@ -246,52 +246,13 @@ class RolloutFromModel:
 
     # -- helpers -------------------------------------------------------------------------
 
-    def _actions(
-        self, generated: torch.Tensor, rindex: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The ``M`` tokens after each prompt, each row's length (to its first EOS) and which
-        of the tokens are real."""
-        steps = torch.arange(self.max_new_tokens, device=generated.device)
-        action = generated.gather(1, rindex[:, None] + steps)
-        lengths = first_eos_lengths(action, self.eos_token_ids)
-        return action, lengths, steps < lengths[:, None]
-
-    def _log_ratio(self, generated: torch.Tensor, rindex: torch.Tensor) -> torch.Tensor:
-        """``log p - log q`` of each generated token (0 after the response), ``(B, M)``."""
-        m = self.max_new_tokens
-        _, lengths, real = self._actions(generated, rindex)
-        log_p = _lm_log_probs(self.model, generated, rindex, lengths, m)
-        if is_scorer(self.ref_model):
-            log_q = self._policy_log_probs(generated, rindex, lengths)
-        else:
-            log_q = _lm_log_probs(self.ref_model, generated, rindex, lengths, m)
-        return torch.where(real, log_p - log_q.to(log_p.device), 0.0)
-
-    def _policy_log_probs(
+    def _log_ratio(
         self, generated: torch.Tensor, rindex: torch.Tensor, lengths: torch.Tensor
     ) -> torch.Tensor:
-        rows = generated.cpu().numpy()
-        starts, ends = rindex.tolist(), (rindex + lengths).tolist()
-        prompts = tuple(row[:s] for row, s in zip(rows, starts, strict=True))
-        responses = [row[s:e] for row, s, e in zip(rows, starts, ends, strict=True)]
-        try:
-            scored = response_log_probs(
-                self.ref_model, {"tokens": prompts}, responses, batched=True
-            )
-        except AttributeError as error:  # an output without .log_probs.response
-            raise ValueError(
-                f"ref_model must return one LogProbOutput per sequence, got: {error}"
-            ) from error
-        log_q = torch.zeros(len(rows), self.max_new_tokens, device=generated.device)
-        for row, (values, response) in enumerate(zip(scored, responses, strict=True)):
-            if values.shape != (len(response),):
-                raise ValueError(
-                    "ref_model must return one LogProbOutput per sequence with "
-                    f"log_probs.response of the response's length ({len(response)}), got "
-                    f"shape {values.shape}"
-                )
-            log_q[row, : len(response)] = torch.as_tensor(values, device=generated.device)
-        return log_q
+        """``log p - log q`` of each generated token (0 after the response), ``(B, M)``."""
+        log_p = _log_probs(self.model, generated, rindex, lengths, self.max_new_tokens)
+        log_q = _log_probs(self.ref_model, generated, rindex, lengths, self.max_new_tokens)
+        return log_p - log_q.to(log_p.device)
 
     def _score(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         out = self.reward_model(input_ids=input_ids, attention_mask=attention_mask.long())
@@ -315,10 +276,13 @@ def _device(model: Any) -> torch.device:
     return device if isinstance(device, torch.device) else next(model.parameters()).device
 
 
-def _lm_log_probs(
+def _log_probs(
     model: Any, generated: torch.Tensor, rindex: torch.Tensor, lengths: torch.Tensor, m: int
 ) -> torch.Tensor:
-    """log π of the ``m`` tokens after each prompt under a causal LM, 0 after the response."""
+    """log π of the ``m`` tokens after each prompt under a causal LM or a log-prob policy,
+    ``(B, m)``, 0 after the response (``lengths`` tokens)."""
+    if is_scorer(model):
+        return _policy_log_probs(model, generated, rindex, lengths, m)
     device = _device(model)
     ids, rindex, lengths = generated.to(device), rindex.to(device), lengths.to(device)
     width = int((rindex + lengths).max())
@@ -331,3 +295,29 @@ def _lm_log_probs(
     steps = torch.arange(m, device=device)
     source = (rindex[:, None] + steps - start).clamp(max=width - start - 1)
     return torch.where(steps < lengths[:, None], log_probs.gather(1, source), 0.0)
+
+
+def _policy_log_probs(
+    policy: Any, generated: torch.Tensor, rindex: torch.Tensor, lengths: torch.Tensor, m: int
+) -> torch.Tensor:
+    rows = generated.cpu().numpy()
+    spans = zip(rows, rindex.tolist(), (rindex + lengths).tolist(), strict=True)
+    prompts, responses = zip(
+        *[(row[:start], row[start:end]) for row, start, end in spans], strict=True
+    )
+    try:
+        scored = response_log_probs(policy, {"tokens": prompts}, list(responses), batched=True)
+    except AttributeError as error:  # an output without .log_probs.response
+        raise ValueError(
+            f"ref_model must return one LogProbOutput per sequence, got: {error}"
+        ) from error
+    log_q = torch.zeros(len(rows), m)
+    for row, (values, response) in enumerate(zip(scored, responses, strict=True)):
+        if values.shape != response.shape:
+            raise ValueError(
+                "ref_model must return one LogProbOutput per sequence with "
+                f"log_probs.response of the response's length ({len(response)}), got "
+                f"shape {values.shape}"
+            )
+        log_q[row, : len(response)] = torch.as_tensor(values)
+    return log_q
