@@ -4,12 +4,15 @@ each generated token is one step of an episode, ready for GAE and PPO."""
 from __future__ import annotations
 
 import collections
+import math
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.nn.utils.rnn import pad_sequence
 
+from llm_gym.checks import check_bool, check_int, check_number
 from llm_gym.lm import (
     first_eos_lengths,
     forward_logits,
@@ -19,10 +22,13 @@ from llm_gym.lm import (
     special_token_ids,
     token_log_probs,
 )
-from llm_gym.rollout.checks import check_settings, check_tensor, read_batch
+from llm_gym.rollout.checks import check_tensor, read_batch
 from llm_gym.samplers import is_scorer, response_log_probs
+from llm_gym.wrappers.controllers import KLController
 
 __all__ = ["RolloutFromModel"]
+
+_LENGTH_KEYS = ("max_new_tokens", "max_tokens", "max_length", "min_length")
 
 
 class RolloutFromModel:
@@ -45,9 +51,7 @@ class RolloutFromModel:
 
     A row ends at its first EOS (``terminated``) or after ``M`` tokens: ``done`` is True on
     that last token, where ``reward_raw`` holds the clipped score; later steps are padding
-    (zero reward and log-prob, ``mask`` False). EOS and pad ids come from
-    ``generate_kwargs``, then ``model.generation_config``, then ``tokenizer``; the pad id
-    falls back to the first EOS id.
+    (zero reward and log-prob, ``mask`` False).
 
     Args:
         model: a transformers causal LM that generates the responses.
@@ -63,7 +67,8 @@ class RolloutFromModel:
         kl_scheduler: a controller of ``llm_gym.wrappers.controllers``, fed by
             ``step_scheduler()``.
         num_steps: keep only the last ``num_steps`` KL values for the scheduler.
-        tokenizer: where EOS/pad ids come from when the generation config has none.
+        tokenizer: the last source of EOS and pad ids, after ``generate_kwargs`` and
+            ``model.generation_config``; the pad id falls back to the first EOS id.
         label_baseline: subtract the score of the batch's own ``input_ids`` (prompt plus
             reference completion) before clipping, as TorchRL does; False for prompt-only
             batches.
@@ -97,10 +102,49 @@ class RolloutFromModel:
         label_baseline: bool = True,
         generate_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
-        kl_coef = check_settings(
-            model, ref_model, reward_model, kl_coef, max_new_tokens, score_clip, kl_scheduler,
-            num_steps, label_baseline, generate_kwargs,
-        )  # fmt: skip
+        if not (callable(model) and hasattr(model, "generate") and hasattr(model, "config")):
+            raise TypeError(
+                "model must be a transformers causal LM (with .generate), got "
+                f"{type(model).__name__}"
+            )
+        if not callable(ref_model):
+            raise TypeError(
+                "ref_model must be a causal LM or a log-prob policy, got "
+                f"{type(ref_model).__name__}"
+            )
+        if is_scorer(ref_model) and getattr(ref_model, "input_mode", None) != "tokens":
+            raise ValueError(
+                "a log-prob policy as ref_model must read token ids (input_mode='tokens'), got "
+                f"input_mode={getattr(ref_model, 'input_mode', None)!r}"
+            )
+        if not callable(reward_model):
+            raise TypeError(f"reward_model must be callable, got {type(reward_model).__name__}")
+        check_int("max_new_tokens", max_new_tokens, 1)
+        check_int("num_steps", num_steps, 1, optional=True)
+        if not isinstance(score_clip, (int, float)) or not score_clip > 0:
+            raise ValueError(f"score_clip must be a number > 0 (inf: no clip), got {score_clip!r}")
+        check_number("kl_coef", kl_coef, 0, optional=True)
+        if kl_scheduler is not None and not isinstance(kl_scheduler, KLController):
+            raise TypeError(
+                "kl_scheduler must be a KL controller (llm_gym.wrappers.controllers), got "
+                f"{type(kl_scheduler).__name__}"
+            )
+        if kl_scheduler is None:
+            kl_coef = 0.1 if kl_coef is None else kl_coef
+        elif kl_coef is None:
+            kl_coef = kl_scheduler.coef  # TorchRL's controllers set the model's coef at start
+        elif not math.isclose(kl_coef, kl_scheduler.coef):
+            raise ValueError(
+                f"kl_coef={kl_coef} differs from kl_scheduler.coef={kl_scheduler.coef}: the "
+                "scheduler recovers the KL by dividing by its own coef, so leave kl_coef unset"
+            )
+        check_bool("label_baseline", label_baseline)
+        for key in _LENGTH_KEYS:
+            if key in (generate_kwargs or {}):
+                raise ValueError(
+                    f"generate_kwargs may not set {key!r}: the length is max_new_tokens "
+                    f"({max_new_tokens}), the episode length of every row"
+                )
         kwargs, samples = generation_settings(model, generate_kwargs, None, True)
         kwargs.pop("max_new_tokens", None)  # a default the policy helper adds; ours is M
         if samples not in (None, 1):
@@ -109,7 +153,7 @@ class RolloutFromModel:
         self.model = model
         self.ref_model = ref_model
         self.reward_model = reward_model
-        self.kl_coef = kl_coef
+        self.kl_coef = float(kl_coef)
         self.max_new_tokens = max_new_tokens
         self.score_clip = float(score_clip)
         self.kl_scheduler = kl_scheduler
@@ -134,7 +178,6 @@ class RolloutFromModel:
 
     # -- public API ------------------------------------------------------------------------
 
-    @torch.no_grad()
     def __call__(self, batch: Any) -> dict[str, Any]:
         """Generate responses for ``batch`` and return the rollout dict."""
         generated, log_probs, log_ratio = self.generate(batch)
@@ -164,9 +207,9 @@ class RolloutFromModel:
         steps = new.shape[1]  # generate stops early when every row has ended
         real = torch.arange(steps, device=new.device) < lengths[:, None]
 
-        generated = input_ids.new_full((batch_size, length + m), self.pad_token_id)
         in_prompt = torch.arange(length, device=input_ids.device) < rindex[:, None]
-        generated[:, :length] = torch.where(in_prompt, input_ids, self.pad_token_id)
+        prompt_only = torch.where(in_prompt, input_ids, self.pad_token_id)
+        generated = F.pad(prompt_only, (0, m), value=self.pad_token_id)
         index = rindex[:, None] + torch.arange(steps, device=new.device)
         generated.scatter_(1, index, torch.where(real, new, self.pad_token_id))
         log_probs = F.pad(torch.where(real, log_probs, 0.0), (0, m - steps))
@@ -311,13 +354,11 @@ def _policy_log_probs(
         raise ValueError(
             f"ref_model must return one LogProbOutput per sequence, got: {error}"
         ) from error
-    log_q = torch.zeros(len(rows), m)
-    for row, (values, response) in enumerate(zip(scored, responses, strict=True)):
-        if values.shape != response.shape:
-            raise ValueError(
-                "ref_model must return one LogProbOutput per sequence with "
-                f"log_probs.response of the response's length ({len(response)}), got "
-                f"shape {values.shape}"
-            )
-        log_q[row, : len(response)] = torch.as_tensor(values)
-    return log_q
+    if [v.shape for v in scored] != [r.shape for r in responses]:
+        raise ValueError(
+            "ref_model must return one LogProbOutput per sequence with log_probs.response of "
+            f"the response's length {[len(r) for r in responses]}, got shapes "
+            f"{[v.shape for v in scored]}"
+        )
+    log_q = pad_sequence([torch.as_tensor(v) for v in scored], batch_first=True)
+    return F.pad(log_q, (0, m - log_q.shape[1]))
