@@ -47,7 +47,6 @@ __all__ = [
     "log_probs_of",
     "next_token_log_probs",
     "position_ids",
-    "special_token_ids",
     "token_log_probs",
 ]
 
@@ -381,48 +380,21 @@ def first_eos_lengths(tokens: torch.Tensor, eos_token_ids: list[int]) -> torch.T
     return torch.where(is_eos.any(1), is_eos.long().argmax(1) + 1, full)
 
 
-def special_token_ids(
-    model: Any, generate_kwargs: Mapping[str, Any], tokenizer: Any = None
-) -> tuple[list[int], int | None]:
-    """The EOS ids and the pad id for ``model.generate``: each from ``generate_kwargs``, then
-    ``model.generation_config``, then ``tokenizer`` (may be None); the pad id falls back to
-    the first EOS id, and is None when there is neither."""
-    config = model.generation_config
-    eos = generate_kwargs.get("eos_token_id", config.eos_token_id)
-    if eos is None:
-        eos = getattr(tokenizer, "eos_token_id", None)
-    eos_ids = [] if eos is None else [int(e) for e in np.atleast_1d(eos)]
-    pad_candidates = (generate_kwargs.get("pad_token_id"), config.pad_token_id)
-    pad_candidates += (getattr(tokenizer, "pad_token_id", None), eos_ids or None)
-    pad = first_id(*pad_candidates, default=-1)
-    return eos_ids, None if pad < 0 else pad
-
-
 def generate_with_log_probs(
-    model: Any,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    eos_token_ids: list[int],
-    log_probs: bool = True,
-    **generate_kwargs: Any,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """``model.generate`` from left-padded prompts ``(B, L)``: the new tokens ``(B, N)``, each
-    row's length up to its first EOS, and (with ``log_probs``) float32 log π of each new
-    token under the **raw** logits, before temperature, top-k/top-p or penalties."""
+    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, **generate_kwargs: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``model.generate`` from left-padded prompts ``(B, L)``: the new tokens ``(B, N)`` and
+    float32 log π of each under the raw logits, before temperature, top-k/top-p or penalties."""
     out = model.generate(
         input_ids=input_ids,
         attention_mask=attention_mask.long(),
         return_dict_in_generate=True,
-        output_logits=log_probs,
+        output_logits=True,
         **generate_kwargs,
     )
     new = out.sequences[:, input_ids.shape[1] :]
-    lengths = first_eos_lengths(new, eos_token_ids)
-    if not log_probs:
-        return new, lengths, None
-    # One vectorized gather per generated step (not per token): log-softmax over a stacked
-    # (B, N, V) tensor would copy every step's logits.
-    values = torch.empty(new.shape, dtype=torch.float32, device=new.device)
+    # One gather per step: log-softmax over a stacked (B, N, V) tensor would copy the logits.
+    log_probs = torch.empty(new.shape, dtype=torch.float32, device=new.device)
     for step, logits in enumerate(out.logits):
-        values[:, step] = gather_log_probs(logits, new[:, step])
-    return new, lengths, values
+        log_probs[:, step] = gather_log_probs(logits, new[:, step])
+    return new, log_probs

@@ -8,6 +8,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
@@ -15,11 +16,11 @@ from torch.nn.utils.rnn import pad_sequence
 from llm_gym.checks import check_bool, check_int, check_number
 from llm_gym.lm import (
     first_eos_lengths,
+    first_id,
     forward_logits,
     generate_with_log_probs,
     generation_settings,
     left_pad,
-    special_token_ids,
     token_log_probs,
 )
 from llm_gym.rollout.checks import check_tensor, read_batch
@@ -158,14 +159,21 @@ class RolloutFromModel:
         self.score_clip = float(score_clip)
         self.kl_scheduler = kl_scheduler
         self.label_baseline = label_baseline
-        self.eos_token_ids, pad = special_token_ids(model, kwargs, tokenizer)
-        if pad is None:
+        gen = model.generation_config
+        eos = kwargs.get("eos_token_id", gen.eos_token_id)
+        if eos is None and tokenizer is not None:
+            eos = tokenizer.eos_token_id
+        self.eos_token_ids = [] if eos is None else [int(e) for e in np.atleast_1d(eos)]
+        self.pad_token_id = first_id(
+            kwargs.get("pad_token_id"), gen.pad_token_id,
+            getattr(tokenizer, "pad_token_id", None), eos, default=-1,
+        )  # fmt: skip
+        if self.pad_token_id < 0:
             raise ValueError(
                 "no pad or EOS token id: the model's generation_config has none; pass "
                 "tokenizer= or generate_kwargs={'pad_token_id': ...}"
             )
-        self.pad_token_id = pad
-        self.generate_kwargs = {"do_sample": True, **kwargs, "pad_token_id": pad}
+        self.generate_kwargs = {"do_sample": True, **kwargs, "pad_token_id": self.pad_token_id}
         self.generate_kwargs["eos_token_id"] = self.eos_token_ids or None
         # TorchRL keeps the last num_steps values (a deque) or all of them (a list).
         self._kl_queue: collections.deque[float] = collections.deque(maxlen=num_steps)
@@ -200,10 +208,10 @@ class RolloutFromModel:
         # Left-pad the prompts: decoder-only models generate from the right edge.
         rows = [row[:end] for row, end in zip(input_ids.tolist(), rindex.tolist(), strict=True)]
         prompts, left_mask = left_pad(rows, self.pad_token_id, input_ids.device)
-        new, lengths, log_probs = generate_with_log_probs(
-            self.model, prompts, left_mask, self.eos_token_ids, max_new_tokens=m,
-            **self.generate_kwargs,
-        )  # fmt: skip
+        new, log_probs = generate_with_log_probs(
+            self.model, prompts, left_mask, max_new_tokens=m, **self.generate_kwargs
+        )
+        lengths = first_eos_lengths(new, self.eos_token_ids)
         steps = new.shape[1]  # generate stops early when every row has ended
         real = torch.arange(steps, device=new.device) < lengths[:, None]
 
