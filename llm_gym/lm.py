@@ -39,6 +39,7 @@ __all__ = [
     "first_id",
     "forward_logits",
     "gather_log_probs",
+    "generate_with_log_probs",
     "generation_settings",
     "has_prefix",
     "keeps_logits",
@@ -377,3 +378,23 @@ def first_eos_lengths(tokens: torch.Tensor, eos_token_ids: list[int]) -> torch.T
         return full
     is_eos = torch.isin(tokens, torch.tensor(eos_token_ids, dtype=torch.long, device=tokens.device))
     return torch.where(is_eos.any(1), is_eos.long().argmax(1) + 1, full)
+
+
+def generate_with_log_probs(
+    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, **generate_kwargs: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``model.generate`` from left-padded prompts ``(B, L)``: the new tokens ``(B, N)`` and
+    float32 log π of each under the raw logits, before temperature, top-k/top-p or penalties."""
+    out = model.generate(
+        input_ids=input_ids,
+        attention_mask=attention_mask.long(),
+        return_dict_in_generate=True,
+        output_logits=True,
+        **generate_kwargs,
+    )
+    new = out.sequences[:, input_ids.shape[1] :]
+    # One gather per step: log-softmax over a stacked (B, N, V) tensor would copy the logits.
+    log_probs = torch.empty(new.shape, dtype=torch.float32, device=new.device)
+    for step, logits in enumerate(out.logits):
+        log_probs[:, step] = gather_log_probs(logits, new[:, step])
+    return new, log_probs

@@ -4,24 +4,32 @@ each generated token is one step of an episode, ready for GAE and PPO."""
 from __future__ import annotations
 
 import collections
+import math
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
+from torch.nn.utils.rnn import pad_sequence
 
+from llm_gym.checks import check_bool, check_int, check_number
 from llm_gym.lm import (
     first_eos_lengths,
     first_id,
     forward_logits,
-    gather_log_probs,
+    generate_with_log_probs,
     generation_settings,
     left_pad,
+    token_log_probs,
 )
-from llm_gym.rollout.checks import check_settings, check_tensor, read_batch
+from llm_gym.rollout.checks import check_tensor, read_batch
 from llm_gym.samplers import is_scorer, response_log_probs
+from llm_gym.wrappers.controllers import KLController
 
 __all__ = ["RolloutFromModel"]
+
+_LENGTH_KEYS = ("max_new_tokens", "max_tokens", "max_length", "min_length")
 
 
 class RolloutFromModel:
@@ -44,8 +52,7 @@ class RolloutFromModel:
 
     A row ends at its first EOS (``terminated``) or after ``M`` tokens: ``done`` is True on
     that last token, where ``reward_raw`` holds the clipped score; later steps are padding
-    (zero reward and log-prob, ``mask`` False). EOS and pad ids come from
-    ``generate_kwargs``, then ``model.generation_config``, then ``tokenizer``.
+    (zero reward and log-prob, ``mask`` False).
 
     Args:
         model: a transformers causal LM that generates the responses.
@@ -61,7 +68,8 @@ class RolloutFromModel:
         kl_scheduler: a controller of ``llm_gym.wrappers.controllers``, fed by
             ``step_scheduler()``.
         num_steps: keep only the last ``num_steps`` KL values for the scheduler.
-        tokenizer: where EOS/pad ids come from when the generation config has none.
+        tokenizer: the last source of EOS and pad ids, after ``generate_kwargs`` and
+            ``model.generation_config``; the pad id falls back to the first EOS id.
         label_baseline: subtract the score of the batch's own ``input_ids`` (prompt plus
             reference completion) before clipping, as TorchRL does; False for prompt-only
             batches.
@@ -95,10 +103,49 @@ class RolloutFromModel:
         label_baseline: bool = True,
         generate_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
-        kl_coef = check_settings(
-            model, ref_model, reward_model, kl_coef, max_new_tokens, score_clip, kl_scheduler,
-            num_steps, label_baseline, generate_kwargs,
-        )  # fmt: skip
+        if not (callable(model) and hasattr(model, "generate") and hasattr(model, "config")):
+            raise TypeError(
+                "model must be a transformers causal LM (with .generate), got "
+                f"{type(model).__name__}"
+            )
+        if not callable(ref_model):
+            raise TypeError(
+                "ref_model must be a causal LM or a log-prob policy, got "
+                f"{type(ref_model).__name__}"
+            )
+        if is_scorer(ref_model) and getattr(ref_model, "input_mode", None) != "tokens":
+            raise ValueError(
+                "a log-prob policy as ref_model must read token ids (input_mode='tokens'), got "
+                f"input_mode={getattr(ref_model, 'input_mode', None)!r}"
+            )
+        if not callable(reward_model):
+            raise TypeError(f"reward_model must be callable, got {type(reward_model).__name__}")
+        check_int("max_new_tokens", max_new_tokens, 1)
+        check_int("num_steps", num_steps, 1, optional=True)
+        if not isinstance(score_clip, (int, float)) or not score_clip > 0:
+            raise ValueError(f"score_clip must be a number > 0 (inf: no clip), got {score_clip!r}")
+        check_number("kl_coef", kl_coef, 0, optional=True)
+        if kl_scheduler is not None and not isinstance(kl_scheduler, KLController):
+            raise TypeError(
+                "kl_scheduler must be a KL controller (llm_gym.wrappers.controllers), got "
+                f"{type(kl_scheduler).__name__}"
+            )
+        if kl_scheduler is None:
+            kl_coef = 0.1 if kl_coef is None else kl_coef
+        elif kl_coef is None:
+            kl_coef = kl_scheduler.coef  # TorchRL's controllers set the model's coef at start
+        elif not math.isclose(kl_coef, kl_scheduler.coef):
+            raise ValueError(
+                f"kl_coef={kl_coef} differs from kl_scheduler.coef={kl_scheduler.coef}: the "
+                "scheduler recovers the KL by dividing by its own coef, so leave kl_coef unset"
+            )
+        check_bool("label_baseline", label_baseline)
+        for key in _LENGTH_KEYS:
+            if key in (generate_kwargs or {}):
+                raise ValueError(
+                    f"generate_kwargs may not set {key!r}: the length is max_new_tokens "
+                    f"({max_new_tokens}), the episode length of every row"
+                )
         kwargs, samples = generation_settings(model, generate_kwargs, None, True)
         kwargs.pop("max_new_tokens", None)  # a default the policy helper adds; ours is M
         if samples not in (None, 1):
@@ -126,9 +173,8 @@ class RolloutFromModel:
                 "no pad or EOS token id: the model's generation_config has none; pass "
                 "tokenizer= or generate_kwargs={'pad_token_id': ...}"
             )
-        self.generate_kwargs = {"do_sample": True, **kwargs}
-        self.generate_kwargs |= {"eos_token_id": self.eos_token_ids or None}
-        self.generate_kwargs |= {"pad_token_id": self.pad_token_id}
+        self.generate_kwargs = {"do_sample": True, **kwargs, "pad_token_id": self.pad_token_id}
+        self.generate_kwargs["eos_token_id"] = self.eos_token_ids or None
         # TorchRL keeps the last num_steps values (a deque) or all of them (a list).
         self._kl_queue: collections.deque[float] = collections.deque(maxlen=num_steps)
 
@@ -140,7 +186,6 @@ class RolloutFromModel:
 
     # -- public API ------------------------------------------------------------------------
 
-    @torch.no_grad()
     def __call__(self, batch: Any) -> dict[str, Any]:
         """Generate responses for ``batch`` and return the rollout dict."""
         generated, log_probs, log_ratio = self.generate(batch)
@@ -159,39 +204,24 @@ class RolloutFromModel:
         """
         input_ids, _, rindex = read_batch(batch, _device(self.model), self.label_baseline)
         batch_size, length = input_ids.shape
+        m = self.max_new_tokens
         # Left-pad the prompts: decoder-only models generate from the right edge.
         rows = [row[:end] for row, end in zip(input_ids.tolist(), rindex.tolist(), strict=True)]
         prompts, left_mask = left_pad(rows, self.pad_token_id, input_ids.device)
-        width = prompts.shape[1]
-        out = self.model.generate(
-            input_ids=prompts,
-            attention_mask=left_mask.long(),
-            max_new_tokens=self.max_new_tokens,
-            return_dict_in_generate=True,
-            output_logits=True,
-            **self.generate_kwargs,
+        new, log_probs = generate_with_log_probs(
+            self.model, prompts, left_mask, max_new_tokens=m, **self.generate_kwargs
         )
-        new = out.sequences[:, width:]
-        steps = new.shape[1]
         lengths = first_eos_lengths(new, self.eos_token_ids)
+        steps = new.shape[1]  # generate stops early when every row has ended
         real = torch.arange(steps, device=new.device) < lengths[:, None]
-        new = torch.where(real, new, self.pad_token_id)
 
-        generated = input_ids.new_full(
-            (batch_size, length + self.max_new_tokens), self.pad_token_id
-        )
         in_prompt = torch.arange(length, device=input_ids.device) < rindex[:, None]
-        generated[:, :length] = torch.where(in_prompt, input_ids, self.pad_token_id)
+        prompt_only = torch.where(in_prompt, input_ids, self.pad_token_id)
+        generated = F.pad(prompt_only, (0, m), value=self.pad_token_id)
         index = rindex[:, None] + torch.arange(steps, device=new.device)
-        generated.scatter_(1, index, new)
-
-        # Raw logits, one step at a time: log-softmax over a (B, M, V) stack would copy it.
-        log_probs = torch.zeros(batch_size, self.max_new_tokens, device=new.device)
-        for step, logits in enumerate(out.logits):
-            log_probs[:, step] = gather_log_probs(logits, new[:, step])
-        log_probs[:, :steps] = torch.where(real, log_probs[:, :steps], 0.0)
-        log_ratio = self._log_ratio(generated, rindex)
-        return generated, log_probs.unsqueeze(-1), log_ratio
+        generated.scatter_(1, index, torch.where(real, new, self.pad_token_id))
+        log_probs = F.pad(torch.where(real, log_probs, 0.0), (0, m - steps))
+        return generated, log_probs.unsqueeze(-1), self._log_ratio(generated, rindex, lengths)
 
     @torch.no_grad()
     def create_rollout(
@@ -212,17 +242,17 @@ class RolloutFromModel:
         m = self.max_new_tokens
         generated = check_tensor(m, "generated", generated, (batch_size, length + m))
         log_probs = check_tensor(m, "log_probs", log_probs, (batch_size, m, 1))
-        if log_ratio is None:
-            log_ratio = self._log_ratio(generated, rindex)
-        log_ratio = check_tensor(m, "log_ratio", log_ratio, (batch_size, m))
         device = generated.device
         steps = torch.arange(m, device=device)
-        action, lengths, valid = self._actions(generated, rindex)
-        last = action.gather(1, (lengths - 1)[:, None]).squeeze(1)
-        eos = torch.tensor(self.eos_token_ids, dtype=torch.long, device=device)
-        ended_with_eos = torch.isin(last, eos)
+        action = generated.gather(1, rindex[:, None] + steps)
+        lengths = first_eos_lengths(action, self.eos_token_ids)
+        valid = steps < lengths[:, None]
+        if log_ratio is None:
+            log_ratio = self._log_ratio(generated, rindex, lengths)
+        log_ratio = check_tensor(m, "log_ratio", log_ratio, (batch_size, m))
         done = (steps == (lengths - 1)[:, None]).unsqueeze(-1)
-        terminated = done & ended_with_eos[:, None, None]
+        eos = torch.tensor(self.eos_token_ids, dtype=torch.long, device=device)
+        terminated = done & torch.isin(action, eos).unsqueeze(-1)  # the last token is an EOS
 
         # State at step t: the prompt plus the first min(t, length) generated tokens.
         shown = torch.minimum(torch.arange(m + 1, device=device), lengths[:, None])
@@ -267,52 +297,13 @@ class RolloutFromModel:
 
     # -- helpers -------------------------------------------------------------------------
 
-    def _actions(
-        self, generated: torch.Tensor, rindex: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The ``M`` tokens after each prompt, each row's length (to its first EOS) and which
-        of the tokens are real."""
-        steps = torch.arange(self.max_new_tokens, device=generated.device)
-        action = generated.gather(1, rindex[:, None] + steps)
-        lengths = first_eos_lengths(action, self.eos_token_ids)
-        return action, lengths, steps < lengths[:, None]
-
-    def _log_ratio(self, generated: torch.Tensor, rindex: torch.Tensor) -> torch.Tensor:
-        """``log p - log q`` of each generated token (0 after the response), ``(B, M)``."""
-        m = self.max_new_tokens
-        _, lengths, real = self._actions(generated, rindex)
-        log_p = _lm_log_probs(self.model, generated, rindex, lengths, m)
-        if is_scorer(self.ref_model):
-            log_q = self._policy_log_probs(generated, rindex, lengths)
-        else:
-            log_q = _lm_log_probs(self.ref_model, generated, rindex, lengths, m)
-        return torch.where(real, log_p - log_q.to(log_p.device), 0.0)
-
-    def _policy_log_probs(
+    def _log_ratio(
         self, generated: torch.Tensor, rindex: torch.Tensor, lengths: torch.Tensor
     ) -> torch.Tensor:
-        rows = generated.cpu().numpy()
-        starts, ends = rindex.tolist(), (rindex + lengths).tolist()
-        prompts = tuple(row[:s] for row, s in zip(rows, starts, strict=True))
-        responses = [row[s:e] for row, s, e in zip(rows, starts, ends, strict=True)]
-        try:
-            scored = response_log_probs(
-                self.ref_model, {"tokens": prompts}, responses, batched=True
-            )
-        except AttributeError as error:  # an output without .log_probs.response
-            raise ValueError(
-                f"ref_model must return one LogProbOutput per sequence, got: {error}"
-            ) from error
-        log_q = torch.zeros(len(rows), self.max_new_tokens, device=generated.device)
-        for row, (values, response) in enumerate(zip(scored, responses, strict=True)):
-            if values.shape != (len(response),):
-                raise ValueError(
-                    "ref_model must return one LogProbOutput per sequence with "
-                    f"log_probs.response of the response's length ({len(response)}), got "
-                    f"shape {values.shape}"
-                )
-            log_q[row, : len(response)] = torch.as_tensor(values, device=generated.device)
-        return log_q
+        """``log p - log q`` of each generated token (0 after the response), ``(B, M)``."""
+        log_p = _log_probs(self.model, generated, rindex, lengths, self.max_new_tokens)
+        log_q = _log_probs(self.ref_model, generated, rindex, lengths, self.max_new_tokens)
+        return log_p - log_q.to(log_p.device)
 
     def _score(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         out = self.reward_model(input_ids=input_ids, attention_mask=attention_mask.long())
@@ -336,22 +327,46 @@ def _device(model: Any) -> torch.device:
     return device if isinstance(device, torch.device) else next(model.parameters()).device
 
 
-def _lm_log_probs(
+def _log_probs(
     model: Any, generated: torch.Tensor, rindex: torch.Tensor, lengths: torch.Tensor, m: int
 ) -> torch.Tensor:
-    """log π of the ``m`` tokens after each prompt under a causal LM, 0 after the response."""
+    """log π of the ``m`` tokens after each prompt under a causal LM or a log-prob policy,
+    ``(B, m)``, 0 after the response (``lengths`` tokens)."""
+    if is_scorer(model):
+        return _policy_log_probs(model, generated, rindex, lengths, m)
     device = _device(model)
+    ids, rindex, lengths = generated.to(device), rindex.to(device), lengths.to(device)
     width = int((rindex + lengths).max())
-    ids = generated[:, :width].to(device)
-    rindex, lengths = rindex.to(device), lengths.to(device)
     real = torch.arange(width, device=device) < (rindex + lengths)[:, None]
-    # The logits at rindex - 1 + k predict generated token k; only the last `keep` positions,
-    # from the shortest prompt's end on, hold any (right padding), so only those are computed.
-    keep = width - int(rindex.min()) + 1
-    logits = forward_logits(model, ids, real, keep)
+    # Generated tokens are predicted from the shortest prompt's last token on (right
+    # padding): only the logits of that window are computed.
+    start = int(rindex.min()) - 1
+    logits = forward_logits(model, ids[:, :width], real, width - start)
+    log_probs = token_log_probs(logits, ids[:, start:width], real[:, start:])
     steps = torch.arange(m, device=device)
-    source = (rindex[:, None] - 1 + steps - (width - keep)).clamp(max=keep - 1)
-    logits = logits.gather(1, source[..., None].expand(-1, -1, logits.shape[-1]))
-    targets = generated.to(device).gather(1, rindex[:, None] + steps)
-    log_probs = gather_log_probs(logits.flatten(0, 1), targets.flatten()).view(targets.shape)
-    return torch.where(steps < lengths[:, None], log_probs, 0.0)
+    source = (rindex[:, None] + steps - start).clamp(max=width - start - 1)
+    return torch.where(steps < lengths[:, None], log_probs.gather(1, source), 0.0)
+
+
+def _policy_log_probs(
+    policy: Any, generated: torch.Tensor, rindex: torch.Tensor, lengths: torch.Tensor, m: int
+) -> torch.Tensor:
+    rows = generated.cpu().numpy()
+    spans = zip(rows, rindex.tolist(), (rindex + lengths).tolist(), strict=True)
+    prompts, responses = zip(
+        *[(row[:start], row[start:end]) for row, start, end in spans], strict=True
+    )
+    try:
+        scored = response_log_probs(policy, {"tokens": prompts}, list(responses), batched=True)
+    except AttributeError as error:  # an output without .log_probs.response
+        raise ValueError(
+            f"ref_model must return one LogProbOutput per sequence, got: {error}"
+        ) from error
+    if [v.shape for v in scored] != [r.shape for r in responses]:
+        raise ValueError(
+            "ref_model must return one LogProbOutput per sequence with log_probs.response of "
+            f"the response's length {[len(r) for r in responses]}, got shapes "
+            f"{[v.shape for v in scored]}"
+        )
+    log_q = pad_sequence([torch.as_tensor(v) for v in scored], batch_first=True)
+    return F.pad(log_q, (0, m - log_q.shape[1]))
