@@ -1,9 +1,6 @@
 """The argument checks every module uses: each error names the argument, what was expected
-and what came, and nothing is changed before the check passes.
-
-A value of the wrong type raises ``ArgumentTypeError``, which is both a ``TypeError`` and a
-``ValueError`` (as NumPy's ``AxisError`` is both a ``ValueError`` and an ``IndexError``), so
-callers may catch either; a value of the right type out of range raises ``ValueError``.
+and what came, and nothing is changed before the check passes. A value of the wrong type
+raises ``ArgumentTypeError`` (see there); one of the right type out of range, ``ValueError``.
 
 >>> check_int("max_turns", 3, low=1)
 3
@@ -42,7 +39,8 @@ T = TypeVar("T")
 
 
 class ArgumentTypeError(TypeError, ValueError):
-    """An argument of the wrong type (catch it as either ``TypeError`` or ``ValueError``)."""
+    """An argument of the wrong type: catch it as either ``TypeError`` or ``ValueError`` (as
+    NumPy's ``AxisError`` is both a ``ValueError`` and an ``IndexError``)."""
 
 
 def _bounds(low: float | None, high: float | None, *, strict: bool = False) -> str:

@@ -1,12 +1,6 @@
-"""Ray as llm_gym's distributed engine: one reference model in an actor, shared by many envs.
-
-``RayLogProbModel`` is a client for a Ray actor that holds a log-prob-mode
-``TransformersPolicy``: a ``llm_gym.samplers.Scorer``, so it goes wherever a reference model
-does (the KL wrappers, ``RolloutFromModel(ref_model=...)`` with ``input_mode="tokens"``).
-Envs in one process or in many (Ray tasks, other actors) reach the same weights through the
-actor's name.
-
-Start Ray first (``ray.init()``, or ``ray.init(address="auto")`` on a cluster)::
+"""Ray as llm_gym's distributed engine: one reference model in an actor, shared by many envs
+(in one process or many) through the actor's name. Start Ray first (``ray.init()``, or
+``ray.init(address="auto")`` on a cluster)::
 
     import ray, llm_gym
     from llm_gym.distributed import RayLogProbModel
@@ -80,17 +74,15 @@ _RemoteLogProbActor = ray.remote(_LogProbActor)
 
 
 class RayLogProbModel:
-    """A log-prob model that runs in a Ray actor; call it like a log-prob ``TransformersPolicy``
-    (one ``ray.get`` a call). The actor scores one request at a time; clients never hold the
-    weights.
+    """A ``llm_gym.samplers.Scorer`` whose log-prob ``TransformersPolicy`` runs in a Ray actor,
+    usable wherever a reference model is (one ``ray.get`` a call). The actor scores one
+    request at a time; clients never hold the weights.
 
     Args:
-        ref_model_factory: a picklable zero-argument callable run once in the actor, returning
+        ref_model_factory: a picklable zero-argument callable (a module-level function, a
+            ``functools.partial`` of one, a script's lambda) run once in the actor, returning
             a ``TransformersPolicy`` with ``generate=False`` or a ``(model, tokenizer)`` pair
-            (wrapped as ``TransformersPolicy(model, tokenizer, generate=False,
-            **policy_kwargs)``). Module-level functions and ``functools.partial`` of them
-            pickle; lambdas defined in a script pickle too (by value). None: reuse the running
-            actor named ``actor_name``.
+            to wrap in one. None: reuse the running actor named ``actor_name``.
         num_cpus / num_gpus: the actor's Ray resources.
         actor_name: name the actor so other clients (other envs, processes) share it. With a
             factory, a running actor of that name is reused (the factory is then not run).
@@ -167,8 +159,8 @@ class RayLogProbModel:
     def __call__(
         self, obs: Mapping[str, Any], responses: Any = None, *, response_only: bool = False
     ) -> Any:
-        """Score ``obs`` (+ ``responses``) in the actor: what the local policy would return (its
-        errors, a bad observation say, come back as the same exception type)."""
+        """Score ``obs`` (+ ``responses``) in the actor: what the local policy would return, or
+        raise (the same exception type)."""
         return self._get(self.actor.call.remote(obs, responses, response_only))
 
     def score(self, prompts: Sequence[np.ndarray], responses: Sequence[np.ndarray]) -> list[Any]:

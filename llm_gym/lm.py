@@ -1,20 +1,10 @@
-"""The language-model tensor work every other package shares, in torch alone.
-
-Nothing here knows of envs, chats or policies: tensors in, tensors out, on the device of the
-tensors given. Padding is told by the attention mask only, never by token id: with
-``pad_token == eos_token`` a real EOS looks exactly like padding.
+"""The language-model tensor work every other package shares, in torch alone: tensors in,
+tensors out, on the device of the tensors given. Padding is told by the attention mask only,
+never by token id: with ``pad_token == eos_token`` a real EOS looks exactly like padding.
 
 Log-probs: position ``t``'s logits predict token ``t + 1``; a sequence's first token has no
-prefix and gets 0.0 (TorchRL's and vLLM's convention), as does padding. On CPU they run row
-by row over each row's scored span in cache-sized chunks (skipping padding saves work); on
-accelerators over the whole window at once with no host sync, on CUDA as one compiled
-kernel (``CompiledLogProbs``) that reads the logits once and writes only the ``(B, T)``
-result, where eager ``log_softmax`` writes a float32 copy of the ``(B, T, V)`` logits. All
-paths give the same values within 1e-5 in float32.
-
->>> ids, mask = left_pad([[5, 6, 7], [8]], pad_id=0, device=torch.device("cpu"))
->>> ids.tolist(), position_ids(mask).tolist()
-([[5, 6, 7], [0, 0, 8]], [[0, 1, 2], [0, 0, 0]])
+prefix and gets 0.0 (TorchRL's and vLLM's convention), as does padding. The CPU, accelerator
+and compiled paths (``token_log_probs``) give the same values within 1e-5 in float32.
 """
 
 from __future__ import annotations
@@ -33,7 +23,6 @@ from llm_gym.checks import check_int
 
 __all__ = [
     "DEFAULT_MAX_NEW_TOKENS",
-    "GENERATE_ALIASES",
     "CompiledLogProbs",
     "first_eos_lengths",
     "first_id",
@@ -70,10 +59,11 @@ def left_pad(
 
 
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Positions counted from each row's first real token, as transformers' generate does.
+    """Positions counted from each row's first real token, as transformers' generate does
+    (absolute-position models would otherwise see a left-padded row shifted); padding gets 0.
 
-    Absolute-position models (GPT-2) would otherwise see a left-padded row shifted by its
-    padding; padding itself gets position 0.
+    >>> position_ids(torch.tensor([[True, True], [False, True]])).tolist()
+    [[0, 1], [0, 0]]
     """
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
@@ -104,11 +94,9 @@ def _takes_logits_to_keep(function: Any) -> bool:
 def forward_logits(
     model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, keep: int = 0
 ) -> torch.Tensor:
-    """The ``(B, T, V)`` logits of a padded batch; with ``keep > 0`` the last ``keep`` only.
-
-    Positions are counted from each row's first real token (left or right padding alike).
-    ``keep`` uses the model's ``logits_to_keep`` where it has one, so the vocabulary
-    projection runs for those positions only; other models are sliced afterwards.
+    """The ``(B, T, V)`` logits of a padded batch (left or right; see ``position_ids``); with
+    ``keep > 0`` the last ``keep`` only, through the model's ``logits_to_keep`` where it has one
+    (the vocabulary projection then runs for those positions only), else sliced afterwards.
     """
     kwargs = {"logits_to_keep": keep} if keep and keeps_logits(model) else {}
     out = model(
@@ -186,7 +174,8 @@ def _picked_minus_logsumexp(logits: torch.Tensor, targets: torch.Tensor) -> torc
 
 class CompiledLogProbs:
     """``logit[target] - logsumexp(logits)`` through ``torch.compile``: float32 log-probs of
-    logits ``(..., V)`` at targets ``(...)``, or None once compiling failed.
+    logits ``(..., V)`` at targets ``(...)``. One kernel reads the logits once, where eager
+    ``log_softmax`` writes a float32 copy of them.
 
     Compiled on the first call with dynamic shapes (batch and window sizes do not recompile
     it). A compiler that fails (no Triton, an unsupported platform) is reported once as a
@@ -246,9 +235,8 @@ def token_log_probs(
         if ids.shape[1] > 1:
             log_probs[:, 1:] = log_probs_of(logits[:, :-1], ids[:, 1:], compiled)
         return log_probs.masked_fill(~scored, 0.0)
-    # Row by row over the span of scored tokens only: the log-softmax over the vocabulary is
-    # most of the cost, and padding (a fifth of a GSM8K batch) need not pay it. Position t's
-    # logits predict token t + 1, so the span's logits are a view shifted by one, not a copy.
+    # The log-softmax over the vocabulary is most of the cost, and padding (a fifth of a GSM8K
+    # batch) need not pay it. The span's logits are a view shifted by one, not a copy.
     width = ids.shape[1]
     spans = torch.stack(
         [scored.any(1), scored.int().argmax(1), width - scored.flip(1).int().argmax(1)], dim=1
@@ -279,7 +267,7 @@ def next_token_log_probs(
 
 
 DEFAULT_MAX_NEW_TOKENS = 256
-GENERATE_ALIASES = {"max_tokens": "max_new_tokens", "n": "num_return_sequences"}
+_GENERATE_ALIASES = {"max_tokens": "max_new_tokens", "n": "num_return_sequences"}
 _RESERVED = {
     "return_dict_in_generate": "the policy always asks for a dict output",
     "output_logits": "the policy reads raw logits itself (set return_log_probs instead)",
@@ -305,7 +293,7 @@ def generation_settings(
     kwargs: dict[str, Any] = {}
     given_as: dict[str, str] = {}
     for key, value in (generate_kwargs or {}).items():
-        name = GENERATE_ALIASES.get(key, key)
+        name = _GENERATE_ALIASES.get(key, key)
         if name in kwargs:
             raise ValueError(
                 f"generate_kwargs gives both {given_as[name]!r} and {key!r}, which set {name!r}"
@@ -315,7 +303,7 @@ def generation_settings(
     if unknown:
         raise ValueError(
             f"generate_kwargs has unknown keys {unknown}: expected GenerationConfig attributes "
-            f"or the aliases {sorted(GENERATE_ALIASES)}"
+            f"or the aliases {sorted(_GENERATE_ALIASES)}"
         )
     for key, why in _RESERVED.items():
         if key in kwargs:

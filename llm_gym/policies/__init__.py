@@ -1,8 +1,5 @@
-"""Policies for llm_gym's envs: a transformers LM adapter and a masked categorical distribution.
-
-The tensor work they share with wrappers and rollouts (padding, log-probs, generation
-settings) lives in ``llm_gym.lm``.
-"""
+"""Policies for llm_gym's envs: a transformers LM adapter, an SB3 actor-critic and a masked
+categorical; the tensor work they share with wrappers and rollouts lives in ``llm_gym.lm``."""
 
 from llm_gym.policies.distributions import MaskedCategorical
 from llm_gym.policies.transformers import TransformersPolicy

@@ -1,9 +1,5 @@
-"""Observations in, token ids out: how ``TransformersPolicy`` reads its inputs.
-
-An observation is a ChatEnv ``dict`` keyed by input mode (a vector env's holds a tuple per
-key). Each conversation becomes an ``Encoded``; ``dist_mask`` lays ``get_dist``'s masks out in
-the padded layout. Sampled token ids are used as given, never decoded and re-tokenized.
-"""
+"""Observations in, token ids out: how ``TransformersPolicy`` reads its inputs (a ChatEnv
+``dict`` keyed by input mode; a vector env's holds a tuple per key)."""
 
 from __future__ import annotations
 
@@ -131,8 +127,7 @@ class Encoder:
         )
 
     def prompts(self, values: Sequence[Any]) -> list[np.ndarray]:
-        """Token ids to generate from (the generation prompt included), texts tokenized in one
-        batch."""
+        """Token ids to generate from (generation prompt included); texts tokenized in a batch."""
         texts: dict[int, str] = {}
         for i, value in enumerate(values):
             if isinstance(value, History):

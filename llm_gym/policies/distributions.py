@@ -1,11 +1,4 @@
-"""A categorical distribution over token sequences with a per-position mask.
-
-The counterpart of TorchRL's ``LLMMaskedCategorical`` for position-level masks: logits of
-shape ``(*B, T, V)`` and a bool mask of shape ``(*B, T)`` saying which positions count
-(response tokens for SFT, assistant tokens for RLHF, real tokens for generic losses).
-Masked positions contribute exactly 0 to ``log_prob`` and ``entropy``, so a sequence's
-log-probability is ``dist.log_prob(tokens).sum(-1)`` whatever its padding.
-"""
+"""``MaskedCategorical``: TorchRL's ``LLMMaskedCategorical`` for position-level masks."""
 
 from __future__ import annotations
 
@@ -16,7 +9,10 @@ __all__ = ["MaskedCategorical"]
 
 
 class MaskedCategorical(D.Distribution):
-    """Categorical over the last dim of ``logits`` at the positions where ``mask`` is True.
+    """Categorical over the last dim of ``logits`` at the positions where ``mask`` is True
+    (response tokens for SFT, assistant tokens for RLHF, real tokens for generic losses).
+    Masked positions give exactly 0 to ``log_prob`` and ``entropy``, so a sequence's
+    log-probability is ``dist.log_prob(tokens).sum(-1)`` whatever its padding.
 
     Args:
         logits: unnormalized log-probabilities, shape ``(*B, T, V)``. Position ``t`` holds the

@@ -1,12 +1,6 @@
-"""``LLMActorCriticPolicy``: a transformers causal LM as a stable-baselines3 actor-critic.
-
-For token-level envs (``llm_gym.TokenEnv``, RL4LMs' design): the observation is a batch of
-left-padded ``input_ids``/``attention_mask`` rows, the action is the next token. Usable with PPO
-and A2C: ``PPO(LLMActorCriticPolicy, env, policy_kwargs={"model": model})`` (README has a run).
-
-Saving: SB3 pickles ``policy_kwargs`` beside the parameters. A model *object* there is pickled
-whole (the file then holds the weights twice); a local folder path or a factory function is
-pickled as a name, and ``PPO.load`` rebuilds the model from it before loading the weights.
+"""``LLMActorCriticPolicy``: a transformers causal LM as a stable-baselines3 actor-critic for
+token-level envs (``llm_gym.TokenEnv``, RL4LMs' design). README's "stable-baselines3" section
+has a PPO run and says what saving pickles (``policy_kwargs``: the ``ModelSpec`` forms).
 """
 
 from __future__ import annotations
@@ -61,14 +55,11 @@ def last_positions(attention_mask: torch.Tensor) -> torch.Tensor:
 class LLMActorCriticPolicy(ActorCriticPolicy):
     """An SB3 ``ActorCriticPolicy`` whose actor is a causal LM and whose critic is a value head.
 
-    Observations are dicts of ``input_ids`` and ``attention_mask`` rows (``TokenEnv``'s); the
-    action distribution is ``Categorical(lm_head(h_last))`` over the vocabulary, where
-    ``h_last`` is the final hidden state at each row's last real token (position ids count
-    from the first real token, so left padding changes nothing). The value is
-    ``value_head(h_last)``, a linear layer initialised to zero, on the policy LM's hidden
-    state, or on ``value_model``'s when one is given. The LM stays in eval mode (no dropout)
-    while training: PPO's probability ratio must compare the same function at rollout and
-    update time.
+    Actions are ``Categorical(lm_head(h_last))``, ``h_last`` being the final hidden state at
+    each row's last real token (positions count from the first real token, so left padding
+    changes nothing); the value is a zero-initialised linear head on ``h_last`` (or on
+    ``value_model``'s). The LMs stay in eval mode (no dropout) while training: PPO's
+    probability ratio must compare the same function at rollout and update time.
 
     Args:
         observation_space / action_space / lr_schedule: given by the SB3 algorithm.
@@ -101,18 +92,7 @@ class LLMActorCriticPolicy(ActorCriticPolicy):
         if use_sde:
             raise ValueError("use_sde must be False: the action space is Discrete, got True")
         policy_lm = _resolve_model(model, "model")
-        if policy_lm.get_output_embeddings() is None:
-            raise TypeError(
-                f"model must be a causal LM with an LM head (AutoModelForCausalLM), got "
-                f"{type(policy_lm).__name__}"
-            )
         n_actions = int(action_space.n)
-        lm_vocab = policy_lm.get_output_embeddings().weight.shape[0]
-        if lm_vocab < n_actions:
-            raise ValueError(
-                f"model's LM head has {lm_vocab} outputs but the action space has {n_actions} "
-                "tokens: the model and the env's tokenizer do not match"
-            )
         critic = None if value_model is None else _resolve_model(value_model, "value_model")
         allowed = _allowed_mask(allowed_token_ids, n_actions)
 
@@ -128,9 +108,7 @@ class LLMActorCriticPolicy(ActorCriticPolicy):
             optimizer_kwargs=optimizer_kwargs,
         )
         self._model_spec, self._value_model_spec = model, value_model
-        self.allowed_token_ids = (
-            None if allowed_token_ids is None else [int(i) for i in allowed_token_ids]
-        )
+        self.allowed_token_ids = None if allowed is None else allowed.nonzero()[:, 0].tolist()
         self.model = policy_lm
         self.value_model = critic
         trunk = critic if critic is not None else policy_lm
@@ -138,8 +116,8 @@ class LLMActorCriticPolicy(ActorCriticPolicy):
         nn.init.zeros_(self.value_head.weight)
         nn.init.zeros_(self.value_head.bias)
         self.register_buffer("allowed_token_mask", allowed, persistent=False)
-        self.set_training_mode(False)
-        _check_lm_head(policy_lm)
+        self.set_training_mode(False)  # before the head check: dropout would fail it
+        _check_lm_head(policy_lm, n_actions)
         trainable = [p for p in self.parameters() if p.requires_grad]
         self.optimizer = self.optimizer_class(trainable, lr=lr_schedule(1), **self.optimizer_kwargs)
 
@@ -163,7 +141,6 @@ class LLMActorCriticPolicy(ActorCriticPolicy):
     def set_training_mode(self, mode: bool) -> None:
         """SB3's training mode for the heads; the LMs stay in eval mode."""
         super().set_training_mode(mode)
-        # No dropout, in rollouts or updates: see the class docstring.
         self.model.eval()
         if self.value_model is not None:
             self.value_model.eval()
@@ -174,8 +151,7 @@ class LLMActorCriticPolicy(ActorCriticPolicy):
         self, obs: PyTorchObs, deterministic: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Actions (next tokens), their values and log-probs, from one pass of the LM."""
-        logits, hidden = self._actor(obs)
-        distribution = self._distribution(logits)
+        distribution, hidden = self._actor(obs)
         actions = distribution.get_actions(deterministic=deterministic)
         return actions, self._value(obs, hidden), distribution.log_prob(actions)
 
@@ -183,25 +159,22 @@ class LLMActorCriticPolicy(ActorCriticPolicy):
         self, obs: PyTorchObs, actions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Values, log-probs of ``actions`` and entropies, for PPO's and A2C's losses."""
-        logits, hidden = self._actor(obs)
-        distribution = self._distribution(logits)
+        distribution, hidden = self._actor(obs)
         log_prob = distribution.log_prob(actions)
         return self._value(obs, hidden), log_prob, distribution.entropy()
 
     def get_distribution(self, obs: PyTorchObs) -> CategoricalDistribution:
         """The categorical over next tokens (the allowed ones) for ``obs``."""
-        return self._distribution(self._actor(obs)[0])
+        return self._actor(obs)[0]
 
     def predict_values(self, obs: PyTorchObs) -> torch.Tensor:
         """The critic's values ``(B, 1)`` for ``obs``."""
-        shared = self.value_model is None
-        return self._value(obs, self._trunk_hidden(self.model, *_inputs(obs)) if shared else None)
+        return self._value(obs)
 
     # -- internals -------------------------------------------------------------------------
 
-    def _actor(self, obs: PyTorchObs) -> tuple[torch.Tensor, torch.Tensor]:
-        """Action logits ``(B, n_actions)`` and the final hidden state ``(B, H)`` at each
-        row's last real token, from one pass of the trunk and the LM head at those rows."""
+    def _actor(self, obs: PyTorchObs) -> tuple[CategoricalDistribution, torch.Tensor]:
+        """The action distribution and ``h_last`` ``(B, H)``, from one trunk pass."""
         ids, mask = _inputs(obs)
         hidden = self._trunk_hidden(self.model, ids, mask)
         logits = self.model.get_output_embeddings()(hidden)
@@ -209,15 +182,13 @@ class LLMActorCriticPolicy(ActorCriticPolicy):
         logits = logits[:, : int(self.action_space.n)].float()
         if self.allowed_token_mask is not None:
             logits = logits.masked_fill(~self.allowed_token_mask, torch.finfo(logits.dtype).min)
-        return logits, hidden
+        return self.action_dist.proba_distribution(action_logits=logits), hidden
 
-    def _distribution(self, logits: torch.Tensor) -> CategoricalDistribution:
-        return self.action_dist.proba_distribution(action_logits=logits)
-
-    def _value(self, obs: PyTorchObs, hidden: torch.Tensor | None) -> torch.Tensor:
-        if self.value_model is not None:
-            ids, mask = _inputs(obs)
-            hidden = self._trunk_hidden(self.value_model, ids, mask)
+    def _value(self, obs: PyTorchObs, hidden: torch.Tensor | None = None) -> torch.Tensor:
+        """The value head on the critic's ``h_last`` (``hidden``: the policy LM's, if shared)."""
+        if self.value_model is not None or hidden is None:
+            trunk = self.model if self.value_model is None else self.value_model
+            hidden = self._trunk_hidden(trunk, *_inputs(obs))
         return self.value_head(hidden.float())
 
     @staticmethod
@@ -231,20 +202,31 @@ class LLMActorCriticPolicy(ActorCriticPolicy):
         return out.last_hidden_state[rows, last_positions(mask)]
 
 
-def _check_lm_head(model: nn.Module) -> None:
-    """The LM head on the trunk's last hidden state must give the model's own logits.
+def _check_lm_head(model: nn.Module, n_actions: int) -> None:
+    """``model`` must have an LM head with an output per action, which on the trunk's last
+    hidden state gives the model's own logits.
 
     The policy computes them that way (the trunk once, the head at one position per row),
     not with ``model(..., output_hidden_states=True)``, which in transformers 5 installs
     forward hooks that make the model unpicklable (and SB3 pickles ``policy_kwargs``).
     Models that post-process their logits (e.g. Gemma 2's soft-capping) are refused here.
     """
+    head = model.get_output_embeddings()
+    if head is None:
+        raise TypeError(
+            f"model must be a causal LM with an LM head (AutoModelForCausalLM), got "
+            f"{type(model).__name__}"
+        )
+    if head.weight.shape[0] < n_actions:
+        raise ValueError(
+            f"model's LM head has {head.weight.shape[0]} outputs but the action space has "
+            f"{n_actions} tokens: the model and the env's tokenizer do not match"
+        )
     ids = torch.arange(1, 4, device=model.device)[None] % model.config.get_text_config().vocab_size
     with torch.no_grad():
         full = model(input_ids=ids, use_cache=False).logits[:, -1].float()
-        trunk = getattr(model, "base_model", model)
-        hidden = trunk(input_ids=ids, use_cache=False).last_hidden_state[:, -1]
-        head = model.get_output_embeddings()(hidden).float()
+        hidden = LLMActorCriticPolicy._trunk_hidden(model, ids, torch.ones_like(ids))
+        head = head(hidden).float()
     if not torch.allclose(full, head, rtol=1e-3, atol=1e-3):
         raise ValueError(
             f"model ({type(model).__name__}) post-processes its logits beyond its LM head "

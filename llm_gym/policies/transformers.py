@@ -1,7 +1,4 @@
-"""``TransformersPolicy``: a Hugging Face causal LM as a policy for llm_gym's chat envs (the
-Gymnasium form of TorchRL's ``TransformersWrapper``) and the transformers backend of
-``llm_gym.samplers``: ``sample`` for generation, one padded forward pass for scoring.
-"""
+"""``TransformersPolicy``: the Gymnasium form of TorchRL's ``TransformersWrapper``."""
 
 from __future__ import annotations
 
@@ -38,25 +35,16 @@ _ARGUMENTS += ("num_samples", "chat_template_name", "chat_template", "device")
 
 
 class TransformersPolicy:
-    """A transformers causal LM as a policy over ChatEnv observations: the ``Sampler`` and
-    ``Scorer`` of ``llm_gym.samplers`` (token level: ``sample`` and ``score``), and a callable
-    on observations. ``version`` (0 at first; a trainer adds one after each update) is stamped
-    on every ``Sample`` and ``Response``.
+    """A transformers causal LM as a policy over ChatEnv observations, and the ``Sampler`` and
+    ``Scorer`` of ``llm_gym.samplers`` (``sample``, ``score``). README's "Policies" section
+    says what each mode returns and shows one stepping a ChatEnv.
 
-    Generate mode (default): ``policy(obs)`` returns a ``Response`` (text, the exact sampled
-    token ids ending at EOS when one was produced, and their log-probs); a vector env's batched
-    observation gives a list; ``num_samples=k`` gives k Responses per observation. Log-probs
-    come from the model's **raw** logits, before any temperature, top-k/top-p or penalty: the
-    policy's own probabilities, the ones a reference model's can be compared with for KL.
-
-    Log-prob mode (``generate=False``): ``policy(obs, responses=None)`` scores conversations in
-    one forward pass and returns a ``LogProbOutput`` (a list for a batch, one padded output with
-    ``pad_output=True``). ``obs`` is either the prompt, with ``responses`` the replies to score
-    (``Response`` — its exact tokens are used —, ``str`` or token array), or a whole
-    conversation (a history ending with the assistant's turn, or full text/tokens). An EOS the
-    policy produced keeps its real log-prob even when ``pad_token == eos_token``. ``get_dist``
-    runs the same forward pass with gradients and returns a ``MaskedCategorical`` for a loss.
-    The policy never switches the model between train and eval mode; that stays the caller's.
+    Generate mode (default): ``policy(obs)`` gives a ``Response`` (a list for a vector env's
+    batch; ``num_samples=k``: k per observation). Log-prob mode (``generate=False``):
+    ``policy(obs, responses=None)`` gives a ``LogProbOutput`` per conversation, where ``obs``
+    is the prompt and ``responses`` the replies (``Response``, whose exact tokens are used,
+    ``str`` or token array), or ``obs`` is a whole conversation. The policy never switches the
+    model between train and eval mode; that stays the caller's.
 
     Args:
         model: a transformers causal LM (``AutoModelForCausalLM``).
@@ -73,8 +61,6 @@ class TransformersPolicy:
         chat_template_name / chat_template: the template for ``"history"`` inputs (default:
             chosen from the tokenizer, as ChatEnv does; pass the env's ``template_kwargs``).
         device: where inputs go; default the model's device.
-
-    README's "Policies" section shows one stepping a ChatEnv.
     """
 
     def __init__(
@@ -198,10 +184,9 @@ class TransformersPolicy:
     ) -> Any:
         """Generate mode: Response(s) for ``obs``. Log-prob mode: score ``obs`` (+ responses).
 
-        ``response_only=True`` (log-prob mode, with ``responses``) computes logits for the
-        response positions only, ``log_probs.prompt`` and ``log_probs.full`` are then None:
-        what the KL wrappers use, since the vocabulary projection and log-softmax over every
-        prompt position cost as much as the rest of the forward pass on a small model.
+        ``response_only=True`` (log-prob mode, with ``responses``): logits for the response
+        positions only (``log_probs.prompt`` and ``.full`` are None); the vocabulary projection
+        over the prompt costs as much as the rest of the forward pass on a small model.
         """
         values, batched = split_observation(obs, self.input_mode)
         if self.generate:
@@ -259,10 +244,8 @@ class TransformersPolicy:
 
     def get_new_version(self, **changes: Any) -> TransformersPolicy:
         """A policy with some constructor arguments changed, sharing this one's model object
-        and starting at its ``version``.
-
-        Switching to ``generate=False`` drops ``num_samples`` and turns ``return_log_probs`` on
-        unless they are given; ``generate_kwargs`` are kept (and unused) for switching back.
+        and starting at its ``version``. ``generate=False`` drops ``num_samples`` and turns
+        ``return_log_probs`` on unless given; ``generate_kwargs`` are kept for switching back.
         """
         current = {name: getattr(self, name) for name in _ARGUMENTS}
         current["generate_kwargs"] = self._user_generate_kwargs
@@ -285,12 +268,9 @@ class TransformersPolicy:
         *,
         mask: str | np.ndarray | torch.Tensor | Sequence[np.ndarray] = "assistant",
     ) -> tuple[MaskedCategorical, torch.Tensor]:
-        """A masked categorical over the tokens of the scored conversations, with gradients.
-
-        Runs one left-padded forward pass (with autograd, for a loss) and returns
-        ``(dist, input_ids)``: ``dist.log_prob(input_ids)`` is ``(B, T)`` with the log-prob of
-        each selected token and 0 elsewhere; ``dist.entropy()`` likewise. ``B`` is 1 for a
-        single observation. ``mask`` selects the positions:
+        """``(dist, input_ids)``: a ``MaskedCategorical`` over the left-padded ``(B, T)`` tokens
+        of the scored conversations (``B`` is 1 for one observation), from one forward pass
+        with autograd, for a loss. ``mask`` selects the positions:
 
         - ``"prompt"`` / ``"sft"``: the response tokens (everything after the prompt);
         - ``"assistant"`` / ``"rlhf"``: every assistant token, all turns (``all_assistant_mask``);
@@ -333,7 +313,7 @@ class TransformersPolicy:
 
     def _log_probs(self, sequences: list[np.ndarray], keep: int) -> np.ndarray:
         """``(B, keep or T)`` log-probs of the left-padded ``sequences``' last ``keep`` tokens
-        (all with ``keep=0``), 0 at padding and first tokens."""
+        (all with ``keep=0``)."""
         ids, attention = left_pad(sequences, self.pad_token_id, self.device)
         with torch.inference_mode():
             logits = self._forward(ids, attention, keep)
