@@ -1,12 +1,5 @@
-"""The ``llm-gym`` command (also ``python -m llm_gym``).
-
-- ``llm-gym rollout`` runs a model on a registered chat task and writes ``episodes.jsonl``,
-  ``summary.json`` and a plot.
-- ``llm-gym train`` trains a model with GRPO on a task and writes ``metrics.jsonl``, a plot,
-  checkpoints and the greedy success on held-out questions before and after.
-- ``llm-gym envs`` lists the registered environments.
-
-Bad input gets a one-line ``llm-gym: error: ...`` and exit code 2, never a traceback.
+"""The ``llm-gym`` command (also ``python -m llm_gym``); each subcommand's help says what it
+does. Bad input gets a one-line ``llm-gym: error: ...`` and exit code 2, never a traceback.
 """
 
 from __future__ import annotations

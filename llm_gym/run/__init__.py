@@ -1,6 +1,5 @@
-"""Running a model on a task: ``RunConfig`` (``config``), shared by ``llm-gym rollout``
-(``RolloutConfig``) and ``llm-gym train`` (``llm_gym.train.GRPOConfig``); what every run sets
-up (``setup``); and the rollout driver (``rollout``)."""
+"""Running a model on a task: the shared ``config``, the ``setup`` of every run, and the
+rollout driver (``rollout``); ``llm_gym.train`` builds on them."""
 
 from llm_gym.run.config import RunConfig
 from llm_gym.run.rollout import Rollout, RolloutConfig, Summary

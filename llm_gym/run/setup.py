@@ -17,7 +17,6 @@ __all__ = [
     "DTYPES",
     "charge_kl",
     "make_sampler",
-    "make_task_envs",
     "resolve_device",
     "resolve_dtype",
     "task_envs",
@@ -49,37 +48,24 @@ def resolve_dtype(dtype: str) -> torch.dtype:
     return DTYPES[dtype]
 
 
-def make_task_envs(
-    env_id: str,
-    num_envs: int,
-    tokenizer: Any,
-    env_args: dict[str, Any] | None = None,
-    **options: Any,
+def task_envs(
+    config: RunConfig, tokenizer: Any, num_envs: int, **options: Any
 ) -> gym.vector.VectorEnv:
-    """``gym.make_vec(env_id)`` in tokens mode for ``tokenizer``, with the history (for the
-    records) and the policy mask (for a trainer) in the observation, the native vector env
-    when the id has one; ``options`` that are None are left to the env's defaults."""
+    """``gym.make_vec(config.env)`` (answer format, tools, ``options``; None: the env's
+    default) in tokens mode for ``tokenizer``, the native vector env when the id has one, with
+    the history (for the records) and the policy mask (for a trainer) in the observation, and
+    the difficulty curriculum when ``config.curriculum`` asks for one."""
+    options.update(answer_format=config.answer_format, **config.tool_options())
     kwargs: dict[str, Any] = {
-        **(env_args or {}),
+        **config.env_args,
         **{key: value for key, value in options.items() if value is not None},
         "input_mode": "tokens",
         "tokenizer": tokenizer,
         "observation_keys": ("tokens", "history", "policy_mask"),
     }
-    spec = gym.spec(env_id)
+    spec = gym.spec(config.env)
     mode = "vector_entry_point" if spec.vector_entry_point is not None else "sync"
-    return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=mode, **kwargs)
-
-
-def task_envs(
-    config: RunConfig, tokenizer: Any, num_envs: int, **options: Any
-) -> gym.vector.VectorEnv:
-    """``config``'s task (answer format, tools, ``options``) as ``make_task_envs`` makes it,
-    with the difficulty curriculum when ``config.curriculum`` asks for one."""
-    envs = make_task_envs(
-        config.env, num_envs, tokenizer, config.env_args,
-        answer_format=config.answer_format, **config.tool_options(), **options,
-    )  # fmt: skip
+    envs = gym.make_vec(config.env, num_envs=num_envs, vectorization_mode=mode, **kwargs)
     if config.curriculum:
         envs = vector_wrappers.DifficultyCurriculum(envs, window=config.curriculum)
     return envs
