@@ -33,8 +33,7 @@ def make_rollout_func(env_id: str, *, seed: int = 0, **env_kwargs: Any) -> EnvRo
 
 
 class EnvRollout:
-    """Plays one episode per prompt, all prompts' turns generated in one batch per turn (what
-    ``make_rollout_func`` returns)."""
+    """``make_rollout_func``'s: one episode per prompt, all prompts' turns batched per turn."""
 
     def __init__(self, env_id: str, *, seed: int = 0, **env_kwargs: Any) -> None:
         self.is_task = gym.spec(env_id).vector_entry_point is not None  # unknown ids fail here
@@ -78,10 +77,7 @@ class EnvRollout:
                 )
             kwargs = {**self.env_kwargs, "input_mode": "tokens", "tokenizer": tokenizer}
             kwargs["observation_keys"] = ("tokens", "policy_mask")
-            if self.is_task:
-                make = [{"shard": (i, n), "repeats": group} for i in range(n)]
-            else:
-                make = [{} for _ in range(n)]
+            make = [{"shard": (i, n), "repeats": group} if self.is_task else {} for i in range(n)]
             self._envs = [gym.make(self.env_id, **kwargs, **extra) for extra in make]
             if getattr(self._envs[0].unwrapped, "max_turns", 1) is None:
                 raise ValueError(

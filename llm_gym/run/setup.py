@@ -1,5 +1,4 @@
-"""What every run sets up: device and dtype by name, the task's vector env in tokens mode, the
-sampler, and the KL penalty against a frozen reference."""
+"""What every run sets up: device, dtype, the task's vector env, sampler and KL penalty."""
 
 from __future__ import annotations
 
@@ -8,6 +7,7 @@ from typing import Any
 import gymnasium as gym
 import torch
 
+from llm_gym.checks import check_choice
 from llm_gym.models import load_model
 from llm_gym.policies import TransformersPolicy
 from llm_gym.run.config import DTYPE_NAMES, RunConfig
@@ -43,9 +43,7 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 
 def resolve_dtype(dtype: str) -> torch.dtype:
     """A torch dtype from its name (``"float32"``, ``"bfloat16"``, ``"float16"``)."""
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-    return DTYPES[dtype]
+    return DTYPES[check_choice("dtype", dtype, DTYPE_NAMES)]
 
 
 def task_envs(

@@ -89,8 +89,7 @@ class GRPOConfig(RunConfig):
     ValueError: group_size must be an int >= 2, got 1
     """
 
-    # The run's defaults here are the CPU demo's (README: chain_sum, +28 points in 10 minutes
-    # on 2 cores).
+    # The run's defaults here are the CPU demo's (README, "Learning, measured").
     answer_format: str | None = "last_number"
     max_new_tokens: int = 48
     temperature: float = 1.0
@@ -151,11 +150,8 @@ class GRPOTrainer:
             repeats=config.group_size, group_repeats=True,
         )  # fmt: skip
         if config.kl_coef > 0:
-            controller = None
-            if config.kl_target is not None:
-                controller = AdaptiveKLController(
-                    config.kl_coef, config.kl_target, config.kl_horizon
-                )
+            target, horizon = config.kl_target, config.kl_horizon  # no target: constant coef
+            controller = target and AdaptiveKLController(config.kl_coef, target, horizon)
             # Below float32, generation's log-probs are mostly rounding noise against a
             # forward's: re-score the responses in the same forward path as the reference.
             gen = self.scorer if self.dtype != torch.float32 else None
@@ -285,8 +281,7 @@ class GRPOTrainer:
         return total
 
     def evaluate(self, policy: Any = None) -> dict[str, float]:
-        """Greedy success on ``eval_episodes`` questions of the held-out seed (``policy``
-        replaces the greedy policy of the model)."""
+        """``llm_gym.train.evaluate`` of the model on ``eval_episodes`` held-out questions."""
         config = self.config
         return evaluate(
             self.model, self.tokenizer, config,
