@@ -30,8 +30,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def number(kind: type, low: float, inclusive: bool = True) -> Callable[[str], int | float]:
-    """An argparse ``type``: ``kind`` (int or float) of the text, finite and ``>= low`` (``>``
-    unless ``inclusive``)."""
+    """argparse ``type``: a finite ``kind`` (int, float) ``>= low``, ``>`` unless ``inclusive``."""
     relation = ">=" if inclusive else ">"
 
     def parse(text: str) -> int | float:

@@ -1,5 +1,4 @@
-"""Running a model on a task: the shared ``config``, the ``setup`` of every run, and the
-rollout driver (``rollout``); ``llm_gym.train`` builds on them."""
+"""Running a model on a task: the shared ``config``, every run's ``setup``, the ``rollout``."""
 
 from llm_gym.run.config import RunConfig
 from llm_gym.run.rollout import Rollout, RolloutConfig, Summary

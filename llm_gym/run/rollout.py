@@ -191,8 +191,7 @@ class Rollout:
         self.out = Path(config.out)
         episodes = self.out / EPISODES_FILE  # two runs' episodes never mix in one file
         if episodes.exists() and not config.overwrite:
-            with episodes.open(encoding="utf-8") as f:
-                done = sum(1 for line in f if line.strip())
+            done = sum(1 for line in episodes.read_text(encoding="utf-8").splitlines() if line)
             raise FileExistsError(
                 f"{episodes} already holds {done} episodes from an earlier run; pass another "
                 "--out, or --overwrite to start over"

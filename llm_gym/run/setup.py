@@ -49,10 +49,9 @@ def resolve_dtype(dtype: str) -> torch.dtype:
 def task_envs(
     config: RunConfig, tokenizer: Any, num_envs: int, **options: Any
 ) -> gym.vector.VectorEnv:
-    """``gym.make_vec(config.env)`` (answer format, tools, ``options``; None: the env's
-    default) in tokens mode for ``tokenizer``, the native vector env when the id has one, with
-    the history (for the records) and the policy mask (for a trainer) in the observation, and
-    the difficulty curriculum when ``config.curriculum`` asks for one."""
+    """``config``'s task (with ``options``; None: the env's default) in the native vector env
+    if any, in tokens mode with the history (for records) and policy mask (for a trainer) in
+    the observation, and the difficulty curriculum if ``config.curriculum`` asks for one."""
     options.update(answer_format=config.answer_format, **config.tool_options())
     kwargs: dict[str, Any] = {
         **config.env_args,
@@ -86,9 +85,9 @@ def charge_kl(
     gen: Any = None,
     controller: Any = None,
 ) -> gym.vector.VectorEnv:
-    """``envs`` charged ``config.kl_coef`` · KL (``config.estimator``) against the frozen
-    model ``reference`` ('default' or a folder) in one forward per step: the vector
-    ``RetrieveKL``, the policy's log-probs from ``gen`` or else from the Responses."""
+    """``envs`` in the vector ``RetrieveKL``: ``config.kl_coef`` · KL (``config.estimator``)
+    against the frozen ``reference`` ('default' or a folder), one forward a step; the policy's
+    side from ``gen`` (None: the Responses' log-probs)."""
     device, dtype = resolve_device(config.device), resolve_dtype(config.dtype)
     model, tokenizer = load_model(reference, device=device, dtype=dtype)
     model.requires_grad_(False)

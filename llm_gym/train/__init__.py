@@ -1,5 +1,4 @@
-"""``llm-gym train``: GRPO (``grpo``) and its episodes and evaluation (``episodes``); the
-``llm_gym.run.setup`` names it re-exports are the scripts'."""
+"""``llm-gym train``: ``grpo`` and its ``episodes``; it re-exports scripts' ``run.setup`` names."""
 
 from llm_gym.run.setup import DTYPES, resolve_device, resolve_dtype
 from llm_gym.train.episodes import evaluate

@@ -39,9 +39,8 @@ def play_episodes(
         responses = policy({"tokens": tuple(running.obs["tokens"][i] for i in active)})
         seconds += time.perf_counter() - start
         turns += 1
-        # A finished sub-env's empty answer ends at once the throwaway episode its autoreset
-        # began: multi-turn callers reseed before the next batch, and single-turn episodes all
-        # end in one step, so the returned observation continues the env's stream.
+        # "" ends at once the throwaway episode a finished sub-env's autoreset began (multi-turn
+        # callers reseed; single-turn episodes all end together, so obs continues the stream).
         actions: list[Any] = [""] * envs.num_envs
         for i, response in zip(active, responses, strict=True):
             actions[i] = response
