@@ -183,8 +183,7 @@ class Episodes:
 
 
 class Rollout:
-    """A prepared run: models loaded, envs made, run folder claimed, every input error (ids,
-    paths, data, values) raised before generating; ``run()`` runs it."""
+    """A prepared run (models, envs, run folder; any input error raised here); ``run()`` runs it."""
 
     def __init__(self, config: RolloutConfig) -> None:
         self.config = config

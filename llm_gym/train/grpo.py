@@ -150,8 +150,9 @@ class GRPOTrainer:
             repeats=config.group_size, group_repeats=True,
         )  # fmt: skip
         if config.kl_coef > 0:
-            target, horizon = config.kl_target, config.kl_horizon  # no target: constant coef
-            controller = target and AdaptiveKLController(config.kl_coef, target, horizon)
+            controller, target = None, config.kl_target  # no target: a constant coefficient
+            if target is not None:
+                controller = AdaptiveKLController(config.kl_coef, target, config.kl_horizon)
             # Below float32, generation's log-probs are mostly rounding noise against a
             # forward's: re-score the responses in the same forward path as the reference.
             gen = self.scorer if self.dtype != torch.float32 else None
