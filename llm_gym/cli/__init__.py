@@ -1,12 +1,5 @@
-"""The ``llm-gym`` command (also ``python -m llm_gym``).
-
-- ``llm-gym rollout`` runs a model on a registered chat task and writes ``episodes.jsonl``,
-  ``summary.json`` and a plot.
-- ``llm-gym train`` trains a model with GRPO on a task and writes ``metrics.jsonl``, a plot,
-  checkpoints and the greedy success on held-out questions before and after.
-- ``llm-gym envs`` lists the registered environments.
-
-Bad input gets a one-line ``llm-gym: error: ...`` and exit code 2, never a traceback.
+"""The ``llm-gym`` command (also ``python -m llm_gym``); each subcommand's help says what it
+does. Bad input gets a one-line ``llm-gym: error: ...`` and exit code 2, never a traceback.
 """
 
 from __future__ import annotations
@@ -55,9 +48,7 @@ def _add_rollout(commands: Any) -> None:
         description="Run a model on a registered chat task with the policy adapter and, given "
         "--ref-model, the KL reward wrapper.",
     )
-    defaults = RolloutConfig()
-    add = parser.add_argument
-    add_run_options(add, defaults)
+    add, defaults = add_run_options(parser, RolloutConfig)
     add("--split", default=None, help="data split of dataset tasks (GSM8K, MATH)")
     add("--data-dir", default=None, help="folder with the task's data files "
         "(GSM8K: train.jsonl/test.jsonl; default: $LLM_GYM_GSM8K_PATH)")  # fmt: skip
@@ -86,9 +77,7 @@ def _add_train(commands: Any) -> None:
         "group-relative advantages, the clipped surrogate, an optional KL penalty against the "
         "starting model (--kl-coef > 0).",
     )
-    defaults = GRPOConfig()
-    add = parser.add_argument
-    add_run_options(add, defaults)
+    add, defaults = add_run_options(parser, GRPOConfig)
     add("--iterations", type=number(int, 1), default=defaults.iterations)
     add("--groups", type=number(int, 1), default=defaults.groups,
         help="questions per iteration (default: %(default)s)")  # fmt: skip

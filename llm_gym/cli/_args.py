@@ -30,8 +30,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def number(kind: type, low: float, inclusive: bool = True) -> Callable[[str], int | float]:
-    """An argparse ``type``: ``kind`` (int or float) of the text, finite and ``>= low`` (``>``
-    unless ``inclusive``)."""
+    """argparse ``type``: a finite ``kind`` (int, float) ``>= low``, ``>`` unless ``inclusive``."""
     relation = ">=" if inclusive else ">"
 
     def parse(text: str) -> int | float:
@@ -78,9 +77,10 @@ def check_task_env(env_id: str, command: str) -> None:
         )
 
 
-def add_run_options(add: Callable[..., Any], defaults: Any) -> None:
-    """The options of ``RunConfig``, which ``rollout`` and ``train`` share: task, model,
-    sampling, tools, KL penalty, device, run folder."""
+def add_run_options(parser: argparse.ArgumentParser, config: type) -> tuple[Callable, Any]:
+    """The options of ``RunConfig`` (``rollout``'s and ``train``'s) on ``parser``; its
+    ``add_argument`` and ``config``'s defaults, for the command's own options."""
+    add, defaults = parser.add_argument, config()
     add("--env", default=defaults.env, help="registered env id (default: %(default)s, "
         "procedural and offline; LLMChat-GSM8K-v0 for GSM8K)")  # fmt: skip
     add("--env-arg", action="append", default=[], type=env_arg, metavar="KEY=VALUE",
@@ -117,6 +117,7 @@ def add_run_options(add: Callable[..., Any], defaults: Any) -> None:
     add("--out", default=defaults.out, help="run folder (default: %(default)s)")
     add("--overwrite", action="store_true", help="replace an earlier run in --out")
     add("--no-progress", action="store_true", help="no progress bar")
+    return add, defaults
 
 
 def tool_list(text: str) -> list[str]:
@@ -131,9 +132,7 @@ def tool_list(text: str) -> list[str]:
 
 
 def make_config(cls: type, args: argparse.Namespace) -> Any:
-    """``cls`` (a ``RunConfig``) from the parsed options: each field from the option of the
-    same name; ``env_args``, ``curriculum`` and ``progress`` from the options they are
-    spelled differently as."""
+    """``cls`` (a ``RunConfig``) from the parsed options, field by field."""
     names = {f.name for f in dataclasses.fields(cls)}
     values = {name: value for name, value in vars(args).items() if name in names}
     values.update(

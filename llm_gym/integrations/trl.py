@@ -1,13 +1,5 @@
-"""Train with TRL's ``GRPOTrainer`` on any llm_gym env: a ``rollout_func`` and its reward.
-
-``make_rollout_func(env_id, **env_kwargs)`` plays one episode per prompt with the trainer's
-model, token-in/token-out, and returns ``prompt_ids``, ``completion_ids``, ``logprobs``, the
-env's return as ``env_reward`` (``env_reward_func`` hands it to the trainer) and, for episodes
-of several turns, ``env_mask`` (the env's ``policy_mask``: 0 on the tokens the env inserted
-between turns). Task envs draw their own questions: the trainer's prompts only pace the run,
-and each group of ``num_generations`` consecutive prompts gets one question of the env's
-stream. ``LLMChat-v0`` takes each prompt (or its last user message) as its query. README,
-"TRL's GRPOTrainer on any llm_gym env", has the example.
+"""Train with TRL's ``GRPOTrainer`` on any llm_gym env: a ``rollout_func`` and its reward
+(README, "TRL's GRPOTrainer on any llm_gym env", tells what they return, with an example).
 """
 
 from __future__ import annotations
@@ -41,7 +33,7 @@ def make_rollout_func(env_id: str, *, seed: int = 0, **env_kwargs: Any) -> EnvRo
 
 
 class EnvRollout:
-    """Plays one episode per prompt, all prompts' turns generated in one batch per turn."""
+    """``make_rollout_func``'s: one episode per prompt, all prompts' turns batched per turn."""
 
     def __init__(self, env_id: str, *, seed: int = 0, **env_kwargs: Any) -> None:
         self.is_task = gym.spec(env_id).vector_entry_point is not None  # unknown ids fail here
@@ -85,10 +77,7 @@ class EnvRollout:
                 )
             kwargs = {**self.env_kwargs, "input_mode": "tokens", "tokenizer": tokenizer}
             kwargs["observation_keys"] = ("tokens", "policy_mask")
-            if self.is_task:
-                make = [{"shard": (i, n), "repeats": group} for i in range(n)]
-            else:
-                make = [{} for _ in range(n)]
+            make = [{"shard": (i, n), "repeats": group} if self.is_task else {} for i in range(n)]
             self._envs = [gym.make(self.env_id, **kwargs, **extra) for extra in make]
             if getattr(self._envs[0].unwrapped, "max_turns", 1) is None:
                 raise ValueError(

@@ -1,7 +1,5 @@
-"""The run configuration ``llm-gym rollout`` and ``llm-gym train`` share. ``RolloutConfig``
-and ``GRPOConfig`` extend it with their own fields and defaults, so every function of a run
-takes either, written with flat keywords: ``GRPOConfig(model="default", iterations=20)``.
-This module imports nothing heavy.
+"""The run configuration ``RolloutConfig`` and ``GRPOConfig`` extend (so every function of a
+run takes either). This module imports nothing heavy.
 
 >>> RunConfig(max_new_tokens=0)
 Traceback (most recent call last):

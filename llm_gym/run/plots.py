@@ -14,9 +14,8 @@ __all__ = ["plot_curves"]
 def plot_curves(
     rows: list[dict[str, Any]], names: Sequence[str], path: Path, x: str, window: int = 5
 ) -> None:
-    """One panel per name in ``names`` that ``rows`` hold values of (None: no point), over
-    ``rows``' ``x``, with the running mean over ``window`` rows (batches are small: the trend
-    is in the mean)."""
+    """One panel per name in ``names`` that ``rows`` hold (None: no point) over ``x``, with the
+    running mean over ``window`` rows (batches are small: the trend is in the mean)."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display: write the file only

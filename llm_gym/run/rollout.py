@@ -1,9 +1,5 @@
-"""Rollouts of a model on a chat task, the job behind ``llm-gym rollout``.
-
-N conversations run in one vector env (SAME_STEP autoreset, so no generation is thrown
-away); the policy adapter generates all N responses in one batch; with a reference model a
-vector KL wrapper charges the KL in one padded forward. Each finished episode is appended to
-``episodes.jsonl`` at once, so the file is complete and readable after an interruption.
+"""Rollouts of a model on a chat task, the job behind ``llm-gym rollout`` (README, "The
+``llm-gym`` command": one vector env, one batched generation a step, episodes saved as they end).
 """
 
 from __future__ import annotations
@@ -47,8 +43,8 @@ PLOT_FILE = "rollout.png"
 
 @dataclass
 class RolloutConfig(RunConfig):
-    """What ``llm-gym rollout`` was asked to do: the run (``RunConfig``) and its episodes.
-    The KL penalty is charged against ``ref_model``; without one, none."""
+    """``llm-gym rollout``'s options: the run (``RunConfig``) and its episodes; the KL penalty
+    is charged against ``ref_model`` (without one, none)."""
 
     split: str | None = None
     data_dir: str | None = None
@@ -129,13 +125,9 @@ def _entry(info: dict[str, Any], i: int) -> dict[str, Any]:
 
 
 class Episodes:
-    """The running episode of every sub-env of a task's vector env (``task_envs``: tokens,
-    history and policy mask; SAME_STEP autoreset), and a record of each one that ends.
-
-    A record is an ``episodes.jsonl`` line plus ``ARRAYS``: the whole conversation's token ids
-    (``conversation_ids``), the ``policy_mask`` over them and every step's per-token KL
-    (``token_kl``, None without a KL wrapper), which a trainer reads and JSON does not.
-    """
+    """The running episode of every sub-env of ``task_envs`` (SAME_STEP autoreset), and a
+    record of each one that ends: an ``episodes.jsonl`` line plus the ``ARRAYS`` a trainer
+    reads (``token_kl`` is None without a KL wrapper)."""
 
     def __init__(self, envs: Any, obs: dict[str, Any]) -> None:
         n = envs.num_envs
@@ -147,9 +139,8 @@ class Episodes:
         self.tokens = np.zeros(n, dtype=np.int64)
 
     def step(self, actions: list[Any]) -> list[dict[str, Any]]:
-        """Step every sub-env with its action (a ``Response``, or ``""`` for a sub-env left
-        out, whose episode it ends); the records of the episodes that ended. ``obs`` is then
-        the next observation."""
+        """Step every sub-env with its action (a ``Response``, or ``""``, which ends a sub-env's
+        episode); the records of the episodes that ended (``obs`` moves on)."""
         obs, rewards, terminated, truncated, info = self.envs.step(actions)
         self.rewards += rewards
         for i, action in enumerate(actions):
@@ -192,19 +183,14 @@ class Episodes:
 
 
 class Rollout:
-    """A prepared run: models loaded, envs made, run folder claimed; ``run()`` runs it.
-
-    Everything that can fail on the user's input (ids, paths, data, values) fails here, in
-    the constructor, before any generation.
-    """
+    """A prepared run (models, envs, run folder; any input error raised here); ``run()`` runs it."""
 
     def __init__(self, config: RolloutConfig) -> None:
         self.config = config
         self.out = Path(config.out)
         episodes = self.out / EPISODES_FILE  # two runs' episodes never mix in one file
         if episodes.exists() and not config.overwrite:
-            with episodes.open(encoding="utf-8") as f:
-                done = sum(1 for line in f if line.strip())
+            done = sum(1 for line in episodes.read_text(encoding="utf-8").splitlines() if line)
             raise FileExistsError(
                 f"{episodes} already holds {done} episodes from an earlier run; pass another "
                 "--out, or --overwrite to start over"

@@ -1,5 +1,4 @@
-"""What every run sets up: device and dtype by name, the task's vector env in tokens mode, the
-sampler, and the KL penalty against a frozen reference."""
+"""What every run sets up: device, dtype, the task's vector env, sampler and KL penalty."""
 
 from __future__ import annotations
 
@@ -8,6 +7,7 @@ from typing import Any
 import gymnasium as gym
 import torch
 
+from llm_gym.checks import check_choice
 from llm_gym.models import load_model
 from llm_gym.policies import TransformersPolicy
 from llm_gym.run.config import DTYPE_NAMES, RunConfig
@@ -17,7 +17,6 @@ __all__ = [
     "DTYPES",
     "charge_kl",
     "make_sampler",
-    "make_task_envs",
     "resolve_device",
     "resolve_dtype",
     "task_envs",
@@ -44,42 +43,26 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 
 def resolve_dtype(dtype: str) -> torch.dtype:
     """A torch dtype from its name (``"float32"``, ``"bfloat16"``, ``"float16"``)."""
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-    return DTYPES[dtype]
-
-
-def make_task_envs(
-    env_id: str,
-    num_envs: int,
-    tokenizer: Any,
-    env_args: dict[str, Any] | None = None,
-    **options: Any,
-) -> gym.vector.VectorEnv:
-    """``gym.make_vec(env_id)`` in tokens mode for ``tokenizer``, with the history (for the
-    records) and the policy mask (for a trainer) in the observation, the native vector env
-    when the id has one; ``options`` that are None are left to the env's defaults."""
-    kwargs: dict[str, Any] = {
-        **(env_args or {}),
-        **{key: value for key, value in options.items() if value is not None},
-        "input_mode": "tokens",
-        "tokenizer": tokenizer,
-        "observation_keys": ("tokens", "history", "policy_mask"),
-    }
-    spec = gym.spec(env_id)
-    mode = "vector_entry_point" if spec.vector_entry_point is not None else "sync"
-    return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=mode, **kwargs)
+    return DTYPES[check_choice("dtype", dtype, DTYPE_NAMES)]
 
 
 def task_envs(
     config: RunConfig, tokenizer: Any, num_envs: int, **options: Any
 ) -> gym.vector.VectorEnv:
-    """``config``'s task (answer format, tools, ``options``) as ``make_task_envs`` makes it,
-    with the difficulty curriculum when ``config.curriculum`` asks for one."""
-    envs = make_task_envs(
-        config.env, num_envs, tokenizer, config.env_args,
-        answer_format=config.answer_format, **config.tool_options(), **options,
-    )  # fmt: skip
+    """``config``'s task (with ``options``; None: the env's default) in the native vector env
+    if any, in tokens mode with the history (for records) and policy mask (for a trainer) in
+    the observation, and the difficulty curriculum if ``config.curriculum`` asks for one."""
+    options.update(answer_format=config.answer_format, **config.tool_options())
+    kwargs: dict[str, Any] = {
+        **config.env_args,
+        **{key: value for key, value in options.items() if value is not None},
+        "input_mode": "tokens",
+        "tokenizer": tokenizer,
+        "observation_keys": ("tokens", "history", "policy_mask"),
+    }
+    spec = gym.spec(config.env)
+    mode = "vector_entry_point" if spec.vector_entry_point is not None else "sync"
+    envs = gym.make_vec(config.env, num_envs=num_envs, vectorization_mode=mode, **kwargs)
     if config.curriculum:
         envs = vector_wrappers.DifficultyCurriculum(envs, window=config.curriculum)
     return envs
@@ -102,9 +85,9 @@ def charge_kl(
     gen: Any = None,
     controller: Any = None,
 ) -> gym.vector.VectorEnv:
-    """``envs`` charged ``config.kl_coef`` · KL (``config.estimator``) against the frozen
-    model ``reference`` ('default' or a folder) in one forward per step: the vector
-    ``RetrieveKL``, the policy's log-probs from ``gen`` or else from the Responses."""
+    """``envs`` in the vector ``RetrieveKL``: ``config.kl_coef`` · KL (``config.estimator``)
+    against the frozen ``reference`` ('default' or a folder), one forward a step; the policy's
+    side from ``gen`` (None: the Responses' log-probs)."""
     device, dtype = resolve_device(config.device), resolve_dtype(config.dtype)
     model, tokenizer = load_model(reference, device=device, dtype=dtype)
     model.requires_grad_(False)

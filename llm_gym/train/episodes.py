@@ -1,10 +1,5 @@
 """Whole episodes across a vector env, one per sub-env (what a GRPO iteration trains on), and
-``evaluate``, the greedy success on held-out questions before and after training.
-
-Sub-envs whose episode has ended get the empty answer, which ends the throwaway episode their
-autoreset began at once: multi-turn callers reseed before the next batch, and single-turn
-episodes all end in one step, so the returned observation continues the env's stream.
-"""
+the greedy evaluation before and after training."""
 
 from __future__ import annotations
 
@@ -44,6 +39,8 @@ def play_episodes(
         responses = policy({"tokens": tuple(running.obs["tokens"][i] for i in active)})
         seconds += time.perf_counter() - start
         turns += 1
+        # "" ends at once the throwaway episode a finished sub-env's autoreset began (multi-turn
+        # callers reseed; single-turn episodes all end together, so obs continues the stream).
         actions: list[Any] = [""] * envs.num_envs
         for i, response in zip(active, responses, strict=True):
             actions[i] = response
@@ -64,26 +61,20 @@ def evaluate(
     num_envs: int = 32,
     policy: Any = None,
 ) -> dict[str, float]:
-    """Greedy-decode ``episodes`` episodes of ``config``'s task (its env, answer format and
-    tools; no curriculum) from ``seed``'s questions; their mean ``success``, ``reward`` and
-    response length in tokens (with tools: multi-turn episodes, and their tool calls per
-    episode). ``policy`` replaces the greedy ``TransformersPolicy`` of ``model``.
-
-    Single-turn episodes are the first ``episodes`` questions of one stream that the sub-envs
-    split (``shard``), whatever ``num_envs`` is: the same before and after training. Tool
-    episodes are played in rounds of one whole episode per sub-env, round ``r`` from the
-    order of ``seed + r``, so the questions do not depend on how many turns the model took.
-    """
+    """Greedy-decode ``episodes`` episodes of ``config``'s task (no curriculum) from ``seed``'s
+    questions, the same ones whatever ``num_envs`` and the model's turns; their mean
+    ``success``, ``reward``, ``response_tokens`` (and with tools ``tool_calls_per_episode``).
+    ``policy`` replaces the greedy ``TransformersPolicy`` of ``model``."""
     tools = bool(config.tools)
     envs = task_envs(replace(config, curriculum=0), tokenizer, min(num_envs, episodes))
-    if policy is None:
+    if policy is None:  # not make_sampler: GRPOConfig refuses temperature 0
         kwargs = {"max_new_tokens": config.max_new_tokens, "do_sample": False}
         policy = TransformersPolicy(model, tokenizer, input_mode="tokens", generate_kwargs=kwargs)
     records: list[dict[str, Any]] = []
     try:
         obs, _ = envs.reset(seed=seed)
         while len(records) < episodes:
-            if tools and records:
+            if tools and records:  # round r of tool episodes from seed + r: turn-independent
                 obs, _ = envs.reset(seed=seed + len(records) // envs.num_envs)
             played, _, obs = play_episodes(envs, policy, obs, tools=tools)
             records += played[: episodes - len(records)]

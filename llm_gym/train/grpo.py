@@ -1,12 +1,5 @@
-"""GRPO through llm_gym, in one file: what ``llm-gym train`` runs (README, "Training").
-
-Each iteration, whatever the options (tools, KL, curriculum): every sub-env of the native
-vector env (``groups`` questions, ``group_size`` sub-envs each) plays one whole episode; the
-env scores it, the KL wrappers charging ``coef · KL`` against the starting model when
-``kl_coef > 0``; advantages are group-relative; ``update_epochs`` optimizer steps on the
-clipped surrogate over the policy's tokens (never tool output), the old log-probs re-scored
-by the same forward as the new ones, so that ratio and KL compare like with like in any dtype.
-"""
+"""GRPO through llm_gym, in one file: what ``llm-gym train`` runs (README, "Training", tells
+the iteration; one iteration serves tools, KL and curriculum alike)."""
 
 from __future__ import annotations
 
@@ -87,9 +80,8 @@ def grpo_loss(
 
 @dataclass
 class GRPOConfig(RunConfig):
-    """What ``llm-gym train`` is asked to do (its command-line options): the run
-    (``RunConfig``: model, task, tools, KL, device, seed, folder) and GRPO's own settings.
-    The KL penalty (``kl_coef > 0``) is charged against the starting model.
+    """``llm-gym train``'s options: the run (``RunConfig``) and GRPO's own settings; the KL
+    penalty (``kl_coef > 0``) is charged against the starting model.
 
     >>> GRPOConfig(group_size=1)
     Traceback (most recent call last):
@@ -97,8 +89,7 @@ class GRPOConfig(RunConfig):
     ValueError: group_size must be an int >= 2, got 1
     """
 
-    # The run's defaults here are the CPU demo's (README: chain_sum, +28 points in 10 minutes
-    # on 2 cores).
+    # The run's defaults here are the CPU demo's (README, "Learning, measured").
     answer_format: str | None = "last_number"
     max_new_tokens: int = 48
     temperature: float = 1.0
@@ -141,12 +132,8 @@ class GRPOConfig(RunConfig):
 
 
 class GRPOTrainer:
-    """A prepared run: models loaded, envs made, run folder claimed; ``train()`` runs it.
-
-    Everything that can fail on the user's input fails here, before any generation.
-    ``sampler`` generates the episodes, ``scorer`` (the same model) re-scores them for the
-    update.
-    """
+    """A prepared run, as ``Rollout`` is one (every input error raised before generating);
+    ``train()`` runs it. ``sampler`` generates, ``scorer`` (the same model) re-scores."""
 
     def __init__(self, config: GRPOConfig) -> None:
         self.config = config
@@ -163,11 +150,9 @@ class GRPOTrainer:
             repeats=config.group_size, group_repeats=True,
         )  # fmt: skip
         if config.kl_coef > 0:
-            controller = None
-            if config.kl_target is not None:
-                controller = AdaptiveKLController(
-                    config.kl_coef, config.kl_target, config.kl_horizon
-                )
+            controller, target = None, config.kl_target  # no target: a constant coefficient
+            if target is not None:
+                controller = AdaptiveKLController(config.kl_coef, target, config.kl_horizon)
             # Below float32, generation's log-probs are mostly rounding noise against a
             # forward's: re-score the responses in the same forward path as the reference.
             gen = self.scorer if self.dtype != torch.float32 else None
@@ -219,9 +204,8 @@ class GRPOTrainer:
         return summary
 
     def iteration(self, obs: dict[str, Any] | None, iteration: int) -> tuple[dict[str, Any], dict]:
-        """One batch of groups: play an episode in every sub-env from ``obs`` (with tools, from
-        the iteration's own seed: ``obs`` is not used), score, update. The next observation
-        and the metrics row."""
+        """Play an episode in every sub-env from ``obs`` (with tools, from the iteration's own
+        seed), score, update: the next observation and the metrics row."""
         config, start = self.config, time.perf_counter()
         if config.tools:  # a fresh seed restarts each group on one question
             obs, _ = self.envs.reset(seed=config.seed + 1 + iteration)
@@ -255,8 +239,7 @@ class GRPOTrainer:
         return next_obs, row
 
     def update(self, obs: dict[str, Any], responses: list[Any], advantages: torch.Tensor) -> float:
-        """``update_epochs`` optimizer steps on the clipped surrogate of ``responses`` to the
-        prompts of ``obs`` (the iteration's update, for single turns); the last step's loss."""
+        """The iteration's update for single-turn ``responses`` to ``obs``'s prompts; the loss."""
         prompts = obs["tokens"]
         tokens = [np.concatenate([p, r.tokens]) for p, r in zip(prompts, responses, strict=True)]
         masks = [np.arange(len(t)) >= len(p) for t, p in zip(tokens, prompts, strict=True)]
@@ -299,8 +282,7 @@ class GRPOTrainer:
         return total
 
     def evaluate(self, policy: Any = None) -> dict[str, float]:
-        """Greedy success on ``eval_episodes`` questions of the held-out seed (``policy``
-        replaces the greedy policy of the model)."""
+        """``llm_gym.train.evaluate`` of the model on ``eval_episodes`` held-out questions."""
         config = self.config
         return evaluate(
             self.model, self.tokenizer, config,
@@ -310,9 +292,8 @@ class GRPOTrainer:
     # -- checkpoints ------------------------------------------------------------------------
 
     def save(self, iteration: int) -> Path:
-        """Checkpoint after ``iteration`` iterations (what ``--resume`` continues from): the
-        model, the tokenizer and ``trainer.pt`` (optimizer, KL coefficient, level, RNG states),
-        replaced as a whole, so that a crash mid-save leaves the previous checkpoint."""
+        """Checkpoint after ``iteration`` iterations for ``--resume``, replaced as a whole so
+        that a crash mid-save leaves the previous checkpoint."""
         state = {
             "iteration": iteration,
             "optimizer": self.optimizer.state_dict(),
