@@ -369,18 +369,26 @@ def first_eos_lengths(tokens: torch.Tensor, eos_token_ids: list[int]) -> torch.T
 
 
 def generate_with_log_probs(
-    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, **generate_kwargs: Any
-) -> tuple[torch.Tensor, torch.Tensor]:
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    log_probs: bool = True,
+    **generate_kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``model.generate`` from left-padded prompts ``(B, L)``: the new tokens ``(B, N)`` and
-    float32 log π of each under the raw logits, before temperature, top-k/top-p or penalties."""
+    float32 log π of each under the raw logits, before temperature, top-k/top-p or penalties
+    (None with ``log_probs=False``, which keeps no logits)."""
     out = model.generate(
         input_ids=input_ids,
         attention_mask=attention_mask.long(),
         return_dict_in_generate=True,
-        output_logits=True,
+        output_logits=log_probs,
         **generate_kwargs,
     )
     new = out.sequences[:, input_ids.shape[1] :]
+    if not log_probs:
+        return new, None
     # One gather per step: log-softmax over a stacked (B, N, V) tensor would copy the logits.
     log_probs = torch.empty(new.shape, dtype=torch.float32, device=new.device)
     for step, logits in enumerate(out.logits):

@@ -43,8 +43,8 @@ import llm_gym  # noqa: F401  (registers LLMChat-GSM8K-v0)
 from llm_gym import Response
 from llm_gym.lm import left_pad
 from llm_gym.models import load_default_model
+from llm_gym.run.setup import DTYPES, resolve_device, resolve_dtype
 from llm_gym.sources import IterableSource
-from llm_gym.train import DTYPES, resolve_device, resolve_dtype
 
 sys.path.insert(0, str(Path(__file__).parent))
 from benchmarking import describe, ensure_torchrl, synchronize  # noqa: E402

@@ -70,7 +70,7 @@ import torch
 from llm_gym import TransformersPolicy
 from llm_gym.lm import token_log_probs
 from llm_gym.models import load_default_model, tiny_model
-from llm_gym.train import DTYPES, resolve_device, resolve_dtype
+from llm_gym.run.setup import DTYPES, resolve_device, resolve_dtype
 from llm_gym.wrappers import vector as vector_kl
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -33,8 +33,8 @@ import torch
 from llm_gym import History
 from llm_gym.models import load_default_model
 from llm_gym.policies import TransformersPolicy
+from llm_gym.run.setup import DTYPES, resolve_device, resolve_dtype
 from llm_gym.tasks import GSM8K_SYSTEM_PROMPT
-from llm_gym.train import DTYPES, resolve_device, resolve_dtype
 
 sys.path.insert(0, str(Path(__file__).parent))
 from benchmarking import describe, synchronize  # noqa: E402

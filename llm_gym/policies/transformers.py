@@ -16,7 +16,7 @@ from llm_gym.lm import (
     first_eos_lengths,
     first_id,
     forward_logits,
-    gather_log_probs,
+    generate_with_log_probs,
     generation_settings,
     has_prefix,
     left_pad,
@@ -134,24 +134,14 @@ class TransformersPolicy:
         if not prompts:
             return []
         ids, attention = left_pad(prompts, self.pad_token_id, self.device)
+        settings = self.generate_kwargs | {"pad_token_id": self.pad_token_id}
         with torch.inference_mode():
-            out = self.model.generate(
-                input_ids=ids,
-                attention_mask=attention.long(),
-                return_dict_in_generate=True,
-                output_logits=self.return_log_probs,
-                **(self.generate_kwargs | {"pad_token_id": self.pad_token_id}),
+            new, log_probs = generate_with_log_probs(
+                self.model, ids, attention, log_probs=self.return_log_probs, **settings
             )
-            new = out.sequences[:, ids.shape[1] :]
             lengths = first_eos_lengths(new, self.eos_token_ids).tolist()
-            log_probs = None
-            if self.return_log_probs:
-                # One vectorized gather per generated step (not per token); raw logits.
-                log_probs = torch.empty(new.shape, dtype=torch.float32, device=new.device)
-                for step, logits in enumerate(out.logits):
-                    log_probs[:, step] = gather_log_probs(logits, new[:, step])
-                log_probs = log_probs.cpu().numpy()
         tokens = new.cpu().numpy()
+        log_probs = None if log_probs is None else log_probs.cpu().numpy()
         samples = []
         for row, n in enumerate(lengths):
             stop = n > 0 and int(tokens[row, n - 1]) in self.eos_token_ids
