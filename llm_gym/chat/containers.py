@@ -1,9 +1,6 @@
 """Plain containers for what a policy sees and produces: TorchRL's Text, Tokens, Masks,
-LogProbs and ChatHistory, without TensorDict, plus the ``Response`` an action can carry.
-
-Each has ``prompt``, ``response`` and ``full`` fields (``full`` = prompt + response), holding
-strings, ``History`` objects or 1-D numpy arrays. History becomes text through the chat
-template; text and tokens convert through the tokenizer.
+LogProbs and ChatHistory without TensorDict (``full`` is always prompt + response), plus the
+``Response`` an action can carry.
 """
 
 from __future__ import annotations

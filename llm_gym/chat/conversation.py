@@ -70,14 +70,7 @@ class TokenPrefixError(RuntimeError):
 def _policy_mask_after(
     previous: np.ndarray, mask: np.ndarray, sampled: np.ndarray, new: np.ndarray
 ) -> tuple[np.ndarray | None, str | None]:
-    """The mask of ``new`` (True on tokens the policy produced), or None and what broke.
-
-    >>> prev, mask = np.array([1, 2]), np.zeros(2, bool)
-    >>> _policy_mask_after(prev, mask, np.array([3]), np.array([1, 2, 3, 9]))[0].tolist()
-    [False, False, True, False]
-    >>> _policy_mask_after(prev, mask, np.array([3]), np.array([1, 2, 4, 9]))[1]
-    'position 2 holds token 4 where the sampled response has token 3'
-    """
+    """The mask of ``new`` (True on tokens the policy produced), or None and what broke."""
     expected = np.concatenate([previous, sampled])
     head = new[: len(expected)]
     if len(head) == len(expected) and np.array_equal(head, expected):

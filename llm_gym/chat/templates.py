@@ -64,13 +64,7 @@ _GENERATION_RE = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
 
 def has_generation_markers(template: str | None) -> bool:
-    """Whether ``template`` marks assistant text with ``{% generation %}``.
-
-    >>> has_generation_markers(CHATML_TEMPLATE)
-    True
-    >>> has_generation_markers("{{ messages[0]['content'] }}")
-    False
-    """
+    """Whether ``template`` marks assistant text with ``{% generation %}``."""
     return bool(template) and _GENERATION_RE.search(template) is not None
 
 

@@ -1,10 +1,6 @@
-"""Reward functions for LLM environments and for TRL-style trainers.
-
-Each works without an env: ``answers`` (the answer formats and TorchRL's 1.0 / 0.1 / 0.0
-shape), ``gsm8k``, ``countdown`` (safe expression evaluation) and ``math`` (``math-verify``);
-``gsm8k_reward_func``, ``countdown_reward_func`` and ``math_reward_func`` take TRL's
-``reward_funcs`` signature.
-"""
+"""Reward functions for LLM environments and for TRL-style trainers; each works without an
+env, and ``gsm8k_reward_func``, ``countdown_reward_func`` and ``math_reward_func`` take TRL's
+``reward_funcs`` signature."""
 
 from llm_gym.rewards.answers import (
     ANSWER_FORMATS,

@@ -1,16 +1,9 @@
 """Answer formats, one registry for every task: how a system prompt asks for the final
 answer, where a response gives it, and how a graded answer becomes TorchRL's reward parts.
 
-Formats (``ANSWER_FORMATS``, also ``MODES``, the name ``GSM8KReward``'s ``mode`` has always
-used): ``"tags"`` (TorchRL's ``<think>``/``<answer>``; the first ``<answer>`` wins),
-``"hash"`` (what follows the last ``####``), ``"boxed"`` (the last brace-matched
-``\\boxed{...}``) and ``"last_number"`` (the last number in the text). Extraction runs in time
+``ANSWER_FORMATS`` (also ``MODES``, the name ``GSM8KReward``'s ``mode`` has always used) holds
+the formats; ``extract_answer`` says where each finds the answer. Extraction runs in time
 linear in the response: model output is hostile input.
-
->>> extract_answer("<think>2 + 2</think> <answer>4</answer>")
-'4'
->>> score_answer("<answer>5</answer>", "tags", lambda answer: answer == "4").reward
-0.1
 """
 
 from __future__ import annotations
@@ -101,18 +94,6 @@ def _after_last_hash(text: str, numeric: bool) -> str | None:
     return None
 
 
-def _tagged(text: str, numeric: bool) -> str | None:
-    return extract_tags(text)[1]
-
-
-def _boxed(text: str, numeric: bool) -> str | None:
-    return _last_boxed(text)
-
-
-def _last_number(text: str, numeric: bool) -> str | None:
-    return (_NUMBER_RE.findall(text) or [None])[-1]
-
-
 @dataclass(frozen=True)
 class AnswerFormat:
     """One way of giving the final answer: the system prompt's ``instruction`` for it, and
@@ -128,7 +109,7 @@ ANSWER_FORMATS: dict[str, AnswerFormat] = {
         "provides the user with the answer.\nThe reasoning process and answer are enclosed "
         "within <think></think> and <answer></answer> tags, respectively,\ni.e., "
         "<think>reasoning process here</think> <answer>answer here</answer>.",
-        _tagged,
+        lambda text, numeric: extract_tags(text)[1],
     ),
     "hash": AnswerFormat(
         "The assistant reasons step by step, then writes the final answer alone on the last "
@@ -137,11 +118,11 @@ ANSWER_FORMATS: dict[str, AnswerFormat] = {
     ),
     "boxed": AnswerFormat(
         "The assistant reasons step by step, then puts the final answer within \\boxed{}.",
-        _boxed,
+        lambda text, numeric: _last_boxed(text),
     ),
     "last_number": AnswerFormat(
         "The assistant reasons briefly, then ends the response with the final answer as a number.",
-        _last_number,
+        lambda text, numeric: (_NUMBER_RE.findall(text) or [None])[-1],
     ),
 }
 MODES = tuple(ANSWER_FORMATS)
@@ -166,9 +147,11 @@ def system_prompt(description: str, answer_format: str, answer_hint: str = "") -
 def extract_answer(text: str, mode: str = "tags", *, numeric: bool = True) -> str | None:
     """Extract the model's final answer from ``text``; ``None`` when there is none.
 
-    ``mode`` is one of ``ANSWER_FORMATS``. ``numeric``: in ``"hash"`` mode, take the number
-    after the last ``####`` (GSM8K's rule) rather than the rest of its line. Blank content
-    counts as no answer.
+    ``mode`` is one of ``ANSWER_FORMATS``: ``"tags"`` (TorchRL's ``<think>``/``<answer>``; the
+    first ``<answer>`` wins), ``"hash"`` (what follows the last ``####``), ``"boxed"`` (the
+    last brace-matched ``\\boxed{...}``) or ``"last_number"``. ``numeric``: in ``"hash"``
+    mode, take the number after the last ``####`` (GSM8K's rule) rather than the rest of its
+    line. Blank content counts as no answer.
 
     >>> extract_answer("<think>x</think><answer> 18 </answer>")
     '18'

@@ -1,18 +1,10 @@
 """Countdown scoring, TorchRL's ``CountdownRewardParser`` rules with a safe evaluator.
 
 The answer is an arithmetic expression over the given numbers, each used at most once, that
-must equal the target: 1.0 when it does, 0.1 for a well-formed wrong one, 0.0 for none.
-TorchRL ``eval``s any string of digits, operators and parentheses, so ``99**98**97`` never
-returns; here the expression is parsed with ``ast``, only ``+ - * /``, parentheses and
-integer literals are allowed, the numbers are checked before anything is computed, and the
-arithmetic is exact (fractions).
-
->>> evaluate("(25 + 3) * 4")
-Fraction(112, 1)
->>> uses_numbers("(25 + 3) * 4", [3, 4, 25, 7])
-True
->>> score_countdown("<answer>(25 + 3) * 4</answer>", target=112, numbers=[3, 4, 25, 7]).reward
-1.0
+must equal the target. TorchRL ``eval``s any string of digits, operators and parentheses, so
+``99**98**97`` never returns; here the expression is parsed with ``ast``, only ``+ - * /``,
+parentheses and integer literals are allowed, the numbers are checked before anything is
+computed, and the arithmetic is exact (fractions).
 """
 
 from __future__ import annotations
@@ -20,7 +12,7 @@ from __future__ import annotations
 import ast
 import re
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -96,7 +88,11 @@ def evaluate(expression: str) -> Fraction | None:
 
 def uses_numbers(expression: str, numbers: Sequence[int]) -> bool:
     """Whether ``expression`` is allowed and uses each of ``numbers`` at most once (and no
-    other number)."""
+    other number).
+
+    >>> uses_numbers("(25 + 3) * 4", [3, 4, 25, 7]), uses_numbers("3 * 3", [3, 4])
+    (True, False)
+    """
     node = _parse(expression)
     literals = None if node is None else _literals(node)
     return literals is not None and not Counter(literals) - Counter(numbers)
@@ -109,12 +105,6 @@ def _check_problem(target: Any, numbers: Any) -> None:
         raise TypeError(f"numbers must be a list of int, got {type(numbers).__name__}")
     if not all(isinstance(n, int) and not isinstance(n, bool) for n in numbers):
         raise TypeError(f"numbers must be a list of int, got {list(numbers)!r:.80}")
-
-
-def _grade(target: int, numbers: Sequence[int]) -> Callable[[str], bool]:
-    # The numbers are checked first: with at most len(numbers) literals of bounded size the
-    # arithmetic that follows is tiny.
-    return lambda expression: uses_numbers(expression, numbers) and evaluate(expression) == target
 
 
 @dataclass(frozen=True)
@@ -136,7 +126,13 @@ class CountdownReward(AnswerReward):
 
     def __call__(self, response: str, target: int, numbers: Sequence[int]) -> AnswerScore:
         _check_problem(target, numbers)
-        return self.score(response, _grade(target, numbers), numeric=False)
+        # The numbers are checked first: with at most len(numbers) literals of bounded size
+        # the arithmetic that follows is tiny.
+        return self.score(
+            response,
+            lambda expression: uses_numbers(expression, numbers) and evaluate(expression) == target,
+            numeric=False,
+        )
 
 
 def score_countdown(

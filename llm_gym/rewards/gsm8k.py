@@ -1,13 +1,6 @@
-"""GSM8K answer scoring, as TorchRL's ``GSM8KRewardParser`` does it, with no env needed.
-
-The scoring mirrors ``torchrl/envs/llm/reward/gsm8k.py`` (tag extraction, answer
-normalization, 1.0 / 0.1 / 0.0). The answer formats of ``llm_gym.rewards.answers`` that
-TorchRL lacks ("hash", "boxed", "last_number") let a model answer in other common formats;
-the scoring is the same.
-
->>> score_gsm8k("<think>2 + 2</think><answer>4</answer>", "2 + 2 = <<2+2=4>>4\\n#### 4").reward
-1.0
-"""
+"""GSM8K answer scoring, as TorchRL's ``GSM8KRewardParser`` does it (tag extraction, answer
+normalization, 1.0 / 0.1 / 0.0), with no env needed and in every format of
+``llm_gym.rewards.answers``."""
 
 from __future__ import annotations
 
@@ -79,23 +72,19 @@ def score_gsm8k(
     correct_reward: float = 1.0,
     format_reward: float = 0.1,
 ) -> GSM8KScore:
-    """Score a model response against a GSM8K answer field (or a bare answer).
-
-    ``correct_reward`` when the normalized answers match, ``format_reward`` when an answer
-    was extracted but is wrong, 0.0 when none was. ``<think>`` is checked in every mode.
+    """Score a model response against a GSM8K answer field (or a bare answer): ``score_answer``
+    with ``normalize_number`` equality as the grade.
 
     >>> score = score_gsm8k("<think>a</think><answer>$1,800.00</answer>", "#### 1800")
     >>> score.reward, score.reward_answer, score.reward_think, score.success
     (1.0, 1.0, 1.0, True)
-    >>> score_gsm8k("<answer>17</answer>", "#### 18").reward
-    0.1
     """
     return GSM8KReward(mode, correct_reward, format_reward)(response, answer)
 
 
 @dataclass(frozen=True)
 class GSM8KReward(AnswerReward):
-    """The scoring settings, validated once, for an env to call per response.
+    """GSM8K scoring settings, validated once, for an env to call per response.
 
     >>> reward = GSM8KReward(mode="boxed", correct_reward=2.0)
     >>> reward(r"so \\boxed{18}", "#### 18").reward

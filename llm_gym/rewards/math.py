@@ -1,11 +1,9 @@
 """MATH scoring, TorchRL's ``MATHRewardParser`` rules: ``math-verify`` equivalence of the
 answer and the solution's last ``\\boxed{}``, 1.0 / 0.1 / 0.0.
 
-``math-verify`` (the ``math`` extra; TorchRL and TRL use it) compares answers symbolically:
-``1/2``, ``0.5`` and ``\\frac{1}{2}`` are one answer. Without it, or when it fails, answers are
-compared as strings after TorchRL's normalization. An answer longer than
-``MAX_ANSWER_LENGTH`` is wrong unread, and math-verify's own timeouts apply in the main
-thread, so a hostile answer is scored fast.
+``math-verify`` (the ``math`` extra; TorchRL and TRL use it) compares answers symbolically
+(``math_equal``). An answer longer than ``MAX_ANSWER_LENGTH`` is wrong unread, and
+math-verify's own timeouts apply in the main thread, so a hostile answer is scored fast.
 
 >>> math_equal("0.5", "\\\\frac{1}{2}")
 True
@@ -53,24 +51,23 @@ def _normalize(s: str) -> str:
 
 
 def math_equal(predicted: str, reference: str) -> bool:
-    """Whether two answers are mathematically the same (``math-verify``), or equal as
-    normalized strings when it is missing or cannot tell."""
+    """Whether two answers are mathematically the same (``math-verify``: ``1/2``, ``0.5`` and
+    ``\\frac{1}{2}`` are one answer), or equal as strings after TorchRL's normalization when
+    it is missing or cannot tell."""
     check_str("predicted", predicted)
     check_str("reference", reference)
     if len(predicted) > MAX_ANSWER_LENGTH:
         return False
-    try:
-        from math_verify import parse, verify
-    except ImportError:
-        return _normalize(predicted.strip()) == _normalize(reference.strip())
     # math-verify times out with signal.alarm, which only the main thread may set.
     timeout = _TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
     try:
+        from math_verify import parse, verify
+
         gold = parse(f"${reference}$", parsing_timeout=timeout)
         guess = parse(f"${predicted}$", parsing_timeout=timeout)
         if gold and guess and verify(gold, guess, timeout_seconds=timeout):
             return True
-    except Exception:  # a parse or verify failure is a wrong answer, not a crash
+    except Exception:  # missing, or a parse or verify failure: compare the strings
         pass
     return _normalize(predicted.strip()) == _normalize(reference.strip())
 
