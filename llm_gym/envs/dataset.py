@@ -8,8 +8,6 @@ import inspect
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-import numpy as np
-
 from llm_gym.chat.history import History
 from llm_gym.checks import check_bool, check_int
 from llm_gym.envs.chat import ChatEnv
@@ -168,7 +166,7 @@ class DatasetChatEnv(ChatEnv):
                 "iterable's order is its own (shard the dataloader's sampler instead)"
             )
         if isinstance(self._source, IndexedSource):
-            self._check_fields(self._source.data[0], self._source.columns)
+            self._check_fields(self._source.data[0])
         self._sample: dict[str, Any] | None = None
 
     @classmethod
@@ -306,16 +304,14 @@ class DatasetChatEnv(ChatEnv):
     def _next_sample(self, source: Any = None) -> dict[str, Any]:
         return self._map((self._source if source is None else source).next_record())
 
-    def _order_seed(self, seed: Any) -> Any:
-        index = self.shard[0]
-        if index == 0 or isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-            return seed  # the source names a bad seed
+    def _order_seed(self, seed: Any) -> int:
+        seed, index = check_int("seed", seed, 0), self.shard[0]
         if seed < index:
             raise ValueError(
                 f"seed must be >= the shard index {index} (shard={self.shard}: reset(seed=s) "
                 f"orders by s - {index}, as a vector env seeds sub-env i with s + i), got {seed}"
             )
-        return int(seed) - index
+        return seed - index
 
     def _map(self, record: Any) -> dict[str, Any]:
         if not isinstance(record, Mapping):
@@ -326,8 +322,8 @@ class DatasetChatEnv(ChatEnv):
             missing = [column for column in self.field_map if column not in record]
             if missing:
                 raise KeyError(
-                    f"field_map renames columns {missing} that the sample does not have; "
-                    f"its columns are {sorted(record)}"
+                    f"field_map names columns {missing} that the sample does not have; "
+                    f"its columns are {list(record)}"
                 )
             sample = {self.field_map.get(key, key): value for key, value in record.items()}
         else:
@@ -344,15 +340,8 @@ class DatasetChatEnv(ChatEnv):
             )
         return sample
 
-    def _check_fields(self, first: Any, columns: list[str]) -> None:
+    def _check_fields(self, first: Any) -> None:
         # Fail at construction, naming the argument, rather than at the first reset.
-        if isinstance(self.field_map, Mapping):
-            missing = [column for column in self.field_map if column not in columns]
-            if missing:
-                raise ValueError(
-                    f"field_map names columns {missing} that the dataset does not have; "
-                    f"its columns are {columns}"
-                )
         try:
             sample = self._map(first)
         except KeyError as error:

@@ -1,9 +1,5 @@
 """What a source of task items is (``Source``), and which part of its stream one env serves
-(``Shard``).
-
-A vector env's sub-envs, or the processes of a data-parallel run, each serve a shard, so that
-between them they serve every item exactly ``repeats`` times per epoch.
-"""
+(``Shard``)."""
 
 from __future__ import annotations
 
@@ -14,7 +10,7 @@ import numpy as np
 
 from llm_gym.checks import check_int
 
-__all__ = ["Shard", "Source", "check_seed", "fresh_seed"]
+__all__ = ["Shard", "Source", "check_seed"]
 
 
 @runtime_checkable
@@ -89,6 +85,24 @@ def check_seed(seed: Any) -> int | None:
     return check_int("seed", seed, 0, optional=True)
 
 
-def fresh_seed() -> int:
-    """A random seed, for a source reseeded with None."""
-    return int(np.random.SeedSequence().entropy % 2**63)
+class _SeededSource:
+    """The seed and position of a source whose order is a function of its seed; subclasses
+    restart their own state in ``rewind``."""
+
+    seed: int
+    _position: int
+
+    @property
+    def position(self) -> int:
+        """How many samples were served since the last reseed or rewind."""
+        return self._position
+
+    def reseed(self, seed: int | None) -> None:
+        """Restart from the first sample of the order ``seed`` defines (a fresh one if None)."""
+        seed = check_seed(seed)
+        self.seed = int(np.random.SeedSequence().entropy % 2**63) if seed is None else seed
+        self.rewind()
+
+    def rewind(self) -> None:
+        """Restart from the first sample of the current seed's order."""
+        raise NotImplementedError
