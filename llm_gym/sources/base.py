@@ -101,8 +101,4 @@ class _SeededSource:
         """Restart from the first sample of the order ``seed`` defines (a fresh one if None)."""
         seed = check_seed(seed)
         self.seed = int(np.random.SeedSequence().entropy % 2**63) if seed is None else seed
-        self.rewind()
-
-    def rewind(self) -> None:
-        """Restart from the first sample of the current seed's order."""
-        raise NotImplementedError
+        self.rewind()  # the subclass's

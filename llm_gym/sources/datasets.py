@@ -223,14 +223,14 @@ def load_records(
     if _is_datasets(dataset, "DatasetDict"):
         return _pick_split(dataset, split, "the DatasetDict")
     if isinstance(dataset, (str, os.PathLike)):
-        if Path(dataset).expanduser().exists():
-            loaded = load_local_dataset(dataset, split)
-        elif (
-            isinstance(dataset, os.PathLike)
+        # A path that looks local is read as one (and named if missing), not asked of the Hub.
+        if (
+            Path(dataset).expanduser().exists()
+            or isinstance(dataset, os.PathLike)
             or str(dataset).startswith((".", "/", "~"))
             or Path(dataset).suffix.lower() in _LOCAL_BUILDERS
         ):
-            raise FileNotFoundError(f"dataset path {str(dataset)!r} does not exist")
+            loaded = load_local_dataset(dataset, split)
         else:
             loaded = load_hub_dataset(dataset, name, split)
         if _is_datasets(loaded, "DatasetDict"):

@@ -53,8 +53,8 @@ def gsm8k_task(
     ## Rewards
 
     1.0 when the answer equals the solution's final number, 0.1 for a wrong answer, 0.0
-    without one. ``info``: ``reward_answer``, ``reward_think``, ``reward_right``, ``reward``,
-    ``success`` and ``answer`` (the full solution, ending in ``#### N``).
+    without one. ``info``: TorchRL's parts (see ``llm_gym.tasks``) and ``answer`` (the full
+    solution, ending in ``#### N``).
 
     ## Arguments
 
