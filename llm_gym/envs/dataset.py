@@ -18,7 +18,6 @@ from llm_gym.tasks.task import FieldMap, Task, TaskReward, TaskScore
 __all__ = ["DatasetChatEnv", "QUERY_KEY", "make_task_env"]
 
 QUERY_KEY = "query"
-_OPTION_KEYS = ("sample",)
 
 
 class DatasetChatEnv(ChatEnv):
@@ -75,13 +74,12 @@ class DatasetChatEnv(ChatEnv):
     - ``group_repeats``: in ``DatasetChatVectorEnv``, require ``num_envs`` to be a multiple
       of ``repeats``, so that each sample's copies fill consecutive sub-envs in one step (a
       GRPO group side by side); a single env is unaffected.
-    - ``shard``: ``(index, count)``: serve stream positions ``index, index + count, ...``
-      (``llm_gym.sources.Shard``; None: all), so ``count`` envs (sub-envs, data-parallel
-      ranks) with one seed split each epoch exactly once. Not for ``from_dataloader``.
-    - ``field_map``, ``reward``, ``required_fields``, ``answer_format``: the task's, as in
-      ``llm_gym.tasks.Task``: the fields must include a str ``"query"``; ``reward(response_text,
-      sample)`` returns ``(reward, info)`` or a ``TaskScore`` (None: no reward); the required
-      fields are checked on the first sample, so a dataset without them fails here.
+    - ``shard``: ``(index, count)`` (``llm_gym.sources.Shard``; None: all), so ``count`` envs
+      (sub-envs, data-parallel ranks) with one seed split each epoch exactly once. Not for
+      ``from_dataloader``.
+    - ``field_map``, ``reward``, ``required_fields``, ``answer_format``: the task's, as
+      ``llm_gym.tasks.Task`` says; the fields are checked on the first sample, so a dataset
+      without them fails here.
     - ``system_prompt``, ``max_turns``: as ``ChatEnv`` (``max_turns`` defaults to 1).
     - ``**chat_options``: ``ChatEnv``'s other arguments (``input_mode``, ``tokenizer``, ...).
 
@@ -274,9 +272,9 @@ class DatasetChatEnv(ChatEnv):
     def _given_sample(self, options: Mapping[str, Any] | None) -> dict[str, Any] | None:
         if options is not None and not isinstance(options, Mapping):
             raise TypeError(f"options must be a dict or None, got {type(options).__name__}")
-        unknown = sorted(set(options or {}) - set(_OPTION_KEYS))
+        unknown = sorted(set(options or {}) - {"sample"})
         if unknown:
-            raise ValueError(f"options may hold {list(_OPTION_KEYS)}, got unknown keys {unknown}")
+            raise ValueError(f"options may hold ['sample'], got unknown keys {unknown}")
         return self._map(options["sample"]) if options and "sample" in options else None
 
     def _initial_history(self, options: Mapping[str, Any]) -> tuple[History, dict[str, Any]]:

@@ -10,7 +10,7 @@ import numpy as np
 
 from llm_gym.checks import check_int
 
-__all__ = ["Shard", "Source", "check_seed"]
+__all__ = ["Shard", "Source"]
 
 
 @runtime_checkable
@@ -80,11 +80,6 @@ class Shard:
         return (self.index + k * self.count) // self.repeats
 
 
-def check_seed(seed: Any) -> int | None:
-    """``seed`` as an int >= 0, or None."""
-    return check_int("seed", seed, 0, optional=True)
-
-
 class _SeededSource:
     """The seed and position of a source whose order is a function of its seed; subclasses
     restart their own state in ``rewind``."""
@@ -99,6 +94,6 @@ class _SeededSource:
 
     def reseed(self, seed: int | None) -> None:
         """Restart from the first sample of the order ``seed`` defines (a fresh one if None)."""
-        seed = check_seed(seed)
+        seed = check_int("seed", seed, 0, optional=True)
         self.seed = int(np.random.SeedSequence().entropy % 2**63) if seed is None else seed
         self.rewind()  # the subclass's

@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from llm_gym.sources.base import Shard, check_seed
+from llm_gym.checks import check_int
+from llm_gym.sources.base import Shard
 
 __all__ = ["IterableSource"]
 
@@ -34,7 +35,7 @@ class IterableSource:
 
     def reseed(self, seed: int | None) -> None:
         """No-op: the iterable owns its order."""
-        check_seed(seed)
+        check_int("seed", seed, 0, optional=True)
 
     def rewind(self) -> None:
         """Restart the iterable from its beginning (``iter()`` again)."""
