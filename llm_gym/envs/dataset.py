@@ -187,11 +187,9 @@ class DatasetChatEnv(ChatEnv):
 
     @classmethod
     def from_dataloader(cls, dataloader: Iterable[Any], **kwargs: Any) -> DatasetChatEnv:
-        """An env whose samples come from any iterable, in the iterable's own order.
-
-        The iterable may yield dicts, lists of dicts or collated batches (a ``DataLoader``'s
-        dict of lists/tensors); it is restarted when it runs out. ``kwargs`` are this class's
-        arguments except ``dataset``, ``name``, ``split``, ``shuffle`` and ``seed``.
+        """An env whose samples come from any iterable, in the iterable's own order (what it
+        may yield: ``llm_gym.sources.IterableSource``). ``kwargs`` are this class's arguments
+        except ``dataset``, ``name``, ``split``, ``shuffle`` and ``seed``.
 
         >>> env = DatasetChatEnv.from_dataloader([{"query": ["a", "b"], "id": [0, 1]}])
         >>> [env.reset()[1]["id"] for _ in range(3)]

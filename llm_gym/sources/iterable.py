@@ -1,5 +1,4 @@
-"""``IterableSource``: the items an iterable yields (a ``DataLoader``, a list of batches), in
-the iterable's own order, restarted when it runs out."""
+"""``IterableSource``: the samples an iterable (a ``DataLoader``) yields."""
 
 from __future__ import annotations
 
