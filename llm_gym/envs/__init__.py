@@ -1,9 +1,5 @@
-"""The environments; each is registered with Gymnasium on ``import llm_gym``.
-
-``ChatEnv`` (a conversation), ``DatasetChatEnv`` (a task's queries, scored by its reward;
-``make_task_env`` makes one from a task), ``DatasetChatVectorEnv`` (N of those, batched) and
-``TokenEnv`` (one token per step over any chat task). The tasks live in ``llm_gym.tasks``.
-"""
+"""The environments, each registered with Gymnasium on ``import llm_gym``; the tasks they
+serve live in ``llm_gym.tasks``."""
 
 from llm_gym.envs.chat import ChatEnv
 from llm_gym.envs.dataset import DatasetChatEnv, make_task_env

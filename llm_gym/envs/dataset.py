@@ -8,8 +8,6 @@ import inspect
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-import numpy as np
-
 from llm_gym.chat.history import History
 from llm_gym.checks import check_bool, check_int
 from llm_gym.envs.chat import ChatEnv
@@ -20,7 +18,6 @@ from llm_gym.tasks.task import FieldMap, Task, TaskReward, TaskScore
 __all__ = ["DatasetChatEnv", "QUERY_KEY", "make_task_env"]
 
 QUERY_KEY = "query"
-_OPTION_KEYS = ("sample",)
 
 
 class DatasetChatEnv(ChatEnv):
@@ -77,13 +74,12 @@ class DatasetChatEnv(ChatEnv):
     - ``group_repeats``: in ``DatasetChatVectorEnv``, require ``num_envs`` to be a multiple
       of ``repeats``, so that each sample's copies fill consecutive sub-envs in one step (a
       GRPO group side by side); a single env is unaffected.
-    - ``shard``: ``(index, count)``: serve stream positions ``index, index + count, ...``
-      (``llm_gym.sources.Shard``; None: all), so ``count`` envs (sub-envs, data-parallel
-      ranks) with one seed split each epoch exactly once. Not for ``from_dataloader``.
-    - ``field_map``, ``reward``, ``required_fields``, ``answer_format``: the task's, as in
-      ``llm_gym.tasks.Task``: the fields must include a str ``"query"``; ``reward(response_text,
-      sample)`` returns ``(reward, info)`` or a ``TaskScore`` (None: no reward); the required
-      fields are checked on the first sample, so a dataset without them fails here.
+    - ``shard``: ``(index, count)`` (``llm_gym.sources.Shard``; None: all), so ``count`` envs
+      (sub-envs, data-parallel ranks) with one seed split each epoch exactly once. Not for
+      ``from_dataloader``.
+    - ``field_map``, ``reward``, ``required_fields``, ``answer_format``: the task's, as
+      ``llm_gym.tasks.Task`` says; the fields are checked on the first sample, so a dataset
+      without them fails here.
     - ``system_prompt``, ``max_turns``: as ``ChatEnv`` (``max_turns`` defaults to 1).
     - ``**chat_options``: ``ChatEnv``'s other arguments (``input_mode``, ``tokenizer``, ...).
 
@@ -168,7 +164,7 @@ class DatasetChatEnv(ChatEnv):
                 "iterable's order is its own (shard the dataloader's sampler instead)"
             )
         if isinstance(self._source, IndexedSource):
-            self._check_fields(self._source.data[0], self._source.columns)
+            self._check_fields(self._source.data[0])
         self._sample: dict[str, Any] | None = None
 
     @classmethod
@@ -191,11 +187,9 @@ class DatasetChatEnv(ChatEnv):
 
     @classmethod
     def from_dataloader(cls, dataloader: Iterable[Any], **kwargs: Any) -> DatasetChatEnv:
-        """An env whose samples come from any iterable, in the iterable's own order.
-
-        The iterable may yield dicts, lists of dicts or collated batches (a ``DataLoader``'s
-        dict of lists/tensors); it is restarted when it runs out. ``kwargs`` are this class's
-        arguments except ``dataset``, ``name``, ``split``, ``shuffle`` and ``seed``.
+        """An env whose samples come from any iterable, in the iterable's own order (what it
+        may yield: ``llm_gym.sources.IterableSource``). ``kwargs`` are this class's arguments
+        except ``dataset``, ``name``, ``split``, ``shuffle`` and ``seed``.
 
         >>> env = DatasetChatEnv.from_dataloader([{"query": ["a", "b"], "id": [0, 1]}])
         >>> [env.reset()[1]["id"] for _ in range(3)]
@@ -276,9 +270,9 @@ class DatasetChatEnv(ChatEnv):
     def _given_sample(self, options: Mapping[str, Any] | None) -> dict[str, Any] | None:
         if options is not None and not isinstance(options, Mapping):
             raise TypeError(f"options must be a dict or None, got {type(options).__name__}")
-        unknown = sorted(set(options or {}) - set(_OPTION_KEYS))
+        unknown = sorted(set(options or {}) - {"sample"})
         if unknown:
-            raise ValueError(f"options may hold {list(_OPTION_KEYS)}, got unknown keys {unknown}")
+            raise ValueError(f"options may hold ['sample'], got unknown keys {unknown}")
         return self._map(options["sample"]) if options and "sample" in options else None
 
     def _initial_history(self, options: Mapping[str, Any]) -> tuple[History, dict[str, Any]]:
@@ -306,16 +300,14 @@ class DatasetChatEnv(ChatEnv):
     def _next_sample(self, source: Any = None) -> dict[str, Any]:
         return self._map((self._source if source is None else source).next_record())
 
-    def _order_seed(self, seed: Any) -> Any:
-        index = self.shard[0]
-        if index == 0 or isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-            return seed  # the source names a bad seed
+    def _order_seed(self, seed: Any) -> int:
+        seed, index = check_int("seed", seed, 0), self.shard[0]
         if seed < index:
             raise ValueError(
                 f"seed must be >= the shard index {index} (shard={self.shard}: reset(seed=s) "
                 f"orders by s - {index}, as a vector env seeds sub-env i with s + i), got {seed}"
             )
-        return int(seed) - index
+        return seed - index
 
     def _map(self, record: Any) -> dict[str, Any]:
         if not isinstance(record, Mapping):
@@ -326,8 +318,8 @@ class DatasetChatEnv(ChatEnv):
             missing = [column for column in self.field_map if column not in record]
             if missing:
                 raise KeyError(
-                    f"field_map renames columns {missing} that the sample does not have; "
-                    f"its columns are {sorted(record)}"
+                    f"field_map names columns {missing} that the sample does not have; "
+                    f"its columns are {list(record)}"
                 )
             sample = {self.field_map.get(key, key): value for key, value in record.items()}
         else:
@@ -344,15 +336,8 @@ class DatasetChatEnv(ChatEnv):
             )
         return sample
 
-    def _check_fields(self, first: Any, columns: list[str]) -> None:
+    def _check_fields(self, first: Any) -> None:
         # Fail at construction, naming the argument, rather than at the first reset.
-        if isinstance(self.field_map, Mapping):
-            missing = [column for column in self.field_map if column not in columns]
-            if missing:
-                raise ValueError(
-                    f"field_map names columns {missing} that the dataset does not have; "
-                    f"its columns are {columns}"
-                )
         try:
             sample = self._map(first)
         except KeyError as error:

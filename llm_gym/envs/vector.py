@@ -27,10 +27,9 @@ class DatasetChatVectorEnv(VectorEnv):
 
     The sub-envs share one seeded stream of samples, as TorchRL's batched env draws each
     batch from one dataloader: sub-env ``i`` serves its shard ``(i, N)``, so every epoch
-    holds every sample exactly ``repeats`` times across sub-envs. ``reset(seed=s)`` gives
-    sub-env ``i`` the seed ``s + i`` (Gymnasium's rule), which its shard turns back into the
-    order ``s``, so ``sharded_env_fns`` copies in ``SyncVectorEnv``/``AsyncVectorEnv`` see
-    the same prompts. Finished conversations reset in the same step
+    holds every sample exactly ``repeats`` times across sub-envs, and ``reset(seed=s)`` puts
+    every shard on one order as ``DatasetChatEnv``'s Starting State says (so
+    ``sharded_env_fns`` copies see the same prompts). Finished conversations reset in the same step
     (``AutoresetMode.SAME_STEP``): their last observation and info are in
     ``info["final_obs"]`` / ``info["final_info"]`` and the returned observation is the new
     episode's first.
@@ -286,10 +285,9 @@ def batch_infos(infos: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def sharded_env_fns(env_id: str, num_envs: int, **kwargs: Any) -> list[Callable[[], gym.Env]]:
     """``num_envs`` constructors of ``env_id`` for ``SyncVectorEnv`` or ``AsyncVectorEnv``,
-    constructor ``i`` with ``shard=(i, num_envs)``: the sub-envs split one stream of samples,
-    each served exactly ``repeats`` times per epoch, as in ``DatasetChatVectorEnv``, whose
-    prompts they match. ``gym.make_vec`` in those modes gives every sub-env the same
-    arguments, so each would shuffle the whole dataset on its own.
+    constructor ``i`` with ``shard=(i, num_envs)``, so they split one stream of samples as
+    ``DatasetChatVectorEnv``'s sub-envs do (``gym.make_vec`` in those modes gives every
+    sub-env the same arguments, so each would shuffle the whole dataset on its own).
 
     >>> from gymnasium.vector import SyncVectorEnv
     >>> fns = sharded_env_fns("LLMChat-Countdown-v0", 2, level=0)

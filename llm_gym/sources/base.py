@@ -1,9 +1,5 @@
 """What a source of task items is (``Source``), and which part of its stream one env serves
-(``Shard``).
-
-A vector env's sub-envs, or the processes of a data-parallel run, each serve a shard, so that
-between them they serve every item exactly ``repeats`` times per epoch.
-"""
+(``Shard``)."""
 
 from __future__ import annotations
 
@@ -14,7 +10,7 @@ import numpy as np
 
 from llm_gym.checks import check_int
 
-__all__ = ["Shard", "Source", "check_seed", "fresh_seed"]
+__all__ = ["Shard", "Source"]
 
 
 @runtime_checkable
@@ -84,11 +80,20 @@ class Shard:
         return (self.index + k * self.count) // self.repeats
 
 
-def check_seed(seed: Any) -> int | None:
-    """``seed`` as an int >= 0, or None."""
-    return check_int("seed", seed, 0, optional=True)
+class _SeededSource:
+    """The seed and position of a source whose order is a function of its seed; subclasses
+    restart their own state in ``rewind``."""
 
+    seed: int
+    _position: int
 
-def fresh_seed() -> int:
-    """A random seed, for a source reseeded with None."""
-    return int(np.random.SeedSequence().entropy % 2**63)
+    @property
+    def position(self) -> int:
+        """How many samples were served since the last reseed or rewind."""
+        return self._position
+
+    def reseed(self, seed: int | None) -> None:
+        """Restart from the first sample of the order ``seed`` defines (a fresh one if None)."""
+        seed = check_int("seed", seed, 0, optional=True)
+        self.seed = int(np.random.SeedSequence().entropy % 2**63) if seed is None else seed
+        self.rewind()  # the subclass's

@@ -1,22 +1,4 @@
-"""Stored data as a source: Hub datasets, local files and folders, lists of dicts.
-
-``load_records`` turns any accepted ``dataset=`` value into something indexable (a
-``datasets.Dataset`` or a list of dicts); ``load_split`` reads a task's split offline from a
-folder, else from the Hub. ``IndexedSource`` serves indexable data in a seeded order, one
-epoch at a time.
-
-The order of an ``IndexedSource`` is a pure function of ``(seed, position)``: epoch ``e`` is
-``default_rng([seed, e]).permutation(n)``. The same seed gives the same order in every
-process, each epoch serves every sample exactly once, and the next epoch reshuffles.
-
->>> source = IndexedSource([{"query": str(i)} for i in range(4)], seed=0)
->>> first = [source.next_record()["query"] for _ in range(4)]
->>> sorted(first)
-['0', '1', '2', '3']
->>> source.reseed(0)
->>> [source.next_record()["query"] for _ in range(4)] == first
-True
-"""
+"""Stored data as a source: Hub datasets, local files and folders, lists of dicts."""
 
 from __future__ import annotations
 
@@ -31,7 +13,8 @@ from urllib.parse import urlparse
 
 import numpy as np
 
-from llm_gym.sources.base import Shard, Source, check_seed, fresh_seed
+from llm_gym.checks import check_choice
+from llm_gym.sources.base import Shard, Source, _SeededSource
 
 __all__ = [
     "SPLITS",
@@ -65,11 +48,20 @@ def is_iterable_dataset(value: Any) -> bool:
     return _is_datasets(value, "IterableDataset")
 
 
-class IndexedSource:
+class IndexedSource(_SeededSource):
     """Serves an indexable dataset in a seeded order, epoch after epoch.
 
-    Its ``k``-th sample is record ``shard.record(k)`` of the order (see ``Shard``). Forks
-    share the data (loaded once) and the seed, and keep their own position.
+    The order is a pure function of ``(seed, position)``: epoch ``e`` is
+    ``default_rng([seed, e]).permutation(n)``, so the same seed gives the same order in every
+    process, each epoch serves every sample exactly once, and the next epoch reshuffles. Its
+    ``k``-th sample is record ``shard.record(k)`` of the order (see ``Shard``). Forks share
+    the data (loaded once) and the seed, and keep their own position.
+
+    >>> source = IndexedSource([{"query": str(i)} for i in range(4)], seed=0)
+    >>> first = [source.next_record()["query"] for _ in range(4)]
+    >>> source.reseed(0)
+    >>> sorted(first), [source.next_record()["query"] for _ in range(4)] == first
+    (['0', '1', '2', '3'], True)
     """
 
     def __init__(
@@ -89,25 +81,6 @@ class IndexedSource:
 
     def __len__(self) -> int:
         return len(self.data)
-
-    @property
-    def columns(self) -> list[str]:
-        """The data's column names (a list of dicts: the first one's keys)."""
-        if _is_datasets(self.data, "Dataset"):
-            return list(self.data.column_names)
-        first = self.data[0]
-        return list(first) if isinstance(first, Mapping) else []
-
-    @property
-    def position(self) -> int:
-        """How many samples were served since the last reseed or rewind."""
-        return self._position
-
-    def reseed(self, seed: int | None) -> None:
-        """Restart from the first sample of the order that ``seed`` defines (new if None)."""
-        seed = check_seed(seed)
-        self.seed = fresh_seed() if seed is None else seed
-        self.rewind()
 
     def rewind(self) -> None:
         """Restart from the first sample of the current seed's order."""
@@ -250,14 +223,14 @@ def load_records(
     if _is_datasets(dataset, "DatasetDict"):
         return _pick_split(dataset, split, "the DatasetDict")
     if isinstance(dataset, (str, os.PathLike)):
-        if Path(dataset).expanduser().exists():
-            loaded = load_local_dataset(dataset, split)
-        elif (
-            isinstance(dataset, os.PathLike)
+        # A path that looks local is read as one (and named if missing), not asked of the Hub.
+        if (
+            Path(dataset).expanduser().exists()
+            or isinstance(dataset, os.PathLike)
             or str(dataset).startswith((".", "/", "~"))
             or Path(dataset).suffix.lower() in _LOCAL_BUILDERS
         ):
-            raise FileNotFoundError(f"dataset path {str(dataset)!r} does not exist")
+            loaded = load_local_dataset(dataset, split)
         else:
             loaded = load_hub_dataset(dataset, name, split)
         if _is_datasets(loaded, "DatasetDict"):
@@ -317,11 +290,15 @@ def load_split(
         ) from error
 
 
-def task_data(dataset: Any, split: str, load: Callable[[], Any]) -> Any:
-    """A dataset task's ``Task.source``: the user's ``dataset`` (a source or a streaming
-    dataset as given; other data read with ``split`` when the env is made), else ``load``."""
+def task_data(dataset: Any, split: str, data_dir: Any, load: Callable[[str, Any], Any]) -> Any:
+    """A dataset task's ``Task.source``, its arguments checked: the user's ``dataset`` (a
+    source or a streaming dataset as given; other data read with ``split`` when the env is
+    made), else ``load(split, data_dir)`` when the env is made."""
+    check_choice("split", split, SPLITS)
+    if dataset is not None and data_dir is not None:
+        raise ValueError("pass either dataset= or data_dir=, not both")
     if dataset is None:
-        return load
+        return functools.partial(load, split, data_dir)
     if isinstance(dataset, Source) or is_iterable_dataset(dataset):
         return dataset
     return functools.partial(load_records, dataset, split=split)

@@ -1,12 +1,12 @@
-"""``IterableSource``: the items an iterable yields (a ``DataLoader``, a list of batches), in
-the iterable's own order, restarted when it runs out."""
+"""``IterableSource``: the samples an iterable (a ``DataLoader``) yields."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from llm_gym.sources.base import Shard, check_seed
+from llm_gym.checks import check_int
+from llm_gym.sources.base import Shard
 
 __all__ = ["IterableSource"]
 
@@ -34,7 +34,7 @@ class IterableSource:
 
     def reseed(self, seed: int | None) -> None:
         """No-op: the iterable owns its order."""
-        check_seed(seed)
+        check_int("seed", seed, 0, optional=True)
 
     def rewind(self) -> None:
         """Restart the iterable from its beginning (``iter()`` again)."""

@@ -1,20 +1,4 @@
-"""``ProceduralSource``: samples generated on demand, seeded, at a difficulty level.
-
-Where ``IndexedSource`` serves a stored dataset, this one asks a generator for sample
-``index`` of ``seed`` at the current level: ``generate(seed, index, level) -> dict``. The same
-seed gives the same samples in every process, and there are no epochs (every sample is new).
-Forks (the sub-envs of one vector env) share the seed and the level and serve their own
-``Shard`` of the indices, so a curriculum that raises the level raises it for all of them.
-
->>> source = ProceduralSource(lambda seed, i, level: {"query": f"{seed}:{i}:{level}"},
-...                           num_levels=3, level=1, seed=7)
->>> [source.next_record()["query"] for _ in range(2)]
-['7:0:1', '7:1:1']
->>> fork = source.fork(Shard(index=1, count=2))
->>> source.set_level(2)
->>> [fork.next_record()["query"] for _ in range(2)]
-['7:1:2', '7:3:2']
-"""
+"""``ProceduralSource``: samples generated on demand, seeded, at a difficulty level."""
 
 from __future__ import annotations
 
@@ -22,15 +6,20 @@ from collections.abc import Callable
 from typing import Any
 
 from llm_gym.checks import check_int
-from llm_gym.sources.base import Shard, check_seed, fresh_seed
+from llm_gym.sources.base import Shard, _SeededSource
 
 __all__ = ["ProceduralSource"]
 
 Generate = Callable[[int, int, int], dict[str, Any]]
 
 
-class ProceduralSource:
+class ProceduralSource(_SeededSource):
     """Serves ``generate(seed, index, level)`` for ``index = 0, 1, 2, ...``.
+
+    The same seed gives the same samples in every process; there are no epochs (every sample
+    is new). Forks (the sub-envs of one vector env) share the seed and the level and serve
+    their own ``Shard`` of the indices, so a curriculum that raises the level raises it for
+    all of them.
 
     Args:
         generate: builds one sample (a dict with at least a ``"query"``).
@@ -38,6 +27,15 @@ class ProceduralSource:
         level: the level to start at.
         seed: the samples' seed (None: a fresh random one, until ``reseed``).
         shard: which indices this source serves, each how often (default: all, once).
+
+    >>> source = ProceduralSource(lambda seed, i, level: {"query": f"{seed}:{i}:{level}"},
+    ...                           num_levels=3, level=1, seed=7)
+    >>> fork = source.fork(Shard(index=1, count=2))
+    >>> [source.next_record()["query"] for _ in range(2)]
+    ['7:0:1', '7:1:1']
+    >>> source.set_level(2)
+    >>> [fork.next_record()["query"] for _ in range(2)]
+    ['7:1:2', '7:3:2']
     """
 
     def __init__(
@@ -64,17 +62,6 @@ class ProceduralSource:
     def set_level(self, level: int) -> None:
         """Generate the next samples at ``level`` (for this source and all its forks)."""
         self._level[0] = check_int("level", level, 0, self.num_levels - 1)
-
-    @property
-    def position(self) -> int:
-        """How many samples were served since the last reseed or rewind."""
-        return self._position
-
-    def reseed(self, seed: int | None) -> None:
-        """Restart from the first sample of ``seed`` (a fresh random seed if None)."""
-        seed = check_seed(seed)
-        self.seed = fresh_seed() if seed is None else seed
-        self.rewind()
 
     def rewind(self) -> None:
         """Restart from the first sample of the current seed."""

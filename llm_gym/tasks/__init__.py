@@ -1,12 +1,8 @@
-"""Tasks: a ``Task`` is a source of items, a system prompt, an answer format and a reward.
+"""Tasks: one module a task, each a function returning a ``Task`` whose env id
+(``LLMChat-<task>-v0``) is registered on ``import llm_gym`` (``llm_gym.register_task``).
 
-One file a task, each a function returning a ``Task`` whose env id is registered on
-``import llm_gym`` (``llm_gym.register_task``):
-
-- ``gsm8k``: GSM8K (``LLMChat-GSM8K-v0``), TorchRL's prompt and reward.
-- ``countdown``: Countdown (``LLMChat-Countdown-v0``), generated, with levels.
-- ``math``: MATH (``LLMChat-MATH-v0``), answers checked by ``math-verify``.
-- ``reasoning_gym``: any reasoning-gym task (``LLMChat-ReasoningGym-v0``), with its levels.
+In the tasks' Rewards sections, "TorchRL's parts" are the ``info`` keys ``reward_answer``,
+``reward_think``, ``reward_right``, ``reward`` and ``success`` of TorchRL's reward parsers.
 """
 
 from llm_gym.rewards.answers import ANSWER_FORMATS, system_prompt

@@ -132,7 +132,6 @@ def countdown_task(
     >>> reward, terminated, info["success"]
     (1.0, True, True)
     """
-    check_int("level", level, 0, len(COUNTDOWN_LEVELS) - 1)
     check_int("num_count", num_count, 2, optional=True)
     check_int("max_number", max_number, 1, optional=True)
     check_int("max_target", max_target, 1)

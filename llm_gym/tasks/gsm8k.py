@@ -7,10 +7,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from llm_gym.checks import check_choice
 from llm_gym.rewards.answers import check_answer_format, system_prompt
 from llm_gym.rewards.gsm8k import GSM8KReward
-from llm_gym.sources.datasets import SPLITS, load_split, task_data
+from llm_gym.sources.datasets import load_split, task_data
 from llm_gym.tasks.task import Task, TaskScore
 
 __all__ = ["GSM8K_ENV_VAR", "GSM8K_HUB_ID", "GSM8K_SYSTEM_PROMPT", "gsm8k_task", "load_gsm8k"]
@@ -54,8 +53,8 @@ def gsm8k_task(
     ## Rewards
 
     1.0 when the answer equals the solution's final number, 0.1 for a wrong answer, 0.0
-    without one. ``info``: ``reward_answer``, ``reward_think``, ``reward_right``, ``reward``,
-    ``success`` and ``answer`` (the full solution, ending in ``#### N``).
+    without one. ``info``: TorchRL's parts (see ``llm_gym.tasks``) and ``answer`` (the full
+    solution, ending in ``#### N``).
 
     ## Arguments
 
@@ -80,9 +79,7 @@ def gsm8k_task(
     >>> reward, terminated, info["success"]
     (1.0, True, True)
     """
-    check_choice("split", split, SPLITS)
-    if dataset is not None and data_dir is not None:
-        raise ValueError("pass either dataset= or data_dir=, not both")
+    source = task_data(dataset, split, data_dir, load_gsm8k)
     if reward is None:
         reward = GSM8KReward(mode=check_answer_format(answer_format or "tags"))
     if not isinstance(reward, GSM8KReward):
@@ -93,7 +90,7 @@ def gsm8k_task(
             "one of them"
         )
     return Task(
-        source=task_data(dataset, split, functools.partial(load_gsm8k, split, data_dir)),
+        source=source,
         prompt=system_prompt(_DESCRIPTION, reward.mode, _HINT),
         reward=functools.partial(_score, reward),
         answer_format=reward.mode,

@@ -8,10 +8,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from llm_gym.checks import check_choice
 from llm_gym.rewards.answers import system_prompt
 from llm_gym.rewards.math import MATHReward, boxed_answer
-from llm_gym.sources.datasets import SPLITS, load_split, task_data
+from llm_gym.sources.datasets import load_split, task_data
 from llm_gym.tasks.task import Task, TaskScore
 
 __all__ = [
@@ -94,15 +93,13 @@ def math_task(
     >>> reward, info["success"], info["answer"]
     (1.0, True, '\\\\frac{1}{2}')
     """
-    check_choice("split", split, SPLITS)
-    if dataset is not None and data_dir is not None:
-        raise ValueError("pass either dataset= or data_dir=, not both")
+    source = task_data(dataset, split, data_dir, load_math)
     reward = MATHReward(answer_format, correct_reward, format_reward)
     prompt = MATH_SYSTEM_PROMPT
     if answer_format != "tags":
         prompt = system_prompt(_DESCRIPTION, answer_format, _HINT)
     return Task(
-        source=task_data(dataset, split, functools.partial(load_math, split, data_dir)),
+        source=source,
         prompt=prompt,
         reward=functools.partial(_score, reward),
         answer_format=answer_format,
