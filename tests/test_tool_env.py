@@ -158,7 +158,11 @@ def test_markdown_blocks_run_with_the_python_tool():
     ("kwargs", "error", "message"),
     [
         ({"tools": "python"}, TypeError, "tools must be a list"),
-        ({"tools": ["python"], "max_tool_calls": 0}, ValueError, "max_tool_calls must be >= 1"),
+        (
+            {"tools": ["python"], "max_tool_calls": 0},
+            ValueError,
+            "max_tool_calls must be an int >= 1",
+        ),
         ({"tools": ["python"], "tool_format": "xml"}, ValueError, "tool_format must be one of"),
         ({"observation_keys": ("policy_mask",)}, ValueError, "marks tokens: add 'tokens'"),
     ],

@@ -169,9 +169,7 @@ class ChatEnv(gym.Env):
             )
         self.query = check_str("query", query, optional=True)
         self.max_text_length = check_int("max_text_length", max_text_length, low=1)
-        self.max_tool_calls = check_int("max_tool_calls", max_tool_calls)
-        if max_tool_calls < 1:
-            raise ValueError(f"max_tool_calls must be >= 1, got {max_tool_calls}")
+        self.max_tool_calls = check_int("max_tool_calls", max_tool_calls, 1)
         modes = (None, *self.metadata["render_modes"])
         self.render_mode = check_choice("render_mode", render_mode, modes)
         self.input_mode = input_mode

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import numpy as np
 import torch
 from torch import distributions as D
 
-__all__ = ["MaskedCategorical"]
+__all__ = ["MaskedCategorical", "allowed_token_mask"]
 
 
 class MaskedCategorical(D.Distribution):
@@ -116,3 +119,26 @@ class MaskedCategorical(D.Distribution):
             f"MaskedCategorical(batch_shape={tuple(self.batch_shape)}, vocab={self.vocab_size}, "
             f"unmasked={int(self.mask.sum())})"
         )
+
+
+def allowed_token_mask(
+    allowed_token_ids: Sequence[int] | None, n_actions: int
+) -> torch.Tensor | None:
+    """A bool mask over ``n_actions`` token ids, True at ``allowed_token_ids`` (None: None),
+    which must be a non-empty list of ids in ``[0, n_actions)``."""
+    if allowed_token_ids is None:
+        return None
+    ids = list(allowed_token_ids)
+    bad = [
+        i
+        for i in ids
+        if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not 0 <= i < n_actions
+    ]
+    if not ids or bad:
+        raise ValueError(
+            f"allowed_token_ids must be a non-empty list of token ids in [0, {n_actions}), "
+            f"got {'an empty list' if not ids else f'invalid ids {bad[:5]}'}"
+        )
+    mask = torch.zeros(n_actions, dtype=torch.bool)
+    mask[[int(i) for i in ids]] = True
+    return mask

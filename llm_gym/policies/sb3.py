@@ -9,7 +9,6 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 from gymnasium import spaces
 from stable_baselines3.common.distributions import CategoricalDistribution
@@ -18,6 +17,7 @@ from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
 from torch import nn
 
 from llm_gym.lm import position_ids
+from llm_gym.policies.distributions import allowed_token_mask
 
 __all__ = ["LLMActorCriticPolicy", "ModelSpec", "last_positions"]
 
@@ -94,7 +94,7 @@ class LLMActorCriticPolicy(ActorCriticPolicy):
         policy_lm = _resolve_model(model, "model")
         n_actions = int(action_space.n)
         critic = None if value_model is None else _resolve_model(value_model, "value_model")
-        allowed = _allowed_mask(allowed_token_ids, n_actions)
+        allowed = allowed_token_mask(allowed_token_ids, n_actions)
 
         # ActorCriticPolicy builds its MLP heads in _build; here _build only records the
         # schedule, and the LM parts are attached once nn.Module is set up.
@@ -260,22 +260,3 @@ def _check_spaces(observation_space: Any, action_space: Any) -> None:
         )
     if not isinstance(action_space, spaces.Discrete):
         raise TypeError(f"action_space must be Discrete (token ids), got {action_space}")
-
-
-def _allowed_mask(allowed_token_ids: Sequence[int] | None, n_actions: int) -> torch.Tensor | None:
-    if allowed_token_ids is None:
-        return None
-    ids = list(allowed_token_ids)
-    bad = [
-        i
-        for i in ids
-        if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not 0 <= i < n_actions
-    ]
-    if not ids or bad:
-        raise ValueError(
-            f"allowed_token_ids must be a non-empty list of token ids in [0, {n_actions}), "
-            f"got {'an empty list' if not ids else f'invalid ids {bad[:5]}'}"
-        )
-    mask = torch.zeros(n_actions, dtype=torch.bool)
-    mask[[int(i) for i in ids]] = True
-    return mask

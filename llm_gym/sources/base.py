@@ -1,5 +1,4 @@
-"""What a source of task items is (``Source``), and which part of its stream one env serves
-(``Shard``)."""
+"""``Source``, where task items come from, and ``Shard``, which part of a stream one serves."""
 
 from __future__ import annotations
 
@@ -45,11 +44,9 @@ class Shard:
 
     The stream serves every record ``repeats`` times in a row. A source with shard
     ``(index, count)`` serves stream positions ``index, index + count, index + 2 * count, ...``:
-    ``count`` sources with indices ``0 .. count - 1`` (the sub-envs of one vector env, or
-    the processes of a data-parallel run) split the stream between them, so that together
-    they serve every record exactly ``repeats`` times per epoch, as TorchRL's batched env
-    does by drawing each batch from one dataloader. With ``count`` a multiple of
-    ``repeats``, each record's copies go to ``repeats`` consecutive sources at once.
+    ``count`` sources with indices ``0 .. count - 1`` (a vector env's sub-envs, the ranks of a
+    data-parallel run) together serve every record exactly ``repeats`` times per epoch; with
+    ``count`` a multiple of ``repeats``, a record's copies go to consecutive sources at once.
 
     >>> shard = Shard(index=1, count=2, repeats=2)
     >>> [shard.record(k) for k in range(4)]  # stream positions 1, 3, 5, 7

@@ -11,6 +11,7 @@ import torch
 
 from llm_gym.envs.tokens import TokenEnv
 from llm_gym.lm import next_token_log_probs
+from llm_gym.policies.distributions import allowed_token_mask
 from llm_gym.wrappers._charges import KLCharge
 from llm_gym.wrappers.controllers import KLController
 from llm_gym.wrappers.kl import KLComputation, RetrieveLogProb
@@ -103,16 +104,7 @@ class TokenKLWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         self.charge = KLCharge(
             None, "log_prob", "ref_log_prob", coef, estimator, add_to_reward, "kl", kl_controller
         )
-        allowed = None
-        if allowed_token_ids is not None:
-            ids = [int(i) for i in allowed_token_ids]
-            if not ids or min(ids) < 0 or max(ids) >= vocab:
-                raise ValueError(
-                    f"allowed_token_ids must be a non-empty list of ids in [0, {vocab}), "
-                    f"got {list(allowed_token_ids)[:5]}"
-                )
-            allowed = torch.zeros(vocab, dtype=torch.bool)
-            allowed[ids] = True
+        allowed = allowed_token_mask(allowed_token_ids, vocab)
         gym.Wrapper.__init__(self, env)
         self.gen_model, self.ref_model = gen_model, ref_model
         self._allowed = allowed
