@@ -22,11 +22,11 @@ _SENTINEL = "\x00llm_gym-incomplete\x00"
 
 def _as_message(message: Any) -> Message:
     role = content = None
-    got = type(message).__name__
     if isinstance(message, Mapping):
         role, content = message.get("role"), message.get("content")
-        got = f"role={type(role).__name__}, content={type(content).__name__}"
     if not isinstance(role, str) or not isinstance(content, str):
+        got = f"role={type(role).__name__}, content={type(content).__name__}"
+        got = got if isinstance(message, Mapping) else type(message).__name__
         raise TypeError(f"message must be a mapping with str 'role' and 'content', got {got}")
     out: Message = {"role": role, "content": content}
     if message.get("is_complete", True) is False:
@@ -61,16 +61,19 @@ class History:
 
     def append(self, message: Mapping[str, Any]) -> History:
         """Append one message in place and return ``self``, so calls chain."""
-        return self.extend([message])
+        self._messages.append(_as_message(message))  # not via extend: a reset's hot path
+        return self
 
     def extend(self, messages: Iterable[Mapping[str, Any]]) -> History:
         """Append several messages (or another History) in place and return ``self``."""
-        self._messages.extend(_as_message(m) for m in messages)
+        self._messages.extend([_as_message(m) for m in messages])
         return self
 
     def copy(self) -> History:
-        """A new History with the same messages."""
-        return History(self._messages)
+        """A new History with the same messages (checked and never changed: shared)."""
+        other = History()
+        other._messages = list(self._messages)
+        return other
 
     def __iter__(self) -> Iterator[Message]:
         return (dict(m) for m in self._messages)

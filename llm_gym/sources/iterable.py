@@ -17,9 +17,8 @@ class IterableSource:
     A yielded item may be one sample (a dict), a list of dicts, or a collated batch (a dict of
     equal-length lists or arrays, what a ``DataLoader`` returns); batches are split into
     samples. Shuffling and seeding belong to the iterable (e.g. ``DataLoader(generator=...)``).
-    Each sample is served ``repeats`` times in a row. Forks share the stream, so a vector
-    env's sub-envs draw from one stream, as TorchRL's batched env does: that is how they
-    split it, whatever their shard.
+    Each sample is served ``repeats`` times in a row. Forks share the stream: a vector env's
+    sub-envs split it by drawing from it, whatever their shard.
     """
 
     def __init__(self, iterable: Iterable[Any], *, repeats: int = 1) -> None:
@@ -28,8 +27,7 @@ class IterableSource:
                 f"dataloader must be an iterable of samples or batches (a DataLoader, a list "
                 f"of dicts), got {type(iterable).__name__}"
             )
-        self.iterable = iterable
-        self.repeats = repeats
+        self.iterable, self.repeats = iterable, repeats
         self._stream = _Stream(iterable)
 
     def reseed(self, seed: int | None) -> None:
@@ -43,8 +41,7 @@ class IterableSource:
     def fork(self, shard: Shard) -> IterableSource:
         """A source sharing this one's stream (a shared stream needs no shard)."""
         other = object.__new__(IterableSource)
-        other.iterable, other._stream = self.iterable, self._stream
-        other.repeats = shard.repeats
+        other.iterable, other._stream, other.repeats = self.iterable, self._stream, shard.repeats
         return other
 
     def next_record(self) -> Any:
