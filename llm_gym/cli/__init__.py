@@ -113,7 +113,8 @@ def _envs() -> int:
     for env_id in llm_gym_env_ids():
         spec = gym.spec(env_id)
         vector = " (native vector env)" if spec.vector_entry_point else ""
-        print(f"{env_id}{vector}\n  entry point: {spec.entry_point}")
+        made_by = spec.kwargs.get("task_factory", spec.entry_point)  # a task: its function
+        print(f"{env_id}{vector}\n  entry point: {made_by}")
         try:
             env = gym.make(env_id, disable_env_checker=True)
         except Exception as error:  # noqa: BLE001 - spaces depend on arguments; say which

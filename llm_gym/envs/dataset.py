@@ -147,7 +147,6 @@ class DatasetChatEnv(ChatEnv):
         self.repeats = repeats
         self.group_repeats = group_repeats
         self.field_map = field_map
-        self.seed = seed
         self.shard = (sharding.index, sharding.count)
         if isinstance(dataset, Source):
             self._source = dataset.fork(sharding)
