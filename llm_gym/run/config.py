@@ -1,5 +1,5 @@
-"""The run configuration ``RolloutConfig`` and ``GRPOConfig`` extend (so every function of a
-run takes either). This module imports nothing heavy.
+"""The run configuration ``RolloutConfig`` (here) and ``GRPOConfig`` extend (so every function
+of a run takes either). This module imports nothing heavy.
 
 >>> RunConfig(max_new_tokens=0)
 Traceback (most recent call last):
@@ -14,7 +14,7 @@ from typing import Any
 
 from llm_gym.checks import check_choice, check_int, check_number
 
-__all__ = ["DTYPE_NAMES", "RunConfig"]
+__all__ = ["DTYPE_NAMES", "RolloutConfig", "RunConfig"]
 
 DTYPE_NAMES = ("bfloat16", "float16", "float32")
 
@@ -60,3 +60,20 @@ class RunConfig:
             "max_tool_calls": self.max_tool_calls,
             "tool_format": self.tool_format,
         }
+
+
+@dataclass
+class RolloutConfig(RunConfig):
+    """``llm-gym rollout``'s options: the run (``RunConfig``) and its episodes; the KL penalty
+    is charged against ``ref_model`` (without one, none)."""
+
+    split: str | None = None
+    data_dir: str | None = None
+    num_envs: int = 8
+    episodes: int | None = None  # None: one epoch of a dataset split, else 64
+    ref_model: str | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_int("num_envs", self.num_envs, 1)
+        check_int("episodes", self.episodes, 1, optional=True)

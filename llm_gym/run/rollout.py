@@ -15,9 +15,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from llm_gym.checks import check_int
 from llm_gym.models import load_model
-from llm_gym.run.config import RunConfig
+from llm_gym.run.config import RolloutConfig
 from llm_gym.run.plots import plot_curves
 from llm_gym.run.setup import charge_kl, make_sampler, resolve_device, resolve_dtype, task_envs
 
@@ -39,23 +38,6 @@ EPISODES_FILE = "episodes.jsonl"
 PROCEDURAL_EPISODES = 64  # the default for tasks without a fixed size
 SUMMARY_FILE = "summary.json"
 PLOT_FILE = "rollout.png"
-
-
-@dataclass
-class RolloutConfig(RunConfig):
-    """``llm-gym rollout``'s options: the run (``RunConfig``) and its episodes; the KL penalty
-    is charged against ``ref_model`` (without one, none)."""
-
-    split: str | None = None
-    data_dir: str | None = None
-    num_envs: int = 8
-    episodes: int | None = None  # None: one epoch of a dataset split, else 64
-    ref_model: str | None = None
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_int("num_envs", self.num_envs, 1)
-        check_int("episodes", self.episodes, 1, optional=True)
 
 
 @dataclass

@@ -1,6 +1,26 @@
-"""``llm-gym train``: the GRPO trainer (``grpo``) and its episodes (``episodes``)."""
+"""``llm-gym train``: the GRPO trainer (``grpo``), its options (``config``) and episodes
+(``episodes``).
 
-from llm_gym.train.episodes import evaluate
-from llm_gym.train.grpo import GRPOConfig, GRPOTrainer, group_advantages, grpo_loss
+The names below are imported on first use, so ``llm_gym.train.config`` loads without torch."""
 
-__all__ = ["GRPOConfig", "GRPOTrainer", "evaluate", "group_advantages", "grpo_loss"]
+import importlib
+from typing import Any
+
+# Public name -> the module that defines it.
+_EXPORTS = {
+    "GRPOConfig": "llm_gym.train.config",
+    "GRPOTrainer": "llm_gym.train.grpo",
+    "evaluate": "llm_gym.train.episodes",
+    "group_advantages": "llm_gym.train.grpo",
+    "grpo_loss": "llm_gym.train.grpo",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'llm_gym.train' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
