@@ -10,8 +10,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import gymnasium as gym
-import torch
-import transformers
 
 import llm_gym
 from llm_gym.cli._args import (
@@ -19,15 +17,19 @@ from llm_gym.cli._args import (
     Parser,
     add_run_options,
     check_task_env,
+    given_options,
     llm_gym_env_ids,
     make_config,
     number,
 )
-from llm_gym.run import Rollout, RolloutConfig
-from llm_gym.train import GRPOConfig, GRPOTrainer
-from llm_gym.train.grpo import CHECKPOINT_DIR, METRICS_FILE, PLOT_FILE
+from llm_gym.cli._checks import check_flags
+from llm_gym.cli._envs import envs_table
+from llm_gym.run.config import RolloutConfig
+from llm_gym.train.config import GRPOConfig
 
-__all__ = ["main", "build_parser", "llm_gym_env_ids"]
+# Nothing above imports torch: each command imports what it runs (``--help`` and ``envs``
+# answer in well under a second).
+__all__ = ["build_parser", "eval_line", "given_options", "llm_gym_env_ids", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,7 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     _add_rollout(commands)
     _add_train(commands)
-    commands.add_parser("envs", help="list the registered environments and their spaces")
+    commands.add_parser(
+        "envs",
+        help="list the registered environments: task, spaces, where the data comes from",
+        description="A table of the registered ids; makes no env and loads no data.",
+    )
     return parser
 
 
@@ -49,20 +55,29 @@ def _add_rollout(commands: Any) -> None:
         "--ref-model, the KL reward wrapper.",
     )
     add, defaults = add_run_options(parser, RolloutConfig)
-    add("--split", default=None, help="data split of dataset tasks (GSM8K, MATH)")
-    add("--data-dir", default=None, help="folder with the task's data files "
-        "(GSM8K: train.jsonl/test.jsonl; default: $LLM_GYM_GSM8K_PATH)")  # fmt: skip
-    add("--num-envs", type=number(int, 1), default=defaults.num_envs)
+    add("--split", default=None, help="data split of dataset tasks (GSM8K, MATH; "
+        "default: %(default)s, the task's: train)")  # fmt: skip
+    add("--data-dir", default=None, help="folder with a dataset task's data files "
+        "(GSM8K: train.jsonl/test.jsonl; default: %(default)s, $LLM_GYM_GSM8K_PATH or "
+        "$LLM_GYM_MATH_PATH, else the Hub)")  # fmt: skip
+    add("--num-envs", type=number(int, 1), default=defaults.num_envs,
+        help="envs stepped together, one batched generation a step")  # fmt: skip
     add("--episodes", type=number(int, 1), default=None,
-        help="episodes to run (default: one epoch of a dataset split, each question "
-        "exactly once across the envs; 64 for procedural tasks)")  # fmt: skip
+        help="episodes to run (default: %(default)s, one epoch of a dataset split, each "
+        "question exactly once across the envs; 64 for procedural tasks)")  # fmt: skip
     add("--ref-model", default=None, help="reference model for the KL penalty ('default' or a "
-        "folder); without it no KL is charged")  # fmt: skip
-    parser.set_defaults(config=RolloutConfig, job=Rollout, run=_rollout,
+        "folder; default: %(default)s, no KL charged)")  # fmt: skip
+    parser.set_defaults(config=RolloutConfig, job=_prepare_rollout, run=_rollout,
                         kept="finished episodes are in {out}/episodes.jsonl")  # fmt: skip
 
 
-def _rollout(rollout: Rollout) -> int:
+def _prepare_rollout(config: RolloutConfig) -> Any:
+    from llm_gym.run.rollout import Rollout
+
+    return Rollout(config)
+
+
+def _rollout(rollout: Any) -> int:
     summary = rollout.run()
     print(summary.table())
     print(f"wrote {rollout.out}/episodes.jsonl, summary.json, rollout.png")
@@ -78,76 +93,98 @@ def _add_train(commands: Any) -> None:
         "starting model (--kl-coef > 0).",
     )
     add, defaults = add_run_options(parser, GRPOConfig)
-    add("--iterations", type=number(int, 1), default=defaults.iterations)
+    add("--iterations", type=number(int, 1), default=defaults.iterations,
+        help="GRPO iterations: sample the groups, then update")  # fmt: skip
     add("--groups", type=number(int, 1), default=defaults.groups,
-        help="questions per iteration (default: %(default)s)")  # fmt: skip
+        help="questions per iteration")  # fmt: skip
     add("--group-size", type=number(int, 2), default=defaults.group_size,
-        help="responses per question (default: %(default)s)")  # fmt: skip
-    add("--learning-rate", type=number(float, 0.0, False), default=defaults.learning_rate)
-    add("--update-epochs", type=number(int, 1), default=defaults.update_epochs)
+        help="responses per question")  # fmt: skip
+    add("--learning-rate", type=number(float, 0.0, False), default=defaults.learning_rate,
+        help="AdamW's learning rate")  # fmt: skip
+    add("--update-epochs", type=number(int, 1), default=defaults.update_epochs,
+        help="passes over an iteration's responses")  # fmt: skip
     add("--minibatch-size", type=number(int, 1), default=defaults.minibatch_size,
         help="responses per forward in the update (memory, not the math)")  # fmt: skip
-    add("--clip-coef", type=number(float, 0.0, False), default=defaults.clip_coef)
+    add("--clip-coef", type=number(float, 0.0, False), default=defaults.clip_coef,
+        help="the surrogate's ratio clip: 1 +- this")  # fmt: skip
     add("--kl-target", type=number(float, 0.0, False), default=None,
-        help="adaptive KL controller's target (default: a constant coefficient)")  # fmt: skip
+        help="adaptive KL controller's target (default: %(default)s, a constant "
+        "coefficient)")  # fmt: skip
     add("--eval-episodes", type=number(int, 0), default=defaults.eval_episodes,
         help="greedy episodes on held-out questions before and after (0: none)")  # fmt: skip
-    add("--save-every", type=number(int, 1), default=defaults.save_every)
-    add("--resume", action="store_true", help=f"continue from --out's {CHECKPOINT_DIR}/")
-    parser.set_defaults(config=GRPOConfig, job=GRPOTrainer, run=_train,
-                        kept=f"finished iterations are in {{out}}/{METRICS_FILE} "
+    add("--save-every", type=number(int, 1), default=defaults.save_every,
+        help="iterations between checkpoints")  # fmt: skip
+    add("--resume", action="store_true", help="continue from the checkpoint in --out")
+    parser.set_defaults(config=GRPOConfig, job=_prepare_train, run=_train,
+                        kept="finished iterations are in {out}/metrics.jsonl "
                         "(--resume continues from the last checkpoint)")  # fmt: skip
 
 
-def _train(trainer: GRPOTrainer) -> int:
+def _prepare_train(config: GRPOConfig) -> Any:
+    from llm_gym.train.grpo import GRPOTrainer
+
+    return GRPOTrainer(config)
+
+
+def eval_line(before: dict[str, Any] | None, after: dict[str, Any] | None) -> str | None:
+    """The held-out greedy success before and after training, when both were measured (a
+    resumed run, or one without evaluation, may lack either); else None."""
+    if before is None or after is None:
+        return None
+    return (
+        f"greedy success on held-out questions: {before['success']:.3f} before, "
+        f"{after['success']:.3f} after"
+    )
+
+
+def _train(trainer: Any) -> int:
+    from llm_gym.train.grpo import CHECKPOINT_DIR, METRICS_FILE, PLOT_FILE
+
     summary = trainer.train()
-    before, after = summary["before"], summary["after"]
-    if before is not None:
-        print(f"greedy success on held-out questions: {before['success']:.3f} before, "
-              f"{after['success']:.3f} after")  # fmt: skip
+    line = eval_line(summary["before"], summary["after"])
+    if line is not None:
+        print(line)
     print(f"wrote {trainer.out}/{METRICS_FILE}, {PLOT_FILE}, {CHECKPOINT_DIR}/, summary.json")
-    return 0
-
-
-def _envs() -> int:
-    for env_id in llm_gym_env_ids():
-        spec = gym.spec(env_id)
-        vector = " (native vector env)" if spec.vector_entry_point else ""
-        made_by = spec.kwargs.get("task_factory", spec.entry_point)  # a task: its function
-        print(f"{env_id}{vector}\n  entry point: {made_by}")
-        try:
-            env = gym.make(env_id, disable_env_checker=True)
-        except Exception as error:  # noqa: BLE001 - spaces depend on arguments; say which
-            print(f"  spaces depend on its arguments: {str(error).splitlines()[0]}")
-            continue
-        print(f"  observation space: {env.observation_space}")
-        print(f"  action space: {env.action_space}")
-        env.close()
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``llm-gym`` with ``argv`` (default: the command line); the exit code."""
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "envs":
+        print(envs_table())
+        return 0
+    try:  # flags checked before anything heavy loads
+        check_task_env(args.env, args.command)
+        check_flags(args, given_options(parser, argv))
+    except ValueError as error:
+        return _usage_error(error)
+    # Only a run needs torch and transformers (seconds to import).
+    import torch
+    import transformers
+
     # The command draws its own progress bar; transformers' weight-loading bars are noise.
     transformers.utils.logging.disable_progress_bar()
-    if args.command == "envs":
-        return _envs()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     try:  # the run, prepared: models loaded, envs made, folder claimed
-        check_task_env(args.env, args.command)
         prepared = args.job(make_config(args.config, args))
     # Setup errors (bad ids, paths, data, values) are the user's to fix: one line, exit 2.
     except (ValueError, TypeError, OSError, ImportError, gym.error.Error) as error:
-        message = " ".join(str(error).split()) or type(error).__name__
-        print(f"llm-gym: error: {message}", file=sys.stderr)
-        return EXIT_USAGE
+        return _usage_error(error)
     try:
         return args.run(prepared)
     except KeyboardInterrupt:  # what the run finished is on disk: say where; exit 130
         print(f"llm-gym: interrupted; {args.kept.format(out=prepared.out)}", file=sys.stderr)
         return 130
+
+
+def _usage_error(error: Exception) -> int:
+    message = " ".join(str(error).split()) or type(error).__name__
+    print(f"llm-gym: error: {message}", file=sys.stderr)
+    return EXIT_USAGE
 
 
 if __name__ == "__main__":

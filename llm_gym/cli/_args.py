@@ -1,28 +1,54 @@
 """What the ``llm-gym`` commands share: one-line errors, number and KEY=VALUE parsing, the
-task options, and which env ids a command can run."""
+task options, which env ids a command can run, and which options a command line gives.
+Nothing here imports torch: ``llm-gym --help`` starts in well under a second."""
 
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 import gymnasium as gym
+from gymnasium.envs.registration import load_env_creator
 
 from llm_gym.rewards.answers import ANSWER_FORMATS
 from llm_gym.run.config import DTYPE_NAMES
 from llm_gym.tools.calls import CALL_FORMATS
-from llm_gym.wrappers.estimators import ESTIMATORS
+
+__all__ = [
+    "EXIT_USAGE",
+    "ESTIMATOR_NAMES",
+    "Parser",
+    "add_run_options",
+    "check_task_env",
+    "env_arg",
+    "given_options",
+    "llm_gym_env_ids",
+    "make_config",
+    "number",
+    "task_function",
+    "tool_list",
+]
 
 EXIT_USAGE = 2
 BUILTIN_TOOLS = ("python",)
+# llm_gym.wrappers.estimators.ESTIMATORS' keys (that package imports torch); a test holds
+# the two equal.
+ESTIMATOR_NAMES = ("k1", "k2", "k3")
+_JSON_STARTS = ("{", "[", '"')  # an --env-arg VALUE meant as JSON
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, with its errors on one line (no usage block) and exit code 2."""
+    """argparse, with its errors on one line (no usage block), exit code 2, and every
+    option's default shown in its help."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         """Exit with ``message`` on one line and code 2."""
@@ -48,13 +74,18 @@ def number(kind: type, low: float, inclusive: bool = True) -> Callable[[str], in
 
 
 def env_arg(text: str) -> tuple[str, Any]:
-    """``--env-arg KEY=VALUE``: the value as JSON when it parses, else the text."""
+    """``--env-arg KEY=VALUE``: the value as JSON when it parses, else the text; a value that
+    starts as JSON (``{``, ``[``, ``"``) must parse."""
     key, sep, value = text.partition("=")
     if not sep or not key.isidentifier():
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
     try:
         return key, json.loads(value)
-    except json.JSONDecodeError:
+    except json.JSONDecodeError as error:
+        if value.lstrip().startswith(_JSON_STARTS):
+            raise argparse.ArgumentTypeError(
+                f"{key}: {value!r} looks like JSON but does not parse: {error}"
+            ) from None
         return key, value  # a plain string, e.g. task=leg_counting
 
 
@@ -65,6 +96,16 @@ def llm_gym_env_ids() -> list[str]:
         for env_id, spec in gym.registry.items()
         if isinstance(spec.entry_point, str) and spec.entry_point.startswith("llm_gym.")
     )
+
+
+def task_function(env_id: str) -> Callable[..., Any] | None:
+    """The task function ``env_id`` makes its env with (``register_task``'s), imported but
+    not called (no data loads); None for an env that is not a task's."""
+    spec = gym.spec(env_id)
+    if "task" in spec.kwargs:  # a token-level env over a task env (LLMToken-*)
+        return task_function(spec.kwargs["task"])
+    factory = spec.kwargs.get("task_factory")
+    return load_env_creator(factory) if isinstance(factory, str) else factory
 
 
 def check_task_env(env_id: str, command: str) -> None:
@@ -91,21 +132,26 @@ def add_run_options(parser: argparse.ArgumentParser, config: type) -> tuple[Call
         "(default: %(default)s; None: the env's)")  # fmt: skip
     add("--curriculum", type=number(int, 1), default=None, metavar="WINDOW",
         help="move the task's level with the success rate over WINDOW episodes (tasks with "
-        "levels: Countdown, ReasoningGym)")  # fmt: skip
+        "levels: Countdown, ReasoningGym; default: %(default)s, a fixed level)")  # fmt: skip
     add("--model", default=defaults.model, help="'default' (SmolLM2-135M-Instruct) or a folder")
-    add("--max-new-tokens", type=number(int, 1), default=defaults.max_new_tokens)
+    add("--max-new-tokens", type=number(int, 1), default=defaults.max_new_tokens,
+        help="tokens generated per assistant turn, at most")  # fmt: skip
     add("--temperature", type=number(float, 0.0), default=defaults.temperature,
         help="sampling temperature (default: %(default)s)")  # fmt: skip
     add("--kl-coef", type=number(float, 0.0), default=defaults.kl_coef,
-        help="the KL penalty's coefficient (default: %(default)s; 0: none)")  # fmt: skip
-    add("--estimator", choices=sorted(ESTIMATORS), default=defaults.estimator)
+        help="the KL penalty's coefficient (default: %(default)s; 0: none), against "
+        "--ref-model in rollout, the starting model in train")  # fmt: skip
+    add("--estimator", choices=ESTIMATOR_NAMES, default=defaults.estimator,
+        help="the per-token KL estimator: k1 log(p/q), k2 its square / 2, k3 (q/p - 1) - "
+        "log(q/p)")  # fmt: skip
     add("--device", default=defaults.device,
         help="'auto' (CUDA when there is a GPU), 'cpu', 'cuda' or 'cuda:N'")  # fmt: skip
     add("--dtype", choices=DTYPE_NAMES, default=defaults.dtype,
         help="the models' dtype (default: %(default)s)")  # fmt: skip
-    add("--seed", type=number(int, 0), default=defaults.seed)
+    add("--seed", type=number(int, 0), default=defaults.seed,
+        help="seeds the question order, the sampling and the weights' init")  # fmt: skip
     add("--threads", type=number(int, 1), default=None, help="torch CPU threads (default: "
-        "torch's); 1 is much faster when other processes load the cores")  # fmt: skip
+        "%(default)s, torch's); 1 is much faster when other processes load the cores")  # fmt: skip
     add("--tools", type=tool_list, default=None, metavar="NAMES",
         help="tools the model may call between turns, e.g. 'python' (the sandboxed "
         "interpreter); episodes become multi-turn")  # fmt: skip
@@ -139,3 +185,25 @@ def make_config(cls: type, args: argparse.Namespace) -> Any:
         env_args=dict(args.env_arg), curriculum=args.curriculum or 0, progress=not args.no_progress
     )
     return cls(**values)
+
+
+def given_options(parser: argparse.ArgumentParser, argv: Sequence[str]) -> set[str]:
+    """The ``dest`` of each option ``argv`` gives explicitly (a default value given counts),
+    for ``parser`` (``build_parser()``: the subcommand's options; or any parser).
+
+    A second parse of ``argv`` by a copy of ``parser`` whose defaults are all
+    ``argparse.SUPPRESS``: only what ``argv`` holds lands in its namespace. ``argv`` must be
+    one ``parser`` accepts."""
+    quiet = copy.deepcopy(parser)
+    options: set[str] = set()
+    parsers = [quiet]
+    while parsers:
+        current = parsers.pop()
+        for action in current._actions:
+            action.default = argparse.SUPPRESS
+            if isinstance(action, argparse._SubParsersAction):
+                parsers.extend(action.choices.values())
+            elif action.option_strings:
+                options.add(action.dest)
+    given, _ = quiet.parse_known_args(list(argv))
+    return options & set(vars(given))

@@ -1,0 +1,52 @@
+"""Checks of flag combinations the parser cannot see (a flag the task does not take, one that
+would be ignored, a folder that is not a model), made before anything heavy loads. Each
+error names the flag; ``main`` prints it on one line with exit code 2."""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+from pathlib import Path
+
+from llm_gym.cli._args import llm_gym_env_ids, task_function
+
+__all__ = ["check_flags", "dataset_env_ids"]
+
+MODEL_FLAGS = {"model": "--model", "ref_model": "--ref-model"}
+DATASET_FLAGS = {"split": "--split", "data_dir": "--data-dir"}
+
+
+def _takes(env_id: str, argument: str) -> bool:
+    function = task_function(env_id)
+    return function is not None and argument in inspect.signature(function).parameters
+
+
+def dataset_env_ids() -> list[str]:
+    """The task env ids whose questions come from a dataset (their task takes ``data_dir``)."""
+    return [i for i in llm_gym_env_ids() if i.startswith("LLMChat-") and _takes(i, "data_dir")]
+
+
+def check_flags(args: argparse.Namespace, given: set[str]) -> None:
+    """A ``ValueError`` naming the flag for a combination the run would fail on or ignore;
+    ``given``: the options the command line gives (``given_options``)."""
+    for dest, flag in DATASET_FLAGS.items():
+        if dest in given and not _takes(args.env, dest):
+            raise ValueError(
+                f"{flag} applies to dataset tasks ({', '.join(dataset_env_ids())}); "
+                f"{args.env} generates its questions"
+            )
+    # rollout charges the KL against --ref-model only; train's kl_coef is its own penalty.
+    if "kl_coef" in given and "ref_model" in vars(args) and args.ref_model is None:
+        if args.kl_coef > 0:
+            raise ValueError(
+                f"--kl-coef {args.kl_coef} needs --ref-model (the KL is measured against "
+                "it; without one no KL is charged): pass --ref-model default or a folder"
+            )
+    for dest, flag in MODEL_FLAGS.items():
+        value = vars(args).get(dest)
+        folder = Path(value).expanduser() if value not in (None, "default") else None
+        if folder is not None and folder.exists() and not (folder / "config.json").is_file():
+            raise ValueError(
+                f"{flag} {value}: not a model folder (no config.json); expected 'default' or "
+                "a folder saved with save_pretrained (model and tokenizer)"
+            )
