@@ -156,9 +156,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "envs":
         print(envs_table())
         return 0
-    try:  # flags checked before anything heavy loads
+    try:  # flags and values checked before anything heavy loads
         check_task_env(args.env, args.command)
         check_flags(args, given_options(parser, argv))
+        config = make_config(args.config, args)
     except ValueError as error:
         return _usage_error(error)
     # Only a run needs torch and transformers (seconds to import).
@@ -170,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     try:  # the run, prepared: models loaded, envs made, folder claimed
-        prepared = args.job(make_config(args.config, args))
+        prepared = args.job(config)
     # Setup errors (bad ids, paths, data, values) are the user's to fix: one line, exit 2.
     except (ValueError, TypeError, OSError, ImportError, gym.error.Error) as error:
         return _usage_error(error)
