@@ -25,7 +25,7 @@ from llm_gym.cli._args import (
 )
 from llm_gym.run import Rollout, RolloutConfig
 from llm_gym.train import GRPOConfig, GRPOTrainer
-from llm_gym.train.grpo import CHECKPOINT_DIR, METRICS_FILE, PLOT_FILE
+from llm_gym.train.grpo import METRICS_FILE, PLOT_FILE
 
 __all__ = ["main", "build_parser", "llm_gym_env_ids"]
 
@@ -93,7 +93,7 @@ def _add_train(commands: Any) -> None:
     add("--eval-episodes", type=number(int, 0), default=defaults.eval_episodes,
         help="greedy episodes on held-out questions before and after (0: none)")  # fmt: skip
     add("--save-every", type=number(int, 1), default=defaults.save_every)
-    add("--resume", action="store_true", help=f"continue from --out's {CHECKPOINT_DIR}/")
+    add("--resume", action="store_true", help="continue the run in --out")
     parser.set_defaults(config=GRPOConfig, job=GRPOTrainer, run=_train,
                         kept=f"finished iterations are in {{out}}/{METRICS_FILE} "
                         "(--resume continues from the last checkpoint)")  # fmt: skip
@@ -105,7 +105,7 @@ def _train(trainer: GRPOTrainer) -> int:
     if before is not None:
         print(f"greedy success on held-out questions: {before['success']:.3f} before, "
               f"{after['success']:.3f} after")  # fmt: skip
-    print(f"wrote {trainer.out}/{METRICS_FILE}, {PLOT_FILE}, {CHECKPOINT_DIR}/, summary.json")
+    print(f"wrote {trainer.out}/{METRICS_FILE}, {PLOT_FILE}, checkpoint-*/, summary.json")
     return 0
 
 

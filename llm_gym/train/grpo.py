@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -14,17 +14,16 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from llm_gym.checks import check_int, check_number
 from llm_gym.models import load_model
-from llm_gym.run.config import RunConfig
 from llm_gym.run.plots import plot_curves
 from llm_gym.run.rollout import summarize
 from llm_gym.run.setup import charge_kl, make_sampler, resolve_device, resolve_dtype, task_envs
+from llm_gym.train.checkpoints import latest_checkpoint, load_checkpoint, save_checkpoint
+from llm_gym.train.config import CONFIG_FILE, GRPOConfig, check_resumable
 from llm_gym.train.episodes import evaluate, play_episodes
 from llm_gym.wrappers import AdaptiveKLController
 
 __all__ = [
-    "CHECKPOINT_DIR",
     "METRICS_FILE",
     "PLOT_FILE",
     "SUMMARY_FILE",
@@ -38,8 +37,6 @@ __all__ = [
 METRICS_FILE = "metrics.jsonl"  # a line per iteration, flushed as it ends
 PLOT_FILE = "training.png"
 SUMMARY_FILE = "summary.json"
-CHECKPOINT_DIR = "checkpoint"  # model, tokenizer and TRAINER_STATE
-TRAINER_STATE = "trainer.pt"
 PLOTTED = ("reward", "success", "kl", "response_tokens", "level", "tokens_per_second")
 
 
@@ -78,59 +75,6 @@ def grpo_loss(
     return -per_response.mean()
 
 
-@dataclass
-class GRPOConfig(RunConfig):
-    """``llm-gym train``'s options: the run (``RunConfig``) and GRPO's own settings; the KL
-    penalty (``kl_coef > 0``) is charged against the starting model.
-
-    >>> GRPOConfig(group_size=1)
-    Traceback (most recent call last):
-    ...
-    ValueError: group_size must be an int >= 2, got 1
-    """
-
-    # The run's defaults here are the CPU demo's (README, "Learning, measured").
-    answer_format: str | None = "last_number"
-    max_new_tokens: int = 48
-    temperature: float = 1.0
-    kl_coef: float = 0.0  # 0: no KL penalty, no reference model
-    out: str = "runs/train"
-    iterations: int = 20
-    groups: int = 2  # questions per iteration
-    group_size: int = 8  # responses per question
-    learning_rate: float = 5e-5
-    update_epochs: int = 1
-    minibatch_size: int = 8
-    clip_coef: float = 0.2
-    max_grad_norm: float = 1.0
-    kl_target: float | None = None  # adaptive controller's target KL; None: constant coef
-    kl_horizon: int = 10000
-    eval_episodes: int = 64
-    eval_seed: int = 1_000_003  # held out: the training stream's seed is `seed`
-    save_every: int = 10
-    resume: bool = False
-
-    def __post_init__(self) -> None:
-        positive = ("iterations", "groups", "update_epochs", "minibatch_size", "save_every")
-        for name in (*positive, "kl_horizon"):
-            check_int(name, getattr(self, name), 1)
-        check_int("group_size", self.group_size, 2)  # one response has no group to compare
-        check_int("eval_episodes", self.eval_episodes, 0)
-        for name in ("learning_rate", "clip_coef", "max_grad_norm", "temperature"):
-            check_number(name, getattr(self, name), 0, strict=True)
-        super().__post_init__()
-        check_number("kl_target", self.kl_target, 0, strict=True, optional=True)
-        if self.kl_target is not None and self.kl_coef == 0:
-            raise ValueError("kl_target needs kl_coef > 0 (the adaptive controller's start)")
-        if self.tools and self.kl_coef > 0:
-            raise ValueError(
-                "tools with kl_coef > 0 is not supported yet: the KL wrappers charge each turn "
-                "separately; train tool episodes with kl_coef=0"
-            )
-        if self.resume and self.overwrite:
-            raise ValueError("resume and overwrite contradict each other: pass one")
-
-
 class GRPOTrainer:
     """A prepared run, as ``Rollout`` is one (every input error raised before generating);
     ``train()`` runs it. ``sampler`` generates, ``scorer`` (the same model) re-scores."""
@@ -139,16 +83,19 @@ class GRPOTrainer:
         self.config = config
         self.out = Path(config.out)
         self.device, self.dtype = resolve_device(config.device), resolve_dtype(config.dtype)
-        state = self._claim_out()
+        checkpoint = self._claim_out()  # on --resume the newest one, checked whole
+        state, tensors = load_checkpoint(checkpoint) if checkpoint else (None, None)
         torch.manual_seed(config.seed)
-        source = self.out / CHECKPOINT_DIR if state else config.model
-        self.model, self.tokenizer = load_model(source, device=self.device, dtype=self.dtype)
+        self.model, self.tokenizer = load_model(
+            checkpoint or config.model, device=self.device, dtype=self.dtype
+        )
         self.sampler = make_sampler(self.model, self.tokenizer, config)
         self.scorer = self.sampler.get_new_version(generate=False)  # same model: it is trained
         self.envs = task_envs(
             config, self.tokenizer, config.groups * config.group_size,
             repeats=config.group_size, group_repeats=True,
         )  # fmt: skip
+        self.curriculum = self.envs if config.curriculum else None  # before KL wraps it
         if config.kl_coef > 0:
             controller, target = None, config.kl_target  # no target: a constant coefficient
             if target is not None:
@@ -158,9 +105,12 @@ class GRPOTrainer:
             gen = self.scorer if self.dtype != torch.float32 else None
             self.envs = charge_kl(self.envs, config, config.model, gen=gen, controller=controller)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.learning_rate)
-        self.start, self.before = 0, None
+        self.start, self.before, self._resumed = 0, None, state
+        self._drawn_level = getattr(self.envs.unwrapped, "level", None)
         if state:
-            self._restore(state)
+            self._restore(state, tensors)
+        else:
+            config.save()  # what --resume continues
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -169,16 +119,14 @@ class GRPOTrainer:
         config, started = self.config, time.perf_counter()
         if self.before is None and config.eval_episodes:
             self.before = self.evaluate()
-        metrics = self.out / METRICS_FILE
-        lines = metrics.read_text(encoding="utf-8").splitlines() if metrics.exists() else []
-        rows = [json.loads(line) for line in lines if line]
-        rows = [row for row in rows if row["iteration"] < self.start]  # earlier iterations
+        rows = self._earlier_rows()
         bar = tqdm(
             total=config.iterations, initial=self.start, unit="it",
             disable=not config.progress, dynamic_ncols=True,
         )  # fmt: skip
-        obs, _ = self.envs.reset(seed=config.seed + self.start)  # a resumed run: new questions
-        with (self.out / METRICS_FILE).open("a", encoding="utf-8") as f:
+        obs = self._reset()
+        with (self.out / METRICS_FILE).open("w", encoding="utf-8") as f:
+            f.writelines(json.dumps(row) + "\n" for row in rows)
             for iteration in range(self.start, config.iterations):
                 obs, row = self.iteration(obs, iteration)
                 rows.append(row)
@@ -210,6 +158,8 @@ class GRPOTrainer:
         if config.tools:  # a fresh seed restarts each group on one question
             obs, _ = self.envs.reset(seed=config.seed + 1 + iteration)
         tools, kl = bool(config.tools), config.kl_coef > 0
+        # The next questions are drawn in this iteration's step, at the level before it.
+        self._drawn_level = getattr(self.envs.unwrapped, "level", None)
         records, seconds, next_obs = play_episodes(self.envs, self.sampler, obs, tools=tools)
         summary = summarize(records, seconds)
         rewards = torch.tensor([r["reward"] for r in records], device=self.device)
@@ -292,60 +242,106 @@ class GRPOTrainer:
     # -- checkpoints ------------------------------------------------------------------------
 
     def save(self, iteration: int) -> Path:
-        """Checkpoint after ``iteration`` iterations for ``--resume``, replaced as a whole so
-        that a crash mid-save leaves the previous checkpoint."""
+        """Checkpoint after ``iteration`` iterations (``llm_gym.train.checkpoints``): all that
+        ``--resume`` needs to go on as if the run had not stopped."""
+        base, schedule = self.envs.unwrapped, getattr(self.curriculum, "schedule", None)
+        sources = getattr(base, "sources", ())
         state = {
             "iteration": iteration,
-            "optimizer": self.optimizer.state_dict(),
             "before": self.before,
             "kl_coef": float(self.envs.coef) if self.config.kl_coef > 0 else None,
-            "level": getattr(self.envs.unwrapped, "level", None),
-            "torch_rng": torch.get_rng_state(),
-            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+            "level": getattr(base, "level", None),
+            "drawn_level": self._drawn_level,  # the current questions' level
+            "successes": None if schedule is None else schedule.successes,
+            "positions": [getattr(source, "position", None) for source in sources],
         }
-        final, partial = self.out / CHECKPOINT_DIR, self.out / (CHECKPOINT_DIR + ".partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        self.model.save_pretrained(partial)
-        self.tokenizer.save_pretrained(partial)
-        torch.save(state, partial / TRAINER_STATE)
-        shutil.rmtree(final, ignore_errors=True)
-        partial.rename(final)
-        return final
+        tensors = {
+            "optimizer": self.optimizer.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        }
+        return save_checkpoint(
+            self.out, iteration, self.model, self.tokenizer, state, tensors,
+            self.config.keep_checkpoints,
+        )  # fmt: skip
 
-    def _restore(self, state: dict[str, Any]) -> None:
+    def _restore(self, state: dict[str, Any], tensors: dict[str, Any]) -> None:
         self.start, self.before = int(state["iteration"]), state["before"]
         if self.start >= self.config.iterations:
             raise ValueError(
-                f"the checkpoint in {self.out} is after {self.start} iterations; pass "
-                f"--iterations above {self.start} to train on"
+                f"the run in {self.out} has done {self.start} iterations; pass --iterations "
+                f"above {self.start} to train on"
             )
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.optimizer.load_state_dict(tensors["optimizer"])
         if state["kl_coef"] is not None and self.config.kl_coef > 0:
             self.envs.kl_controller.coef = state["kl_coef"]
         if state["level"] is not None:
             self.envs.unwrapped.set_level(state["level"])
-        torch.set_rng_state(state["torch_rng"])
-        if state["cuda_rng"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["cuda_rng"])
+        if self.curriculum is not None:
+            self.curriculum.schedule.level = state["level"]
+            self.curriculum.schedule.successes = list(state["successes"] or [])
+        torch.set_rng_state(tensors["torch_rng"])
+        if tensors["cuda_rng"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(tensors["cuda_rng"])
 
-    def _claim_out(self) -> dict[str, Any] | None:
+    def _earlier_rows(self) -> list[dict[str, Any]]:
+        # A resumed run keeps the metrics of the iterations its checkpoint holds; those after
+        # it (and a line cut short by Ctrl-C) are done again.
+        path, rows = self.out / METRICS_FILE, []
+        lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+        for line in lines:
+            try:
+                row = json.loads(line)
+            except ValueError:
+                break
+            if row["iteration"] < self.start:
+                rows.append(row)
+        return rows
+
+    def _reset(self) -> dict[str, Any]:
+        # The stream from the seed; a resumed run puts each sub-env back on the question it
+        # was at, drawn at the level it was drawn at. (Tool iterations reseed themselves.)
+        config, state, base = self.config, self._resumed, self.envs.unwrapped
+        obs, _ = self.envs.reset(seed=config.seed)
+        if state is None or config.tools:
+            return obs
+        sources = getattr(base, "sources", [])
+        if not sources or None in state["positions"] or not hasattr(sources[0], "seek"):
+            raise ValueError(
+                f"{config.env}'s question stream cannot be resumed at its position (it needs "
+                "the native vector env over a seeded source)"
+            )
+        if state["drawn_level"] is not None:
+            base.set_level(state["drawn_level"])
+        for source, position in zip(sources, state["positions"], strict=True):
+            source.seek(position - 1)  # the current question is drawn again
+        obs, _ = self.envs.reset()
+        if state["level"] is not None:
+            base.set_level(state["level"])
+        return obs
+
+    def _claim_out(self) -> Path | None:
         # Refuse to mix two runs in one folder; --resume continues one, --overwrite clears it.
         config, metrics = self.config, self.out / METRICS_FILE
         if config.resume:
-            path = self.out / CHECKPOINT_DIR / TRAINER_STATE
-            if not path.is_file():
+            check_resumable(config)
+            checkpoint = latest_checkpoint(self.out)
+            if checkpoint is None:
                 raise FileNotFoundError(
-                    f"--resume needs a checkpoint of an earlier run in {self.out}, but {path} "
-                    "does not exist (checkpoints are written every --save-every iterations)"
+                    f"--resume needs a checkpoint of the run in {self.out}, but there is no "
+                    f"{self.out}/checkpoint-<iteration>/ (one is written every --save-every "
+                    "iterations)"
                 )
-            return torch.load(path, map_location="cpu", weights_only=False)
-        if metrics.exists() and not config.overwrite:
+            return checkpoint
+        if (metrics.exists() or (self.out / CONFIG_FILE).exists()) and not config.overwrite:
             raise FileExistsError(
-                f"{metrics} holds an earlier run; pass --resume to continue it, --overwrite to "
-                "start over, or another --out"
+                f"{self.out} holds an earlier run; pass --resume to continue it, --overwrite "
+                "to start over, or another --out"
             )
-        for name in (METRICS_FILE, PLOT_FILE, SUMMARY_FILE):
-            (self.out / name).unlink(missing_ok=True)
-        shutil.rmtree(self.out / CHECKPOINT_DIR, ignore_errors=True)
+        if self.out.is_dir():  # --overwrite: the earlier run's files and checkpoints go
+            for name in (METRICS_FILE, PLOT_FILE, SUMMARY_FILE, CONFIG_FILE):
+                (self.out / name).unlink(missing_ok=True)
+            for path in self.out.glob("checkpoint-*"):
+                shutil.rmtree(path)
         self.out.mkdir(parents=True, exist_ok=True)
         return None
