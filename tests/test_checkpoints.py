@@ -187,3 +187,13 @@ def test_seek_puts_a_source_at_a_stream_position():
     with pytest.raises(ValueError, match="position must be an int >= 0, got -1"):
         source.seek(-1)
     assert source.position == 5  # the refused seek changed nothing
+
+
+def test_overwrite_keeps_the_earlier_run_until_the_new_one_is_set_up(tiny_dir, tmp_path):
+    GRPOTrainer(config(tiny_dir, tmp_path, iterations=1, save_every=1)).train()
+    with pytest.raises(FileNotFoundError, match="is not a readable folder"):
+        GRPOTrainer(config(str(tmp_path / "no-model"), tmp_path, overwrite=True))
+    assert latest_checkpoint(tmp_path).name == "checkpoint-1"
+    assert [row["iteration"] for row in metrics(tmp_path)] == [0]
+    GRPOTrainer(config(tiny_dir, tmp_path, overwrite=True, eval_episodes=0))
+    assert checkpoints(tmp_path) == [] and not (tmp_path / "metrics.jsonl").exists()

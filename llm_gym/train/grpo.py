@@ -109,7 +109,8 @@ class GRPOTrainer:
         self._drawn_level = getattr(self.envs.unwrapped, "level", None)
         if state:
             self._restore(state, tensors)
-        else:
+        else:  # set up without error: only now does an earlier run (--overwrite) go
+            self._clear_out()
             config.save()  # what --resume continues
 
     # -- the loop ---------------------------------------------------------------------------
@@ -338,10 +339,12 @@ class GRPOTrainer:
                 f"{self.out} holds an earlier run; pass --resume to continue it, --overwrite "
                 "to start over, or another --out"
             )
-        if self.out.is_dir():  # --overwrite: the earlier run's files and checkpoints go
-            for name in (METRICS_FILE, PLOT_FILE, SUMMARY_FILE, CONFIG_FILE):
-                (self.out / name).unlink(missing_ok=True)
-            for path in self.out.glob("checkpoint-*"):
-                shutil.rmtree(path)
-        self.out.mkdir(parents=True, exist_ok=True)
         return None
+
+    def _clear_out(self) -> None:
+        # --overwrite: the earlier run's files and checkpoints go.
+        for name in (METRICS_FILE, PLOT_FILE, SUMMARY_FILE, CONFIG_FILE):
+            (self.out / name).unlink(missing_ok=True)
+        for path in self.out.glob("checkpoint-*"):
+            shutil.rmtree(path)
+        self.out.mkdir(parents=True, exist_ok=True)
