@@ -113,7 +113,7 @@ def plot_rollout(items: Sequence[dict[str, Any]], path: Path, title: str) -> Non
     axes = axes[:, 0]
     fig.suptitle(title, fontsize=11)
     if not groups:
-        axes[0].text(0.5, 0.5, "no episode finished", ha="center", va="center")
+        axes[0].text(0.5, 0.5, "no episode finished", ha="center", transform=axes[0].transAxes)
     x = np.arange(len(groups))
     labels = [g.label for g in groups]
     ax = axes[0]
