@@ -197,3 +197,23 @@ def test_overwrite_keeps_the_earlier_run_until_the_new_one_is_set_up(tiny_dir, t
     assert [row["iteration"] for row in metrics(tmp_path)] == [0]
     GRPOTrainer(config(tiny_dir, tmp_path, overwrite=True, eval_episodes=0))
     assert checkpoints(tmp_path) == [] and not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_ctrl_c_during_training_writes_the_summary_and_resumes(tiny_dir, tmp_path):
+    trainer = GRPOTrainer(config(tiny_dir, tmp_path, iterations=3, save_every=1))
+    sample, calls = trainer.sampler, []
+
+    def interrupted_on_the_second_iteration(batch):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return sample(batch)
+
+    trainer.sampler = interrupted_on_the_second_iteration
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train()
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["interrupted"] is True and summary["iterations"] == 1
+    assert summary["task"]["name"] == "chain_sum" and summary["after"] is None
+    assert (tmp_path / "training.png").is_file() and (tmp_path / "report.md").is_file()
+    assert GRPOTrainer(GRPOConfig.resumed(tmp_path)).start == 1

@@ -89,7 +89,11 @@ def test_train_writes_metrics_plot_checkpoint_and_resumes(tiny_dir, tmp_path):
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["before"]) == {"success", "reward", "response_tokens"}
-    assert summary["config"]["iterations"] == 2
+    assert summary["config"]["iterations"] == 2 and summary["interrupted"] is False
+    assert summary["env"] == "LLMChat-ReasoningGym-v0" and summary["task"]["name"] == "chain_sum"
+    assert summary["levels"] == [0] and summary["answer_format"] == "last_number"
+    report = (out / "report.md").read_text()
+    assert "![training](training.png)" in report and "| greedy success before |" in report
 
     # A second run in the same folder is refused; --resume continues the curves.
     assert main(train_args(tiny_dir, out)) == 2

@@ -19,7 +19,6 @@ import numpy as np
 __all__ = [
     "Group",
     "episode_groups",
-    "plot_curves",
     "plot_rollout",
     "plot_training",
     "running_mean",
@@ -204,22 +203,3 @@ def _save(fig: Any, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     _pyplot().close(fig)
-
-
-def plot_curves(
-    rows: list[dict[str, Any]], names: Sequence[str], path: Path, x: str, window: int = 5
-) -> None:
-    """One panel per name in ``names`` that ``rows`` hold (None: no point) over ``x``, with the
-    running mean over ``window`` rows. Kept for callers not yet on ``plot_training``."""
-    plt = _pyplot()
-    names = [n for n in names if any(r.get(n) is not None for r in rows)] or list(names[:1])
-    fig, axes = plt.subplots(len(names), 1, figsize=(7, 1.8 * len(names) + 0.6), sharex=True)
-    axes = np.atleast_1d(axes)
-    steps = [r[x] for r in rows]
-    for ax, name in zip(axes, names, strict=True):
-        values = [r.get(name) for r in rows]
-        ax.plot(steps, _floats(values), ".", alpha=0.6)
-        ax.plot(steps, running_mean(values, window))
-        ax.set_ylabel(name.replace("_", " "), fontsize=8)
-    axes[-1].set_xlabel(x)
-    _save(fig, path)

@@ -11,15 +11,15 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from llm_gym.checks import check_int
-from llm_gym.models import DEFAULT_MODEL_NAME, load_model
+from llm_gym.models import load_model
 from llm_gym.rewards.answers import ANSWER_FORMATS
 from llm_gym.run.config import RunConfig
+from llm_gym.run.describe import describe_run, run_rows, run_title
 from llm_gym.run.plots import plot_rollout
 from llm_gym.run.report import REPORT_FILE, write_report
 from llm_gym.run.setup import charge_kl, make_sampler, resolve_device, resolve_dtype, task_envs
@@ -258,33 +258,23 @@ class Rollout:
         summary = summarize(items, seconds)
         hint = format_hint(items, self.answer_format, config.max_new_tokens)
         summary = replace(summary, hint=hint)
-        model = DEFAULT_MODEL_NAME if config.model == "default" else config.model
         names = self.task_names | {str(r["task"]) for r in items if r.get("task") is not None}
         levels = {r["level"] for r in items if r.get("level") is not None}
         if not levels and self.start_level is not None:  # no curriculum: one fixed level
             levels = {self.start_level}
-        task = {"function": _task_function(config.env), "name": ", ".join(sorted(names)) or None}
+        run = describe_run(config, self.answer_format, names, levels, self.backend)
         record = {
             "interrupted": interrupted,
-            "env": config.env,
-            "task": task,
-            "levels": sorted(levels),
-            "answer_format": self.answer_format,
-            "model": model,
-            "backend": self.backend,
-            "seed": config.seed,
+            **run,
             "summary": asdict(summary),
             "config": asdict(config),
         }
         (self.out / SUMMARY_FILE).write_text(json.dumps(record, indent=2) + "\n")
-        title = f"{task['name'] or config.env} · {model} · answer format {self.answer_format}"
+        title = run_title(run)
         if interrupted:
             title += " (interrupted)"
         plot_rollout(items, self.out / PLOT_FILE, title)
-        rows = [("env", config.env), ("task", task["name"] or task["function"]),
-                ("levels", ", ".join(map(str, sorted(levels))) or "n/a"),
-                ("answer format", self.answer_format), ("model", model),
-                ("backend", self.backend), ("seed", config.seed), *summary.rows()]  # fmt: skip
+        rows = [*run_rows(run), *summary.rows()]
         notes = [hint] if hint else []
         if interrupted:
             notes.insert(0, f"Interrupted after {len(items)} of {config.episodes} episodes.")
@@ -319,14 +309,6 @@ class Rollout:
                 bar.set_postfix(
                     tok_s=f"{generated / elapsed:.1f}", acc=f"{correct / max(len(items), 1):.3f}"
                 )
-
-
-def _task_function(env_id: str) -> str | None:
-    """The task function ``env_id`` is registered with, as ``module:function``."""
-    factory = gym.spec(env_id).kwargs.get("task_factory")
-    if factory is None or isinstance(factory, str):
-        return factory
-    return f"{factory.__module__}:{factory.__qualname__}"
 
 
 def _numeric(answer: Any) -> bool:

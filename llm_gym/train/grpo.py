@@ -15,7 +15,9 @@ import torch
 from tqdm.auto import tqdm
 
 from llm_gym.models import load_model
-from llm_gym.run.plots import plot_curves
+from llm_gym.run.describe import describe_run, run_rows, run_title
+from llm_gym.run.plots import plot_training
+from llm_gym.run.report import write_report
 from llm_gym.run.rollout import summarize
 from llm_gym.run.setup import charge_kl, make_sampler, resolve_device, resolve_dtype, task_envs
 from llm_gym.train.checkpoints import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -37,7 +39,6 @@ __all__ = [
 METRICS_FILE = "metrics.jsonl"  # a line per iteration, flushed as it ends
 PLOT_FILE = "training.png"
 SUMMARY_FILE = "summary.json"
-PLOTTED = ("reward", "success", "kl", "response_tokens", "level", "tokens_per_second")
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-4) -> torch.Tensor:
@@ -107,6 +108,10 @@ class GRPOTrainer:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.learning_rate)
         self.start, self.before, self._resumed = 0, None, state
         self._drawn_level = getattr(self.envs.unwrapped, "level", None)
+        # What the env plays, for the summary: its answer format and the tasks it names.
+        template = getattr(self.envs.unwrapped, "env", self.envs.unwrapped)
+        self.answer_format = config.answer_format or getattr(template, "answer_format", None)
+        self.task_names: set[str] = set()
         if state:
             self._restore(state, tensors)
         else:  # set up without error: only now does an earlier run (--overwrite) go
@@ -126,30 +131,61 @@ class GRPOTrainer:
             disable=not config.progress, dynamic_ncols=True,
         )  # fmt: skip
         obs = self._reset()
-        with (self.out / METRICS_FILE).open("w", encoding="utf-8") as f:
-            f.writelines(json.dumps(row) + "\n" for row in rows)
-            for iteration in range(self.start, config.iterations):
-                obs, row = self.iteration(obs, iteration)
-                rows.append(row)
-                f.write(json.dumps(row) + "\n")
-                f.flush()  # a line per iteration, readable after Ctrl-C
-                bar.update(1)
-                bar.set_postfix(reward=f"{row['reward']:.3f}", success=f"{row['success']:.2f}")
-                if (iteration + 1) % config.save_every == 0 or iteration + 1 == config.iterations:
-                    self.save(iteration + 1)
-        bar.close()
-        self.envs.close()
-        plot_curves(rows, PLOTTED, self.out / PLOT_FILE, "iteration")
+        try:
+            with (self.out / METRICS_FILE).open("w", encoding="utf-8") as f:
+                f.writelines(json.dumps(row) + "\n" for row in rows)
+                for iteration in range(self.start, config.iterations):
+                    obs, row = self.iteration(obs, iteration)
+                    rows.append(row)
+                    f.write(json.dumps(row) + "\n")
+                    f.flush()  # a line per iteration, readable after Ctrl-C
+                    bar.update(1)
+                    bar.set_postfix(reward=f"{row['reward']:.3f}", success=f"{row['success']:.2f}")
+                    done = iteration + 1
+                    if done % config.save_every == 0 or done == config.iterations:
+                        self.save(done)
+        except KeyboardInterrupt:  # what finished is reported; the checkpoint resumes it
+            self.write(rows, None, time.perf_counter() - started, interrupted=True)
+            raise
+        finally:
+            bar.close()
+            self.envs.close()
         after = self.evaluate() if config.eval_episodes else None
+        return self.write(rows, after, time.perf_counter() - started)
+
+    def write(
+        self,
+        rows: list[dict[str, Any]],
+        after: dict[str, float] | None,
+        seconds: float,
+        interrupted: bool = False,
+    ) -> dict[str, Any]:
+        """Write ``summary.json``, the plot and ``report.md`` of the metrics ``rows`` and the
+        evaluation ``after`` (with ``before``); the summary."""
+        config = self.config
+        levels = {row["level"] for row in rows if row.get("level") is not None}
+        run = describe_run(config, self.answer_format, self.task_names, levels, "transformers")
         summary = {
+            "interrupted": interrupted,
+            **run,
             "before": self.before,
             "after": after,
-            "iterations": config.iterations,
-            "minutes_this_run": (time.perf_counter() - started) / 60,
+            "iterations": len(rows),
+            "minutes_this_run": seconds / 60,
             "device": str(self.device),
             "config": asdict(config),
         }
         (self.out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+        title = run_title(run) + (" (interrupted)" if interrupted else "")
+        plot_training(rows, self.before, after, self.out / PLOT_FILE, title)
+        numbers = [("iterations", len(rows))]
+        for name, evaluation in (("before", self.before), ("after", after)):
+            if evaluation is not None:
+                numbers.append((f"greedy success {name}", evaluation["success"]))
+        if rows:
+            numbers.append(("sampled success, last iteration", rows[-1]["success"]))
+        write_report(self.out, f"Training: {title}", [*run_rows(run), *numbers],
+                     [self.out / PLOT_FILE])  # fmt: skip
         return summary
 
     def iteration(self, obs: dict[str, Any] | None, iteration: int) -> tuple[dict[str, Any], dict]:
@@ -162,6 +198,7 @@ class GRPOTrainer:
         # The next questions are drawn in this iteration's step, at the level before it.
         self._drawn_level = getattr(self.envs.unwrapped, "level", None)
         records, seconds, next_obs = play_episodes(self.envs, self.sampler, obs, tools=tools)
+        self.task_names.update(str(r["task"]) for r in records if r.get("task") is not None)
         summary = summarize(records, seconds)
         rewards = torch.tensor([r["reward"] for r in records], device=self.device)
         masks = [record["policy_mask"] for record in records]
