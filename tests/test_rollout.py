@@ -1,6 +1,7 @@
 """RolloutFromModel: TorchRL's keys and shapes, log-probs against plain forwards, EOS/pad from the
 model, score placement and clipping, the label baseline, the KL scheduler, errors."""
 
+import warnings
 from types import SimpleNamespace
 
 import numpy as np
@@ -322,6 +323,38 @@ def test_log_prob_policy_as_ref_model(gpt2_tokenizer):
     assert out["next"]["reward_kl"].abs().max() > 0
 
 
+def test_read_only_arrays_of_a_scorer_and_reward_model_raise_no_warning(model, ref_model):
+    class ReadOnlyScorer:  # as Ray's zero-copy results come back: arrays that are read-only
+        generate, input_mode = False, "tokens"
+
+        def __call__(self, obs, responses, response_only=True):
+            outputs = []
+            for prompt, response in zip(obs["tokens"], responses, strict=True):
+                values = plain_log_probs(ref_model, prompt, response).numpy()
+                values.setflags(write=False)
+                outputs.append(SimpleNamespace(log_probs=SimpleNamespace(response=values)))
+            return outputs
+
+    def read_only_scores(input_ids, attention_mask):
+        scores = length_reward(input_ids, attention_mask).numpy()
+        scores.setflags(write=False)
+        return scores
+
+    torch.manual_seed(5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch warns on a view of a non-writable array
+        kwargs = {"kl_coef": 0.5, "max_new_tokens": M}
+        out = RolloutFromModel(model, ReadOnlyScorer(), read_only_scores, **kwargs)(make_batch())
+    for row, (rindex, n) in enumerate(zip(make_batch()["prompt_rindex"], rows(out), strict=True)):
+        prompt, response = make_batch()["input_ids"][row, :rindex], out["action"][row, :n]
+        log_ratio = plain_log_probs(model, prompt, response) - plain_log_probs(
+            ref_model, prompt, response
+        )
+        reward_kl = out["next"]["reward_kl"][row, :n, 0]
+        torch.testing.assert_close(reward_kl, -0.5 * log_ratio, atol=1e-4, rtol=0)
+    assert out["next"]["reward_raw"].abs().sum() > 0
+
+
 # -- errors -------------------------------------------------------------------------------
 
 
@@ -354,7 +387,7 @@ def test_bad_constructor_arguments(model):
 
 def test_policy_ref_model_must_read_tokens(model):
     class HistoryScorer:
-        generate = False
+        generate, input_mode = False, "tokens"
         input_mode = "history"
 
         def __call__(self, obs, responses=None):

@@ -82,19 +82,25 @@ def test_train_writes_metrics_plot_checkpoint_and_resumes(tiny_dir, tmp_path):
         assert row["level"] == 0 and row["tokens_per_second"] > 0 and np.isfinite(row["loss"])
     assert "tool_calls_per_episode" not in rows[0]  # tool metrics only with tools
     assert (out / "training.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    state = torch.load(out / "checkpoint" / "trainer.pt", weights_only=False)
-    assert state["iteration"] == 2 and "state" in state["optimizer"]
-    assert (out / "checkpoint" / "model.safetensors").is_file()
+    state = json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())
+    optimizer = torch.load(out / "checkpoint-2" / "optimizer.pt", weights_only=True)
+    assert state["iteration"] == 2 and "state" in optimizer["optimizer"]
+    assert (out / "checkpoint-2" / "model.safetensors").is_file()
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["before"]) == {"success", "reward", "response_tokens"}
-    assert summary["config"]["iterations"] == 2
+    assert summary["config"]["iterations"] == 2 and summary["interrupted"] is False
+    assert summary["env"] == "LLMChat-ReasoningGym-v0" and summary["task"]["name"] == "chain_sum"
+    assert summary["levels"] == [0] and summary["answer_format"] == "last_number"
+    report = (out / "report.md").read_text()
+    assert "![training](training.png)" in report and "| greedy success before |" in report
 
     # A second run in the same folder is refused; --resume continues the curves.
     assert main(train_args(tiny_dir, out)) == 2
     assert main(train_args(tiny_dir, out, "--resume", "--iterations", "3")) == 0
     resumed = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in resumed] == [0, 1, 2] and resumed[:2] == rows
-    assert torch.load(out / "checkpoint" / "trainer.pt", weights_only=False)["iteration"] == 3
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-3"]
     after = json.loads((out / "summary.json").read_text())
     assert after["before"] == summary["before"]  # measured once, before the first iteration
 
@@ -193,7 +199,7 @@ def test_an_iteration_on_cuda(tiny_dir, tmp_path):
     [
         (["--env", "LLMChat-v0"], "env id 'LLMChat-v0' is not a task env; train runs"),
         (["--env", "Nope-v0"], "env id 'Nope-v0' is unknown"),
-        (["--resume"], "--resume needs a checkpoint of an earlier run"),
+        (["--resume"], "--resume needs an earlier run in"),
         (["--device", "cuda:7"] if not torch.cuda.is_available() else ["--device", "bogus"],
          "device"),
         (["--kl-target", "1.0"], "kl_target needs kl_coef > 0"),

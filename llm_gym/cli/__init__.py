@@ -114,6 +114,8 @@ def _add_train(commands: Any) -> None:
         help="greedy episodes on held-out questions before and after (0: none)")  # fmt: skip
     add("--save-every", type=number(int, 1), default=defaults.save_every,
         help="iterations between checkpoints")  # fmt: skip
+    add("--keep-checkpoints", type=number(int, 1), default=defaults.keep_checkpoints,
+        help="the newest checkpoints kept in --out (older ones are deleted)")  # fmt: skip
     add("--resume", action="store_true", help="continue from the checkpoint in --out")
     parser.set_defaults(config=GRPOConfig, job=_prepare_train, run=_train,
                         kept="finished iterations are in {out}/metrics.jsonl "
@@ -138,13 +140,13 @@ def eval_line(before: dict[str, Any] | None, after: dict[str, Any] | None) -> st
 
 
 def _train(trainer: Any) -> int:
-    from llm_gym.train.grpo import CHECKPOINT_DIR, METRICS_FILE, PLOT_FILE
+    from llm_gym.train.grpo import METRICS_FILE, PLOT_FILE
 
     summary = trainer.train()
     line = eval_line(summary["before"], summary["after"])
     if line is not None:
         print(line)
-    print(f"wrote {trainer.out}/{METRICS_FILE}, {PLOT_FILE}, {CHECKPOINT_DIR}/, summary.json")
+    print(f"wrote {trainer.out}/{METRICS_FILE}, {PLOT_FILE}, checkpoint-*/, summary.json")
     return 0
 
 

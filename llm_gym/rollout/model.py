@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.nn.utils.rnn import pad_sequence
 
 from llm_gym.checks import check_bool, check_int, check_number
 from llm_gym.lm import (
@@ -311,7 +310,8 @@ class RolloutFromModel:
             out = out.logits
         elif isinstance(out, (tuple, list)):
             out = out[-1]  # TorchRL's reward models return (rewards, end_scores)
-        scores = torch.as_tensor(out)
+        # A tensor as is; else a copy (B scores), never a torch view of a read-only array.
+        scores = out if isinstance(out, torch.Tensor) else torch.tensor(np.asarray(out))
         if scores.ndim == 2 and scores.shape[1] == 1:
             scores = scores[:, 0]
         if scores.shape != input_ids.shape[:1]:
@@ -368,5 +368,9 @@ def _policy_log_probs(
             f"the response's length {[len(r) for r in responses]}, got shapes "
             f"{[v.shape for v in scored]}"
         )
-    log_q = pad_sequence([torch.as_tensor(v) for v in scored], batch_first=True)
-    return F.pad(log_q, (0, m - log_q.shape[1]))
+    # Padded in numpy: a scorer's arrays may be read-only (Ray's zero-copy results, frozen
+    # buffers), and torch.as_tensor on one warns; this one copy is all it takes.
+    log_q = np.zeros((len(scored), m), dtype=np.float32)
+    for row, values in enumerate(scored):
+        log_q[row, : len(values)] = values
+    return torch.from_numpy(log_q)

@@ -1,37 +1,205 @@
-"""The curves a run draws: one panel per metric, with a running mean, as a PNG."""
+"""The figures a run draws, as PNGs read at a glance: a rollout's reward and success by level
+(or by position in the run) with its answer-format rate; a training run's reward and success
+per iteration with the greedy evaluation before and after, KL, response length and level.
+
+The numbers each figure draws come from small pure functions (``episode_groups``,
+``running_mean``), which the tests check; pixels are not asserted on.
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["plot_curves"]
+__all__ = [
+    "Group",
+    "episode_groups",
+    "plot_rollout",
+    "plot_training",
+    "running_mean",
+]
+
+POSITION_BINS = 8  # bars of a run without levels: its episodes in this many equal bins
 
 
-def plot_curves(
-    rows: list[dict[str, Any]], names: Sequence[str], path: Path, x: str, window: int = 5
-) -> None:
-    """One panel per name in ``names`` that ``rows`` hold (None: no point) over ``x``, with the
-    running mean over ``window`` rows (batches are small: the trend is in the mean)."""
+@dataclass(frozen=True)
+class Group:
+    """Episodes drawn as one bar: a label, how many, and their means."""
+
+    label: str
+    episodes: int
+    reward: float
+    success: float
+    format_rate: float  # share of responses with an answer in the asked format
+    kl: float | None  # mean KL per token; None without KL
+
+
+def episode_groups(
+    items: Sequence[dict[str, Any]], bins: int = POSITION_BINS
+) -> tuple[str, list[Group]]:
+    """``items`` (episode records) grouped by ``level`` when they carry one, else by position in
+    the run in up to ``bins`` equal runs of episodes; the x axis' name and the groups.
+
+    >>> name, groups = episode_groups([{"reward": 1.0, "success": True, "level": 0},
+    ...                                {"reward": 0.0, "success": False, "level": 0}])
+    >>> name, groups[0].label, groups[0].episodes, groups[0].reward
+    ('level', '0', 2, 0.5)
+    """
+    if any(r.get("level") is not None for r in items):
+        levels = sorted({r.get("level") for r in items}, key=lambda v: (v is None, v or 0))
+        parts = [(str(v), [r for r in items if r.get("level") == v]) for v in levels]
+        return "level", [_group(label, part) for label, part in parts]
+    size = max(1, math.ceil(len(items) / bins))
+    parts = [(f"{i}-{min(i + size, len(items)) - 1}", items[i : i + size])
+             for i in range(0, len(items), size)]  # fmt: skip
+    return "episodes (in run order)", [_group(label, part) for label, part in parts]
+
+
+def _group(label: str, items: Sequence[dict[str, Any]]) -> Group:
+    kls = [r["kl_mean"] for r in items if r.get("kl_mean") is not None]
+    return Group(
+        label=label,
+        episodes=len(items),
+        reward=float(np.mean([r["reward"] for r in items])),
+        success=float(np.mean([bool(r.get("success", False)) for r in items])),
+        format_rate=float(np.mean([float(r.get("reward_answer", 0.0)) > 0 for r in items])),
+        kl=float(np.mean(kls)) if kls else None,
+    )
+
+
+def running_mean(values: Sequence[float | None], window: int = 5) -> np.ndarray:
+    """The mean of each value and the up to ``window - 1`` before it (None: skipped), so the
+    first points are means of fewer values.
+
+    >>> running_mean([1.0, 3.0, None, 5.0], 2).tolist()
+    [1.0, 2.0, 3.0, 5.0]
+    """
+    array = _floats(values)
+    out = np.full(len(array), np.nan)
+    for i in range(len(array)):
+        seen = array[max(0, i - window + 1) : i + 1]
+        if not np.isnan(seen).all():
+            out[i] = np.nanmean(seen)
+    return out
+
+
+def _floats(values: Sequence[Any]) -> np.ndarray:
+    """``values`` as floats, None as NaN (no point drawn)."""
+    return np.array([np.nan if v is None else v for v in values], dtype=float)
+
+
+def _pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")  # no display: write the file only
     import matplotlib.pyplot as plt
 
-    names = [n for n in names if any(r.get(n) is not None for r in rows)] or list(names[:1])
-    fig, axes = plt.subplots(len(names), 1, figsize=(7, 1.8 * len(names) + 0.6), sharex=True)
-    axes = np.atleast_1d(axes)
-    steps = [r[x] for r in rows]
-    for ax, name in zip(axes, names, strict=True):
-        values = np.array([np.nan if r.get(name) is None else r[name] for r in rows], float)
-        ax.plot(steps, values, ".", alpha=0.6)
-        if len(values) >= window:
-            ax.plot(steps[window - 1 :], np.convolve(values, np.ones(window) / window, "valid"))
-        ax.set_ylabel(name.replace("_", " "), fontsize=8)
-    axes[-1].set_xlabel(x)
+    return plt
+
+
+def plot_rollout(items: Sequence[dict[str, Any]], path: Path, title: str) -> None:
+    """A rollout's PNG: mean reward and success per level (or per run of episodes), each bar's
+    episode count above it; the answer-format rate per group; KL per token only with KL."""
+    plt = _pyplot()
+    name, groups = episode_groups(items)
+    has_kl = any(g.kl is not None for g in groups)
+    fig, axes = plt.subplots(2 + has_kl, 1, figsize=(8, 3.2 * (2 + has_kl)), squeeze=False)
+    axes = axes[:, 0]
+    fig.suptitle(title, fontsize=11)
+    if not groups:
+        axes[0].text(0.5, 0.5, "no episode finished", ha="center", transform=axes[0].transAxes)
+    x = np.arange(len(groups))
+    labels = [g.label for g in groups]
+    ax = axes[0]
+    ax.bar(x - 0.2, [g.reward for g in groups], 0.4, label="mean reward")
+    ax.bar(x + 0.2, [g.success for g in groups], 0.4, label="success rate")
+    for xi, g in zip(x, groups, strict=True):
+        top = max(g.reward, g.success, 0.0)
+        ax.annotate(f"n={g.episodes}", (xi, top), ha="center", va="bottom", fontsize=8)
+    ax.set_title(f"reward and success by {name.split(' ')[0]}", fontsize=10)
+    ax.set_ylim(min([0.0] + [g.reward for g in groups]) - 0.05, 1.15)  # KL can push it < 0
+    ax.legend(fontsize=8, loc="upper right")
+    ax = axes[1]
+    ax.bar(x, [g.format_rate for g in groups], 0.6, color="tab:green")
+    ax.set_ylim(0, 1.05)
+    ax.set_title("answer-format rate (share of responses with an answer in the asked format)",
+                 fontsize=10)  # fmt: skip
+    if has_kl:
+        ax = axes[2]
+        ax.bar(x, [np.nan if g.kl is None else g.kl for g in groups], 0.6, color="tab:purple")
+        ax.set_title("KL to the reference model", fontsize=10)
+        ax.set_ylabel("nats / token", fontsize=9)
+    for ax in axes:
+        ax.set_xticks(x, labels, fontsize=8)
+    axes[-1].set_xlabel(name)
+    _save(fig, path)
+
+
+def plot_training(
+    rows: Sequence[dict[str, Any]],
+    before: dict[str, Any] | None,
+    after: dict[str, Any] | None,
+    path: Path,
+    title: str,
+) -> None:
+    """A training run's PNG from its per-iteration metrics ``rows`` (``iteration``, ``reward``,
+    ``success``, ``kl``, ``response_tokens``, ``level``): reward and success per iteration with
+    their running means, and the greedy ``success`` of the evaluation ``before`` (at 0) and
+    ``after`` (after the last iteration) marked; KL (only when there is KL), response length,
+    and the level when it moves, each in its own panel."""
+    plt = _pyplot()
+    steps = np.array([r["iteration"] for r in rows], dtype=float)
+    has_kl = any(r.get("kl") is not None for r in rows)
+    levels = [r.get("level") for r in rows]
+    moved = len({v for v in levels if v is not None}) > 1
+    panels = 2 + has_kl + moved
+    fig, axes = plt.subplots(panels, 1, figsize=(8, 2.6 * panels + 0.8), sharex=True)
+    fig.suptitle(title, fontsize=11)
+    ax = axes[0]
+    for key, color in (("reward", "tab:blue"), ("success", "tab:orange")):
+        values = [r.get(key) for r in rows]
+        style = {"color": color, "alpha": 0.35, "lw": 1, "ms": 3}
+        ax.plot(steps, _floats(values), "o-", label=f"{key} (sampled)", **style)
+        ax.plot(steps, running_mean(values), color=color, lw=2.2, label=f"{key}, running mean")
+    end = steps[-1] + 1 if len(steps) else 1.0
+    for x, evaluation, label in ((0.0, before, "before"), (end, after, "after")):
+        if evaluation is not None and evaluation.get("success") is not None:
+            value = evaluation["success"]
+            ax.plot([x], [value], "D", color="black", ms=8)
+            side = (
+                {"xytext": (4, 6), "ha": "left"} if x == 0 else {"xytext": (-4, 6), "ha": "right"}
+            )
+            ax.annotate(f"greedy success {label}: {value:.2f}", (x, value), fontsize=8,
+                        textcoords="offset points", **side)  # fmt: skip
+    ax.set_ylabel("reward / success rate", fontsize=9)
+    ax.set_title("reward and success (black: greedy success on held-out questions)", fontsize=10)
+    ax.legend(fontsize=7, loc="upper left")
+    panel = 1
+    if has_kl:
+        kl = [r.get("kl") for r in rows]
+        axes[panel].plot(steps, _floats(kl), ".-", color="tab:purple")
+        axes[panel].set_title("KL to the reference model", fontsize=10)
+        axes[panel].set_ylabel("nats / token", fontsize=9)
+        panel += 1
+    lengths = _floats([r.get("response_tokens") for r in rows])
+    axes[panel].plot(steps, lengths, ".-", color="tab:gray")
+    axes[panel].set_title("response length", fontsize=10)
+    axes[panel].set_ylabel("tokens (mean)", fontsize=9)
+    if moved:
+        axes[panel + 1].step(steps, _floats(levels), where="post")
+        axes[panel + 1].set_title("curriculum level", fontsize=10)
+        axes[panel + 1].set_ylabel("level", fontsize=9)
+        axes[panel + 1].yaxis.get_major_locator().set_params(integer=True)
+    axes[-1].set_xlabel("iteration")
+    _save(fig, path)
+
+
+def _save(fig: Any, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _pyplot().close(fig)

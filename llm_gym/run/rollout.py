@@ -16,8 +16,11 @@ import torch
 from tqdm.auto import tqdm
 
 from llm_gym.models import load_model
+from llm_gym.rewards.answers import ANSWER_FORMATS
 from llm_gym.run.config import RolloutConfig
-from llm_gym.run.plots import plot_curves
+from llm_gym.run.describe import describe_run, run_rows, run_title
+from llm_gym.run.plots import plot_rollout
+from llm_gym.run.report import REPORT_FILE, write_report
 from llm_gym.run.setup import charge_kl, make_sampler, resolve_device, resolve_dtype, task_envs
 
 __all__ = [
@@ -29,6 +32,7 @@ __all__ = [
     "Rollout",
     "RolloutConfig",
     "Summary",
+    "format_hint",
     "prepare_out",
     "summarize",
 ]
@@ -38,6 +42,7 @@ EPISODES_FILE = "episodes.jsonl"
 PROCEDURAL_EPISODES = 64  # the default for tasks without a fixed size
 SUMMARY_FILE = "summary.json"
 PLOT_FILE = "rollout.png"
+LOW_FORMAT_RATE = 0.1  # at or below: the table hints at another --answer-format
 
 
 @dataclass
@@ -56,9 +61,17 @@ class Summary:
     tool_episode_share: float | None = None  # episodes with at least one tool call
     tool_calls_per_episode: float | None = None
     failed_tool_share: float | None = None  # of all calls
+    hint: str | None = None  # what to try when few responses follow the answer format
 
     def table(self) -> str:
-        """The summary as aligned ``name  value`` lines."""
+        """The summary as aligned ``name  value`` lines, then the hint, if any."""
+        rows = self.rows()
+        width = max(len(name) for name, _ in rows)
+        lines = [f"{name:<{width}}  {value}" for name, value in rows]
+        return "\n".join(lines + ([self.hint] if self.hint else []))
+
+    def rows(self) -> list[tuple[str, str]]:
+        """The table's ``(name, value)`` rows, formatted (a report's numbers)."""
         kl = "n/a (no --ref-model)" if self.mean_kl is None else f"{self.mean_kl:.5f}"
         rows = [
             ("episodes", f"{self.episodes}"),
@@ -77,15 +90,14 @@ class Summary:
                 ("failed tool calls", "n/a (no calls)" if failed is None else f"{failed:.3f}"),
             ]
         rows.append(("tokens/s", f"{self.tokens_per_second:.1f}"))
-        width = max(len(name) for name, _ in rows)
-        return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+        return rows
 
 
 def prepare_out(out: Path) -> Path:
     """Create the run folder with an empty episodes file and no earlier run's summary or plot
     (an interrupted run must not leave another run's summary beside its episodes)."""
     out.mkdir(parents=True, exist_ok=True)
-    for name in (EPISODES_FILE, SUMMARY_FILE, PLOT_FILE):
+    for name in (EPISODES_FILE, SUMMARY_FILE, PLOT_FILE, REPORT_FILE):
         (out / name).unlink(missing_ok=True)
     return out / EPISODES_FILE
 
@@ -167,6 +179,8 @@ class Episodes:
 class Rollout:
     """A prepared run (models, envs, run folder; any input error raised here); ``run()`` runs it."""
 
+    backend = "transformers"  # what generates: make_sampler's TransformersPolicy
+
     def __init__(self, config: RolloutConfig) -> None:
         self.config = config
         self.out = Path(config.out)
@@ -192,32 +206,74 @@ class Rollout:
         if config.episodes is None:
             epoch = getattr(envs.unwrapped, "epoch_size", None)
             self.config = config = replace(config, episodes=epoch or PROCEDURAL_EPISODES)
+        # What the env plays, read now: the summary is written after the envs are closed.
+        task_env = getattr(envs.unwrapped, "env", envs.unwrapped)  # the vector env's template
+        self.answer_format = config.answer_format or getattr(task_env, "answer_format", None)
+        self.start_level = getattr(envs.unwrapped, "level", None)
+        self.task_names: set[str] = set()  # as the env's reset info names them
         if config.ref_model is not None:
             envs = charge_kl(envs, config, config.ref_model)
         self.envs = envs
         self.episodes_path = prepare_out(self.out)
 
     def run(self) -> Summary:
-        """Run the episodes; write episodes (as they finish), summary and plot."""
+        """Run the episodes; write episodes (as they finish), then summary, plot and report,
+        also on Ctrl-C (``KeyboardInterrupt``, re-raised), for the episodes finished so far."""
         torch.manual_seed(self.config.seed)
+        items: list[dict[str, Any]] = []
+        start = time.perf_counter()
         try:
-            items, seconds = self._collect()
+            self._collect(items, start)
+        except KeyboardInterrupt:
+            self.write(items, time.perf_counter() - start, interrupted=True)
+            raise
         finally:
             self.envs.close()
+        return self.write(items, time.perf_counter() - start)
+
+    def write(
+        self, items: list[dict[str, Any]], seconds: float, interrupted: bool = False
+    ) -> Summary:
+        """Write ``summary.json``, the plot and ``report.md`` for finished episodes ``items``;
+        their ``Summary``."""
+        config = self.config
         summary = summarize(items, seconds)
-        record = {"config": asdict(self.config), "summary": asdict(summary)}
+        hint = format_hint(items, self.answer_format, config.max_new_tokens)
+        summary = replace(summary, hint=hint)
+        names = self.task_names | {str(r["task"]) for r in items if r.get("task") is not None}
+        levels = {r["level"] for r in items if r.get("level") is not None}
+        if not levels and self.start_level is not None:  # no curriculum: one fixed level
+            levels = {self.start_level}
+        run = describe_run(config, self.answer_format, names, levels, self.backend)
+        record = {
+            "interrupted": interrupted,
+            **run,
+            "summary": asdict(summary),
+            "config": asdict(config),
+        }
         (self.out / SUMMARY_FILE).write_text(json.dumps(record, indent=2) + "\n")
-        plot_curves(items, ("reward", "kl_mean"), self.out / PLOT_FILE, "episode")
+        title = run_title(run)
+        if interrupted:
+            title += " (interrupted)"
+        plot_rollout(items, self.out / PLOT_FILE, title)
+        rows = [*run_rows(run), *summary.rows()]
+        notes = [hint] if hint else []
+        if interrupted:
+            notes.insert(0, f"Interrupted after {len(items)} of {config.episodes} episodes.")
+        write_report(self.out, f"Rollout: {title}", rows, [self.out / PLOT_FILE], notes)
         return summary
 
-    def _collect(self) -> tuple[list[dict[str, Any]], float]:
-        config, envs, items = self.config, self.envs, []
-        running = Episodes(envs, envs.reset(seed=config.seed)[0])
+    def _collect(self, items: list[dict[str, Any]], start: float) -> None:
+        # Appends each finished episode to ``items`` as it ends, so Ctrl-C loses none of them.
+        config, envs = self.config, self.envs
+        obs, info = envs.reset(seed=config.seed)
+        self.task_names.update(str(t) for t in info.get("task", ()) if t is not None)
+        running = Episodes(envs, obs)
+        generated, correct = 0, 0
         bar = tqdm(
             total=config.episodes, unit="ep", disable=not config.progress, dynamic_ncols=True
         )
-        start, generated, correct = time.perf_counter(), 0, 0
-        with self.episodes_path.open("a", encoding="utf-8") as f:
+        with bar, self.episodes_path.open("a", encoding="utf-8") as f:
             while len(items) < config.episodes:
                 actions = self.policy(running.obs)
                 generated += sum(len(a.tokens) for a in actions)
@@ -235,8 +291,46 @@ class Rollout:
                 bar.set_postfix(
                     tok_s=f"{generated / elapsed:.1f}", acc=f"{correct / max(len(items), 1):.3f}"
                 )
-        bar.close()
-        return items, time.perf_counter() - start
+
+
+def _numeric(answer: Any) -> bool:
+    """Whether a ground-truth answer is a number (GSM8K's: the number after its ``####``)."""
+    text = str(answer).rsplit("####", 1)[-1].strip().replace(",", "")
+    try:
+        return math.isfinite(float(text))
+    except ValueError:
+        return False
+
+
+def format_hint(
+    items: list[dict[str, Any]], answer_format: str | None, max_new_tokens: int
+) -> str | None:
+    """A line saying which ``--answer-format`` (or ``--max-new-tokens``) to try when at most
+    ``LOW_FORMAT_RATE`` of the episodes ``items`` gave an answer in ``answer_format``; None
+    otherwise, or without episodes or an answer part to count.
+
+    ``last_number`` is named only when every ground-truth answer is a number (the last
+    number of a response is then a fair reading of its answer); otherwise the other formats.
+    """
+    scored = [r for r in items if r.get("reward_answer") is not None]
+    if not scored:
+        return None
+    rate = sum(float(r["reward_answer"]) > 0 for r in scored) / len(scored)
+    if rate > LOW_FORMAT_RATE:
+        return None
+    line = f"hint: {rate:.0%} of responses gave an answer in the {answer_format!r} format"
+    answers = [r.get("answer") for r in scored]
+    cut = sum(r.get("num_tokens", 0) >= max_new_tokens for r in scored) / len(scored)
+    if cut >= 0.5:  # the answer may simply not have fit
+        line += f"; {cut:.0%} were cut at --max-new-tokens {max_new_tokens}: try a larger one"
+    if answer_format != "last_number" and all(a is not None and _numeric(a) for a in answers):
+        line += "; this task's answers are numbers: try --answer-format last_number"
+    elif answer_format != "last_number":
+        others = [name for name in ANSWER_FORMATS if name not in (answer_format, "last_number")]
+        line += f"; try --answer-format {' or '.join(others)}, or a larger --model"
+    elif cut < 0.5:
+        line += "; the model rarely writes a number here: try a larger --model"
+    return line
 
 
 def summarize(items: list[dict[str, Any]], seconds: float) -> Summary:

@@ -94,3 +94,10 @@ class _SeededSource:
         seed = check_int("seed", seed, 0, optional=True)
         self.seed = int(np.random.SeedSequence().entropy % 2**63) if seed is None else seed
         self.rewind()  # the subclass's
+
+    def seek(self, position: int) -> None:
+        """Serve from the sample at ``position`` of this source's shard of the current seed's
+        stream next, as if ``position`` samples had been served (how a run resumes)."""
+        position = check_int("position", position, 0)
+        self.rewind()
+        self._position = position

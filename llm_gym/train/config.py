@@ -1,26 +1,45 @@
-"""``GRPOConfig``, ``llm-gym train``'s options. This module imports nothing heavy (the CLI
-reads its defaults before it imports torch)."""
+"""``GRPOConfig``, ``llm-gym train``'s options, and the copy of it a run folder keeps so that
+``--resume`` continues the very run it interrupted. This module imports nothing heavy.
+
+>>> GRPOConfig(group_size=1)
+Traceback (most recent call last):
+...
+ValueError: group_size must be an int >= 2, got 1
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from llm_gym.checks import check_int, check_number
 from llm_gym.run.config import RunConfig
 
-__all__ = ["GRPOConfig"]
+__all__ = [
+    "CONFIG_FILE",
+    "RESUMABLE",
+    "GRPOConfig",
+    "check_resumable",
+    "load_config",
+    "resume_conflicts",
+]
+
+CONFIG_FILE = "run_config.json"  # the run's GRPOConfig, written when the run starts
+# What a resumed run may change: how long it goes on, how it saves and reports, where it
+# runs. Everything else (task, model, GRPO's settings, seed) would make it another run.
+RESUMABLE = (
+    "iterations", "save_every", "keep_checkpoints", "eval_episodes", "progress", "device",
+    "out", "resume", "overwrite",
+)  # fmt: skip
 
 
 @dataclass
 class GRPOConfig(RunConfig):
     """``llm-gym train``'s options: the run (``RunConfig``) and GRPO's own settings; the KL
-    penalty (``kl_coef > 0``) is charged against the starting model.
-
-    >>> GRPOConfig(group_size=1)
-    Traceback (most recent call last):
-    ...
-    ValueError: group_size must be an int >= 2, got 1
-    """
+    penalty (``kl_coef > 0``) is charged against the starting model."""
 
     # The run's defaults here are the CPU demo's (README, "Learning, measured").
     answer_format: str | None = "last_number"
@@ -41,11 +60,12 @@ class GRPOConfig(RunConfig):
     eval_episodes: int = 64
     eval_seed: int = 1_000_003  # held out: the training stream's seed is `seed`
     save_every: int = 10
+    keep_checkpoints: int = 2  # the newest ones; older are deleted once a new one is complete
     resume: bool = False
 
     def __post_init__(self) -> None:
         positive = ("iterations", "groups", "update_epochs", "minibatch_size", "save_every")
-        for name in (*positive, "kl_horizon"):
+        for name in (*positive, "kl_horizon", "keep_checkpoints"):
             check_int(name, getattr(self, name), 1)
         check_int("group_size", self.group_size, 2)  # one response has no group to compare
         check_int("eval_episodes", self.eval_episodes, 0)
@@ -62,3 +82,64 @@ class GRPOConfig(RunConfig):
             )
         if self.resume and self.overwrite:
             raise ValueError("resume and overwrite contradict each other: pass one")
+
+    @classmethod
+    def resumed(cls, out: str | Path, **changes: Any) -> GRPOConfig:
+        """The config of the run saved in ``out``, set to resume, with ``changes`` (fields of
+        ``RESUMABLE`` only; others must equal the saved values)."""
+        changes.update(out=str(out), resume=True, overwrite=False)
+        config = dataclasses.replace(load_config(out), **changes)
+        check_resumable(config)
+        return config
+
+    def save(self) -> Path:
+        """Write this config as JSON into its run folder ``out``; the file's path."""
+        path = Path(self.out) / CONFIG_FILE
+        path.write_text(json.dumps(dataclasses.asdict(self), indent=2) + "\n", encoding="utf-8")
+        return path
+
+
+def load_config(out: str | Path) -> GRPOConfig:
+    """The ``GRPOConfig`` a run saved in its folder ``out``; a one-line error naming the file
+    when it is missing or broken."""
+    path = Path(out) / CONFIG_FILE
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"--resume needs an earlier run in {out}, but its run config {path} does not "
+            "exist (train once without --resume first)"
+        )
+    try:
+        values = json.loads(path.read_text(encoding="utf-8"))
+        names = {f.name for f in dataclasses.fields(GRPOConfig)}
+        unknown = sorted(set(values) - names)
+        if unknown:
+            raise ValueError(f"unknown fields {unknown}")
+        return GRPOConfig(**values)
+    except (ValueError, TypeError) as error:  # JSONDecodeError is a ValueError
+        message = " ".join(str(error).split())
+        raise ValueError(
+            f"the run config {path} is truncated or not a GRPOConfig: {message}"
+        ) from None
+
+
+def resume_conflicts(saved: GRPOConfig, config: GRPOConfig) -> list[str]:
+    """The fields outside ``RESUMABLE`` in which ``config`` differs from the ``saved`` run's."""
+    return [
+        f.name
+        for f in dataclasses.fields(GRPOConfig)
+        if f.name not in RESUMABLE and getattr(saved, f.name) != getattr(config, f.name)
+    ]
+
+
+def check_resumable(config: GRPOConfig) -> GRPOConfig:
+    """The saved config of the run ``config`` resumes (in ``config.out``); a one-line error
+    naming the first field outside ``RESUMABLE`` that differs from it."""
+    saved = load_config(config.out)
+    for name in resume_conflicts(saved, config):
+        changeable = ", ".join(n for n in RESUMABLE if n not in ("out", "resume", "overwrite"))
+        raise ValueError(
+            f"{name}={getattr(config, name)!r} differs from the resumed run's "
+            f"{name}={getattr(saved, name)!r} ({Path(config.out) / CONFIG_FILE}); a resumed "
+            f"run may change only {changeable}"
+        )
+    return saved

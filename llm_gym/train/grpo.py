@@ -15,15 +15,17 @@ import torch
 from tqdm.auto import tqdm
 
 from llm_gym.models import load_model
-from llm_gym.run.plots import plot_curves
+from llm_gym.run.describe import describe_run, run_rows, run_title
+from llm_gym.run.plots import plot_training
+from llm_gym.run.report import write_report
 from llm_gym.run.rollout import summarize
 from llm_gym.run.setup import charge_kl, make_sampler, resolve_device, resolve_dtype, task_envs
-from llm_gym.train.config import GRPOConfig
+from llm_gym.train.checkpoints import latest_checkpoint, load_checkpoint, save_checkpoint
+from llm_gym.train.config import CONFIG_FILE, GRPOConfig, check_resumable
 from llm_gym.train.episodes import evaluate, play_episodes
 from llm_gym.wrappers import AdaptiveKLController
 
 __all__ = [
-    "CHECKPOINT_DIR",
     "METRICS_FILE",
     "PLOT_FILE",
     "SUMMARY_FILE",
@@ -37,9 +39,6 @@ __all__ = [
 METRICS_FILE = "metrics.jsonl"  # a line per iteration, flushed as it ends
 PLOT_FILE = "training.png"
 SUMMARY_FILE = "summary.json"
-CHECKPOINT_DIR = "checkpoint"  # model, tokenizer and TRAINER_STATE
-TRAINER_STATE = "trainer.pt"
-PLOTTED = ("reward", "success", "kl", "response_tokens", "level", "tokens_per_second")
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-4) -> torch.Tensor:
@@ -85,16 +84,19 @@ class GRPOTrainer:
         self.config = config
         self.out = Path(config.out)
         self.device, self.dtype = resolve_device(config.device), resolve_dtype(config.dtype)
-        state = self._claim_out()
+        checkpoint = self._claim_out()  # on --resume the newest one, checked whole
+        state, tensors = load_checkpoint(checkpoint) if checkpoint else (None, None)
         torch.manual_seed(config.seed)
-        source = self.out / CHECKPOINT_DIR if state else config.model
-        self.model, self.tokenizer = load_model(source, device=self.device, dtype=self.dtype)
+        self.model, self.tokenizer = load_model(
+            checkpoint or config.model, device=self.device, dtype=self.dtype
+        )
         self.sampler = make_sampler(self.model, self.tokenizer, config)
         self.scorer = self.sampler.get_new_version(generate=False)  # same model: it is trained
         self.envs = task_envs(
             config, self.tokenizer, config.groups * config.group_size,
             repeats=config.group_size, group_repeats=True,
         )  # fmt: skip
+        self.curriculum = self.envs if config.curriculum else None  # before KL wraps it
         if config.kl_coef > 0:
             controller, target = None, config.kl_target  # no target: a constant coefficient
             if target is not None:
@@ -104,9 +106,17 @@ class GRPOTrainer:
             gen = self.scorer if self.dtype != torch.float32 else None
             self.envs = charge_kl(self.envs, config, config.model, gen=gen, controller=controller)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.learning_rate)
-        self.start, self.before = 0, None
+        self.start, self.before, self._resumed = 0, None, state
+        self._drawn_level = getattr(self.envs.unwrapped, "level", None)
+        # What the env plays, for the summary: its answer format and the tasks it names.
+        template = getattr(self.envs.unwrapped, "env", self.envs.unwrapped)
+        self.answer_format = config.answer_format or getattr(template, "answer_format", None)
+        self.task_names: set[str] = set()
         if state:
-            self._restore(state)
+            self._restore(state, tensors)
+        else:  # set up without error: only now does an earlier run (--overwrite) go
+            self._clear_out()
+            config.save()  # what --resume continues
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -115,38 +125,67 @@ class GRPOTrainer:
         config, started = self.config, time.perf_counter()
         if self.before is None and config.eval_episodes:
             self.before = self.evaluate()
-        metrics = self.out / METRICS_FILE
-        lines = metrics.read_text(encoding="utf-8").splitlines() if metrics.exists() else []
-        rows = [json.loads(line) for line in lines if line]
-        rows = [row for row in rows if row["iteration"] < self.start]  # earlier iterations
+        rows = self._earlier_rows()
         bar = tqdm(
             total=config.iterations, initial=self.start, unit="it",
             disable=not config.progress, dynamic_ncols=True,
         )  # fmt: skip
-        obs, _ = self.envs.reset(seed=config.seed + self.start)  # a resumed run: new questions
-        with (self.out / METRICS_FILE).open("a", encoding="utf-8") as f:
-            for iteration in range(self.start, config.iterations):
-                obs, row = self.iteration(obs, iteration)
-                rows.append(row)
-                f.write(json.dumps(row) + "\n")
-                f.flush()  # a line per iteration, readable after Ctrl-C
-                bar.update(1)
-                bar.set_postfix(reward=f"{row['reward']:.3f}", success=f"{row['success']:.2f}")
-                if (iteration + 1) % config.save_every == 0 or iteration + 1 == config.iterations:
-                    self.save(iteration + 1)
-        bar.close()
-        self.envs.close()
-        plot_curves(rows, PLOTTED, self.out / PLOT_FILE, "iteration")
+        obs = self._reset()
+        try:
+            with (self.out / METRICS_FILE).open("w", encoding="utf-8") as f:
+                f.writelines(json.dumps(row) + "\n" for row in rows)
+                for iteration in range(self.start, config.iterations):
+                    obs, row = self.iteration(obs, iteration)
+                    rows.append(row)
+                    f.write(json.dumps(row) + "\n")
+                    f.flush()  # a line per iteration, readable after Ctrl-C
+                    bar.update(1)
+                    bar.set_postfix(reward=f"{row['reward']:.3f}", success=f"{row['success']:.2f}")
+                    done = iteration + 1
+                    if done % config.save_every == 0 or done == config.iterations:
+                        self.save(done)
+        except KeyboardInterrupt:  # what finished is reported; the checkpoint resumes it
+            self.write(rows, None, time.perf_counter() - started, interrupted=True)
+            raise
+        finally:
+            bar.close()
+            self.envs.close()
         after = self.evaluate() if config.eval_episodes else None
+        return self.write(rows, after, time.perf_counter() - started)
+
+    def write(
+        self,
+        rows: list[dict[str, Any]],
+        after: dict[str, float] | None,
+        seconds: float,
+        interrupted: bool = False,
+    ) -> dict[str, Any]:
+        """Write ``summary.json``, the plot and ``report.md`` of the metrics ``rows`` and the
+        evaluation ``after`` (with ``before``); the summary."""
+        config = self.config
+        levels = {row["level"] for row in rows if row.get("level") is not None}
+        run = describe_run(config, self.answer_format, self.task_names, levels, "transformers")
         summary = {
+            "interrupted": interrupted,
+            **run,
             "before": self.before,
             "after": after,
-            "iterations": config.iterations,
-            "minutes_this_run": (time.perf_counter() - started) / 60,
+            "iterations": len(rows),
+            "minutes_this_run": seconds / 60,
             "device": str(self.device),
             "config": asdict(config),
         }
         (self.out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+        title = run_title(run) + (" (interrupted)" if interrupted else "")
+        plot_training(rows, self.before, after, self.out / PLOT_FILE, title)
+        numbers = [("iterations", len(rows))]
+        for name, evaluation in (("before", self.before), ("after", after)):
+            if evaluation is not None:
+                numbers.append((f"greedy success {name}", evaluation["success"]))
+        if rows:
+            numbers.append(("sampled success, last iteration", rows[-1]["success"]))
+        write_report(self.out, f"Training: {title}", [*run_rows(run), *numbers],
+                     [self.out / PLOT_FILE])  # fmt: skip
         return summary
 
     def iteration(self, obs: dict[str, Any] | None, iteration: int) -> tuple[dict[str, Any], dict]:
@@ -156,7 +195,10 @@ class GRPOTrainer:
         if config.tools:  # a fresh seed restarts each group on one question
             obs, _ = self.envs.reset(seed=config.seed + 1 + iteration)
         tools, kl = bool(config.tools), config.kl_coef > 0
+        # The next questions are drawn in this iteration's step, at the level before it.
+        self._drawn_level = getattr(self.envs.unwrapped, "level", None)
         records, seconds, next_obs = play_episodes(self.envs, self.sampler, obs, tools=tools)
+        self.task_names.update(str(r["task"]) for r in records if r.get("task") is not None)
         summary = summarize(records, seconds)
         rewards = torch.tensor([r["reward"] for r in records], device=self.device)
         masks = [record["policy_mask"] for record in records]
@@ -238,60 +280,108 @@ class GRPOTrainer:
     # -- checkpoints ------------------------------------------------------------------------
 
     def save(self, iteration: int) -> Path:
-        """Checkpoint after ``iteration`` iterations for ``--resume``, replaced as a whole so
-        that a crash mid-save leaves the previous checkpoint."""
+        """Checkpoint after ``iteration`` iterations (``llm_gym.train.checkpoints``): all that
+        ``--resume`` needs to go on as if the run had not stopped."""
+        base, schedule = self.envs.unwrapped, getattr(self.curriculum, "schedule", None)
+        sources = getattr(base, "sources", ())
         state = {
             "iteration": iteration,
-            "optimizer": self.optimizer.state_dict(),
             "before": self.before,
             "kl_coef": float(self.envs.coef) if self.config.kl_coef > 0 else None,
-            "level": getattr(self.envs.unwrapped, "level", None),
-            "torch_rng": torch.get_rng_state(),
-            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+            "level": getattr(base, "level", None),
+            "drawn_level": self._drawn_level,  # the current questions' level
+            "successes": None if schedule is None else schedule.successes,
+            "positions": [getattr(source, "position", None) for source in sources],
         }
-        final, partial = self.out / CHECKPOINT_DIR, self.out / (CHECKPOINT_DIR + ".partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        self.model.save_pretrained(partial)
-        self.tokenizer.save_pretrained(partial)
-        torch.save(state, partial / TRAINER_STATE)
-        shutil.rmtree(final, ignore_errors=True)
-        partial.rename(final)
-        return final
+        tensors = {
+            "optimizer": self.optimizer.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        }
+        return save_checkpoint(
+            self.out, iteration, self.model, self.tokenizer, state, tensors,
+            self.config.keep_checkpoints,
+        )  # fmt: skip
 
-    def _restore(self, state: dict[str, Any]) -> None:
+    def _restore(self, state: dict[str, Any], tensors: dict[str, Any]) -> None:
         self.start, self.before = int(state["iteration"]), state["before"]
         if self.start >= self.config.iterations:
             raise ValueError(
-                f"the checkpoint in {self.out} is after {self.start} iterations; pass "
-                f"--iterations above {self.start} to train on"
+                f"the run in {self.out} has done {self.start} iterations; pass --iterations "
+                f"above {self.start} to train on"
             )
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.optimizer.load_state_dict(tensors["optimizer"])
         if state["kl_coef"] is not None and self.config.kl_coef > 0:
             self.envs.kl_controller.coef = state["kl_coef"]
         if state["level"] is not None:
             self.envs.unwrapped.set_level(state["level"])
-        torch.set_rng_state(state["torch_rng"])
-        if state["cuda_rng"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["cuda_rng"])
+        if self.curriculum is not None:
+            self.curriculum.schedule.level = state["level"]
+            self.curriculum.schedule.successes = list(state["successes"] or [])
+        torch.set_rng_state(tensors["torch_rng"])
+        if tensors["cuda_rng"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(tensors["cuda_rng"])
 
-    def _claim_out(self) -> dict[str, Any] | None:
+    def _earlier_rows(self) -> list[dict[str, Any]]:
+        # A resumed run keeps the metrics of the iterations its checkpoint holds; those after
+        # it (and a line cut short by Ctrl-C) are done again.
+        path, rows = self.out / METRICS_FILE, []
+        lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+        for line in lines:
+            try:
+                row = json.loads(line)
+            except ValueError:
+                break
+            if row["iteration"] < self.start:
+                rows.append(row)
+        return rows
+
+    def _reset(self) -> dict[str, Any]:
+        # The stream from the seed; a resumed run puts each sub-env back on the question it
+        # was at, drawn at the level it was drawn at. (Tool iterations reseed themselves.)
+        config, state, base = self.config, self._resumed, self.envs.unwrapped
+        obs, _ = self.envs.reset(seed=config.seed)
+        if state is None or config.tools:
+            return obs
+        sources = getattr(base, "sources", [])
+        if not sources or None in state["positions"] or not hasattr(sources[0], "seek"):
+            raise ValueError(
+                f"{config.env}'s question stream cannot be resumed at its position (it needs "
+                "the native vector env over a seeded source)"
+            )
+        if state["drawn_level"] is not None:
+            base.set_level(state["drawn_level"])
+        for source, position in zip(sources, state["positions"], strict=True):
+            source.seek(position - 1)  # the current question is drawn again
+        obs, _ = self.envs.reset()
+        if state["level"] is not None:
+            base.set_level(state["level"])
+        return obs
+
+    def _claim_out(self) -> Path | None:
         # Refuse to mix two runs in one folder; --resume continues one, --overwrite clears it.
         config, metrics = self.config, self.out / METRICS_FILE
         if config.resume:
-            path = self.out / CHECKPOINT_DIR / TRAINER_STATE
-            if not path.is_file():
+            check_resumable(config)
+            checkpoint = latest_checkpoint(self.out)
+            if checkpoint is None:
                 raise FileNotFoundError(
-                    f"--resume needs a checkpoint of an earlier run in {self.out}, but {path} "
-                    "does not exist (checkpoints are written every --save-every iterations)"
+                    f"--resume needs a checkpoint of the run in {self.out}, but there is no "
+                    f"{self.out}/checkpoint-<iteration>/ (one is written every --save-every "
+                    "iterations)"
                 )
-            return torch.load(path, map_location="cpu", weights_only=False)
-        if metrics.exists() and not config.overwrite:
+            return checkpoint
+        if (metrics.exists() or (self.out / CONFIG_FILE).exists()) and not config.overwrite:
             raise FileExistsError(
-                f"{metrics} holds an earlier run; pass --resume to continue it, --overwrite to "
-                "start over, or another --out"
+                f"{self.out} holds an earlier run; pass --resume to continue it, --overwrite "
+                "to start over, or another --out"
             )
-        for name in (METRICS_FILE, PLOT_FILE, SUMMARY_FILE):
-            (self.out / name).unlink(missing_ok=True)
-        shutil.rmtree(self.out / CHECKPOINT_DIR, ignore_errors=True)
-        self.out.mkdir(parents=True, exist_ok=True)
         return None
+
+    def _clear_out(self) -> None:
+        # --overwrite: the earlier run's files and checkpoints go.
+        for name in (METRICS_FILE, PLOT_FILE, SUMMARY_FILE, CONFIG_FILE):
+            (self.out / name).unlink(missing_ok=True)
+        for path in self.out.glob("checkpoint-*"):
+            shutil.rmtree(path)
+        self.out.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,219 @@
+"""Runs that resume exactly: checkpoints written atomically and rotated, a resumed run equal to
+an uninterrupted one, Ctrl-C at any moment of a save, one-line errors on broken files."""
+
+import json
+import os
+import shutil
+
+import pytest
+import torch
+
+from llm_gym.models import load_model, tiny_model
+from llm_gym.sources import ProceduralSource
+from llm_gym.train import GRPOConfig, GRPOTrainer
+from llm_gym.train.checkpoints import checkpoints, latest_checkpoint, load_checkpoint
+
+TIMING = ("seconds", "tokens_per_second")  # the only metrics allowed to differ
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory, smollm2_tokenizer):
+    folder = tmp_path_factory.mktemp("tiny")
+    tiny_model(smollm2_tokenizer, seed=0).save_pretrained(folder)
+    smollm2_tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def config(model, out, **changes):
+    # The KL penalty with an adaptive coefficient makes rewards differ by question and
+    # response, so the updates and the curves depend on every piece of state a resume
+    # restores: weights, optimizer, RNG, question stream, curriculum, KL coefficient.
+    values = dict(
+        model=model, out=str(out), env_args={"task": "chain_sum", "level": 2},
+        curriculum=4, kl_coef=0.5, kl_target=0.01, learning_rate=1e-2,
+        groups=2, group_size=2, max_new_tokens=4, eval_episodes=0,
+        iterations=4, save_every=2, progress=False,
+    )  # fmt: skip
+    return GRPOConfig(**{**values, **changes})
+
+
+def metrics(out):
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in row.items() if k not in TIMING} for row in rows]
+
+
+def test_a_resumed_run_equals_an_uninterrupted_one(tiny_dir, tmp_path):
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    GRPOTrainer(config(tiny_dir, whole)).train()
+    GRPOTrainer(config(tiny_dir, parts, iterations=2)).train()
+    resumed = GRPOTrainer(GRPOConfig.resumed(parts, iterations=4))
+    assert resumed.start == 2 and resumed.config.kl_target == 0.01  # the saved run's config
+    resumed.train()
+    expected = metrics(whole)
+    assert [row["iteration"] for row in expected] == [0, 1, 2, 3]
+    assert len({row["kl"] for row in expected}) == 4  # the curves carry information
+    # The level falls at each iteration's end (4 failures a window): a resume at 2 restores
+    # both the level the current questions were drawn at and the one to draw the next at.
+    assert [row["level"] for row in expected] == [1, 0, 0, 0]
+    got = metrics(parts)
+    for a, b in zip(got, expected, strict=True):
+        assert a.keys() == b.keys()
+        for key, value in b.items():
+            assert a[key] == pytest.approx(value, abs=1e-6), (b["iteration"], key)
+    weights = [load_model(latest_checkpoint(out))[0].state_dict() for out in (whole, parts)]
+    for name, value in weights[0].items():
+        torch.testing.assert_close(weights[1][name], value, atol=1e-6, rtol=0)
+
+
+def test_resume_without_flags_keeps_the_saved_config_and_refuses_other_changes(tiny_dir, tmp_path):
+    GRPOTrainer(config(tiny_dir, tmp_path, iterations=1, save_every=1)).train()
+    restored = GRPOConfig.resumed(tmp_path, iterations=2, eval_episodes=4)
+    assert restored.env_args == {"task": "chain_sum", "level": 2} and restored.kl_coef == 0.5
+    assert restored.curriculum == 4 and restored.iterations == 2 and restored.resume
+    with pytest.raises(ValueError, match=r"kl_coef=0\.1 differs from the resumed run's kl_coef"):
+        GRPOConfig.resumed(tmp_path, kl_coef=0.1)
+    with pytest.raises(ValueError, match=r"env_args=\{'task': 'leg_counting'\} differs"):
+        GRPOTrainer(config(tiny_dir, tmp_path, env_args={"task": "leg_counting"}, resume=True))
+    saved = json.loads((tmp_path / "run_config.json").read_text())
+    assert saved["env_args"] == {"task": "chain_sum", "level": 2}  # not overwritten
+
+
+def test_checkpoints_rotate_and_load_as_models(tiny_dir, tmp_path, smollm2_tokenizer):
+    GRPOTrainer(config(tiny_dir, tmp_path, iterations=3, save_every=1, keep_checkpoints=2)).train()
+    assert [path.name for path in checkpoints(tmp_path)] == ["checkpoint-2", "checkpoint-3"]
+    folder = latest_checkpoint(tmp_path)
+    files = sorted(path.name for path in folder.iterdir())
+    assert "model.safetensors" in files and "config.json" in files and "optimizer.pt" in files
+    assert not any(name.endswith((".bin", ".partial")) for name in files)
+    model, tokenizer = load_model(folder)  # what --model PATH does
+    assert tokenizer.get_vocab() == smollm2_tokenizer.get_vocab()
+    assert model.num_parameters() == tiny_model(smollm2_tokenizer, seed=0).num_parameters()
+    state, tensors = load_checkpoint(folder)
+    assert state["iteration"] == 3 and len(state["positions"]) == 4
+    assert set(tensors) == {"optimizer", "torch_rng", "cuda_rng"}
+
+
+@pytest.mark.parametrize(
+    ("damage", "file"),
+    [
+        ("truncate", "model.safetensors"),
+        ("truncate", "optimizer.pt"),
+        ("truncate", "trainer_state.json"),
+        ("delete", "model.safetensors"),
+        ("delete", "config.json"),
+    ],
+)
+def test_a_broken_checkpoint_file_is_named_in_one_line(tiny_dir, tmp_path, damage, file):
+    GRPOTrainer(config(tiny_dir, tmp_path, iterations=1, save_every=1)).train()
+    path = tmp_path / "checkpoint-1" / file
+    if damage == "delete":
+        path.unlink()
+    else:
+        os.truncate(path, path.stat().st_size // 2)
+    with pytest.raises((ValueError, FileNotFoundError)) as caught:
+        GRPOTrainer(GRPOConfig.resumed(tmp_path, iterations=2))
+    message = str(caught.value)
+    assert str(path) in message and "\n" not in message
+    assert "missing" in message if damage == "delete" else "truncated or corrupt" in message
+
+
+class Interrupt:
+    """Patches the file operations a save makes so that the ``at``-th one raises Ctrl-C."""
+
+    NAMES = (
+        (os, "fsync"), (os, "replace"), (shutil, "rmtree"), (torch, "save"),
+    )  # fmt: skip
+
+    def __init__(self, monkeypatch, at):
+        self.calls, self.at = 0, at
+        for module, name in self.NAMES:
+            monkeypatch.setattr(module, name, self.wrap(getattr(module, name)))
+
+    def wrap(self, function):
+        def interrupted(*args, **kwargs):
+            self.calls += 1
+            if self.calls == self.at:
+                raise KeyboardInterrupt
+            return function(*args, **kwargs)
+
+        return interrupted
+
+
+def test_ctrl_c_at_any_moment_of_a_save_leaves_a_checkpoint_that_resumes(tiny_dir, tmp_path):
+    # keep_checkpoints=1: the save also deletes the previous checkpoint, the riskiest moment.
+    once = config(tiny_dir, tmp_path, iterations=1, save_every=1, keep_checkpoints=1)
+    trainer = GRPOTrainer(once)
+    trainer.train()
+    at, finished = 0, False
+    while not finished:
+        at += 1
+        with pytest.MonkeyPatch.context() as monkeypatch:
+            interrupt = Interrupt(monkeypatch, at)
+            try:
+                trainer.save(2)
+                finished = True
+            except KeyboardInterrupt:
+                pass
+        assert interrupt.calls >= at or finished
+        latest = latest_checkpoint(tmp_path)
+        assert latest is not None, at
+        state, _ = load_checkpoint(latest)  # whole: every file there and complete
+        assert state["iteration"] == (2 if latest.name == "checkpoint-2" else 1)
+        load_model(latest)
+    assert at > 10  # every file written, flushed, renamed and deleted was a moment tried
+    assert [path.name for path in tmp_path.iterdir() if "checkpoint" in path.name] == [
+        "checkpoint-2"
+    ]
+    resumed = GRPOTrainer(GRPOConfig.resumed(tmp_path, iterations=3))
+    assert resumed.start == 2
+    resumed.train()
+    assert [row["iteration"] for row in metrics(tmp_path)] == [0, 2]  # 1 was never finished
+
+
+def test_seek_puts_a_source_at_a_stream_position():
+    source = ProceduralSource(lambda seed, i, level: {"query": f"{seed}:{i}"}, num_levels=1,
+                              level=0, seed=3)  # fmt: skip
+    first = [source.next_record()["query"] for _ in range(5)]
+    source.seek(2)
+    assert [source.next_record()["query"] for _ in range(3)] == first[2:]
+    with pytest.raises(ValueError, match="position must be an int >= 0, got -1"):
+        source.seek(-1)
+    assert source.position == 5  # the refused seek changed nothing
+
+
+def test_overwrite_keeps_the_earlier_run_until_the_new_one_is_set_up(tiny_dir, tmp_path):
+    GRPOTrainer(config(tiny_dir, tmp_path, iterations=1, save_every=1)).train()
+    with pytest.raises(FileNotFoundError, match="is not a readable folder"):
+        GRPOTrainer(config(str(tmp_path / "no-model"), tmp_path, overwrite=True))
+    assert latest_checkpoint(tmp_path).name == "checkpoint-1"
+    assert [row["iteration"] for row in metrics(tmp_path)] == [0]
+    GRPOTrainer(config(tiny_dir, tmp_path, overwrite=True, eval_episodes=0))
+    assert checkpoints(tmp_path) == [] and not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_ctrl_c_during_training_writes_the_summary_and_resumes(tiny_dir, tmp_path):
+    trainer = GRPOTrainer(config(tiny_dir, tmp_path, iterations=3, save_every=1))
+    sample, calls = trainer.sampler, []
+
+    def interrupted_on_the_second_iteration(batch):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return sample(batch)
+
+    trainer.sampler = interrupted_on_the_second_iteration
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train()
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["interrupted"] is True and summary["iterations"] == 1
+    assert summary["task"]["name"] == "chain_sum" and summary["after"] is None
+    assert (tmp_path / "training.png").is_file() and (tmp_path / "report.md").is_file()
+    assert GRPOTrainer(GRPOConfig.resumed(tmp_path)).start == 1
