@@ -217,3 +217,32 @@ def test_ctrl_c_during_training_writes_the_summary_and_resumes(tiny_dir, tmp_pat
     assert summary["task"]["name"] == "chain_sum" and summary["after"] is None
     assert (tmp_path / "training.png").is_file() and (tmp_path / "report.md").is_file()
     assert GRPOTrainer(GRPOConfig.resumed(tmp_path)).start == 1
+
+
+def test_cli_resume_restores_the_saved_run_and_names_a_conflicting_flag(tiny_dir, tmp_path, capsys):
+    from llm_gym.cli import main
+
+    out = str(tmp_path)
+    first = ["train", "--model", tiny_dir, "--out", out, "--env-arg", "task=chain_sum",
+             "--kl-coef", "0.05", "--curriculum", "2", "--iterations", "1", "--groups", "1",
+             "--group-size", "2", "--max-new-tokens", "4", "--eval-episodes", "2",
+             "--threads", "1", "--no-progress"]  # fmt: skip
+    assert main(first) == 0
+    saved = (tmp_path / "run_config.json").read_text()
+    capsys.readouterr()
+    # No flags but --resume: the saved task, KL and curriculum, not the defaults.
+    assert main(["train", "--out", out, "--resume", "--iterations", "2", "--no-progress"]) == 0
+    assert "greedy success on held-out questions" in capsys.readouterr().out
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["task"]["name"] == "chain_sum" and summary["config"]["kl_coef"] == 0.05
+    assert summary["config"]["curriculum"] == 2 and summary["config"]["iterations"] == 2
+    assert (tmp_path / "run_config.json").read_text() == saved  # not overwritten
+    # A flag that would make it another run: one line naming it; nothing changes.
+    assert main(["train", "--out", out, "--resume", "--iterations", "3", "--kl-coef", "0.1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("llm-gym: error: --kl-coef 0.1 differs from the resumed run's 0.05")
+    assert err.count("\n") == 1 and latest_checkpoint(tmp_path).name == "checkpoint-2"
+    # Finding 2: no evaluation on the resumed run is no TypeError.
+    args = ["train", "--out", out, "--resume", "--iterations", "3", "--eval-episodes", "0"]
+    assert main([*args, "--no-progress"]) == 0
+    assert "greedy success" not in capsys.readouterr().out

@@ -22,7 +22,7 @@ from llm_gym.cli._args import (
     make_config,
     number,
 )
-from llm_gym.cli._checks import check_flags
+from llm_gym.cli._checks import check_flags, resumed_config
 from llm_gym.cli._envs import envs_table
 from llm_gym.run.config import RolloutConfig
 from llm_gym.train.config import GRPOConfig
@@ -160,9 +160,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:  # flags and values checked before anything heavy loads
         check_task_env(args.env, args.command)
-        check_flags(args, given_options(parser, argv))
-        config = make_config(args.config, args)
-    except ValueError as error:
+        given = given_options(parser, argv)
+        check_flags(args, given)
+        if args.command == "train" and args.resume:  # the saved run, not the defaults
+            config = resumed_config(args, given)
+        else:
+            config = make_config(args.config, args)
+    except (ValueError, OSError) as error:
         return _usage_error(error)
     # Only a run needs torch and transformers (seconds to import).
     import torch

@@ -5,12 +5,14 @@ error names the flag; ``main`` prints it on one line with exit code 2."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import inspect
 from pathlib import Path
 
-from llm_gym.cli._args import llm_gym_env_ids, task_function
+from llm_gym.cli._args import llm_gym_env_ids, make_config, task_function
+from llm_gym.train.config import CONFIG_FILE, RESUMABLE, GRPOConfig, load_config
 
-__all__ = ["check_flags", "dataset_env_ids"]
+__all__ = ["check_flags", "dataset_env_ids", "resumed_config"]
 
 MODEL_FLAGS = {"model": "--model", "ref_model": "--ref-model"}
 DATASET_FLAGS = {"split": "--split", "data_dir": "--data-dir"}
@@ -50,3 +52,27 @@ def check_flags(args: argparse.Namespace, given: set[str]) -> None:
                 f"{flag} {value}: not a model folder (no config.json); expected 'default' or "
                 "a folder saved with save_pretrained (model and tokenizer)"
             )
+
+
+def resumed_config(args: argparse.Namespace, given: set[str]) -> GRPOConfig:
+    """``train --resume``: the run config saved in ``--out`` with the ``given`` flags that a
+    resumed run may change (``RESUMABLE``); a given flag that would change anything else is a
+    ``ValueError`` naming it (a flag equal to the saved value is fine)."""
+    saved, parsed = load_config(args.out), make_config(GRPOConfig, args)
+    fields = {f.name for f in dataclasses.fields(GRPOConfig)}
+    changes = {}
+    for dest in sorted(given):
+        name = {"env_arg": "env_args", "no_progress": "progress"}.get(dest, dest)
+        if name not in fields or name == "out":  # --threads, --resume: not the run's config
+            continue
+        value = getattr(parsed, name)
+        if name in RESUMABLE:
+            changes[name] = value
+        elif value != getattr(saved, name):
+            raise ValueError(
+                f"--{dest.replace('_', '-')} {value!r} differs from the resumed run's "
+                f"{getattr(saved, name)!r} ({Path(args.out) / CONFIG_FILE}); with --resume only "
+                "--iterations, --save-every, --keep-checkpoints, --eval-episodes, --device, "
+                "--threads and --no-progress may change (or start over with --overwrite)"
+            )
+    return GRPOConfig.resumed(args.out, **changes)
