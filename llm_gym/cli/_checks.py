@@ -58,6 +58,8 @@ def resumed_config(args: argparse.Namespace, given: set[str]) -> GRPOConfig:
     """``train --resume``: the run config saved in ``--out`` with the ``given`` flags that a
     resumed run may change (``RESUMABLE``); a given flag that would change anything else is a
     ``ValueError`` naming it (a flag equal to the saved value is fine)."""
+    if args.overwrite:  # checked first: there may be no run to load
+        raise ValueError("resume and overwrite contradict each other: pass one")
     saved, parsed = load_config(args.out), make_config(GRPOConfig, args)
     fields = {f.name for f in dataclasses.fields(GRPOConfig)}
     changes = {}
