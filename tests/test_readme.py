@@ -12,8 +12,7 @@ import re
 from pathlib import Path
 
 import pytest
-
-from tests.conftest import GSM8K_PATH
+from conftest import GSM8K_PATH
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
