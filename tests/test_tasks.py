@@ -20,6 +20,7 @@ from llm_gym.tasks.math import MATH_SYSTEM_PROMPT
 TASKS = {
     "LLMChat-Countdown-v0": {"level": 1},
     "LLMChat-ReasoningGym-v0": {"task": "basic_arithmetic"},
+    "LLMChat-Products-v0": {"level": 1},
 }
 MATH_ROWS = [
     {"problem": "What is half of one?", "solution": r"Half is $\boxed{\frac{1}{2}}$."},

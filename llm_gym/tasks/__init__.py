@@ -9,6 +9,7 @@ from llm_gym.rewards.answers import ANSWER_FORMATS, system_prompt
 from llm_gym.tasks.countdown import COUNTDOWN_LEVELS, countdown_task
 from llm_gym.tasks.gsm8k import GSM8K_SYSTEM_PROMPT, gsm8k_task, load_gsm8k
 from llm_gym.tasks.math import load_math, math_task
+from llm_gym.tasks.products import PRODUCTS_CODE_REQUEST, products_task
 from llm_gym.tasks.reasoning_gym import reasoning_gym_task
 from llm_gym.tasks.task import Task, TaskReward, TaskScore
 
@@ -16,6 +17,7 @@ __all__ = [
     "ANSWER_FORMATS",
     "COUNTDOWN_LEVELS",
     "GSM8K_SYSTEM_PROMPT",
+    "PRODUCTS_CODE_REQUEST",
     "Task",
     "TaskReward",
     "TaskScore",
@@ -24,6 +26,7 @@ __all__ = [
     "load_gsm8k",
     "load_math",
     "math_task",
+    "products_task",
     "reasoning_gym_task",
     "system_prompt",
 ]
