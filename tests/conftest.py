@@ -47,6 +47,17 @@ def tiny(smollm2_tokenizer):
 
 
 @pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory, smollm2_tokenizer):
+    """A folder with a seeded tiny llama and SmolLM2's tokenizer (what --model PATH loads)."""
+    from llm_gym.models import tiny_model
+
+    folder = tmp_path_factory.mktemp("tiny")
+    tiny_model(smollm2_tokenizer, seed=0).save_pretrained(folder)
+    smollm2_tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
 def tiny_gpt2(gpt2_tokenizer):
     """A random 2-layer GPT-2 (absolute positions) with GPT-2's tokenizer: pad == eos."""
     from llm_gym.models import tiny_model

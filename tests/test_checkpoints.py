@@ -16,14 +16,6 @@ from llm_gym.train.checkpoints import checkpoints, latest_checkpoint, load_check
 TIMING = ("seconds", "tokens_per_second")  # the only metrics allowed to differ
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory, smollm2_tokenizer):
-    folder = tmp_path_factory.mktemp("tiny")
-    tiny_model(smollm2_tokenizer, seed=0).save_pretrained(folder)
-    smollm2_tokenizer.save_pretrained(folder)
-    return str(folder)
-
-
 @pytest.fixture(autouse=True)
 def _one_thread():
     threads = torch.get_num_threads()

@@ -9,16 +9,7 @@ import torch
 
 from llm_gym.chat import Response
 from llm_gym.cli import main
-from llm_gym.models import tiny_model
 from llm_gym.train import GRPOConfig, GRPOTrainer, group_advantages, grpo_loss
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory, smollm2_tokenizer):
-    folder = tmp_path_factory.mktemp("tiny")
-    tiny_model(smollm2_tokenizer, seed=0).save_pretrained(folder)
-    smollm2_tokenizer.save_pretrained(folder)
-    return str(folder)
 
 
 @pytest.fixture(autouse=True)

@@ -2,8 +2,7 @@
 
 The names below are imported on first use, so ``llm_gym.run.config`` loads without torch."""
 
-import importlib
-from typing import Any
+from llm_gym._lazy import lazy_exports
 
 # Public name -> the module that defines it.
 _EXPORTS = {
@@ -15,10 +14,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'llm_gym.run' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
+__getattr__ = lazy_exports(__name__, _EXPORTS)
