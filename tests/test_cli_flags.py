@@ -83,18 +83,18 @@ def test_envs_prints_a_table_offline_without_data():
     lines = result.stdout.splitlines()
     assert lines[0].split() == ["id", "task", "vector", "observation", "keys", "action", "data"]
     rows = {line.split()[0]: line for line in lines[1:] if line.startswith("LLM")}
-    assert sorted(rows) == llm_gym_env_ids() and len(rows) == 6
+    assert sorted(rows) == llm_gym_env_ids() and len(rows) == 7
     gsm8k = rows["LLMChat-GSM8K-v0"].split(None, 5)
     assert gsm8k[1:5] == ["llm_gym.tasks.gsm8k:gsm8k_task", "yes", "history|text|tokens",
                           "text|token"]  # fmt: skip
     assert gsm8k[5].endswith("--data-dir, $LLM_GYM_GSM8K_PATH, Hub openai/gsm8k")
     assert "$LLM_GYM_MATH_PATH" in rows["LLMChat-MATH-v0"]
-    for procedural in ("LLMChat-ReasoningGym-v0", "LLMChat-Countdown-v0"):
+    for procedural in ("LLMChat-ReasoningGym-v0", "LLMChat-Countdown-v0", "LLMChat-Products-v0"):
         assert rows[procedural].endswith("generated")
     assert "input_ids,attention_mask  Discrete(vocab)" in rows["LLMToken-GSM8K-v0"]
     assert rows["LLMChat-v0"].split()[1:3] == ["llm_gym.envs.chat:ChatEnv", "no"]
     # No paragraph about the unreachable Hub: the table and two notes only.
-    assert len(lines) == 1 + 6 + 1 + 2
+    assert len(lines) == 1 + 7 + 1 + 2
     assert not re.search(r"unavailable|error|Traceback|offline", result.stdout, re.IGNORECASE)
 
 
