@@ -127,7 +127,7 @@ def test_interrupted_run_keeps_finished_episodes(model_dirs, tmp_path):
     args = rollout_args(model_dirs, out)
     args[args.index("--episodes") + 1] = "100000"
     process = subprocess.Popen(
-        [sys.executable, "-m", "llm_gym", *args],
+        [sys.executable, "-X", "faulthandler", "-m", "llm_gym", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -139,9 +139,14 @@ def test_interrupted_run_keeps_finished_episodes(model_dirs, tmp_path):
         not episodes.exists() or len(episodes.read_text().splitlines()) < 4
     ):
         time.sleep(0.2)
+    started = episodes.exists() and len(episodes.read_text().splitlines()) >= 4
     process.send_signal(signal.SIGINT)
-    # The interrupted run writes its summary, plot and report before it exits.
-    _, stderr = process.communicate(timeout=180)
+    try:  # the interrupted run writes its summary, plot and report before it exits
+        _, stderr = process.communicate(timeout=120)
+    except subprocess.TimeoutExpired:  # say where it hangs: faulthandler dumps the stacks
+        process.send_signal(signal.SIGABRT)
+        _, stderr = process.communicate()
+        pytest.fail(f"no exit after SIGINT (4 episodes before it: {started}):\n{stderr}")
     assert process.returncode == 130, stderr
     assert "finished episodes are in" in stderr and "Traceback" not in stderr
     lines = episodes.read_text().splitlines()
