@@ -132,6 +132,9 @@ def test_interrupted_run_keeps_finished_episodes(model_dirs, tmp_path):
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        # As from a terminal: a shell's background job inherits SIGINT ignored, and Python
+        # then installs no KeyboardInterrupt handler.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     episodes = out / "episodes.jsonl"
     deadline = time.monotonic() + 240
@@ -145,7 +148,7 @@ def test_interrupted_run_keeps_finished_episodes(model_dirs, tmp_path):
         _, stderr = process.communicate(timeout=120)
     except subprocess.TimeoutExpired:  # say where it hangs: faulthandler dumps the stacks
         process.send_signal(signal.SIGABRT)
-        _, stderr = process.communicate()
+        _, stderr = process.communicate(timeout=60)
         pytest.fail(f"no exit after SIGINT (4 episodes before it: {started}):\n{stderr}")
     assert process.returncode == 130, stderr
     assert "finished episodes are in" in stderr and "Traceback" not in stderr
