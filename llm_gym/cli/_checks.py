@@ -64,7 +64,8 @@ def resumed_config(args: argparse.Namespace, given: set[str]) -> GRPOConfig:
     fields = {f.name for f in dataclasses.fields(GRPOConfig)}
     changes = {}
     for dest in sorted(given):
-        name = {"env_arg": "env_args", "no_progress": "progress"}.get(dest, dest)
+        renamed = {"env_arg": "env_args", "backend_arg": "backend_args", "no_progress": "progress"}
+        name = renamed.get(dest, dest)
         if name not in fields or name == "out":  # --threads, --resume: not the run's config
             continue
         value = getattr(parsed, name)
@@ -75,6 +76,7 @@ def resumed_config(args: argparse.Namespace, given: set[str]) -> GRPOConfig:
                 f"--{dest.replace('_', '-')} {value!r} differs from the resumed run's "
                 f"{getattr(saved, name)!r} ({Path(args.out) / CONFIG_FILE}); with --resume only "
                 "--iterations, --save-every, --keep-checkpoints, --eval-episodes, --device, "
-                "--threads and --no-progress may change (or start over with --overwrite)"
+                "--threads, --no-progress and the --backend options may change (or start over "
+                "with --overwrite)"
             )
     return GRPOConfig.resumed(args.out, **changes)

@@ -1,7 +1,9 @@
-"""Policies for llm_gym's envs: a transformers LM adapter, an SB3 actor-critic and a masked
-categorical; the tensor work they share with wrappers and rollouts lives in ``llm_gym.lm``."""
+"""Policies for llm_gym's envs: a transformers LM adapter, any ``Sampler`` (vLLM,
+OpenAI-compatible) as a policy, an SB3 actor-critic and a masked categorical; the tensor work
+they share with wrappers and rollouts lives in ``llm_gym.lm``."""
 
 from llm_gym.policies.distributions import MaskedCategorical
+from llm_gym.policies.sampling import SamplerPolicy
 from llm_gym.policies.transformers import TransformersPolicy
 from llm_gym.samplers import LogProbOutput
 
@@ -9,6 +11,7 @@ __all__ = [
     "LLMActorCriticPolicy",
     "LogProbOutput",
     "MaskedCategorical",
+    "SamplerPolicy",
     "TransformersPolicy",
 ]
 

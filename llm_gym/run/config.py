@@ -14,9 +14,12 @@ from typing import Any
 
 from llm_gym.checks import check_choice, check_int, check_number
 
-__all__ = ["DTYPE_NAMES", "RolloutConfig", "RunConfig"]
+__all__ = ["BACKENDS", "DTYPE_NAMES", "RolloutConfig", "RunConfig"]
 
 DTYPE_NAMES = ("bfloat16", "float16", "float32")
+# What generates: transformers' generate in this process, a vLLM server llm_gym starts, or an
+# OpenAI-compatible server the user runs (README, "Generation backends").
+BACKENDS = ("transformers", "vllm", "openai")
 
 
 @dataclass
@@ -38,6 +41,11 @@ class RunConfig:
     device: str = "auto"
     dtype: str = "float32"
     seed: int = 0
+    backend: str = "transformers"
+    base_url: str | None = None  # backend "openai": the server
+    served_model: str | None = None  # backend "openai": the model's name there (None: its only)
+    backend_args: dict[str, Any] = field(default_factory=dict)  # backend "vllm": engine options
+    vllm_python: str | None = None  # backend "vllm": its interpreter (None: found)
     out: str = "runs/rollout"
     overwrite: bool = False
     progress: bool = True
@@ -50,6 +58,17 @@ class RunConfig:
         check_number("kl_coef", self.kl_coef, 0)
         check_choice("dtype", self.dtype, DTYPE_NAMES)
         check_int("seed", self.seed, 0)
+        check_choice("backend", self.backend, BACKENDS)
+        if (self.backend == "openai") != (self.base_url is not None):
+            raise ValueError(
+                "base_url (--base-url) names the server of backend 'openai' and only that: got "
+                f"backend={self.backend!r} with base_url={self.base_url!r}"
+            )
+        if self.backend_args and self.backend != "vllm":
+            raise ValueError(
+                f"backend_args (--backend-arg) are vLLM's engine options, for backend 'vllm'; "
+                f"got {sorted(self.backend_args)} with backend={self.backend!r}"
+            )
 
     def tool_options(self) -> dict[str, Any]:
         """The env's tool arguments (none without tools)."""

@@ -22,6 +22,7 @@ from llm_gym.run.describe import describe_run, run_rows, run_title
 from llm_gym.run.plots import plot_rollout
 from llm_gym.run.report import REPORT_FILE, write_report
 from llm_gym.run.setup import charge_kl, make_sampler, resolve_device, resolve_dtype, task_envs
+from llm_gym.samplers import SamplerError
 
 __all__ = [
     "ARRAYS",
@@ -128,6 +129,7 @@ class Episodes:
         self.envs, self.obs = envs, obs
         self.prompts = [list(h) for h in obs["history"]]
         self.responses: list[list[str]] = [[] for _ in range(n)]
+        self.versions: list[list[int | None]] = [[] for _ in range(n)]
         self.rewards = np.zeros(n)
         self.kl: list[list[np.ndarray]] = [[] for _ in range(n)]
         self.tokens = np.zeros(n, dtype=np.int64)
@@ -139,6 +141,7 @@ class Episodes:
         self.rewards += rewards
         for i, action in enumerate(actions):
             self.responses[i].append(getattr(action, "text", action))
+            self.versions[i].append(getattr(action, "version", None))
             self.tokens[i] += len(getattr(action, "tokens", ()))
             if "kl" in info:
                 self.kl[i].append(info["kl"][i])
@@ -161,6 +164,7 @@ class Episodes:
             "prompt": self.prompts[i],
             "response": self.responses[i][-1] if self.responses[i] else "",
             "responses": self.responses[i],
+            "versions": self.versions[i],  # the policy version of each assistant turn
             "reward": float(self.rewards[i]),
             **parts,
             "num_tokens": int(self.tokens[i]),
@@ -171,15 +175,13 @@ class Episodes:
             "token_kl": kl,
         }
         self.prompts[i] = list(self.obs["history"][i])
-        self.responses[i], self.kl[i] = [], []
+        self.responses[i], self.versions[i], self.kl[i] = [], [], []
         self.rewards[i], self.tokens[i] = 0.0, 0
         return record
 
 
 class Rollout:
     """A prepared run (models, envs, run folder; any input error raised here); ``run()`` runs it."""
-
-    backend = "transformers"  # what generates: make_sampler's TransformersPolicy
 
     def __init__(self, config: RolloutConfig) -> None:
         self.config = config
@@ -199,7 +201,15 @@ class Rollout:
                 f"max_new_tokens={config.max_new_tokens} leaves no room for a prompt in the "
                 f"model's context of {context} tokens"
             )
+        self.backend = config.backend
         self.policy = make_sampler(model, tokenizer, config)
+        try:
+            self._set_up(config, tokenizer)
+        except BaseException:  # no server is left running after a setup error
+            self.close()
+            raise
+
+    def _set_up(self, config: RolloutConfig, tokenizer: Any) -> None:
         envs = task_envs(
             config, tokenizer, config.num_envs, split=config.split, data_dir=config.data_dir
         )
@@ -218,18 +228,26 @@ class Rollout:
 
     def run(self) -> Summary:
         """Run the episodes; write episodes (as they finish), then summary, plot and report,
-        also on Ctrl-C (``KeyboardInterrupt``, re-raised), for the episodes finished so far."""
+        also on Ctrl-C (``KeyboardInterrupt``) or a failed sampler (``SamplerError``), both
+        re-raised, for the episodes finished so far."""
         torch.manual_seed(self.config.seed)
         items: list[dict[str, Any]] = []
         start = time.perf_counter()
         try:
             self._collect(items, start)
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, SamplerError):
             self.write(items, time.perf_counter() - start, interrupted=True)
             raise
         finally:
             self.envs.close()
+            self.close()
         return self.write(items, time.perf_counter() - start)
+
+    def close(self) -> None:
+        """Stop the sampler's server, if it has one (also done when ``run()`` ends)."""
+        close = getattr(self.policy, "close", None)
+        if close is not None:
+            close()
 
     def write(
         self, items: list[dict[str, Any]], seconds: float, interrupted: bool = False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -9,12 +10,14 @@ import torch
 
 from llm_gym.checks import check_choice
 from llm_gym.models import load_model
-from llm_gym.policies import TransformersPolicy
+from llm_gym.policies import SamplerPolicy, TransformersPolicy
 from llm_gym.run.config import DTYPE_NAMES, RunConfig
+from llm_gym.samplers import OpenAISampler, VLLMSampler
 from llm_gym.wrappers import vector as vector_wrappers
 
 __all__ = [
     "DTYPES",
+    "SERVER_LOG",
     "charge_kl",
     "make_sampler",
     "resolve_device",
@@ -22,6 +25,7 @@ __all__ = [
     "task_envs",
 ]
 
+SERVER_LOG = "vllm-server.log"  # in the run folder, with --backend vllm
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 assert tuple(DTYPES) == DTYPE_NAMES  # the names RunConfig checks without torch
 
@@ -68,13 +72,36 @@ def task_envs(
     return envs
 
 
-def make_sampler(model: Any, tokenizer: Any, config: RunConfig) -> TransformersPolicy:
-    """A tokens-mode ``TransformersPolicy`` for ``config``: ``max_new_tokens``, sampling at
-    ``temperature`` (greedy at 0)."""
-    kwargs: dict[str, Any] = {"max_new_tokens": config.max_new_tokens, "do_sample": False}
-    if config.temperature > 0:
-        kwargs.update(do_sample=True, temperature=config.temperature)
-    return TransformersPolicy(model, tokenizer, input_mode="tokens", generate_kwargs=kwargs)
+def make_sampler(
+    model: Any, tokenizer: Any, config: RunConfig, *, served: str | Path | None = None
+) -> TransformersPolicy | SamplerPolicy:
+    """A tokens-mode policy over ``config.backend`` that samples ``max_new_tokens`` at
+    ``temperature`` (greedy at 0): a ``TransformersPolicy`` of ``model``, or a
+    ``SamplerPolicy`` over a vLLM server started from ``served`` (default: ``config.model``;
+    its log in ``config.out``) or over the server at ``config.base_url``."""
+    if config.backend == "transformers":
+        kwargs: dict[str, Any] = {"max_new_tokens": config.max_new_tokens, "do_sample": False}
+        if config.temperature > 0:
+            kwargs.update(do_sample=True, temperature=config.temperature)
+        return TransformersPolicy(model, tokenizer, input_mode="tokens", generate_kwargs=kwargs)
+    sampling = {
+        "max_new_tokens": config.max_new_tokens,
+        "temperature": config.temperature,
+        "seed": config.seed,
+        "vocab_size": len(tokenizer),
+    }
+    if config.backend == "openai":
+        sampler = OpenAISampler(config.base_url, config.served_model, **sampling)
+    else:
+        engine = dict(config.backend_args)
+        device = resolve_device(config.device)
+        Path(config.out).mkdir(parents=True, exist_ok=True)
+        sampler = VLLMSampler(
+            served or config.model, dtype=engine.pop("dtype", config.dtype),
+            device=str(device), engine_args=engine, python=config.vllm_python,
+            log_path=Path(config.out) / SERVER_LOG, **sampling,
+        )  # fmt: skip
+    return SamplerPolicy(sampler, tokenizer, input_mode="tokens")
 
 
 def charge_kl(

@@ -10,8 +10,8 @@ _EXPORTS = {
     "GRPOConfig": "llm_gym.train.config",
     "GRPOTrainer": "llm_gym.train.grpo",
     "evaluate": "llm_gym.train.episodes",
-    "group_advantages": "llm_gym.train.grpo",
-    "grpo_loss": "llm_gym.train.grpo",
+    "group_advantages": "llm_gym.train.loss",
+    "grpo_loss": "llm_gym.train.loss",
 }
 
 __all__ = sorted(_EXPORTS)

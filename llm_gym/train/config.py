@@ -33,6 +33,8 @@ CONFIG_FILE = "run_config.json"  # the run's GRPOConfig, written when the run st
 RESUMABLE = (
     "iterations", "save_every", "keep_checkpoints", "eval_episodes", "progress", "device",
     "out", "resume", "overwrite",
+    # how the samples are drawn, not what is learned from them
+    "backend", "base_url", "served_model", "backend_args", "vllm_python",
 )  # fmt: skip
 
 
@@ -82,6 +84,12 @@ class GRPOConfig(RunConfig):
             )
         if self.resume and self.overwrite:
             raise ValueError("resume and overwrite contradict each other: pass one")
+        if self.backend == "openai":
+            raise ValueError(
+                "backend 'openai' cannot train: the server's weights must follow the updates; "
+                "use backend 'vllm' (llm_gym starts the server and loads each update into it) "
+                "or 'transformers'"
+            )
 
     @classmethod
     def resumed(cls, out: str | Path, **changes: Any) -> GRPOConfig:

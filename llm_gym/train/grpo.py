@@ -15,19 +15,23 @@ import torch
 from tqdm.auto import tqdm
 
 from llm_gym.models import load_model
+from llm_gym.policies import TransformersPolicy
 from llm_gym.run.describe import describe_run, run_rows, run_title
 from llm_gym.run.plots import plot_training
 from llm_gym.run.report import write_report
 from llm_gym.run.rollout import summarize
 from llm_gym.run.setup import charge_kl, make_sampler, resolve_device, resolve_dtype, task_envs
+from llm_gym.samplers.weights import export_model, write_weights
 from llm_gym.train.checkpoints import latest_checkpoint, load_checkpoint, save_checkpoint
 from llm_gym.train.config import CONFIG_FILE, GRPOConfig, check_resumable
 from llm_gym.train.episodes import evaluate, play_episodes
+from llm_gym.train.loss import group_advantages, grpo_loss
 from llm_gym.wrappers import AdaptiveKLController
 
 __all__ = [
     "METRICS_FILE",
     "PLOT_FILE",
+    "SERVED_FOLDER",
     "SUMMARY_FILE",
     "GRPOConfig",
     "GRPOTrainer",
@@ -39,46 +43,14 @@ __all__ = [
 METRICS_FILE = "metrics.jsonl"  # a line per iteration, flushed as it ends
 PLOT_FILE = "training.png"
 SUMMARY_FILE = "summary.json"
-
-
-def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-4) -> torch.Tensor:
-    """GRPO's advantages: each reward standardized within its group of ``group_size``
-    consecutive entries (a group whose rewards are all equal gets 0).
-
-    >>> group_advantages(torch.tensor([1.0, 0.0, 0.5, 0.5]), 2).tolist()
-    [0.9998000264167786, -0.9998000264167786, 0.0, 0.0]
-    """
-    groups = rewards.reshape(-1, group_size)
-    mean, std = groups.mean(1, keepdim=True), groups.std(1, keepdim=True, unbiased=False)
-    return ((groups - mean) / (std + eps)).reshape(-1)
-
-
-def grpo_loss(
-    log_probs: torch.Tensor,
-    old_log_probs: torch.Tensor,
-    mask: torch.Tensor,
-    advantages: torch.Tensor,
-    clip_coef: float,
-) -> torch.Tensor:
-    """GRPO's clipped surrogate, negated: per token, averaged over each response's tokens,
-    then over responses. ``log_probs``/``old_log_probs``/``mask`` are ``(B, T)``,
-    ``advantages`` ``(B,)``.
-
-    >>> lp = torch.zeros(1, 2)
-    >>> grpo_loss(lp, lp, torch.ones(1, 2, dtype=torch.bool), torch.tensor([2.0]), 0.2).item()
-    -2.0
-    """
-    ratio = torch.exp(log_probs - old_log_probs)
-    adv = advantages[:, None]
-    surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - clip_coef, 1 + clip_coef) * adv)
-    mask = mask.to(surrogate.dtype)
-    per_response = (surrogate * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-    return -per_response.mean()
+SERVED_FOLDER = "served-model"  # --backend vllm: the weights the server samples with
 
 
 class GRPOTrainer:
     """A prepared run, as ``Rollout`` is one (every input error raised before generating);
-    ``train()`` runs it. ``sampler`` generates, ``scorer`` (the same model) re-scores."""
+    ``train()`` runs it. ``sampler`` generates (``config.backend``), ``scorer`` (the model
+    being trained) re-scores; ``version`` counts the optimizer's steps, and a vLLM sampler gets
+    the new weights after each (``llm_gym.samplers.weights``)."""
 
     def __init__(self, config: GRPOConfig) -> None:
         self.config = config
@@ -90,8 +62,22 @@ class GRPOTrainer:
         self.model, self.tokenizer = load_model(
             checkpoint or config.model, device=self.device, dtype=self.dtype
         )
-        self.sampler = make_sampler(self.model, self.tokenizer, config)
-        self.scorer = self.sampler.get_new_version(generate=False)  # same model: it is trained
+        self.scorer = TransformersPolicy(
+            self.model, self.tokenizer, input_mode="tokens", generate=False
+        )  # the model being trained
+        self.version = (int(state["iteration"]) * config.update_epochs) if state else 0
+        served = None
+        if config.backend == "vllm":  # the server starts from the weights training starts from
+            served = export_model(self.model, self.tokenizer, self.out / SERVED_FOLDER)
+        self.sampler = make_sampler(self.model, self.tokenizer, config, served=served)
+        try:
+            self._set_up(config, state, tensors)
+        except BaseException:  # no server is left running after a setup error
+            self.close()
+            raise
+
+    def _set_up(self, config: GRPOConfig, state: Any, tensors: Any) -> None:
+        self._publish(write=False)
         self.envs = task_envs(
             config, self.tokenizer, config.groups * config.group_size,
             repeats=config.group_size, group_repeats=True,
@@ -103,7 +89,9 @@ class GRPOTrainer:
                 controller = AdaptiveKLController(config.kl_coef, target, config.kl_horizon)
             # Below float32, generation's log-probs are mostly rounding noise against a
             # forward's: re-score the responses in the same forward path as the reference.
-            gen = self.scorer if self.dtype != torch.float32 else None
+            served_dtype = config.backend_args.get("dtype", config.dtype)
+            exact = config.dtype == served_dtype == "float32"
+            gen = None if exact else self.scorer
             self.envs = charge_kl(self.envs, config, config.model, gen=gen, controller=controller)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.learning_rate)
         self.start, self.before, self._resumed = 0, None, state
@@ -150,6 +138,7 @@ class GRPOTrainer:
         finally:
             bar.close()
             self.envs.close()
+            self.close()
         after = self.evaluate() if config.eval_episodes else None
         return self.write(rows, after, time.perf_counter() - started)
 
@@ -164,7 +153,7 @@ class GRPOTrainer:
         evaluation ``after`` (with ``before``); the summary."""
         config = self.config
         levels = {row["level"] for row in rows if row.get("level") is not None}
-        run = describe_run(config, self.answer_format, self.task_names, levels, "transformers")
+        run = describe_run(config, self.answer_format, self.task_names, levels, config.backend)
         summary = {
             "interrupted": interrupted,
             **run,
@@ -265,9 +254,27 @@ class GRPOTrainer:
                 total += loss.item() * len(rows) / n
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.max_grad_norm)
             self.optimizer.step()
-            if getattr(self.sampler, "version", None) is not None:  # the policy's weights moved
-                self.sampler.version += 1
+            self.version += 1
+        self._publish()
         return total
+
+    def _publish(self, write: bool = True) -> None:
+        # The sampler samples with the weights of the last update from now on, and says so.
+        if isinstance(self.sampler, TransformersPolicy):  # the very model being trained
+            self.sampler.version = self.version
+            return
+        folder = self.out / SERVED_FOLDER
+        if write:
+            write_weights(self.model, folder)
+            self.sampler.sampler.update_weights(folder, version=self.version)
+        else:
+            self.sampler.sampler.version = self.version
+
+    def close(self) -> None:
+        """Stop the sampler's server, if it has one (also done when ``train()`` ends)."""
+        close = getattr(self.sampler, "close", None)
+        if close is not None:
+            close()
 
     def evaluate(self, policy: Any = None) -> dict[str, float]:
         """``llm_gym.train.evaluate`` of the model on ``eval_episodes`` held-out questions."""

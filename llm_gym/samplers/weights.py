@@ -1,0 +1,62 @@
+"""Weights for a vLLM server that follows a trainer: ``export_model`` writes the folder the
+server starts from, ``write_weights`` the new weights after an update, for
+``VLLMSampler.update_weights`` to load in place.
+
+The folder's ``config.json`` unties the output embedding from the input one, and the weights
+hold both: vLLM 0.32 reloads weights layer by layer and leaves a tied ``lm_head`` with its old
+values (measured: log-probs 0.2 off after a reload), while an untied one is reloaded like any
+other layer (within 3e-5 of the trainer's own forward in fp32).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+__all__ = ["WEIGHTS_FILE", "export_model", "write_weights"]
+
+WEIGHTS_FILE = "model.safetensors"
+
+
+def _tensors(model: Any) -> dict[str, torch.Tensor]:
+    # Own storage for every tensor (safetensors refuses shared ones), on the CPU, the output
+    # embedding included even when the model ties it to the input one.
+    tensors = {
+        name: tensor.detach().to("cpu", copy=True).contiguous()
+        for name, tensor in model.state_dict().items()
+    }
+    head = model.get_output_embeddings()
+    if head is not None:
+        name = next(n for n, m in model.named_modules() if m is head) + ".weight"
+        tensors.setdefault(name, head.weight.detach().to("cpu", copy=True).contiguous())
+    return tensors
+
+
+def write_weights(model: Any, folder: str | os.PathLike[str]) -> Path:
+    """``model``'s weights into ``folder``'s ``model.safetensors`` (written aside, then renamed:
+    a server never reads half a file); its path."""
+    path = Path(folder) / WEIGHTS_FILE
+    partial = path.with_name(WEIGHTS_FILE + ".partial")
+    save_file(_tensors(model), partial, metadata={"format": "pt"})
+    os.replace(partial, path)
+    return path
+
+
+def export_model(model: Any, tokenizer: Any, folder: str | os.PathLike[str]) -> Path:
+    """``folder`` made a model folder vLLM serves: ``model``'s config with the embeddings
+    untied, its weights and ``tokenizer``; the folder."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    config = model.config.to_dict()
+    config["tie_word_embeddings"] = False
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    write_weights(model, folder)
+    return folder

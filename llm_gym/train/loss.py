@@ -1,0 +1,42 @@
+"""GRPO's advantages and clipped surrogate loss (Shao et al., 2024), as TRL computes them."""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["group_advantages", "grpo_loss"]
+
+
+def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-4) -> torch.Tensor:
+    """GRPO's advantages: each reward standardized within its group of ``group_size``
+    consecutive entries (a group whose rewards are all equal gets 0).
+
+    >>> group_advantages(torch.tensor([1.0, 0.0, 0.5, 0.5]), 2).tolist()
+    [0.9998000264167786, -0.9998000264167786, 0.0, 0.0]
+    """
+    groups = rewards.reshape(-1, group_size)
+    mean, std = groups.mean(1, keepdim=True), groups.std(1, keepdim=True, unbiased=False)
+    return ((groups - mean) / (std + eps)).reshape(-1)
+
+
+def grpo_loss(
+    log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    mask: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_coef: float,
+) -> torch.Tensor:
+    """GRPO's clipped surrogate, negated: per token, averaged over each response's tokens,
+    then over responses. ``log_probs``/``old_log_probs``/``mask`` are ``(B, T)``,
+    ``advantages`` ``(B,)``.
+
+    >>> lp = torch.zeros(1, 2)
+    >>> grpo_loss(lp, lp, torch.ones(1, 2, dtype=torch.bool), torch.tensor([2.0]), 0.2).item()
+    -2.0
+    """
+    ratio = torch.exp(log_probs - old_log_probs)
+    adv = advantages[:, None]
+    surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - clip_coef, 1 + clip_coef) * adv)
+    mask = mask.to(surrogate.dtype)
+    per_response = (surrogate * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    return -per_response.mean()
