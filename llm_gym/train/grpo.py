@@ -206,6 +206,8 @@ class GRPOTrainer:
             "response_tokens": float(np.mean([mask.sum() for mask in masks])),
             "level": getattr(self.envs.unwrapped, "level", None),
             "tokens_per_second": summary.tokens_per_second,
+            # the policy versions that sampled the episodes: the last update's, never older
+            "versions": sorted({v for r in records for v in r["versions"] if v is not None}),
         }
         if config.tools:
             row["tool_calls_per_episode"] = summary.tool_calls_per_episode
