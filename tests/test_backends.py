@@ -8,6 +8,7 @@ import copy
 import gymnasium as gym
 import numpy as np
 import pytest
+from backend_fixture import FP32_TOLERANCE, QUESTIONS, prompts_for
 
 from llm_gym import wrappers
 from llm_gym.chat.containers import Response
@@ -17,9 +18,7 @@ from llm_gym.samplers import OpenAISampler, Sample, Sampler, VLLMSampler
 
 pytestmark = pytest.mark.vllm
 
-FP32_TOLERANCE = 1e-3  # README's: sampler vs scorer log-probs, fp32 (measured: 3e-5)
 BACKENDS = ("transformers", "vllm", "openai")
-QUESTIONS = ("What is 2 + 3?", "Name a colour.", "What is 2 + 3?")
 
 
 @pytest.fixture(scope="module")
@@ -31,20 +30,6 @@ def served(tmp_path_factory, smollm2_tokenizer):
     )  # fmt: skip
     yield sampler
     sampler.close()
-
-
-def prompts_for(tokenizer, questions=QUESTIONS):
-    return [
-        np.asarray(
-            tokenizer.apply_chat_template(
-                [{"role": "user", "content": q}],
-                add_generation_prompt=True,
-                tokenize=True,
-                return_dict=True,
-            )["input_ids"]  # fmt: skip
-        )
-        for q in questions
-    ]
 
 
 def variant(sampler, **changes):

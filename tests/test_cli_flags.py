@@ -121,6 +121,25 @@ def test_envs_prints_a_table_offline_without_data():
         (["rollout", "--ref-model", "{dir}"], "--ref-model {dir}: not a model folder (no config"),
         (["rollout", "--model", "{dir}"], "--model {dir}: not a model folder (no config.json)"),
         (["train", "--model", "{dir}"], "--model {dir}: not a model folder (no config.json)"),
+        (
+            ["rollout", "--base-url", "http://127.0.0.1:8000"],
+            "base_url (--base-url) names the server of backend 'openai' and only that: got "
+            "backend='transformers' with base_url='http://127.0.0.1:8000'",
+        ),
+        (["rollout", "--backend", "openai"], "names the server of backend 'openai' and only"),
+        (
+            ["rollout", "--backend-arg", "max_model_len=512"],
+            "backend_args (--backend-arg) are vLLM's engine options, for backend 'vllm'; got "
+            "['max_model_len'] with backend='transformers'",
+        ),
+        (
+            ["train", "--backend", "openai", "--base-url", "http://127.0.0.1:9"],
+            "backend 'openai' cannot train: the server's weights must follow the updates",
+        ),
+        (
+            ["rollout", "--backend", "vllm", "--vllm-python", "{dir}/none"],
+            "no vLLM environment at {dir}/none (python=): run `bash scripts/setup_vllm.sh`",
+        ),
     ],
 )
 def test_flag_errors_are_one_line_naming_the_flag(argv, message, tmp_path, capsys):
@@ -133,6 +152,18 @@ def test_flag_errors_are_one_line_naming_the_flag(argv, message, tmp_path, capsy
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
     assert message.replace("{dir}", str(tmp_path)) in err, err
+    assert not out.exists()
+
+
+def test_an_unreachable_server_is_one_line_and_exit_1(tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = ["rollout", "--backend", "openai", "--base-url", "http://127.0.0.1:9", "--out", str(out)]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err == (
+        "llm-gym: error: could not reach the server at http://127.0.0.1:9 (Connection refused): "
+        "is it running?\n"
+    )
     assert not out.exists()
 
 

@@ -29,8 +29,9 @@ BLOCKS = readme_blocks()
 
 
 def test_readme_has_its_blocks():
-    # Quick look (2), Tasks, Tools, adding a task, make_vec, Policies, KL, SB3, TRL (2).
-    assert len(BLOCKS) == 11
+    # Quick look (2), Tasks, Tools, adding a task, make_vec, Policies, backends, KL, SB3,
+    # TRL (2).
+    assert len(BLOCKS) == 12
     assert all(code.strip() for _, code in BLOCKS)
 
 
@@ -53,7 +54,15 @@ def one_thread():
 
 
 @pytest.mark.usefixtures("one_thread")
-@pytest.mark.parametrize("line, code", BLOCKS, ids=[f"line{line}" for line, _ in BLOCKS])
+@pytest.mark.parametrize(
+    "line, code",
+    [
+        # A block that starts a vLLM server needs its environment (scripts/setup_vllm.sh).
+        pytest.param(line, code, marks=[pytest.mark.vllm] if "VLLMSampler" in code else [])
+        for line, code in BLOCKS
+    ],
+    ids=[f"line{line}" for line, _ in BLOCKS],
+)
 def test_readme_block_runs(line, code, monkeypatch):
     monkeypatch.chdir(ROOT)
     monkeypatch.setenv("LLM_GYM_GSM8K_PATH", str(GSM8K_PATH))

@@ -95,7 +95,6 @@ def make_sampler(
     else:
         engine = dict(config.backend_args)
         device = resolve_device(config.device)
-        Path(config.out).mkdir(parents=True, exist_ok=True)
         sampler = VLLMSampler(
             served or config.model, dtype=engine.pop("dtype", config.dtype),
             device=str(device), engine_args=engine, python=config.vllm_python,

@@ -156,6 +156,7 @@ class VLLMServer:
         if log_path is None:
             log_path = tempfile.mkstemp(prefix="llm_gym-vllm-", suffix=".log")[1]
         self.log_path, self.command = Path(log_path), command
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("wb")
         started = time.monotonic()
         self.process = subprocess.Popen(

@@ -1,0 +1,259 @@
+"""The same rollout with every generation backend: new tokens/s (and its ratio to HF
+``generate``, the transformers backend measured in the same run), start-up time and peak
+memory.
+
+The rollout: the default task (LLMChat-ReasoningGym-v0), 64 envs, 64 episodes (one batch of
+64 prompts), at most 64 new tokens each, temperature 1.0, seed 0: ``Rollout(config).run()``.
+tokens/s is the generated-token count over ``run()``'s wall seconds (responses may stop early
+at the end-of-sequence token, so the counts differ between backends and are printed).
+Start-up is ``Rollout(config)``'s seconds: the model load and, for vLLM, the server's start;
+for ``openai`` the server (a bf16 vLLM one, which the user would run) is started first and its
+seconds are shown apart. Peak memory is the benchmark process's peak RSS plus, with a vLLM
+server, the sum of VmHWM over every process of the server's session, read just before the
+server stops. Each backend runs in a child process of its own (``--one NAME --json``), so
+that each peak is its own. One run each (no repeats: a second run would pay the server's
+start again), so the figures carry the machine's noise.
+
+The log-prob agreement line is the max (mean) |difference| between each backend's sampled
+log-probs and the transformers fp32 scorer's on the same 64 responses.
+
+Run: ``HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench_backends.py [--backends vllm,...]``
+
+Last run (2 cores, AMD EPYC; see the table the script prints): TO BE FILLED IN.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+BACKENDS: dict[str, dict[str, Any]] = {
+    "transformers": {},
+    "transformers-bf16": {"dtype": "bfloat16"},
+    "vllm": {"backend": "vllm"},
+    "vllm-bf16": {"backend": "vllm", "backend_args": {"dtype": "bfloat16"}},
+    "openai": {"backend": "openai"},  # base_url: a bf16 vLLM server the child starts
+}
+BASELINE = "transformers"
+ROLLOUT = {"num_envs": 64, "episodes": 64, "max_new_tokens": 64, "temperature": 1.0, "seed": 0}
+
+
+def _stat(pid: int) -> list[str]:
+    """/proc/PID/stat's fields after the name (state, ppid, pgrp, session, ...); [] if gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return []
+
+
+def _vm_hwm_kib(pid: int | str) -> int:
+    """Process ``pid``'s peak resident set (VmHWM) in KiB; 0 if it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def session_pids(sid: int, wait: float = 0.0) -> list[int]:
+    """The live (not zombie) processes of session ``sid``, after waiting up to ``wait`` s for
+    there to be none (SIGKILLed processes take a moment to go)."""
+    deadline = time.monotonic() + wait
+    while True:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+        stats = ((p, _stat(p)) for p in pids)  # field 6 (session) is the 4th after the name
+        pids = [p for p, f in stats if f and f[3] == str(sid) and f[0] != "Z"]
+        if not pids or time.monotonic() > deadline:
+            return pids
+        time.sleep(0.2)
+
+
+def peak_gib(sid: int | None) -> float:
+    """This process's peak RSS plus the VmHWM of every process of session ``sid``, GiB."""
+    kib = _vm_hwm_kib("self") + sum(_vm_hwm_kib(p) for p in session_pids(sid) if sid)
+    return kib / 2**20
+
+
+class Recorder:
+    """The rollout's policy, keeping every prompt and ``Response`` it saw and gave."""
+
+    def __init__(self, policy: Any) -> None:
+        self.policy, self.prompts, self.responses = policy, [], []
+
+    def __call__(self, obs: dict[str, Any]) -> Any:
+        actions = self.policy(obs)
+        self.prompts += [np.asarray(t, dtype=np.int64) for t in obs["tokens"]]
+        self.responses += actions
+        return actions
+
+    def close(self) -> None:
+        getattr(self.policy, "close", lambda: None)()
+
+
+def agreement(prompts: list[np.ndarray], responses: list[Any]) -> tuple[float, float] | None:
+    """Max and mean |sampled - transformers fp32 scorer| log-prob over the responses' tokens."""
+    if any(r.log_probs is None for r in responses):
+        return None
+    from llm_gym.models import load_default_model
+    from llm_gym.policies import TransformersPolicy
+
+    model, tokenizer = load_default_model(dtype=torch.float32)
+    scorer = TransformersPolicy(model, tokenizer, input_mode="tokens", generate=False)
+    scored = scorer.score(prompts, [r.tokens for r in responses])
+    pairs = zip(responses, scored, strict=True)
+    diffs = np.concatenate([np.abs(r.log_probs - s) for r, s in pairs])
+    return float(diffs.max()), float(diffs.mean())
+
+
+def warnings_in(log: Path) -> list[str]:
+    """The distinct WARNING messages of a server log (parameter names folded), with counts."""
+    lines = log.read_text(errors="replace").splitlines() if log.is_file() else []
+    found = [line.split("]", 1)[-1].strip() for line in lines if "WARNING" in line]
+    counts = Counter(re.sub(r"weight \S+", "weight <name>", w)[:150] for w in found)
+    return [f"{w} (x{n})" if n > 1 else w for w, n in counts.items()]
+
+
+def run_one(name: str) -> dict[str, Any]:
+    """Run the rollout with backend ``name`` in this process; what it measured."""
+    torch.set_num_threads(os.cpu_count() or 1)
+    from llm_gym.models import model_folder
+    from llm_gym.run.rollout import Rollout, RolloutConfig
+    from llm_gym.samplers import VLLMServer
+
+    result: dict[str, Any] = {"backend": name, "threads": torch.get_num_threads()}
+    server = rollout = None
+    sid: int | None = None
+    with tempfile.TemporaryDirectory(prefix="bench_backends-") as tmp:
+        options = {**ROLLOUT, **BACKENDS[name], "progress": False, "out": tmp, "overwrite": True}
+        try:
+            if name == "openai":
+                start = time.perf_counter()
+                log = Path(tmp) / "server.log"
+                server = VLLMServer(model_folder("default"), dtype="bfloat16", log_path=log)
+                result["server_s"] = time.perf_counter() - start
+                options["base_url"], sid = server.url, server.process.pid
+            start = time.perf_counter()
+            rollout = Rollout(RolloutConfig(**options))
+            result["startup_s"] = time.perf_counter() - start
+            sampler = getattr(rollout.policy, "sampler", None)
+            if hasattr(sampler, "server"):
+                sid = sampler.server.process.pid
+            recorder = rollout.policy = Recorder(rollout.policy)
+            close = rollout.close
+
+            def close_measured() -> None:  # run() closes the rollout (and its server) last
+                result.setdefault("peak_gib", peak_gib(sid))
+                close()
+
+            rollout.close = close_measured  # type: ignore[method-assign]
+            start = time.perf_counter()
+            summary = rollout.run()
+            result["run_s"] = time.perf_counter() - start
+            result["tokens"] = summary.generated_tokens
+            result["responses"] = len(recorder.responses)
+            result["finished_early"] = sum(len(r.tokens) < ROLLOUT["max_new_tokens"]
+                                           for r in recorder.responses)  # fmt: skip
+            result["server_warnings"] = warnings_in(Path(tmp) / "vllm-server.log") + (
+                warnings_in(server.log_path) if server is not None else []
+            )
+        finally:
+            if rollout is not None:
+                rollout.close()
+            if server is not None:
+                result.setdefault("peak_gib", peak_gib(sid))
+                server.close()
+        result["left_running"] = session_pids(sid, wait=10) if sid else []
+    result["log_prob_diff"] = agreement(recorder.prompts, recorder.responses)
+    return result
+
+
+def run_child(name: str) -> dict[str, Any]:
+    """``run_one(name)`` in a fresh Python process; its JSON line."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, __file__, "--one", name, "--json"]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=3600)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        tail = "\n".join(done.stderr.strip().splitlines()[-15:])
+        raise RuntimeError(f"{name} failed (exit {done.returncode}):\n{tail}")
+    return json.loads(lines[-1])
+
+
+def print_table(results: list[dict[str, Any]]) -> None:
+    base = next((r for r in results if r["backend"] == BASELINE), None)
+    base_rate = base["tokens"] / base["run_s"] if base else None
+    print(
+        f"\n{'backend':<18} {'new tok':>7} {'early':>5} {'run s':>7} {'tok/s':>7} "
+        f"{'/ HF gen':>8} {'start-up s':>10} {'server s':>8} {'peak GiB':>8}"
+    )
+    for r in results:
+        rate = r["tokens"] / r["run_s"]
+        ratio = f"{rate / base_rate:7.2f}x" if base_rate else f"{'n/a':>8}"
+        server = f"{r['server_s']:8.1f}" if "server_s" in r else f"{'-':>8}"
+        print(
+            f"{r['backend']:<18} {r['tokens']:7d} {r['finished_early']:5d} {r['run_s']:7.1f} "
+            f"{rate:7.1f} {ratio} {r['startup_s']:10.1f} {server} {r['peak_gib']:8.2f}"
+        )
+    print("\n(early: responses that ended before 64 tokens; server s: the openai backend's "
+          "own bf16 vLLM server, started before the Rollout)")  # fmt: skip
+    for r in results:
+        diff = r["log_prob_diff"]
+        text = "n/a" if diff is None else f"max |diff| {diff[0]:.4f}, mean {diff[1]:.5f}"
+        print(f"log-prob agreement {r['backend']:<18} vs transformers fp32 scorer: {text}")
+    for r in results:
+        for warning in r["server_warnings"]:
+            print(f"server warning ({r['backend']}): {warning}")
+        if r["left_running"]:
+            print(f"LEFT RUNNING ({r['backend']}): pids {r['left_running']}")
+    if base_rate:
+        print()
+        for r in results:
+            if r is not base:
+                ratio = r["tokens"] / r["run_s"] / base_rate
+                print(f"{r['backend']} / {BASELINE}: {ratio:.2f}x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated")
+    parser.add_argument("--one", choices=sorted(BACKENDS), help=argparse.SUPPRESS)
+    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        result = run_one(args.one)
+        print(json.dumps(result) if args.json else result, flush=True)
+        return
+    names = [n.strip() for n in args.backends.split(",") if n.strip()]
+    unknown = sorted(set(names) - set(BACKENDS))
+    if unknown:
+        parser.error(f"unknown backends {unknown}; choose from {list(BACKENDS)}")
+    print(
+        f"machine: {os.cpu_count()} cores ({len(os.sched_getaffinity(0))} usable), "
+        f"torch {torch.__version__}; rollout {ROLLOUT}, {ROLLOUT['num_envs']} envs"
+    )
+    results, start = [], time.perf_counter()
+    for name in names:
+        print(f"  {name} ...", flush=True)
+        results.append(run_child(name))
+        r = results[-1]
+        print(f"    {r['tokens']} tokens in {r['run_s']:.1f} s, start-up {r['startup_s']:.1f} s")
+    print_table(results)
+    print(f"\nwhole benchmark: {time.perf_counter() - start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

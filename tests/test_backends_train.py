@@ -1,0 +1,73 @@
+"""``llm-gym train --backend vllm``: the vLLM server samples with the weights of the last update
+(every episode carries the version that sampled it), its log-probs follow the trained model and
+leave the initial one, the run resumes, and no server outlives the run. A real vLLM server."""
+
+import json
+
+import numpy as np
+import pytest
+from backend_fixture import FP32_TOLERANCE, prompts_for, server_processes, wait_gone
+
+from llm_gym.cli import main
+from llm_gym.models import load_default_model, load_model
+from llm_gym.policies import TransformersPolicy
+from llm_gym.train import GRPOConfig, GRPOTrainer
+from llm_gym.train.grpo import SERVED_FOLDER
+
+pytestmark = pytest.mark.vllm
+
+SMALL = {
+    "env_args": {"task": "chain_sum"}, "groups": 1, "group_size": 4, "max_new_tokens": 24,
+    "eval_episodes": 0, "learning_rate": 5e-4, "backend": "vllm",
+}  # fmt: skip
+
+
+def test_the_served_weights_follow_each_update(tmp_path, smol):
+    _, tokenizer = smol
+    before = set(server_processes())
+    trainer = GRPOTrainer(GRPOConfig(**SMALL, iterations=2, out=str(tmp_path), progress=False))
+    sampler = trainer.sampler.sampler
+    initial = TransformersPolicy(smol[0], tokenizer, input_mode="tokens", generate=False)
+    prompts = prompts_for(tokenizer)
+    try:
+        assert sampler.version == trainer.version == 0
+        obs, row = trainer.iteration(trainer._reset(), 0)
+        assert row["versions"] == [0]  # sampled before the update
+        assert sampler.version == trainer.version == 1
+        samples = sampler.sample(prompts)
+        assert {s.version for s in samples} == {1}
+        tokens = [s.tokens for s in samples]
+        trained, old = trainer.scorer.score(prompts, tokens), initial.score(prompts, tokens)
+        for s, new in zip(samples, trained, strict=True):
+            assert np.abs(s.log_probs - new).max() < FP32_TOLERANCE
+        moved = max(np.abs(s.log_probs - o).max() for s, o in zip(samples, old, strict=True))
+        assert moved > 20 * FP32_TOLERANCE
+        _, row = trainer.iteration(obs, 1)
+        assert row["versions"] == [1] and sampler.version == 2
+    finally:
+        trainer.close()
+    assert not sampler.server.alive
+    assert wait_gone(set(server_processes()) - before) == {}
+
+
+def test_train_with_vllm_from_the_command_line_resumes(tmp_path):
+    out = tmp_path / "run"
+    flags = [
+        "train", "--backend", "vllm", "--env-arg", "task=chain_sum", "--groups", "1",
+        "--group-size", "4", "--max-new-tokens", "24", "--eval-episodes", "0",
+        "--save-every", "1", "--out", str(out), "--no-progress",
+    ]  # fmt: skip
+    assert main([*flags, "--iterations", "2"]) == 0
+    assert main(["train", "--out", str(out), "--resume", "--iterations", "3", "--no-progress"]) == 0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [row["iteration"] for row in rows] == [0, 1, 2]
+    assert [row["versions"] for row in rows] == [[0], [1], [2]]  # resumed at version 2
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["backend"] == "vllm" and summary["iterations"] == 3
+    # The served copy holds the last update (the last checkpoint's weights), not the start's.
+    final = load_model(out / "checkpoint-3")[0].state_dict()
+    served = load_model(out / SERVED_FOLDER)[0].state_dict()
+    initial = load_default_model()[0].state_dict()
+    for name, tensor in final.items():
+        assert np.array_equal(tensor.numpy(), served[name].numpy()), name
+    assert not all(np.array_equal(t.numpy(), initial[n].numpy()) for n, t in final.items())
