@@ -1,25 +1,17 @@
-"""The same rollout with every generation backend: new tokens/s (and its ratio to HF
-``generate``, the transformers backend measured in the same run), start-up time and peak
-memory.
-
-The rollout: the default task (LLMChat-ReasoningGym-v0), 64 envs, 64 episodes (one batch of
-64 prompts), at most 64 new tokens each, temperature 1.0, seed 0: ``Rollout(config).run()``.
-tokens/s is the generated-token count over ``run()``'s wall seconds (responses may stop early
-at the end-of-sequence token, so the counts differ between backends and are printed).
-Start-up is ``Rollout(config)``'s seconds: the model load and, for vLLM, the server's start;
-for ``openai`` the server (a bf16 vLLM one, which the user would run) is started first and its
-seconds are shown apart. Peak memory is the benchmark process's peak RSS plus, with a vLLM
-server, the sum of VmHWM over every process of the server's session, read just before the
-server stops. Each backend runs in a child process of its own (``--one NAME --json``), so
-that each peak is its own. One run each (no repeats: a second run would pay the server's
-start again), so the figures carry the machine's noise.
-
-The log-prob agreement line is the max (mean) |difference| between each backend's sampled
-log-probs and the transformers fp32 scorer's on the same 64 responses.
+"""The same rollout with every generation backend, each in a child process of its own: new
+tokens/s and its ratio to HF ``generate`` (the transformers backend, same run), start-up
+seconds (``Rollout(config)``: model load, and for vLLM the server's start) and peak memory
+(this process's peak RSS, plus the VmHWM of every process of a vLLM server's session, read
+just before the server stops). ``openai`` samples from a bf16 vLLM server the child starts
+first (as a user would), its start shown apart. The rollout: the default task, 64 envs, 64
+episodes (one batch), at most 64 new tokens, temperature 1.0, seed 0; tokens/s is the
+generated-token count (which differs between backends: responses end early at EOS) over
+``run()``'s wall seconds, measured once (a repeat would pay the server's start again). Also
+the log-prob agreement: max (mean) |sampled - transformers fp32 scorer| over those responses.
 
 Run: ``HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench_backends.py [--backends vllm,...]``
 
-Last run (2 cores, AMD EPYC; see the table the script prints): TO BE FILLED IN.
+Last run (2 cores, AMD EPYC): TO BE FILLED IN.
 """
 
 from __future__ import annotations
@@ -38,6 +30,9 @@ from typing import Any
 
 import numpy as np
 import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from benchmarking import max_diff  # noqa: E402
 
 BACKENDS: dict[str, dict[str, Any]] = {
     "transformers": {},
@@ -61,12 +56,9 @@ def _stat(pid: int) -> list[str]:
 def _vm_hwm_kib(pid: int | str) -> int:
     """Process ``pid``'s peak resident set (VmHWM) in KiB; 0 if it is gone."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
+        return int(re.search(r"VmHWM:\s+(\d+)", Path(f"/proc/{pid}/status").read_text())[1])
+    except (OSError, TypeError):
+        return 0
 
 
 def session_pids(sid: int, wait: float = 0.0) -> list[int]:
@@ -84,7 +76,7 @@ def session_pids(sid: int, wait: float = 0.0) -> list[int]:
 
 def peak_gib(sid: int | None) -> float:
     """This process's peak RSS plus the VmHWM of every process of session ``sid``, GiB."""
-    kib = _vm_hwm_kib("self") + sum(_vm_hwm_kib(p) for p in session_pids(sid) if sid)
+    kib = _vm_hwm_kib("self") + sum(map(_vm_hwm_kib, session_pids(sid) if sid else []))
     return kib / 2**20
 
 
@@ -114,16 +106,16 @@ def agreement(prompts: list[np.ndarray], responses: list[Any]) -> tuple[float, f
     model, tokenizer = load_default_model(dtype=torch.float32)
     scorer = TransformersPolicy(model, tokenizer, input_mode="tokens", generate=False)
     scored = scorer.score(prompts, [r.tokens for r in responses])
-    pairs = zip(responses, scored, strict=True)
-    diffs = np.concatenate([np.abs(r.log_probs - s) for r, s in pairs])
-    return float(diffs.max()), float(diffs.mean())
+    sampled = [r.log_probs for r in responses]
+    mean = np.mean(np.abs(np.concatenate(sampled) - np.concatenate(scored)))
+    return max_diff(sampled, scored), float(mean)
 
 
 def warnings_in(log: Path) -> list[str]:
     """The distinct WARNING messages of a server log (parameter names folded), with counts."""
     lines = log.read_text(errors="replace").splitlines() if log.is_file() else []
     found = [line.split("]", 1)[-1].strip() for line in lines if "WARNING" in line]
-    counts = Counter(re.sub(r"weight \S+", "weight <name>", w)[:150] for w in found)
+    counts = Counter(re.sub(r"(weight|pid) \S+", r"\1 <.>", w)[:150] for w in found)
     return [f"{w} (x{n})" if n > 1 else w for w, n in counts.items()]
 
 
@@ -134,15 +126,14 @@ def run_one(name: str) -> dict[str, Any]:
     from llm_gym.run.rollout import Rollout, RolloutConfig
     from llm_gym.samplers import VLLMServer
 
-    result: dict[str, Any] = {"backend": name, "threads": torch.get_num_threads()}
+    result: dict[str, Any] = {"backend": name}
     server = rollout = None
     sid: int | None = None
     with tempfile.TemporaryDirectory(prefix="bench_backends-") as tmp:
         options = {**ROLLOUT, **BACKENDS[name], "progress": False, "out": tmp, "overwrite": True}
         try:
             if name == "openai":
-                start = time.perf_counter()
-                log = Path(tmp) / "server.log"
+                start, log = time.perf_counter(), Path(tmp) / "vllm-server.log"  # as vllm's
                 server = VLLMServer(model_folder("default"), dtype="bfloat16", log_path=log)
                 result["server_s"] = time.perf_counter() - start
                 options["base_url"], sid = server.url, server.process.pid
@@ -150,8 +141,7 @@ def run_one(name: str) -> dict[str, Any]:
             rollout = Rollout(RolloutConfig(**options))
             result["startup_s"] = time.perf_counter() - start
             sampler = getattr(rollout.policy, "sampler", None)
-            if hasattr(sampler, "server"):
-                sid = sampler.server.process.pid
+            sid = sampler.server.process.pid if hasattr(sampler, "server") else sid
             recorder = rollout.policy = Recorder(rollout.policy)
             close = rollout.close
 
@@ -164,17 +154,12 @@ def run_one(name: str) -> dict[str, Any]:
             summary = rollout.run()
             result["run_s"] = time.perf_counter() - start
             result["tokens"] = summary.generated_tokens
-            result["responses"] = len(recorder.responses)
-            result["finished_early"] = sum(len(r.tokens) < ROLLOUT["max_new_tokens"]
-                                           for r in recorder.responses)  # fmt: skip
-            result["server_warnings"] = warnings_in(Path(tmp) / "vllm-server.log") + (
-                warnings_in(server.log_path) if server is not None else []
-            )
+            result["early"] = sum(len(r.tokens) < 64 for r in recorder.responses)
+            result["server_warnings"] = warnings_in(Path(tmp) / "vllm-server.log")
         finally:
             if rollout is not None:
                 rollout.close()
             if server is not None:
-                result.setdefault("peak_gib", peak_gib(sid))
                 server.close()
         result["left_running"] = session_pids(sid, wait=10) if sid else []
     result["log_prob_diff"] = agreement(recorder.prompts, recorder.responses)
@@ -205,20 +190,22 @@ def print_table(results: list[dict[str, Any]]) -> None:
         ratio = f"{rate / base_rate:7.2f}x" if base_rate else f"{'n/a':>8}"
         server = f"{r['server_s']:8.1f}" if "server_s" in r else f"{'-':>8}"
         print(
-            f"{r['backend']:<18} {r['tokens']:7d} {r['finished_early']:5d} {r['run_s']:7.1f} "
+            f"{r['backend']:<18} {r['tokens']:7d} {r['early']:5d} {r['run_s']:7.1f} "
             f"{rate:7.1f} {ratio} {r['startup_s']:10.1f} {server} {r['peak_gib']:8.2f}"
         )
-    print("\n(early: responses that ended before 64 tokens; server s: the openai backend's "
-          "own bf16 vLLM server, started before the Rollout)")  # fmt: skip
+    print("\n(early: responses under 64 tokens; server s: openai's own bf16 vLLM server)")
     for r in results:
         diff = r["log_prob_diff"]
         text = "n/a" if diff is None else f"max |diff| {diff[0]:.4f}, mean {diff[1]:.5f}"
         print(f"log-prob agreement {r['backend']:<18} vs transformers fp32 scorer: {text}")
+    warnings: dict[str, list[str]] = {}
     for r in results:
         for warning in r["server_warnings"]:
-            print(f"server warning ({r['backend']}): {warning}")
+            warnings.setdefault(warning, []).append(r["backend"])
         if r["left_running"]:
             print(f"LEFT RUNNING ({r['backend']}): pids {r['left_running']}")
+    for warning, names in warnings.items():
+        print(f"server warning ({', '.join(names)}): {warning}")
     if base_rate:
         print()
         for r in results:
@@ -243,14 +230,15 @@ def main() -> None:
         parser.error(f"unknown backends {unknown}; choose from {list(BACKENDS)}")
     print(
         f"machine: {os.cpu_count()} cores ({len(os.sched_getaffinity(0))} usable), "
-        f"torch {torch.__version__}; rollout {ROLLOUT}, {ROLLOUT['num_envs']} envs"
+        f"{os.cpu_count()} torch threads, torch {torch.__version__}; rollout {ROLLOUT}"
     )
     results, start = [], time.perf_counter()
     for name in names:
         print(f"  {name} ...", flush=True)
-        results.append(run_child(name))
-        r = results[-1]
-        print(f"    {r['tokens']} tokens in {r['run_s']:.1f} s, start-up {r['startup_s']:.1f} s")
+        try:
+            results.append(run_child(name))
+        except (RuntimeError, subprocess.TimeoutExpired) as error:
+            print(f"  {error}", flush=True)
     print_table(results)
     print(f"\nwhole benchmark: {time.perf_counter() - start:.0f} s")
 

@@ -1,5 +1,7 @@
 """Train with TRL's ``GRPOTrainer`` on any llm_gym env: a ``rollout_func`` and its reward
 (README, "TRL's GRPOTrainer on any llm_gym env", tells what they return, with an example).
+The rollout samples with the trainer's own generator: TRL's vLLM (server or colocate mode)
+when the trainer has ``use_vllm=True``, else the trainer's model.
 """
 
 from __future__ import annotations
@@ -11,9 +13,10 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from llm_gym.policies import TransformersPolicy
+from llm_gym.policies import SamplerPolicy, TransformersPolicy
+from llm_gym.samplers import Sample, check_token_batch
 
-__all__ = ["EnvRollout", "env_reward_func", "make_rollout_func"]
+__all__ = ["EnvRollout", "TRLVLLMSampler", "env_reward_func", "make_rollout_func"]
 
 
 def env_reward_func(completions: Sequence[Any], env_reward: Sequence[float], **_: Any) -> list:
@@ -58,11 +61,16 @@ class EnvRollout:
             queries = [_query(p) for p in prompts]
             obs = [env.reset(options={"query": q})[0] for env, q in zip(envs, queries, strict=True)]
         args = trainer.args
-        policy = TransformersPolicy(
-            model, tokenizer, input_mode="tokens",
-            generate_kwargs={"max_new_tokens": args.max_completion_length, "do_sample": True,
-                             "temperature": args.temperature},
-        )  # fmt: skip
+        if getattr(args, "use_vllm", False):  # TRL's vLLM, with the weights TRL synced
+            step = trainer.state.global_step
+            sampler = TRLVLLMSampler(trainer.vllm_generation, tokenizer.eos_token_id, step)
+            policy: Any = SamplerPolicy(sampler, tokenizer)
+        else:
+            policy = TransformersPolicy(
+                model, tokenizer, input_mode="tokens",
+                generate_kwargs={"max_new_tokens": args.max_completion_length,
+                                 "do_sample": True, "temperature": args.temperature},
+            )  # fmt: skip
         return _play(envs, obs, policy)
 
     def _envs_for(self, n: int, group: int, tokenizer: Any) -> list[gym.Env]:
@@ -88,7 +96,41 @@ class EnvRollout:
         return self._envs
 
 
-def _play(envs: list[gym.Env], obs: list[dict], policy: TransformersPolicy) -> dict[str, list]:
+class TRLVLLMSampler:
+    """TRL's vLLM generator (a ``GRPOTrainer``'s ``vllm_generation``, server or colocate mode)
+    as a ``Sampler``: token ids in through its ``generate``, the ids and log-probs it returns
+    out as they are, with TRL's own sampling settings (``temperature``, ``top_p``,
+    ``max_completion_length``, ...). In server mode TRL gathers prompts across processes, so
+    every process must sample the same number of times.
+
+    Args:
+        generation: ``trainer.vllm_generation``.
+        eos_token_id: the tokenizer's end of sequence (tells ``"stop"`` from ``"length"``).
+        version: the policy version (TRL syncs the weights when its global step changes).
+    """
+
+    def __init__(self, generation: Any, eos_token_id: int | None, version: int | None = None):
+        self.generation, self.eos_token_id, self.version = generation, eos_token_id, version
+
+    def sample(self, prompts: Sequence[np.ndarray]) -> list[Sample]:
+        """One ``Sample`` per prompt, from one call of TRL's ``generate``."""
+        prompts = check_token_batch("prompts", prompts, min_length=1)
+        if not prompts:
+            return []
+        ids = [prompt.tolist() for prompt in prompts]
+        _, completions, log_probs, _ = self.generation.generate(ids, None, 1)
+        samples = []
+        for i, tokens in enumerate(completions):
+            tokens = np.asarray(tokens, dtype=np.int64)
+            # logprobs=0: one value a token, the sampled token's own.
+            values = None if log_probs is None else [row[0] for row in log_probs[i]]
+            values = None if values is None else np.asarray(values, dtype=np.float32)
+            stop = len(tokens) > 0 and int(tokens[-1]) == self.eos_token_id
+            samples.append(Sample(tokens, values, "stop" if stop else "length", self.version))
+        return samples
+
+
+def _play(envs: list[gym.Env], obs: list[dict], policy: Any) -> dict[str, list]:
     n = len(envs)
     prompt_ids = [np.asarray(o["tokens"]).tolist() for o in obs]
     completion: list[list[int]] = [[] for _ in range(n)]
