@@ -47,6 +47,14 @@ def _describe(value: Any) -> str:
     return type(value).__name__
 
 
+def check_tokenizer(tokenizer: Any) -> None:
+    """A ``TypeError`` unless ``tokenizer`` looks like a transformers tokenizer."""
+    if tokenizer is None or not (callable(tokenizer) and hasattr(tokenizer, "decode")):
+        raise TypeError(
+            f"tokenizer must be a transformers tokenizer, got {type(tokenizer).__name__}"
+        )
+
+
 def split_observation(obs: Any, input_mode: str) -> tuple[list[Any], bool]:
     """The per-conversation values under ``obs[input_mode]``, and whether ``obs`` was a batch."""
     if not isinstance(obs, Mapping):

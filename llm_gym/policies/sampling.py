@@ -14,7 +14,7 @@ from typing import Any
 from llm_gym.chat.containers import Response
 from llm_gym.chat.templates import get_chat_template
 from llm_gym.checks import check_choice
-from llm_gym.policies._inputs import Encoder, split_observation
+from llm_gym.policies._inputs import Encoder, check_tokenizer, split_observation
 from llm_gym.samplers.base import Sampler
 from llm_gym.spaces import INPUT_MODES
 
@@ -49,10 +49,7 @@ class SamplerPolicy:
                 "sampler must have sample(prompts) -> list[Sample] (llm_gym.samplers), got "
                 f"{type(sampler).__name__}"
             )
-        if tokenizer is None or not (callable(tokenizer) and hasattr(tokenizer, "decode")):
-            raise TypeError(
-                f"tokenizer must be a transformers tokenizer, got {type(tokenizer).__name__}"
-            )
+        check_tokenizer(tokenizer)
         if chat_template_name is not None:
             get_chat_template(chat_template_name)  # validates the name
         self.sampler, self.tokenizer = sampler, tokenizer

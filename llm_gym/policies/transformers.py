@@ -22,7 +22,13 @@ from llm_gym.lm import (
     left_pad,
     token_log_probs,
 )
-from llm_gym.policies._inputs import Encoder, dist_mask, split_observation, split_responses
+from llm_gym.policies._inputs import (
+    Encoder,
+    check_tokenizer,
+    dist_mask,
+    split_observation,
+    split_responses,
+)
 from llm_gym.policies.distributions import MaskedCategorical
 from llm_gym.samplers import LogProbOutput, Sample, check_token_batch
 from llm_gym.spaces import INPUT_MODES
@@ -83,10 +89,7 @@ class TransformersPolicy:
                 "model must be a transformers causal LM (with .generate), got "
                 f"{type(model).__name__}"
             )
-        if tokenizer is None or not (callable(tokenizer) and hasattr(tokenizer, "decode")):
-            raise TypeError(
-                f"tokenizer must be a transformers tokenizer, got {type(tokenizer).__name__}"
-            )
+        check_tokenizer(tokenizer)
         self.vocab_size = model.get_input_embeddings().num_embeddings
         if len(tokenizer) > self.vocab_size:
             raise ValueError(

@@ -138,7 +138,10 @@ class VLLMServer:
         environment = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "HF_HUB_OFFLINE": "1"}
         environment |= {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
         if device == "cpu":
-            command.append("--enforce-eager")  # no graph capture on the CPU
+            # No graph capture on the CPU; and no prefill split over steps: vLLM 0.32's CPU
+            # runner fails seeded requests whose prompt is split ("CPU Generator does not use
+            # offset"), which happens as soon as a batch's prompts pass 2048 tokens.
+            command += ["--enforce-eager", "--no-enable-chunked-prefill"]
             cores = sorted(os.sched_getaffinity(0))
             defaults = CPU_SETTINGS | {"VLLM_CPU_OMP_THREADS_BIND": f"{cores[0]}-{cores[-1]}"}
             if cores != list(range(cores[0], cores[-1] + 1)):

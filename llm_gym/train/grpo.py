@@ -66,6 +66,7 @@ class GRPOTrainer:
             self.model, self.tokenizer, input_mode="tokens", generate=False
         )  # the model being trained
         self.version = (int(state["iteration"]) * config.update_epochs) if state else 0
+        self.sync_seconds = 0.0  # the last weight sync's
         served = None
         if config.backend == "vllm":  # the server starts from the weights training starts from
             served = export_model(self.model, self.tokenizer, self.out / SERVED_FOLDER)
@@ -209,6 +210,8 @@ class GRPOTrainer:
             # the policy versions that sampled the episodes: the last update's, never older
             "versions": sorted({v for r in records for v in r["versions"] if v is not None}),
         }
+        if config.backend != "transformers":  # writing and loading the new weights
+            row["sync_seconds"] = self.sync_seconds
         if config.tools:
             row["tool_calls_per_episode"] = summary.tool_calls_per_episode
             row["failed_tool_share"] = summary.failed_tool_share
@@ -265,10 +268,11 @@ class GRPOTrainer:
         if isinstance(self.sampler, TransformersPolicy):  # the very model being trained
             self.sampler.version = self.version
             return
-        folder = self.out / SERVED_FOLDER
+        folder, start = self.out / SERVED_FOLDER, time.perf_counter()
         if write:
             write_weights(self.model, folder)
             self.sampler.sampler.update_weights(folder, version=self.version)
+            self.sync_seconds = time.perf_counter() - start
         else:
             self.sampler.sampler.version = self.version
 
