@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 from backend_fixture import FP32_TOLERANCE, prompts_for, server_processes, wait_gone
 
 from llm_gym.cli import main
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.vllm
 
 SMALL = {
     "env_args": {"task": "chain_sum"}, "groups": 1, "group_size": 4, "max_new_tokens": 24,
-    "eval_episodes": 0, "learning_rate": 5e-4, "backend": "vllm",
+    "eval_episodes": 0, "learning_rate": 1e-3, "backend": "vllm",
 }  # fmt: skip
 
 
@@ -34,8 +35,12 @@ def test_the_served_weights_follow_each_update(tmp_path, smol):
         obs, row = trainer.iteration(trainer._reset(), 0)
         assert row["versions"] == [0]  # sampled before the update
         assert sampler.version == trainer.version == 1
+        # An update whose advantages are not all zero (a group can be all wrong): the
+        # weights move for sure.
+        trainer.update({"tokens": prompts}, sampler.sample(prompts), torch.tensor([1.0, -1, 1]))
+        assert sampler.version == trainer.version == 2 and row["sync_seconds"] > 0
         samples = sampler.sample(prompts)
-        assert {s.version for s in samples} == {1}
+        assert {s.version for s in samples} == {2}
         tokens = [s.tokens for s in samples]
         trained, old = trainer.scorer.score(prompts, tokens), initial.score(prompts, tokens)
         for s, new in zip(samples, trained, strict=True):
@@ -43,7 +48,7 @@ def test_the_served_weights_follow_each_update(tmp_path, smol):
         moved = max(np.abs(s.log_probs - o).max() for s, o in zip(samples, old, strict=True))
         assert moved > 20 * FP32_TOLERANCE
         _, row = trainer.iteration(obs, 1)
-        assert row["versions"] == [1] and sampler.version == 2
+        assert row["versions"] == [2] and sampler.version == 3
     finally:
         trainer.close()
     assert not sampler.server.alive
