@@ -11,11 +11,13 @@ the log-prob agreement: max (mean) |sampled - transformers fp32 scorer| over tho
 
 Run: ``HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench_backends.py [--backends vllm,...]``
 
-Last run (2 cores AMD EPYC, torch 2.13, vLLM 0.32 CPU; 310 s in all): new tokens/s (/ HF fp32,
-start-up s, peak GiB): transformers 92.5 (1.00x, 1.0, 2.46); transformers-bf16 152.2 (1.64x,
-1.1, 1.87); vllm 161.4 (1.74x, 28.0, 4.82); vllm-bf16 256.4 (2.77x, 27.4, 4.30); openai 237.5
-(2.57x, 2.8 + 24.1 server, 4.28). Log-prob max (mean) |diff| vs the fp32 scorer: vllm 1e-4
-(1e-5), vllm-bf16 0.29 (0.035), transformers-bf16 0.42 (0.033).
+Last run (2 cores AMD EPYC, torch 2.13, vLLM 0.32 CPU; 301 s in all): new tokens/s (/ HF fp32,
+start-up s, peak GiB): transformers 90.1 (1.00x, 1.0, 2.45); transformers-bf16 169.7 (1.88x,
+1.1, 1.86); vllm 167.1 (1.86x, 27.3, 4.72); vllm-bf16 269.6 (2.99x, 26.3, 4.24); openai 268.8
+(2.99x, 2.9 + 24.1 server, 4.24). vLLM bf16 over HF bf16: 1.59x. Log-prob max (mean) |diff| vs
+the fp32 scorer: vllm 1e-4 (1e-5), vllm-bf16 0.29 (0.035), transformers-bf16 0.42 (0.033).
+An earlier run of the same gave vllm-bf16 2.77x: the machine is shared, read the second digit
+loosely.
 """
 
 from __future__ import annotations
