@@ -265,16 +265,15 @@ class GRPOTrainer:
 
     def _publish(self, write: bool = True) -> None:
         # The sampler samples with the weights of the last update from now on, and says so.
-        if isinstance(self.sampler, TransformersPolicy):  # the very model being trained
-            self.sampler.version = self.version
+        if self.config.backend == "transformers":  # the very model being trained
+            if getattr(self.sampler, "version", None) is not None:
+                self.sampler.version = self.version
             return
-        folder, start = self.out / SERVED_FOLDER, time.perf_counter()
+        folder, start, sampler = self.out / SERVED_FOLDER, time.perf_counter(), self.sampler.sampler
         if write:
-            write_weights(self.model, folder)
-            self.sampler.sampler.update_weights(folder, version=self.version)
+            sampler.update_weights(write_weights(self.model, folder).parent, version=self.version)
             self.sync_seconds = time.perf_counter() - start
-        else:
-            self.sampler.sampler.version = self.version
+        sampler.version = self.version
 
     def close(self) -> None:
         """Stop the sampler's server, if it has one (also done when ``train()`` ends)."""
