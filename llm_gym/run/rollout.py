@@ -201,7 +201,6 @@ class Rollout:
                 f"max_new_tokens={config.max_new_tokens} leaves no room for a prompt in the "
                 f"model's context of {context} tokens"
             )
-        self.backend = config.backend
         self.policy = make_sampler(model, tokenizer, config)
         try:
             self._set_up(config, tokenizer)
@@ -262,7 +261,7 @@ class Rollout:
         levels = {r["level"] for r in items if r.get("level") is not None}
         if not levels and self.start_level is not None:  # no curriculum: one fixed level
             levels = {self.start_level}
-        run = describe_run(config, self.answer_format, names, levels, self.backend)
+        run = describe_run(config, self.answer_format, names, levels, config.backend)
         record = {
             "interrupted": interrupted,
             **run,
