@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from llm_gym.drivers.records import ARRAYS, Episodes
 from llm_gym.models import load_model
 from llm_gym.rewards.answers import ANSWER_FORMATS
 from llm_gym.run.config import RolloutConfig
@@ -38,7 +39,6 @@ __all__ = [
     "summarize",
 ]
 
-ARRAYS = ("conversation_ids", "policy_mask", "token_kl")  # Episodes' record keys JSON skips
 EPISODES_FILE = "episodes.jsonl"
 PROCEDURAL_EPISODES = 64  # the default for tasks without a fixed size
 SUMMARY_FILE = "summary.json"
@@ -101,83 +101,6 @@ def prepare_out(out: Path) -> Path:
     for name in (EPISODES_FILE, SUMMARY_FILE, PLOT_FILE, REPORT_FILE):
         (out / name).unlink(missing_ok=True)
     return out / EPISODES_FILE
-
-
-def _scalar(value: Any) -> Any:
-    """A JSON-ready Python value for one env's info entry."""
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    return value.item() if isinstance(value, np.generic) else value
-
-
-def _entry(info: dict[str, Any], i: int) -> dict[str, Any]:
-    """Env ``i``'s values of a vector info, nested dicts (a task's metadata) included."""
-    return {
-        key: _entry(value, i) if isinstance(value, dict) else _scalar(value[i])
-        for key, value in info.items()
-        if not key.startswith("_")
-    }
-
-
-class Episodes:
-    """The running episode of every sub-env of ``task_envs`` (SAME_STEP autoreset), and a
-    record of each one that ends: an ``episodes.jsonl`` line plus the ``ARRAYS`` a trainer
-    reads (``token_kl`` is None without a KL wrapper)."""
-
-    def __init__(self, envs: Any, obs: dict[str, Any]) -> None:
-        n = envs.num_envs
-        self.envs, self.obs = envs, obs
-        self.prompts = [list(h) for h in obs["history"]]
-        self.responses: list[list[str]] = [[] for _ in range(n)]
-        self.versions: list[list[int | None]] = [[] for _ in range(n)]
-        self.rewards = np.zeros(n)
-        self.kl: list[list[np.ndarray]] = [[] for _ in range(n)]
-        self.tokens = np.zeros(n, dtype=np.int64)
-
-    def step(self, actions: list[Any]) -> list[dict[str, Any]]:
-        """Step every sub-env with its action (a ``Response``, or ``""``, which ends a sub-env's
-        episode); the records of the episodes that ended (``obs`` moves on)."""
-        obs, rewards, terminated, truncated, info = self.envs.step(actions)
-        self.rewards += rewards
-        for i, action in enumerate(actions):
-            self.responses[i].append(getattr(action, "text", action))
-            self.versions[i].append(getattr(action, "version", None))
-            self.tokens[i] += len(getattr(action, "tokens", ()))
-            if "kl" in info:
-                self.kl[i].append(info["kl"][i])
-        self.obs = obs
-        return [self._finish(i, info) for i in np.flatnonzero(terminated | truncated).tolist()]
-
-    def _finish(self, i: int, info: dict[str, Any]) -> dict[str, Any]:
-        parts = _entry(info.get("final_info", {}), i)
-        if "level" in info:  # the curriculum's level this episode was played at
-            parts["level"] = _scalar(info["level"][i])
-        kl = np.concatenate(self.kl[i]) if self.kl[i] else None
-        # The task's own "reward" is kept as reward_task; "reward" is the episode's return,
-        # KL penalty included.
-        parts["reward_task"] = parts.pop("reward", None)
-        final = info["final_obs"][i]
-        if "num_tool_calls" in parts:  # the whole conversation, tool messages included
-            parts["conversation"] = list(final["history"])
-        record = {
-            "env_index": i,
-            "prompt": self.prompts[i],
-            "response": self.responses[i][-1] if self.responses[i] else "",
-            "responses": self.responses[i],
-            "versions": self.versions[i],  # the policy version of each assistant turn
-            "reward": float(self.rewards[i]),
-            **parts,
-            "num_tokens": int(self.tokens[i]),
-            "kl_mean": None if kl is None or not len(kl) else float(kl.mean()),
-            "kl_sum": None if kl is None else float(kl.sum()),
-            "conversation_ids": np.asarray(final["tokens"]),
-            "policy_mask": np.asarray(final["policy_mask"]).astype(np.bool_),
-            "token_kl": kl,
-        }
-        self.prompts[i] = list(self.obs["history"][i])
-        self.responses[i], self.versions[i], self.kl[i] = [], [], []
-        self.rewards[i], self.tokens[i] = 0.0, 0
-        return record
 
 
 class Rollout:

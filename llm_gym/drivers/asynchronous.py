@@ -1,0 +1,317 @@
+"""``AsyncRollouts``: episodes of N sub-envs against one policy, every conversation kept busy.
+
+A sub-env's turn goes to the policy as soon as that sub-env is ready, together with whatever
+other turns are ready then; a sub-env steps as soon as its own response is back (its tool
+calls in its own thread), and episodes come out in the order they finish. One slow tool holds
+up its own conversation only, where the synchronous vector env waits for it every step.
+
+The driver owns the sample stream (the env's source, with its seed and ``repeats``) and hands
+each free sub-env the next sample: every epoch holds every sample exactly ``repeats`` times
+whatever the sub-env or the order, a record's ``sample_index`` is its position in the stream,
+and with greedy sampling the same seed gives the same episodes in any finishing order.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import Any
+
+import gymnasium as gym
+
+from llm_gym.checks import check_int, check_number
+from llm_gym.drivers.records import EpisodeTrace
+from llm_gym.drivers.workers import EnvWorker
+from llm_gym.sources import Shard
+
+__all__ = ["AsyncRollouts"]
+
+
+class _ThreadWorkers:
+    """The env workers in this process, their calls run on a thread per slot."""
+
+    restarts = 0
+
+    def __init__(self, env_fn: Callable[[], gym.Env], groups: Sequence[Sequence[int]]) -> None:
+        self.workers = [EnvWorker(env_fn, group) for group in groups]
+        self.nodes = ["local"] * len(groups)
+        self.pool = ThreadPoolExecutor(sum(map(len, groups)), thread_name_prefix="llm_gym-env")
+
+    def call(self, w: int, method: str, *args: Any) -> Future:
+        return self.pool.submit(getattr(self.workers[w], method), *args)
+
+    def lost(self, error: BaseException) -> bool:
+        return False  # a thread does not die on its own: its error is the env's
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        for worker in self.workers:
+            worker.close()
+
+
+class AsyncRollouts:
+    """Drive ``num_envs`` sub-envs made by ``env_fn`` with ``policy``, asynchronously.
+
+    Args:
+        env_fn: makes one sub-env: a ``DatasetChatEnv`` (e.g. ``functools.partial(gym.make,
+            "LLMChat-GSM8K-v0", ...)``), wrapped as the user likes (reward and KL wrappers
+            act per sub-env as they would on one env). Called once here for the stream.
+        num_envs: how many conversations run at once.
+        policy: ``policy(obs_batch) -> list[Response]`` reading its ``input_mode`` key
+            (``TransformersPolicy``, ``SamplerPolicy``).
+        seed: the stream's order (None: the env's own).
+        sampler_calls: policy calls in flight at once (1: one batch of the ready turns at a
+            time, right for a model in this process; a server batches concurrent requests
+            itself, so give it ``num_envs``).
+        ray_address: None runs the sub-envs here, on threads; else env workers are Ray actors
+            (``ray.init(address=...)`` unless Ray runs already: ``"auto"``, ``"local"``, a
+            ``"ray://"`` address).
+        workers: how many env workers (Ray actors) share the sub-envs.
+        placement: ``"spread"``, ``"pack"`` or one Ray node id per worker.
+        ray_options: more ``ray.remote`` options for the workers (``num_cpus``, ``resources``).
+        timeout: seconds to wait for any answer before a one-line ``TimeoutError``.
+        max_restarts: dead workers replaced before the run gives up.
+
+    Attributes:
+        restarts: workers replaced so far; ``nodes``: each worker's Ray node id.
+
+    >>> import functools
+    >>> from llm_gym.envs import DatasetChatEnv
+    >>> rows = [{"query": q} for q in ("a?", "b?", "c?")]
+    >>> env_fn = functools.partial(DatasetChatEnv, rows, shuffle=False)
+    >>> rollouts = AsyncRollouts(env_fn, 2, lambda obs: ["ok"] * len(obs["history"]))
+    >>> sorted(r["prompt"][-1]["content"] for r in rollouts.episodes(3))
+    ['a?', 'b?', 'c?']
+    >>> rollouts.close()
+    """
+
+    def __init__(
+        self,
+        env_fn: Callable[[], gym.Env],
+        num_envs: int,
+        policy: Callable[[Mapping[str, Any]], Sequence[Any]],
+        *,
+        seed: int | None = None,
+        sampler_calls: int = 1,
+        ray_address: str | None = None,
+        workers: int = 1,
+        placement: str | Sequence[str] = "spread",
+        ray_options: Mapping[str, Any] | None = None,
+        timeout: float = 600.0,
+        max_restarts: int = 3,
+    ) -> None:
+        if not callable(env_fn):
+            raise TypeError(f"env_fn must make a sub-env, got {type(env_fn).__name__}")
+        if not callable(policy):
+            raise TypeError(f"policy must be callable on observations, got {type(policy)}")
+        self.num_envs = check_int("num_envs", num_envs, 1)
+        self.sampler_calls = check_int("sampler_calls", sampler_calls, 1)
+        workers = check_int("workers", workers, 1)
+        if workers > num_envs:
+            raise ValueError(f"workers must be <= num_envs={num_envs}, got {workers}")
+        if ray_address is None and workers != 1:
+            raise ValueError(f"workers={workers} needs ray_address (workers are Ray actors)")
+        self.timeout = check_number("timeout", timeout, 0, strict=True)
+        self.max_restarts = check_int("max_restarts", max_restarts, 0)
+        template = env_fn()
+        base = template.unwrapped
+        if not hasattr(base, "source"):
+            raise TypeError(
+                f"env_fn must make a DatasetChatEnv, whose samples the driver hands out; it "
+                f"made {type(base).__name__}"
+            )
+        self.env_fn, self.policy = env_fn, policy
+        self.input_mode = getattr(policy, "input_mode", None) or "history"
+        self.repeats = base.repeats
+        self.stream = base.source.fork(Shard(0, 1, base.repeats))
+        template.close()
+        self.reset(seed)
+        # Slot s lives in worker s % workers: each worker holds every workers-th slot.
+        self.groups = [list(range(w, num_envs, workers)) for w in range(workers)]
+        self.worker_of = {s: w for w, group in enumerate(self.groups) for s in group}
+        if ray_address is None:
+            self.workers: Any = _ThreadWorkers(env_fn, self.groups)
+        else:
+            from llm_gym.drivers.ray_workers import RayEnvWorkers
+
+            self.workers = RayEnvWorkers(
+                env_fn, self.groups, address=ray_address, placement=placement, options=ray_options
+            )
+        self.sampling = ThreadPoolExecutor(self.sampler_calls, thread_name_prefix="llm_gym-sample")
+
+    @property
+    def restarts(self) -> int:
+        """How many env workers died and were replaced."""
+        return self.workers.restarts
+
+    @property
+    def nodes(self) -> list[str]:
+        """Each worker's Ray node id (``"local"`` without Ray)."""
+        return list(self.workers.nodes)
+
+    def reset(self, seed: int | None = None) -> None:
+        """Start the stream again from the order ``seed`` defines (None: a fresh order)."""
+        self.stream.reseed(seed)
+        self.position, self.replay = 0, deque()
+
+    def set_level(self, level: int) -> None:
+        """Draw the next samples at ``level`` (a procedural task's difficulty)."""
+        self.stream.set_level(level)
+
+    def episodes(self, count: int) -> Iterator[dict[str, Any]]:
+        """Run ``count`` more episodes of the stream; yield each record as it finishes (the
+        synchronous ``Episodes``' record, with ``sample_index``). Samples drawn but not
+        finished when the caller stops early are played first next time."""
+        check_int("count", count, 1)
+        run = _Run(self)
+        try:
+            yield from run.play(count)
+        except KeyboardInterrupt:  # Ctrl-C: leave at once (close() stops the workers)
+            run.stop(wait_calls=False)
+            raise
+        finally:
+            run.stop(wait_calls=True)
+
+    def close(self) -> None:
+        """Stop every worker (Ray actors included) and thread this started."""
+        self.sampling.shutdown(wait=False, cancel_futures=True)
+        self.workers.close()
+
+    def __enter__(self) -> AsyncRollouts:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class _Run:
+    """One ``episodes`` call: which sample each slot plays, and the calls in flight."""
+
+    def __init__(self, driver: AsyncRollouts) -> None:
+        self.driver = driver
+        self.free = deque(range(driver.num_envs))
+        self.ready: list[int] = []
+        self.samples: dict[int, tuple[int, Mapping[str, Any]]] = {}
+        self.traces: dict[int, EpisodeTrace] = {}
+        self.obs: dict[int, Any] = {}
+        self.pending: dict[Future, tuple[str, Any, int]] = {}
+        self.lives = {s: 0 for s in range(driver.num_envs)}  # a replaced slot's calls are stale
+        self.sampling = 0
+
+    def play(self, count: int) -> Iterator[dict[str, Any]]:
+        driver, finished = self.driver, 0
+        while finished < count:
+            self._dispatch(count - finished - len(self.samples))
+            done, _ = wait(self.pending, timeout=driver.timeout, return_when=FIRST_COMPLETED)
+            if not done:
+                raise TimeoutError(
+                    f"no sub-env or policy call answered within timeout={driver.timeout:g} s "
+                    f"({len(self.pending)} in flight)"
+                )
+            for future in done:
+                for record in self._collect(future):
+                    finished += 1
+                    yield record
+
+    def _dispatch(self, unstarted: int) -> None:
+        driver = self.driver
+        while self.free and (driver.replay or unstarted > 0):
+            if driver.replay:
+                position, sample = driver.replay.popleft()
+            else:
+                position, sample = driver.position, driver.stream.next_record()
+                driver.position += 1
+                unstarted -= 1
+            slot = self.free.popleft()
+            self.samples[slot] = (position, sample)
+            self._call("start", slot, sample)
+        while self.ready and self.sampling < driver.sampler_calls:
+            calls = driver.sampler_calls - self.sampling
+            # With room for several calls, split the ready turns among them.
+            size = -(-len(self.ready) // calls) if calls > 1 else len(self.ready)
+            batch, self.ready = self.ready[:size], self.ready[size:]
+            obs = {driver.input_mode: tuple(self.obs[s][driver.input_mode] for s in batch)}
+            future = driver.sampling.submit(driver.policy, obs)
+            self.pending[future] = ("sample", [(s, self.lives[s]) for s in batch], -1)
+            self.sampling += 1
+
+    def _call(self, method: str, slot: int, *args: Any) -> None:
+        driver = self.driver
+        future = driver.workers.call(driver.worker_of[slot], method, slot, *args)
+        self.pending[future] = (method, (slot, *args), self.lives[slot])
+
+    def _collect(self, future: Future) -> list[dict[str, Any]]:
+        kind, what, life = self.pending.pop(future)
+        if kind == "sample":
+            self.sampling -= 1
+            responses = future.result()
+            if len(responses) != len(what):
+                raise ValueError(
+                    f"the policy returned {len(responses)} responses for {len(what)} "
+                    "observations: expected one each"
+                )
+            for (slot, slot_life), response in zip(what, responses, strict=True):
+                if slot_life == self.lives[slot]:  # else its worker died meanwhile
+                    self._call("step", slot, response)
+            return []
+        slot = what[0]
+        if life != self.lives[slot]:
+            return []  # a call to a worker that has since been replaced
+        error = future.exception()
+        if error is not None:
+            return self._failed(slot, error)
+        if kind == "start":
+            obs, _ = future.result()
+            self.obs[slot], self.traces[slot] = obs, EpisodeTrace(obs["history"])
+            self.ready.append(slot)
+            return []
+        obs, reward, terminated, truncated, info = future.result()
+        trace = self.traces[slot]
+        trace.add(what[1], reward, info.get("kl"))
+        if not (terminated or truncated):
+            self.obs[slot] = obs
+            self.ready.append(slot)
+            return []
+        position, _ = self.samples.pop(slot)
+        record = trace.finish(slot, info, obs)
+        del self.traces[slot], self.obs[slot]
+        self.free.append(slot)
+        return [{"sample_index": position, **record}]
+
+    def _failed(self, slot: int, error: BaseException) -> list[dict[str, Any]]:
+        driver, w = self.driver, self.driver.worker_of[slot]
+        position = self.samples[slot][0]
+        if not driver.workers.lost(error):  # the env itself failed: the run stops
+            raise RuntimeError(
+                f"sub-env {slot} failed on sample {position} of the stream: "
+                f"{type(error).__name__}: {error}"
+            ) from error
+        if driver.restarts >= driver.max_restarts:
+            raise RuntimeError(
+                f"env worker {w} died and max_restarts={driver.max_restarts} workers were "
+                f"already replaced: {type(error).__name__}"
+            ) from error
+        # Its unfinished episodes start again from their samples, on a new worker.
+        lost = sorted(s for s in driver.groups[w] if s in self.samples)
+        driver.replay.extendleft(reversed([self.samples.pop(s) for s in lost]))
+        for s in driver.groups[w]:
+            self.lives[s] += 1
+            self.traces.pop(s, None), self.obs.pop(s, None)
+        self.ready = [s for s in self.ready if driver.worker_of[s] != w]
+        self.free.extend(lost)
+        driver.workers.replace(w)
+        return []
+
+    def stop(self, wait_calls: bool) -> None:
+        # Samples drawn and not finished go back to the front of the stream, in order; the
+        # calls in flight end before a sub-env starts again (bounded by the timeout).
+        driver = self.driver
+        unfinished = sorted(self.samples.values(), key=lambda item: item[0])
+        driver.replay.extendleft(reversed(unfinished))
+        self.samples.clear()
+        for future in self.pending:
+            future.cancel()
+        if wait_calls and self.pending:
+            wait(self.pending, timeout=driver.timeout)
+        self.pending.clear()

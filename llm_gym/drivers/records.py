@@ -1,0 +1,126 @@
+"""Episode records: what a rollout writes for every finished episode (an ``episodes.jsonl``
+line plus the token arrays a trainer reads), built the same way by the synchronous vector
+env's ``Episodes`` and by ``AsyncRollouts`` (one ``EpisodeTrace`` per running episode)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+__all__ = ["ARRAYS", "KL_INFO_KEYS", "EpisodeTrace", "Episodes", "json_value"]
+
+# What the KL wrappers add to a step's info: kept as the record's token_kl, kl_mean, kl_sum.
+KL_INFO_KEYS = ("kl", "kl_penalty", "token_rewards", "ref_log_probs", "log_probs")
+# Record keys that JSON skips: the conversation's token ids and policy mask, the behaviour
+# log-probs (one per policy token, from the version that sampled it) and the per-token KL.
+ARRAYS = ("conversation_ids", "policy_mask", "sampled_log_probs", "token_kl")
+
+
+def json_value(value: Any) -> Any:
+    """A JSON-ready Python value for one env's info entry (nested dicts included)."""
+    if isinstance(value, Mapping):
+        return {key: json_value(item) for key, item in value.items() if not key.startswith("_")}
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return value.item() if isinstance(value, np.generic) else value
+
+
+class EpisodeTrace:
+    """One sub-env's running episode: the prompt it started from, then each step's action,
+    reward and KL; ``finish`` turns it into the episode's record.
+
+    >>> trace = EpisodeTrace([{"role": "user", "content": "2+2?"}])
+    >>> trace.add("4", 1.0)
+    >>> final = {"history": [], "tokens": [1, 2], "policy_mask": [False, True]}
+    >>> record = trace.finish(0, {"reward": 1.0, "success": True}, final)
+    >>> record["response"], record["reward"], record["reward_task"], record["policy_mask"].tolist()
+    ('4', 1.0, 1.0, [False, True])
+    """
+
+    def __init__(self, prompt: Any) -> None:
+        self.prompt = list(prompt)
+        self.responses: list[str] = []
+        self.versions: list[int | None] = []
+        self.log_probs: list[np.ndarray | None] = []
+        self.kl: list[np.ndarray] = []
+        self.reward, self.tokens = 0.0, 0
+
+    def add(self, action: Any, reward: float, kl: Any = None) -> None:
+        """Count one step: its action (a ``Response`` or text), reward and per-token KL."""
+        self.responses.append(getattr(action, "text", action))
+        self.versions.append(getattr(action, "version", None))
+        self.log_probs.append(getattr(action, "log_probs", None))
+        tokens = getattr(action, "tokens", None)
+        self.tokens += 0 if tokens is None else len(tokens)
+        self.reward += float(reward)
+        if kl is not None:
+            self.kl.append(np.asarray(kl))
+
+    def finish(
+        self, env_index: int, info: Mapping[str, Any], final_obs: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """The record of the ended episode, from the last step's ``info`` and observation."""
+        parts = json_value(info)
+        kl = np.concatenate(self.kl) if self.kl else None
+        # The task's own "reward" is kept as reward_task; "reward" is the episode's return,
+        # KL penalty included.
+        parts["reward_task"] = parts.pop("reward", None)
+        if "num_tool_calls" in parts:  # the whole conversation, tool messages included
+            parts["conversation"] = list(final_obs["history"])
+        sampled = None
+        if self.log_probs and all(lp is not None for lp in self.log_probs):
+            sampled = np.concatenate(self.log_probs).astype(np.float32)
+        return {
+            "env_index": env_index,
+            "prompt": self.prompt,
+            "response": self.responses[-1] if self.responses else "",
+            "responses": self.responses,
+            "versions": self.versions,  # the policy version of each assistant turn
+            "reward": self.reward,
+            **{key: value for key, value in parts.items() if key not in KL_INFO_KEYS},
+            "num_tokens": self.tokens,
+            "kl_mean": None if kl is None or not len(kl) else float(kl.mean()),
+            "kl_sum": None if kl is None else float(kl.sum()),
+            # None where the env's observations hold no tokens (history or text only)
+            "conversation_ids": _array(final_obs, "tokens", np.int64),
+            "policy_mask": _array(final_obs, "policy_mask", np.bool_),
+            "sampled_log_probs": sampled,
+            "token_kl": kl,
+        }
+
+
+class Episodes:
+    """The running episode of every sub-env of a vector env with SAME_STEP autoreset (the
+    synchronous driver), and the record of each one that ends."""
+
+    def __init__(self, envs: Any, obs: Mapping[str, Any]) -> None:
+        self.envs, self.obs = envs, obs
+        self.traces = [EpisodeTrace(history) for history in obs["history"]]
+
+    def step(self, actions: list[Any]) -> list[dict[str, Any]]:
+        """Step every sub-env with its action (a ``Response``, or ``""``, which ends a sub-env's
+        episode); the records of the episodes that ended (``obs`` moves on)."""
+        obs, rewards, terminated, truncated, info = self.envs.step(actions)
+        for i, action in enumerate(actions):
+            self.traces[i].add(action, rewards[i], info["kl"][i] if "kl" in info else None)
+        self.obs, records = obs, []
+        for i in np.flatnonzero(terminated | truncated).tolist():
+            final_info = {key: _column(value, i) for key, value in info["final_info"].items()}
+            if "level" in info:  # the curriculum's level this episode was played at
+                final_info["level"] = info["level"][i]
+            records.append(self.traces[i].finish(i, final_info, info["final_obs"][i]))
+            self.traces[i] = EpisodeTrace(obs["history"][i])
+        return records
+
+
+def _array(obs: Mapping[str, Any], key: str, dtype: Any) -> np.ndarray | None:
+    return np.asarray(obs[key]).astype(dtype) if key in obs else None
+
+
+def _column(value: Any, i: int) -> Any:
+    # Env i's entry of a vector info value (a task's metadata dict nests).
+    if isinstance(value, Mapping):
+        return {key: _column(item, i) for key, item in value.items() if not key.startswith("_")}
+    return value[i]

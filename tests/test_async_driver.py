@@ -1,0 +1,244 @@
+"""AsyncRollouts against the synchronous vector env: the same episodes for a seed (greedy),
+exactly-once epochs, reward and KL wrappers, slow tools, versions, failures and bad input."""
+
+import functools
+import json
+import time
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import llm_gym  # noqa: F401  (registers the ids)
+from llm_gym.chat import Response
+from llm_gym.drivers import AsyncRollouts, Episodes
+from llm_gym.envs import DatasetChatEnv
+from llm_gym.models import load_gpt2_tokenizer, tiny_model
+from llm_gym.policies import TransformersPolicy
+from llm_gym.wrappers import RetrieveKL
+from llm_gym.wrappers import vector as vector_wrappers
+
+KEYS = ("tokens", "history", "policy_mask")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    tokenizer = load_gpt2_tokenizer()
+    model = tiny_model(tokenizer, seed=0)
+    kwargs = {"max_new_tokens": 6, "do_sample": False}
+    policy = TransformersPolicy(model, tokenizer, input_mode="tokens", generate_kwargs=kwargs)
+    ref = TransformersPolicy(tiny_model(tokenizer, seed=1), tokenizer, input_mode="tokens",
+                             generate=False)  # fmt: skip
+    return tokenizer, policy, ref
+
+
+def countdown(tokenizer):
+    kwargs = {"input_mode": "tokens", "tokenizer": tokenizer, "observation_keys": KEYS}
+    return {"id": "LLMChat-Countdown-v0", "level": 0, **kwargs}
+
+
+def sync_records(envs, policy, count, seed):
+    """The vector env's records by stream position: sub-env i's k-th episode is sample
+    i + k * num_envs."""
+    obs, _ = envs.reset(seed=seed)
+    running, done, by_position = Episodes(envs, obs), [0] * envs.num_envs, {}
+    while len(by_position) < count:
+        responses = policy({policy.input_mode: running.obs[policy.input_mode]})
+        for record in running.step(responses):
+            i = record["env_index"]
+            by_position[i + done[i] * envs.num_envs] = record
+            done[i] += 1
+    return {p: r for p, r in by_position.items() if p < count}
+
+
+def same_episode(a, b):
+    assert a["prompt"] == b["prompt"]
+    assert a["responses"] == b["responses"]
+    np.testing.assert_array_equal(a["conversation_ids"], b["conversation_ids"])
+    np.testing.assert_array_equal(a["policy_mask"], b["policy_mask"])
+    assert a["reward"] == pytest.approx(b["reward"], abs=1e-6)
+    assert a["reward_task"] == b["reward_task"]
+
+
+def test_same_episodes_as_the_vector_env_with_reward_and_kl_wrappers(tiny):
+    tokenizer, policy, ref = tiny
+    spec = countdown(tokenizer)
+    env_id, kwargs = spec.pop("id"), spec
+
+    def one_env():
+        env = gym.make(env_id, **kwargs)
+        env = gym.wrappers.TransformReward(env, lambda r: 2.0 * r + 1.0)
+        return RetrieveKL(env, ref_model=ref, coef=0.1)
+
+    envs = gym.make_vec(env_id, num_envs=3, vectorization_mode="vector_entry_point", **kwargs)
+    envs = gym.wrappers.vector.TransformReward(envs, lambda r: 2.0 * r + 1.0)
+    envs = vector_wrappers.RetrieveKL(envs, None, ref, coef=0.1)
+    expected = sync_records(envs, policy, 10, seed=5)
+    with AsyncRollouts(one_env, 3, policy, seed=5) as rollouts:
+        got = {r["sample_index"]: r for r in rollouts.episodes(10)}
+    assert sorted(got) == list(range(10))
+    for position, record in got.items():
+        same_episode(record, expected[position])
+        np.testing.assert_allclose(record["token_kl"], expected[position]["token_kl"], atol=1e-5)
+        assert record["kl_sum"] == pytest.approx(expected[position]["kl_sum"], abs=1e-4)
+        assert record["versions"] == expected[position]["versions"] == [0]
+    # the KL penalty is in the return: reward = 2 r_task + 1 - 0.1 sum(kl)
+    r = got[0]
+    assert r["reward"] == pytest.approx(2 * r["reward_task"] + 1 - 0.1 * r["kl_sum"], abs=1e-4)
+
+
+def rows(n):
+    return [{"query": f"question {i}?", "answer": str(i)} for i in range(n)]
+
+
+def echo_policy(obs):
+    """Answers each question with its number: the reward below counts it right."""
+    return [h[-1]["content"].split()[1].rstrip("?") for h in obs["history"]]
+
+
+def exact(response, sample):
+    return float(response == sample["answer"]), {"success": response == sample["answer"]}
+
+
+def test_every_sample_exactly_repeats_times_in_an_epoch_across_calls():
+    env_fn = functools.partial(DatasetChatEnv, rows(7), repeats=2, reward=exact)
+    with AsyncRollouts(env_fn, 3, echo_policy, seed=1) as rollouts:
+        first = list(rollouts.episodes(5))  # a part of the epoch, then the rest
+        gen = rollouts.episodes(9)
+        second = [next(gen), next(gen)]
+        gen.close()  # stopped early: its drawn samples are played next time
+        third = list(rollouts.episodes(7))
+    records = first + second + third
+    positions = [r["sample_index"] for r in records]
+    assert sorted(positions) == list(range(14))
+    questions = [r["prompt"][-1]["content"] for r in records]
+    assert sorted(questions) == sorted(f"question {i}?" for i in range(7) for _ in range(2))
+    # repeats=2: stream positions 2k and 2k+1 hold one sample (a GRPO group)
+    by_position = {r["sample_index"]: r["prompt"][-1]["content"] for r in records}
+    assert all(by_position[2 * k] == by_position[2 * k + 1] for k in range(7))
+    assert all(r["reward"] == 1.0 and r["success"] for r in records)
+
+
+def lookup(key: str) -> str:
+    """Look a key up; key "slow" takes a while.
+
+    Args:
+        key: What to look up.
+    """
+    if key == "slow":
+        time.sleep(1.0)
+    return f"value of {key}"
+
+
+def tool_policy(obs):
+    """Calls the lookup tool once (question 0 asks the slow key), then answers."""
+    out = []
+    for history in obs["history"]:
+        if history[-1]["role"] == "tool":
+            out.append(history[-2]["content"].split("question ")[-1][:1] or "x")
+            continue
+        number = history[-1]["content"].split()[1].rstrip("?")
+        key = "slow" if number == "0" else number
+        out.append(f'<tool_call>{json.dumps({"name": "lookup", "arguments": {"key": key}})}'
+                   "</tool_call>")  # fmt: skip
+    return out
+
+
+def test_a_slow_tool_holds_up_only_its_own_conversation():
+    env_fn = functools.partial(
+        DatasetChatEnv, rows(8), shuffle=False, tools=[lookup], max_turns=3, reward=exact
+    )
+    with AsyncRollouts(env_fn, 4, tool_policy, seed=0) as rollouts:
+        records = list(rollouts.episodes(8))
+    order = [r["sample_index"] for r in records]
+    assert sorted(order) == list(range(8))
+    assert order[-1] == 0  # the slow one finished last; the others went on meanwhile
+    envs = DatasetChatVectorEnv_(env_fn, 4)
+    expected = sync_records(envs, _with_mode(tool_policy), 8, seed=0)
+    for record in records:
+        assert record["num_tool_calls"] == 1
+        assert record["conversation"] == expected[record["sample_index"]]["conversation"]
+        assert record["responses"] == expected[record["sample_index"]]["responses"]
+
+
+def DatasetChatVectorEnv_(env_fn, n):  # noqa: N802
+    from llm_gym.envs import DatasetChatVectorEnv
+
+    return DatasetChatVectorEnv(env_fn(), n)
+
+
+def _with_mode(policy):
+    policy = functools.partial(policy)
+    policy.input_mode = "history"
+    return policy
+
+
+def versioned(obs):
+    return [Response("7", tokens=[22], log_probs=[-0.5], version=3) for _ in obs["history"]]
+
+
+def test_records_carry_each_turns_version_and_sampled_log_probs():
+    env_fn = functools.partial(DatasetChatEnv, rows(3), reward=exact)
+    with AsyncRollouts(env_fn, 2, versioned, seed=0) as rollouts:
+        records = list(rollouts.episodes(3))
+    assert [r["versions"] for r in records] == [[3]] * 3
+    assert [r["sampled_log_probs"].tolist() for r in records] == [[-0.5]] * 3
+
+
+def picky(response, sample):
+    if sample["answer"] == "4":
+        raise ValueError("this reward cannot score sample 4")
+    return exact(response, sample)
+
+
+def test_a_failing_sub_env_stops_the_run_naming_it_and_no_record_is_partial():
+    env_fn = functools.partial(DatasetChatEnv, rows(6), shuffle=False, reward=picky)
+    rollouts = AsyncRollouts(env_fn, 2, echo_policy, seed=0)
+    seen = []
+    with pytest.raises(RuntimeError, match=r"sub-env [01] failed on sample 4 .*cannot score"):
+        for record in rollouts.episodes(6):
+            seen.append(record)
+    finished = {r["sample_index"] for r in seen}
+    assert {0, 1, 2, 3} <= finished and 4 not in finished  # 5 may have finished meanwhile
+    assert all(r["reward"] == 1.0 for r in seen)
+    rollouts.close()
+
+
+def test_a_policy_that_never_answers_times_out():
+    def stuck(obs):
+        time.sleep(3)
+        return echo_policy(obs)
+
+    env_fn = functools.partial(DatasetChatEnv, rows(2))
+    with AsyncRollouts(env_fn, 2, stuck, timeout=0.2) as rollouts:
+        with pytest.raises(TimeoutError, match="within timeout=0.2 s"):
+            list(rollouts.episodes(2))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"num_envs": 0}, ValueError, "num_envs must be an int >= 1, got 0"),
+        ({"workers": 2}, ValueError, "workers=2 needs ray_address"),
+        ({"workers": 5}, ValueError, "workers must be <= num_envs=2, got 5"),
+        ({"timeout": 0}, ValueError, "timeout must be"),
+        ({"sampler_calls": 0}, ValueError, "sampler_calls must be an int >= 1"),
+        ({"policy": "gpt2"}, TypeError, "policy must be callable"),
+        ({"env_fn": lambda: gym.make("CartPole-v1")}, TypeError, "made CartPoleEnv"),
+    ],
+)
+def test_bad_arguments_name_themselves(kwargs, error, message):
+    arguments = {
+        "env_fn": functools.partial(DatasetChatEnv, rows(2)),
+        "num_envs": 2,
+        "policy": echo_policy,
+        **kwargs,
+    }
+    with pytest.raises(error, match=message):
+        AsyncRollouts(**arguments)
+
+
+def test_bad_count_names_itself():
+    with AsyncRollouts(functools.partial(DatasetChatEnv, rows(2)), 1, echo_policy) as rollouts:
+        with pytest.raises(ValueError, match="count must be an int >= 1, got 0"):
+            next(rollouts.episodes(0))
