@@ -1,0 +1,152 @@
+"""AsyncRollouts with env workers as Ray actors on a real local cluster of three nodes (Ray's
+own ``cluster_utils.Cluster``): placement on different nodes, the same episodes as threads in
+one process, a killed worker and a lost node replayed without loss or double, teardown."""
+
+import functools
+import sys
+
+import gymnasium as gym
+import pytest
+import ray
+from ray.cluster_utils import Cluster
+from ray.exceptions import RayActorError
+
+import llm_gym  # noqa: F401  (registers the ids)
+from llm_gym.drivers import AsyncRollouts
+from llm_gym.models import load_gpt2_tokenizer, tiny_model
+from llm_gym.policies import TransformersPolicy
+
+# The env constructors run inside the actors, which cannot import this test module.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+KEYS = ("tokens", "history", "policy_mask")
+EPISODES = 12
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    # A head that runs no actors and two worker nodes: env workers must go to the workers.
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    nodes = [cluster.add_node(num_cpus=2) for _ in range(2)]
+    ray.init(address=cluster.address, log_to_driver=False, namespace="llm-gym-async-tests")
+    cluster.wait_for_nodes()
+    yield cluster, nodes
+    ray.shutdown()
+    cluster.shutdown()
+
+
+@pytest.fixture(scope="module")
+def setup():
+    tokenizer = load_gpt2_tokenizer()
+    kwargs = {"max_new_tokens": 5, "do_sample": False}
+    policy = TransformersPolicy(
+        tiny_model(tokenizer, seed=0), tokenizer, input_mode="tokens", generate_kwargs=kwargs
+    )
+    env_fn = functools.partial(
+        gym.make, "LLMChat-Countdown-v0", level=0, input_mode="tokens", tokenizer=tokenizer,
+        observation_keys=KEYS,
+    )  # fmt: skip
+    with AsyncRollouts(env_fn, 4, policy, seed=7) as local:
+        expected = {r["sample_index"]: r for r in local.episodes(EPISODES)}
+    return env_fn, policy, expected
+
+
+def check_same(records, expected):
+    assert sorted(r["sample_index"] for r in records) == list(range(EPISODES))  # each once
+    for record in records:
+        want = expected[record["sample_index"]]
+        assert record["responses"] == want["responses"]
+        assert record["conversation_ids"].tolist() == want["conversation_ids"].tolist()
+        assert record["reward"] == want["reward"]
+
+
+def test_workers_on_two_nodes_give_the_episodes_of_one_process(cluster, setup):
+    env_fn, policy, expected = setup
+    with AsyncRollouts(env_fn, 4, policy, seed=7, ray_address="auto", workers=2) as rollouts:
+        worker_nodes = {node.node_id for node in cluster[1]}
+        assert len(set(rollouts.nodes)) == 2 and set(rollouts.nodes) == worker_nodes
+        records = list(rollouts.episodes(EPISODES))
+        assert rollouts.restarts == 0
+    check_same(records, expected)
+
+
+def test_a_killed_worker_loses_and_doubles_no_episode(cluster, setup):
+    env_fn, policy, expected = setup
+    calls = []
+
+    def killing_policy(obs):
+        calls.append(1)
+        if len(calls) == 3:  # mid-run: worker 0 dies with episodes in flight
+            ray.kill(rollouts.workers.actors[0], no_restart=True)
+        return policy(obs)
+
+    killing_policy.input_mode = "tokens"
+    rollouts = AsyncRollouts(env_fn, 4, killing_policy, seed=7, ray_address="auto", workers=2)
+    with rollouts:
+        records = list(rollouts.episodes(EPISODES))
+        assert rollouts.restarts == 1
+    check_same(records, expected)
+
+
+def test_close_and_ctrl_c_stop_every_actor(cluster, setup):
+    env_fn, policy, _ = setup
+
+    def interrupted(obs):
+        raise KeyboardInterrupt
+
+    interrupted.input_mode = "tokens"
+    rollouts = AsyncRollouts(env_fn, 2, interrupted, ray_address="auto", workers=2)
+    actors = list(rollouts.workers.actors)
+    with pytest.raises(KeyboardInterrupt):
+        with rollouts:
+            list(rollouts.episodes(2))
+    for actor in actors:
+        with pytest.raises(RayActorError):
+            ray.get(actor.node.remote(), timeout=60)
+    assert ray.is_initialized()  # Ray itself was the caller's: it keeps running
+
+
+def test_too_many_deaths_give_a_one_line_error(cluster, setup):
+    env_fn, policy, _ = setup
+
+    def killing_policy(obs):
+        ray.kill(rollouts.workers.actors[0], no_restart=True)
+        return policy(obs)
+
+    killing_policy.input_mode = "tokens"
+    rollouts = AsyncRollouts(
+        env_fn, 2, killing_policy, ray_address="auto", workers=2, max_restarts=1
+    )
+    with rollouts, pytest.raises(RuntimeError, match=r"env worker 0 died and max_restarts=1"):
+        list(rollouts.episodes(EPISODES))
+
+
+def test_a_lost_node_is_replayed_on_the_other(cluster, setup):
+    env_fn, policy, expected = setup
+    calls = []
+
+    def node_killing_policy(obs):
+        calls.append(1)
+        if len(calls) == 3:
+            cluster[0].remove_node(cluster[1][0])  # the node of one worker goes down
+        return policy(obs)
+
+    node_killing_policy.input_mode = "tokens"
+    placement = [node.node_id for node in cluster[1]]
+    rollouts = AsyncRollouts(
+        env_fn, 4, node_killing_policy, seed=7, ray_address="auto", workers=2,
+        placement=placement,
+    )  # fmt: skip
+    with rollouts:
+        records = list(rollouts.episodes(EPISODES))
+        assert rollouts.restarts == 1
+        assert rollouts.nodes == [placement[1], placement[1]]  # both on the node left
+    check_same(records, expected)
+
+
+def test_bad_placement_names_itself(cluster, setup):
+    env_fn, policy, _ = setup
+    with pytest.raises(ValueError, match="placement must be 'spread', 'pack' or a list"):
+        AsyncRollouts(env_fn, 2, policy, ray_address="auto", workers=2, placement="everywhere")
+    with pytest.raises(ValueError, match=r"needs one per worker \(2\), got 1"):
+        AsyncRollouts(env_fn, 2, policy, ray_address="auto", workers=2, placement=["x"])
