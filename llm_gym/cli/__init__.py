@@ -116,6 +116,9 @@ def _add_train(commands: Any) -> None:
         help="iterations between checkpoints")  # fmt: skip
     add("--keep-checkpoints", type=number(int, 1), default=defaults.keep_checkpoints,
         help="the newest checkpoints kept in --out (older ones are deleted)")  # fmt: skip
+    add("--max-staleness", type=number(int, 0), default=defaults.max_staleness,
+        help="--async/--ray: updates a batch may be sampled ahead of the update that trains "
+        "on it (default: %(default)s; 0: no overlap)")  # fmt: skip
     add("--resume", action="store_true", help="continue from the checkpoint in --out")
     parser.set_defaults(config=GRPOConfig, job=_prepare_train, run=_train,
                         kept="finished iterations are in {out}/metrics.jsonl "

@@ -169,6 +169,15 @@ def add_run_options(parser: argparse.ArgumentParser, config: type) -> tuple[Call
         help="--backend vllm: the vLLM "
         "environment's python (default: $LLM_GYM_VLLM_PYTHON, else .venv-vllm/bin/python)",
     )
+    add("--async", dest="asynchronous", action="store_true",
+        help="the asynchronous driver: each conversation steps as soon as its own response "
+        "(or tool result) is back, none waits for the slowest")  # fmt: skip
+    add("--ray", dest="ray_address", nargs="?", const="local", default=None, metavar="ADDRESS",
+        help="run the env workers as Ray actors (implies --async): on the cluster at ADDRESS "
+        "('auto', 'ray://host:10001'); alone, the one running here or a new one")  # fmt: skip
+    add("--workers", type=number(int, 1), default=defaults.workers,
+        help="--ray: env workers (Ray actors) that share the sub-envs (default: "
+        "%(default)s)")  # fmt: skip
     add("--seed", type=number(int, 0), default=defaults.seed,
         help="seeds the question order, the sampling and the weights' init")  # fmt: skip
     add("--threads", type=number(int, 1), default=None, help="torch CPU threads (default: "

@@ -20,10 +20,11 @@ from typing import Any
 
 import gymnasium as gym
 
-from llm_gym.checks import check_int, check_number
+from llm_gym.checks import check_choice, check_int, check_number
 from llm_gym.drivers.records import EpisodeTrace
 from llm_gym.drivers.workers import EnvWorker
 from llm_gym.sources import Shard
+from llm_gym.spaces import INPUT_MODES
 
 __all__ = ["AsyncRollouts"]
 
@@ -61,6 +62,8 @@ class AsyncRollouts:
         policy: ``policy(obs_batch) -> list[Response]`` reading its ``input_mode`` key
             (``TransformersPolicy``, ``SamplerPolicy``).
         seed: the stream's order (None: the env's own).
+        input_mode: the observation key the policy reads (None: ``policy.input_mode``, else
+            ``"history"``).
         sampler_calls: policy calls in flight at once (1: one batch of the ready turns at a
             time, right for a model in this process; a server batches concurrent requests
             itself, so give it ``num_envs``).
@@ -93,6 +96,7 @@ class AsyncRollouts:
         policy: Callable[[Mapping[str, Any]], Sequence[Any]],
         *,
         seed: int | None = None,
+        input_mode: str | None = None,
         sampler_calls: int = 1,
         ray_address: str | None = None,
         workers: int = 1,
@@ -122,7 +126,10 @@ class AsyncRollouts:
                 f"made {type(base).__name__}"
             )
         self.env_fn, self.policy = env_fn, policy
-        self.input_mode = getattr(policy, "input_mode", None) or "history"
+        self.input_mode = check_choice(
+            "input_mode", input_mode or getattr(policy, "input_mode", None) or "history",
+            INPUT_MODES,
+        )  # fmt: skip
         self.repeats = base.repeats
         self.stream = base.source.fork(Shard(0, 1, base.repeats))
         template.close()
@@ -154,6 +161,11 @@ class AsyncRollouts:
         """Start the stream again from the order ``seed`` defines (None: a fresh order)."""
         self.stream.reseed(seed)
         self.position, self.replay = 0, deque()
+
+    def seek(self, position: int) -> None:
+        """Serve the stream from ``position`` next (how a resumed run goes on)."""
+        self.stream.seek(check_int("position", position, 0))
+        self.position, self.replay = position, deque()
 
     def set_level(self, level: int) -> None:
         """Draw the next samples at ``level`` (a procedural task's difficulty)."""

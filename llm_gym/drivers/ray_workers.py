@@ -12,7 +12,7 @@ import gymnasium as gym
 
 try:
     import ray
-    from ray.exceptions import RayActorError
+    from ray.exceptions import GetTimeoutError, RayActorError
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 except ImportError as error:  # ray is an optional dependency (the "ray" extra)
     raise ImportError(
@@ -21,10 +21,19 @@ except ImportError as error:  # ray is an optional dependency (the "ray" extra)
 
 from llm_gym.drivers.workers import EnvWorker, forwarded_env_vars
 
-__all__ = ["PLACEMENTS", "RayEnvWorkers"]
+__all__ = ["PLACEMENTS", "RayEnvWorkers", "connect"]
 
 PLACEMENTS = ("spread", "pack")  # Ray's SPREAD (a node each, as far as it goes) or DEFAULT
 _RemoteEnvWorker = ray.remote(EnvWorker)
+
+
+def connect(address: str) -> bool:
+    """Join Ray at ``address`` unless it runs in this process already (``"local"``: the cluster
+    ``ray start`` runs on this machine, else a new one here); whether this call started it."""
+    if ray.is_initialized():
+        return False
+    ray.init(address=None if address == "local" else address, log_to_driver=False)
+    return True
 
 
 class RayEnvWorkers:
@@ -38,7 +47,10 @@ class RayEnvWorkers:
             ``ray start`` runs here; ``"local"``: a new one on this machine; ``"ray://..."``).
         placement: ``"spread"`` (one worker per node while nodes last), ``"pack"``, or one Ray
             node id per worker.
-        options: more ``ray.remote`` options for every actor (``num_cpus`` defaults to 1).
+        options: more ``ray.remote`` options for every actor (``num_cpus`` defaults to 0.5:
+            a worker's envs mostly wait for the sampler and their tools).
+        startup_timeout: seconds to wait for the workers to start (Ray waits for free
+            resources) before a one-line ``RuntimeError``.
     """
 
     def __init__(
@@ -49,6 +61,7 @@ class RayEnvWorkers:
         address: str,
         placement: str | Sequence[str] = "spread",
         options: Mapping[str, Any] | None = None,
+        startup_timeout: float = 300.0,
     ) -> None:
         if not isinstance(placement, str) and len(placement) != len(groups):
             raise ValueError(
@@ -58,11 +71,10 @@ class RayEnvWorkers:
             raise ValueError(
                 f"placement must be 'spread', 'pack' or a list of Ray node ids, got {placement!r}"
             )
-        self.started_ray = not ray.is_initialized()
-        if self.started_ray:
-            ray.init(address=None if address == "local" else address, log_to_driver=False)
+        self.started_ray = connect(address)
         self.env_fn, self.groups, self.placement = env_fn, [list(g) for g in groups], placement
-        self.options = {"num_cpus": 1, **(options or {})}
+        self.options = {"num_cpus": 0.5, **(options or {})}
+        self.startup_timeout = startup_timeout
         env_vars = {**forwarded_env_vars(), **self.options.pop("env_vars", {})}
         self.options["runtime_env"] = {"env_vars": env_vars}
         self.actors: list[Any] = [None] * len(self.groups)
@@ -70,7 +82,7 @@ class RayEnvWorkers:
         try:
             for w in range(len(self.groups)):
                 self._start(w)
-            self.nodes = ray.get([actor.node.remote() for actor in self.actors])
+            self.nodes = self._started([actor.node.remote() for actor in self.actors])
         except BaseException:
             self.close()
             raise
@@ -101,7 +113,17 @@ class RayEnvWorkers:
         ray.kill(self.actors[w], no_restart=True)
         self.restarts += 1
         self._start(w, anywhere=True)
-        self.nodes[w] = ray.get(self.actors[w].node.remote(), timeout=300)
+        self.nodes[w] = self._started([self.actors[w].node.remote()])[0]
+
+    def _started(self, refs: list[Any]) -> list[str]:
+        try:
+            return ray.get(refs, timeout=self.startup_timeout)
+        except GetTimeoutError:
+            free = ray.available_resources().get("CPU", 0)
+            raise RuntimeError(
+                f"the env workers did not start within {self.startup_timeout:g} s: Ray has "
+                f"{free:g} CPUs free and each worker asks num_cpus={self.options['num_cpus']}"
+            ) from None
 
     def close(self) -> None:
         """Kill every actor this started; shut Ray down if this started it."""

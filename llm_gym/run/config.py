@@ -46,6 +46,11 @@ class RunConfig:
     served_model: str | None = None  # backend "openai": the model's name there (None: its only)
     backend_args: dict[str, Any] = field(default_factory=dict)  # backend "vllm": engine options
     vllm_python: str | None = None  # backend "vllm": its interpreter (None: found)
+    # The asynchronous driver (llm_gym.drivers.AsyncRollouts); with ray_address its env
+    # workers are Ray actors ("local": the cluster running here, else a new one).
+    asynchronous: bool = False
+    ray_address: str | None = None
+    workers: int = 1
     out: str = "runs/rollout"
     overwrite: bool = False
     progress: bool = True
@@ -63,6 +68,18 @@ class RunConfig:
             raise ValueError(
                 "base_url (--base-url) names the server of backend 'openai' and only that: got "
                 f"backend={self.backend!r} with base_url={self.base_url!r}"
+            )
+        check_int("workers", self.workers, 1)
+        if self.ray_address is not None:
+            self.asynchronous = True  # Ray's env workers are the asynchronous driver's
+        if self.workers > 1 and self.ray_address is None:
+            raise ValueError(
+                f"workers={self.workers} (--workers) are Ray actors: pass ray_address (--ray)"
+            )
+        if self.asynchronous and self.curriculum:
+            raise ValueError(
+                "curriculum (--curriculum) is not supported with the asynchronous driver "
+                "(--async, --ray) yet: drop one"
             )
         if self.backend_args and self.backend != "vllm":
             raise ValueError(

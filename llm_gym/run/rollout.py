@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from llm_gym.drivers import AsyncRollouts
 from llm_gym.drivers.records import ARRAYS, Episodes
 from llm_gym.models import load_model
 from llm_gym.rewards.answers import ANSWER_FORMATS
@@ -22,7 +24,15 @@ from llm_gym.run.config import RolloutConfig
 from llm_gym.run.describe import describe_run, run_rows, run_title
 from llm_gym.run.plots import plot_rollout
 from llm_gym.run.report import REPORT_FILE, write_report
-from llm_gym.run.setup import charge_kl, make_sampler, resolve_device, resolve_dtype, task_envs
+from llm_gym.run.setup import (
+    async_rollouts,
+    charge_kl,
+    make_sampler,
+    reference_scorer,
+    resolve_device,
+    resolve_dtype,
+    task_envs,
+)
 from llm_gym.samplers import SamplerError
 
 __all__ = [
@@ -63,6 +73,7 @@ class Summary:
     tool_calls_per_episode: float | None = None
     failed_tool_share: float | None = None  # of all calls
     hint: str | None = None  # what to try when few responses follow the answer format
+    worker_restarts: int | None = None  # Ray env workers that died and were replaced
 
     def table(self) -> str:
         """The summary as aligned ``name  value`` lines, then the hint, if any."""
@@ -91,6 +102,8 @@ class Summary:
                 ("failed tool calls", "n/a (no calls)" if failed is None else f"{failed:.3f}"),
             ]
         rows.append(("tokens/s", f"{self.tokens_per_second:.1f}"))
+        if self.worker_restarts is not None:
+            rows.append(("env worker restarts", f"{self.worker_restarts}"))
         return rows
 
 
@@ -143,7 +156,13 @@ class Rollout:
         self.answer_format = config.answer_format or getattr(task_env, "answer_format", None)
         self.start_level = getattr(envs.unwrapped, "level", None)
         self.task_names: set[str] = set()  # as the env's reset info names them
-        if config.ref_model is not None:
+        self.driver: AsyncRollouts | None = None
+        if config.asynchronous:  # the vector env only told what the task is
+            envs.close()
+            ref = None if config.ref_model is None else reference_scorer(config, config.ref_model)
+            self.driver = async_rollouts(config, tokenizer, self.policy, config.num_envs, ref=ref)
+            envs = self.driver
+        elif config.ref_model is not None:
             envs = charge_kl(envs, config, config.ref_model)
         self.envs = envs
         self.episodes_path = prepare_out(self.out)
@@ -179,7 +198,8 @@ class Rollout:
         config = self.config
         summary = summarize(items, seconds)
         hint = format_hint(items, self.answer_format, config.max_new_tokens)
-        summary = replace(summary, hint=hint)
+        restarts = self.driver.restarts if self.driver and config.ray_address else None
+        summary = replace(summary, hint=hint, worker_restarts=restarts)
         names = self.task_names | {str(r["task"]) for r in items if r.get("task") is not None}
         levels = {r["level"] for r in items if r.get("level") is not None}
         if not levels and self.start_level is not None:  # no curriculum: one fixed level
@@ -205,32 +225,40 @@ class Rollout:
 
     def _collect(self, items: list[dict[str, Any]], start: float) -> None:
         # Appends each finished episode to ``items`` as it ends, so Ctrl-C loses none of them.
-        config, envs = self.config, self.envs
-        obs, info = envs.reset(seed=config.seed)
-        self.task_names.update(str(t) for t in info.get("task", ()) if t is not None)
-        running = Episodes(envs, obs)
+        config = self.config
+        records = self._async_records() if self.driver else self._sync_records()
         generated, correct = 0, 0
         bar = tqdm(
             total=config.episodes, unit="ep", disable=not config.progress, dynamic_ncols=True
         )
         with bar, self.episodes_path.open("a", encoding="utf-8") as f:
-            while len(items) < config.episodes:
-                actions = self.policy(running.obs)
-                generated += sum(len(a.tokens) for a in actions)
-                for record in running.step(actions):
-                    if len(items) == config.episodes:
-                        break  # the last batch may finish more episodes than were asked for
-                    kept = {key: value for key, value in record.items() if key not in ARRAYS}
-                    record = {"episode": len(items), **kept}
-                    f.write(json.dumps(record, ensure_ascii=False) + "\n")
-                    f.flush()  # a line per finished episode, readable after Ctrl-C
-                    items.append(record)
-                    correct += bool(record.get("success", False))
-                    bar.update(1)
+            for record in records:
+                kept = {key: value for key, value in record.items() if key not in ARRAYS}
+                record = {"episode": len(items), **kept}
+                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+                f.flush()  # a line per finished episode, readable after Ctrl-C
+                items.append(record)
+                generated += record["num_tokens"]
+                correct += bool(record.get("success", False))
+                bar.update(1)
                 elapsed = time.perf_counter() - start
                 bar.set_postfix(
                     tok_s=f"{generated / elapsed:.1f}", acc=f"{correct / max(len(items), 1):.3f}"
                 )
+                if len(items) == config.episodes:
+                    break  # the last batch may finish more episodes than were asked for
+
+    def _sync_records(self) -> Iterator[dict[str, Any]]:
+        # The vector env: one batched generation a step, every sub-env stepped together.
+        obs, info = self.envs.reset(seed=self.config.seed)
+        self.task_names.update(str(t) for t in info.get("task", ()) if t is not None)
+        running = Episodes(self.envs, obs)
+        while True:
+            yield from running.step(self.policy(running.obs))
+
+    def _async_records(self) -> Iterator[dict[str, Any]]:
+        # The asynchronous driver: records in the order they finish, each with its sample.
+        yield from self.driver.episodes(self.config.episodes)
 
 
 def _numeric(answer: Any) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -9,17 +10,22 @@ import gymnasium as gym
 import torch
 
 from llm_gym.checks import check_choice
+from llm_gym.drivers import AsyncRollouts
 from llm_gym.models import load_model
 from llm_gym.policies import SamplerPolicy, TransformersPolicy
 from llm_gym.run.config import DTYPE_NAMES, RunConfig
 from llm_gym.samplers import OpenAISampler, VLLMSampler
+from llm_gym.wrappers import kl as single_wrappers
 from llm_gym.wrappers import vector as vector_wrappers
 
 __all__ = [
     "DTYPES",
     "SERVER_LOG",
+    "async_rollouts",
     "charge_kl",
+    "env_kwargs",
     "make_sampler",
+    "reference_scorer",
     "resolve_device",
     "resolve_dtype",
     "task_envs",
@@ -50,20 +56,25 @@ def resolve_dtype(dtype: str) -> torch.dtype:
     return DTYPES[check_choice("dtype", dtype, DTYPE_NAMES)]
 
 
-def task_envs(
-    config: RunConfig, tokenizer: Any, num_envs: int, **options: Any
-) -> gym.vector.VectorEnv:
-    """``config``'s task (with ``options``; None: the env's default) in the native vector env
-    if any, in tokens mode with the history (for records) and policy mask (for a trainer) in
-    the observation, and the difficulty curriculum if ``config.curriculum`` asks for one."""
+def env_kwargs(config: RunConfig, tokenizer: Any, **options: Any) -> dict[str, Any]:
+    """The arguments of ``config``'s task env (with ``options``; None: the env's default): tokens
+    mode with the history (for records) and policy mask (for a trainer) in the observation."""
     options.update(answer_format=config.answer_format, **config.tool_options())
-    kwargs: dict[str, Any] = {
+    return {
         **config.env_args,
         **{key: value for key, value in options.items() if value is not None},
         "input_mode": "tokens",
         "tokenizer": tokenizer,
         "observation_keys": ("tokens", "history", "policy_mask"),
     }
+
+
+def task_envs(
+    config: RunConfig, tokenizer: Any, num_envs: int, **options: Any
+) -> gym.vector.VectorEnv:
+    """``config``'s task (``env_kwargs``) in the native vector env if any, and the difficulty
+    curriculum if ``config.curriculum`` asks for one."""
+    kwargs = env_kwargs(config, tokenizer, **options)
     spec = gym.spec(config.env)
     mode = "vector_entry_point" if spec.vector_entry_point is not None else "sync"
     envs = gym.make_vec(config.env, num_envs=num_envs, vectorization_mode=mode, **kwargs)
@@ -103,6 +114,49 @@ def make_sampler(
     return SamplerPolicy(sampler, tokenizer, input_mode="tokens")
 
 
+def async_rollouts(
+    config: RunConfig, tokenizer: Any, policy: Any, num_envs: int, *, ref: Any = None,
+    controller: Any = None, **options: Any,
+) -> AsyncRollouts:  # fmt: skip
+    """``AsyncRollouts`` of ``config``'s task (``env_kwargs`` with ``options``) from
+    ``config.seed``, its env workers in Ray actors with ``config.ray_address``; with a scorer
+    ``ref``, each sub-env charges ``config.kl_coef`` · KL against it (``controller``: adaptive).
+    A server backend gets a request per ready turn, transformers one batch at a time."""
+    env_fn = functools.partial(gym.make, config.env, **env_kwargs(config, tokenizer, **options))
+    if ref is not None:
+        env_fn = functools.partial(
+            _with_kl, env_fn, ref, coef=config.kl_coef, estimator=config.estimator,
+            kl_controller=controller,
+        )  # fmt: skip
+    calls = 1 if config.backend == "transformers" else num_envs
+    return AsyncRollouts(
+        env_fn, num_envs, policy, seed=config.seed, input_mode="tokens", sampler_calls=calls,
+        ray_address=config.ray_address, workers=config.workers,
+    )  # fmt: skip
+
+
+def _with_kl(env_fn: Any, ref: Any, **kwargs: Any) -> gym.Env:
+    # A sub-env in the single-env RetrieveKL: module level, so Ray can pickle it.
+    return single_wrappers.RetrieveKL(env_fn(), None, ref, **kwargs)
+
+
+def reference_scorer(config: RunConfig, reference: str) -> Any:
+    """The frozen ``reference`` model ('default' or a folder) as a scorer: a
+    ``TransformersPolicy`` here, or with ``config.ray_address`` one Ray actor every env worker
+    shares (``RayLogProbModel``)."""
+    device, dtype = resolve_device(config.device), resolve_dtype(config.dtype)
+    if config.ray_address is not None:
+        from llm_gym.distributed import RayLogProbModel
+        from llm_gym.drivers.ray_workers import connect
+
+        connect(config.ray_address)
+        factory = functools.partial(load_model, reference, device=device, dtype=dtype)
+        return RayLogProbModel(factory, policy_kwargs={"input_mode": "tokens"}, timeout=600)
+    model, tokenizer = load_model(reference, device=device, dtype=dtype)
+    model.requires_grad_(False)
+    return TransformersPolicy(model, tokenizer, input_mode="tokens", generate=False)
+
+
 def charge_kl(
     envs: gym.vector.VectorEnv,
     config: RunConfig,
@@ -114,10 +168,7 @@ def charge_kl(
     """``envs`` in the vector ``RetrieveKL``: ``config.kl_coef`` · KL (``config.estimator``)
     against the frozen ``reference`` ('default' or a folder), one forward a step; the policy's
     side from ``gen`` (None: the Responses' log-probs)."""
-    device, dtype = resolve_device(config.device), resolve_dtype(config.dtype)
-    model, tokenizer = load_model(reference, device=device, dtype=dtype)
-    model.requires_grad_(False)
-    ref = TransformersPolicy(model, tokenizer, input_mode="tokens", generate=False)
+    ref = reference_scorer(config, reference)
     return vector_wrappers.RetrieveKL(
         envs, gen, ref, coef=config.kl_coef, estimator=config.estimator, kl_controller=controller
     )

@@ -35,6 +35,7 @@ RESUMABLE = (
     "out", "resume", "overwrite",
     # how the samples are drawn, not what is learned from them
     "backend", "base_url", "served_model", "backend_args", "vllm_python",
+    "ray_address", "workers",  # where the env workers run
 )  # fmt: skip
 
 
@@ -64,6 +65,7 @@ class GRPOConfig(RunConfig):
     save_every: int = 10
     keep_checkpoints: int = 2  # the newest ones; older are deleted once a new one is complete
     resume: bool = False
+    max_staleness: int = 1  # --async: updates a batch may be sampled ahead of its own
 
     def __post_init__(self) -> None:
         positive = ("iterations", "groups", "update_epochs", "minibatch_size", "save_every")
@@ -71,6 +73,7 @@ class GRPOConfig(RunConfig):
             check_int(name, getattr(self, name), 1)
         check_int("group_size", self.group_size, 2)  # one response has no group to compare
         check_int("eval_episodes", self.eval_episodes, 0)
+        check_int("max_staleness", self.max_staleness, 0)
         for name in ("learning_rate", "clip_coef", "max_grad_norm", "temperature"):
             check_number(name, getattr(self, name), 0, strict=True)
         super().__post_init__()
@@ -81,6 +84,11 @@ class GRPOConfig(RunConfig):
             raise ValueError(
                 "tools with kl_coef > 0 is not supported yet: the KL wrappers charge each turn "
                 "separately; train tool episodes with kl_coef=0"
+            )
+        if self.asynchronous and self.kl_coef > 0:
+            raise ValueError(
+                "kl_coef > 0 is not supported with --async/--ray training yet (the KL "
+                "controller is the vector env's); train asynchronously with kl_coef=0"
             )
         if self.resume and self.overwrite:
             raise ValueError("resume and overwrite contradict each other: pass one")

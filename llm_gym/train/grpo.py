@@ -3,8 +3,9 @@ the iteration; one iteration serves tools, KL and curriculum alike)."""
 
 from __future__ import annotations
 
+import copy
 import json
-import shutil
+import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -20,12 +21,29 @@ from llm_gym.run.describe import describe_run, run_rows, run_title
 from llm_gym.run.plots import plot_training
 from llm_gym.run.report import write_report
 from llm_gym.run.rollout import summarize
-from llm_gym.run.setup import charge_kl, make_sampler, resolve_device, resolve_dtype, task_envs
+from llm_gym.run.setup import (
+    async_rollouts,
+    charge_kl,
+    make_sampler,
+    resolve_device,
+    resolve_dtype,
+    task_envs,
+)
 from llm_gym.samplers.weights import export_model, write_weights
-from llm_gym.train.checkpoints import latest_checkpoint, load_checkpoint, save_checkpoint
-from llm_gym.train.config import CONFIG_FILE, GRPOConfig, check_resumable
+from llm_gym.train.checkpoints import load_checkpoint, save_checkpoint
+from llm_gym.train.config import GRPOConfig
 from llm_gym.train.episodes import evaluate, play_episodes
-from llm_gym.train.loss import group_advantages, grpo_loss
+from llm_gym.train.loss import group_advantages, grpo_loss, sampled
+from llm_gym.train.pipeline import AsyncBatches, staleness
+from llm_gym.train.run_folder import (
+    METRICS_FILE,
+    PLOT_FILE,
+    SERVED_FOLDER,
+    SUMMARY_FILE,
+    claim_out,
+    clear_out,
+    earlier_rows,
+)
 from llm_gym.wrappers import AdaptiveKLController
 
 __all__ = [
@@ -39,12 +57,6 @@ __all__ = [
     "grpo_loss",
 ]
 
-# What a run leaves in its folder (the files --resume reads among them).
-METRICS_FILE = "metrics.jsonl"  # a line per iteration, flushed as it ends
-PLOT_FILE = "training.png"
-SUMMARY_FILE = "summary.json"
-SERVED_FOLDER = "served-model"  # --backend vllm: the weights the server samples with
-
 
 class GRPOTrainer:
     """A prepared run, as ``Rollout`` is one (every input error raised before generating);
@@ -56,7 +68,7 @@ class GRPOTrainer:
         self.config = config
         self.out = Path(config.out)
         self.device, self.dtype = resolve_device(config.device), resolve_dtype(config.dtype)
-        checkpoint = self._claim_out()  # on --resume the newest one, checked whole
+        checkpoint = claim_out(config)  # on --resume the newest one, checked whole
         state, tensors = load_checkpoint(checkpoint) if checkpoint else (None, None)
         torch.manual_seed(config.seed)
         self.model, self.tokenizer = load_model(
@@ -70,7 +82,13 @@ class GRPOTrainer:
         served = None
         if config.backend == "vllm":  # the server starts from the weights training starts from
             served = export_model(self.model, self.tokenizer, self.out / SERVED_FOLDER)
-        self.sampler = make_sampler(self.model, self.tokenizer, config, served=served)
+        sampling_model = self.model
+        if config.asynchronous and config.backend == "transformers":
+            sampling_model = copy.deepcopy(self.model)  # samples while this one trains
+        self.sampler = make_sampler(sampling_model, self.tokenizer, config, served=served)
+        self.sampling_lock = threading.Lock()  # no update lands in the middle of a batch
+        self.driver: Any = None
+        self.batches: AsyncBatches | None = None
         try:
             self._set_up(config, state, tensors)
         except BaseException:  # no server is left running after a setup error
@@ -94,6 +112,11 @@ class GRPOTrainer:
             exact = config.dtype == served_dtype == "float32"
             gen = None if exact else self.scorer
             self.envs = charge_kl(self.envs, config, config.model, gen=gen, controller=controller)
+        if config.asynchronous:  # the vector env above only tells what the task is
+            self.driver = async_rollouts(
+                config, self.tokenizer, self._sample, config.groups * config.group_size,
+                repeats=config.group_size,
+            )  # fmt: skip
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.learning_rate)
         self.start, self.before, self._resumed = 0, None, state
         self._drawn_level = getattr(self.envs.unwrapped, "level", None)
@@ -104,7 +127,7 @@ class GRPOTrainer:
         if state:
             self._restore(state, tensors)
         else:  # set up without error: only now does an earlier run (--overwrite) go
-            self._clear_out()
+            clear_out(self.out)
             config.save()  # what --resume continues
 
     # -- the loop ---------------------------------------------------------------------------
@@ -114,7 +137,7 @@ class GRPOTrainer:
         config, started = self.config, time.perf_counter()
         if self.before is None and config.eval_episodes:
             self.before = self.evaluate()
-        rows = self._earlier_rows()
+        rows = earlier_rows(self.out, self.start)
         bar = tqdm(
             total=config.iterations, initial=self.start, unit="it",
             disable=not config.progress, dynamic_ncols=True,
@@ -138,7 +161,6 @@ class GRPOTrainer:
             raise
         finally:
             bar.close()
-            self.envs.close()
             self.close()
         after = self.evaluate() if config.eval_episodes else None
         return self.write(rows, after, time.perf_counter() - started)
@@ -182,20 +204,29 @@ class GRPOTrainer:
         """Play an episode in every sub-env from ``obs`` (with tools, from the iteration's own
         seed), score, update: the next observation and the metrics row."""
         config, start = self.config, time.perf_counter()
-        if config.tools:  # a fresh seed restarts each group on one question
-            obs, _ = self.envs.reset(seed=config.seed + 1 + iteration)
-        tools, kl = bool(config.tools), config.kl_coef > 0
-        # The next questions are drawn in this iteration's step, at the level before it.
-        self._drawn_level = getattr(self.envs.unwrapped, "level", None)
-        records, seconds, next_obs = play_episodes(self.envs, self.sampler, obs, tools=tools)
+        tools, kl, lag = bool(config.tools), config.kl_coef > 0, None
+        if self.batches is not None:  # sampled ahead, by the versions it names
+            records, seconds = self.batches.next(iteration)
+            next_obs, lag = obs, staleness(records, iteration, config.update_epochs)
+            if lag > config.max_staleness:
+                raise RuntimeError(f"iteration {iteration}'s batch is {lag} updates stale")
+        else:
+            if config.tools:  # a fresh seed restarts each group on one question
+                obs, _ = self.envs.reset(seed=config.seed + 1 + iteration)
+            # The next questions are drawn in this iteration's step, at the level before it.
+            self._drawn_level = getattr(self.envs.unwrapped, "level", None)
+            records, seconds, next_obs = play_episodes(self.envs, self._sample, obs, tools=tools)
         self.task_names.update(str(r["task"]) for r in records if r.get("task") is not None)
         summary = summarize(records, seconds)
         rewards = torch.tensor([r["reward"] for r in records], device=self.device)
         masks = [record["policy_mask"] for record in records]
+        behaviour = [r["sampled_log_probs"] for r in records] if self.batches else None
         loss = self._optimize(
             [record["conversation_ids"] for record in records], masks,
-            group_advantages(rewards, config.group_size),
+            group_advantages(rewards, config.group_size), behaviour,
         )  # fmt: skip
+        if self.batches is not None:
+            self.batches.publish(iteration)
         row = {
             "iteration": iteration,
             "reward": summary.mean_reward,
@@ -210,6 +241,8 @@ class GRPOTrainer:
             # the policy versions that sampled the episodes: the last update's, never older
             "versions": sorted({v for r in records for v in r["versions"] if v is not None}),
         }
+        if lag is not None:  # updates between the sampling policy and the trained one
+            row["staleness"] = lag
         if config.backend != "transformers":  # writing and loading the new weights
             row["sync_seconds"] = self.sync_seconds
         if config.tools:
@@ -227,8 +260,11 @@ class GRPOTrainer:
         masks = [np.arange(len(t)) >= len(p) for t, p in zip(tokens, prompts, strict=True)]
         return self._optimize(tokens, masks, advantages)
 
-    def _optimize(self, tokens: list[Any], masks: list[Any], advantages: torch.Tensor) -> float:
-        # The optimizer steps over conversations `tokens`, the loss on each one's `masks`.
+    def _optimize(
+        self, tokens: list[Any], masks: list[Any], advantages: torch.Tensor, behaviour: Any = None
+    ) -> float:
+        # The optimizer steps over conversations `tokens`, the loss on each one's `masks`;
+        # `behaviour`: the log-probs each token was sampled with (asynchronous batches).
         config, n = self.config, len(tokens)
         batches = [
             range(i, min(i + config.minibatch_size, n)) for i in range(0, n, config.minibatch_size)
@@ -242,7 +278,7 @@ class GRPOTrainer:
         # The old policy, through the very forward the update uses. With one epoch the first
         # forward is the old policy itself (ratio 1, as TRL does): no second forward.
         old: list[torch.Tensor | None] = [None] * len(batches)
-        if config.update_epochs > 1:
+        if config.update_epochs > 1 and behaviour is None:
             with torch.no_grad():
                 old = [scored(rows)[0] for rows in batches]
         total = 0.0
@@ -251,7 +287,9 @@ class GRPOTrainer:
             total = 0.0
             for rows, old_log_probs in zip(batches, old, strict=True):
                 log_probs, mask = scored(rows)
-                if old_log_probs is None:
+                if behaviour is not None:  # the ratio to the version that sampled each token
+                    old_log_probs = sampled(mask, [behaviour[i] for i in rows])
+                elif old_log_probs is None:
                     old_log_probs = log_probs.detach()
                 adv = advantages[rows.start : rows.stop]
                 loss = grpo_loss(log_probs, old_log_probs, mask, adv, config.clip_coef)
@@ -263,9 +301,20 @@ class GRPOTrainer:
         self._publish()
         return total
 
+    def _sample(self, obs: dict[str, Any]) -> list[Any]:
+        with self.sampling_lock:
+            return self.sampler(obs)
+
     def _publish(self, write: bool = True) -> None:
+        with self.sampling_lock:
+            self._publish_weights(write)
+
+    def _publish_weights(self, write: bool) -> None:
         # The sampler samples with the weights of the last update from now on, and says so.
-        if self.config.backend == "transformers":  # the very model being trained
+        if self.config.backend == "transformers":  # the model being trained, or its copy
+            copy_ = getattr(self.sampler, "model", self.model)  # a test may swap in a function
+            if copy_ is not self.model:
+                copy_.load_state_dict(self.model.state_dict())
             if getattr(self.sampler, "version", None) is not None:
                 self.sampler.version = self.version
             return
@@ -276,7 +325,13 @@ class GRPOTrainer:
         sampler.version = self.version
 
     def close(self) -> None:
-        """Stop the sampler's server, if it has one (also done when ``train()`` ends)."""
+        """Stop the envs, the asynchronous driver's workers and the sampler's server, if any
+        (also done when ``train()`` ends)."""
+        if self.batches is not None:
+            self.batches.close()
+        for part in (getattr(self, "envs", None), self.driver):
+            if part is not None:
+                part.close()
         close = getattr(self.sampler, "close", None)
         if close is not None:
             close()
@@ -334,24 +389,15 @@ class GRPOTrainer:
         if tensors["cuda_rng"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(tensors["cuda_rng"])
 
-    def _earlier_rows(self) -> list[dict[str, Any]]:
-        # A resumed run keeps the metrics of the iterations its checkpoint holds; those after
-        # it (and a line cut short by Ctrl-C) are done again.
-        path, rows = self.out / METRICS_FILE, []
-        lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
-        for line in lines:
-            try:
-                row = json.loads(line)
-            except ValueError:
-                break
-            if row["iteration"] < self.start:
-                rows.append(row)
-        return rows
-
     def _reset(self) -> dict[str, Any]:
         # The stream from the seed; a resumed run puts each sub-env back on the question it
         # was at, drawn at the level it was drawn at. (Tool iterations reseed themselves.)
         config, state, base = self.config, self._resumed, self.envs.unwrapped
+        if self.driver is not None:  # batch j is stream positions [j B, (j + 1) B)
+            size = config.groups * config.group_size
+            self.driver.seek(self.start * size)
+            self.batches = AsyncBatches(self.driver, size, config.max_staleness, self.start)
+            return {}
         obs, _ = self.envs.reset(seed=config.seed)
         if state is None or config.tools:
             return obs
@@ -369,31 +415,3 @@ class GRPOTrainer:
         if state["level"] is not None:
             base.set_level(state["level"])
         return obs
-
-    def _claim_out(self) -> Path | None:
-        # Refuse to mix two runs in one folder; --resume continues one, --overwrite clears it.
-        config, metrics = self.config, self.out / METRICS_FILE
-        if config.resume:
-            check_resumable(config)
-            checkpoint = latest_checkpoint(self.out)
-            if checkpoint is None:
-                raise FileNotFoundError(
-                    f"--resume needs a checkpoint of the run in {self.out}, but there is no "
-                    f"{self.out}/checkpoint-<iteration>/ (one is written every --save-every "
-                    "iterations)"
-                )
-            return checkpoint
-        if (metrics.exists() or (self.out / CONFIG_FILE).exists()) and not config.overwrite:
-            raise FileExistsError(
-                f"{self.out} holds an earlier run; pass --resume to continue it, --overwrite "
-                "to start over, or another --out"
-            )
-        return None
-
-    def _clear_out(self) -> None:
-        # --overwrite: the earlier run's files and checkpoints go.
-        for name in (METRICS_FILE, PLOT_FILE, SUMMARY_FILE, CONFIG_FILE):
-            (self.out / name).unlink(missing_ok=True)
-        for path in self.out.glob("checkpoint-*"):
-            shutil.rmtree(path)
-        self.out.mkdir(parents=True, exist_ok=True)

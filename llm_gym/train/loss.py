@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import torch
 
-__all__ = ["group_advantages", "grpo_loss"]
+__all__ = ["group_advantages", "grpo_loss", "sampled"]
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-4) -> torch.Tensor:
@@ -40,3 +43,24 @@ def grpo_loss(
     mask = mask.to(surrogate.dtype)
     per_response = (surrogate * mask).sum(-1) / mask.sum(-1).clamp(min=1)
     return -per_response.mean()
+
+
+def sampled(mask: torch.Tensor, log_probs: Sequence[Any]) -> torch.Tensor:
+    """``(B, T)`` old log-probs for ``grpo_loss``: row ``b`` of ``log_probs`` (the log-probs
+    its policy tokens were sampled with) at the True positions of ``mask[b]``, in order.
+
+    >>> sampled(torch.tensor([[False, True, True]]), [[-0.5, -1.0]]).tolist()
+    [[0.0, -0.5, -1.0]]
+    """
+    counts = mask.sum(1).tolist()
+    for b, (row, count) in enumerate(zip(log_probs, counts, strict=True)):
+        if row is None or len(row) != count:
+            got = "none" if row is None else len(row)
+            raise ValueError(
+                f"response {b} has {count} policy tokens but {got} sampled log-probs: the "
+                "sampler must return one log-prob per sampled token"
+            )
+    old = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    rows = [torch.as_tensor(row, dtype=torch.float32) for row in log_probs]
+    old[mask] = torch.cat(rows).to(mask.device)
+    return old
