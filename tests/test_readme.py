@@ -31,7 +31,7 @@ BLOCKS = readme_blocks()
 def test_readme_has_its_blocks():
     # Quick look (2), Tasks, Tools, adding a task, make_vec, Policies, backends, KL, SB3,
     # TRL (2).
-    assert len(BLOCKS) == 12
+    assert len(BLOCKS) == 13
     assert all(code.strip() for _, code in BLOCKS)
 
 

@@ -13,6 +13,7 @@ and with greedy sampling the same seed gives the same episodes in any finishing 
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -67,6 +68,8 @@ class AsyncRollouts:
         sampler_calls: policy calls in flight at once (1: one batch of the ready turns at a
             time, right for a model in this process; a server batches concurrent requests
             itself, so give it ``num_envs``).
+        batch_wait: seconds ready turns wait for env steps sent less than this long ago, so
+            that the turns of steps without a slow tool share one batch (0: send at once).
         ray_address: None runs the sub-envs here, on threads; else env workers are Ray actors
             (``ray.init(address=...)`` unless Ray runs already: ``"auto"``, ``"local"``, a
             ``"ray://"`` address).
@@ -98,6 +101,7 @@ class AsyncRollouts:
         seed: int | None = None,
         input_mode: str | None = None,
         sampler_calls: int = 1,
+        batch_wait: float = 0.05,
         ray_address: str | None = None,
         workers: int = 1,
         placement: str | Sequence[str] = "spread",
@@ -117,6 +121,7 @@ class AsyncRollouts:
         if ray_address is None and workers != 1:
             raise ValueError(f"workers={workers} needs ray_address (workers are Ray actors)")
         self.timeout = check_number("timeout", timeout, 0, strict=True)
+        self.batch_wait = check_number("batch_wait", batch_wait, 0)
         self.max_restarts = check_int("max_restarts", max_restarts, 0)
         template = env_fn()
         base = template.unwrapped
@@ -207,16 +212,21 @@ class _Run:
         self.samples: dict[int, tuple[int, Mapping[str, Any]]] = {}
         self.traces: dict[int, EpisodeTrace] = {}
         self.obs: dict[int, Any] = {}
-        self.pending: dict[Future, tuple[str, Any, int]] = {}
+        self.pending: dict[Future, tuple[str, Any, int, float]] = {}
         self.lives = {s: 0 for s in range(driver.num_envs)}  # a replaced slot's calls are stale
         self.sampling = 0
 
     def play(self, count: int) -> Iterator[dict[str, Any]]:
-        driver, finished = self.driver, 0
+        driver, finished, answered = self.driver, 0, time.monotonic()
         while finished < count:
-            self._dispatch(count - finished - len(self.samples))
-            done, _ = wait(self.pending, timeout=driver.timeout, return_when=FIRST_COMPLETED)
-            if not done:
+            held = self._dispatch(count - finished - len(self.samples))
+            timeout = driver.timeout - (time.monotonic() - answered)
+            if held is not None:  # ready turns wait a moment for the steps just sent
+                timeout = min(timeout, held)
+            done, _ = wait(self.pending, timeout=max(timeout, 0), return_when=FIRST_COMPLETED)
+            if done:
+                answered = time.monotonic()
+            elif held is None or time.monotonic() - answered >= driver.timeout:
                 raise TimeoutError(
                     f"no sub-env or policy call answered within timeout={driver.timeout:g} s "
                     f"({len(self.pending)} in flight)"
@@ -226,7 +236,9 @@ class _Run:
                     finished += 1
                     yield record
 
-    def _dispatch(self, unstarted: int) -> None:
+    def _dispatch(self, unstarted: int) -> float | None:
+        # Start free slots, then send the ready turns to the policy; the seconds the ready
+        # turns are held back for env calls younger than batch_wait (None: not held).
         driver = self.driver
         while self.free and (driver.replay or unstarted > 0):
             if driver.replay:
@@ -238,6 +250,10 @@ class _Run:
             slot = self.free.popleft()
             self.samples[slot] = (position, sample)
             self._call("start", slot, sample)
+        young = [t for kind, _, _, t in self.pending.values() if kind != "sample"]
+        wait_left = max(young, default=-1e9) + driver.batch_wait - time.monotonic()
+        if self.ready and wait_left > 0 and self.sampling < driver.sampler_calls:
+            return wait_left  # a tool-less step takes milliseconds: batch its turn too
         while self.ready and self.sampling < driver.sampler_calls:
             calls = driver.sampler_calls - self.sampling
             # With room for several calls, split the ready turns among them.
@@ -245,16 +261,17 @@ class _Run:
             batch, self.ready = self.ready[:size], self.ready[size:]
             obs = {driver.input_mode: tuple(self.obs[s][driver.input_mode] for s in batch)}
             future = driver.sampling.submit(driver.policy, obs)
-            self.pending[future] = ("sample", [(s, self.lives[s]) for s in batch], -1)
+            self.pending[future] = ("sample", [(s, self.lives[s]) for s in batch], -1, 0.0)
             self.sampling += 1
+        return None
 
     def _call(self, method: str, slot: int, *args: Any) -> None:
         driver = self.driver
         future = driver.workers.call(driver.worker_of[slot], method, slot, *args)
-        self.pending[future] = (method, (slot, *args), self.lives[slot])
+        self.pending[future] = (method, (slot, *args), self.lives[slot], time.monotonic())
 
     def _collect(self, future: Future) -> list[dict[str, Any]]:
-        kind, what, life = self.pending.pop(future)
+        kind, what, life, _ = self.pending.pop(future)
         if kind == "sample":
             self.sampling -= 1
             responses = future.result()

@@ -17,9 +17,7 @@ from tqdm.auto import tqdm
 
 from llm_gym.models import load_model
 from llm_gym.policies import TransformersPolicy
-from llm_gym.run.describe import describe_run, run_rows, run_title
-from llm_gym.run.plots import plot_training
-from llm_gym.run.report import write_report
+from llm_gym.run.describe import describe_run
 from llm_gym.run.rollout import summarize
 from llm_gym.run.setup import (
     async_rollouts,
@@ -43,6 +41,7 @@ from llm_gym.train.run_folder import (
     claim_out,
     clear_out,
     earlier_rows,
+    write_summary,
 )
 from llm_gym.wrappers import AdaptiveKLController
 
@@ -174,30 +173,13 @@ class GRPOTrainer:
     ) -> dict[str, Any]:
         """Write ``summary.json``, the plot and ``report.md`` of the metrics ``rows`` and the
         evaluation ``after`` (with ``before``); the summary."""
-        config = self.config
         levels = {row["level"] for row in rows if row.get("level") is not None}
-        run = describe_run(config, self.answer_format, self.task_names, levels, config.backend)
-        summary = {
-            "interrupted": interrupted,
-            **run,
-            "before": self.before,
-            "after": after,
-            "iterations": len(rows),
-            "minutes_this_run": seconds / 60,
-            "device": str(self.device),
-            "config": asdict(config),
-        }
-        (self.out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
-        title = run_title(run) + (" (interrupted)" if interrupted else "")
-        plot_training(rows, self.before, after, self.out / PLOT_FILE, title)
-        numbers = [("iterations", len(rows))]
-        for name, evaluation in (("before", self.before), ("after", after)):
-            if evaluation is not None:
-                numbers.append((f"greedy success {name}", evaluation["success"]))
-        if rows:
-            numbers.append(("sampled success, last iteration", rows[-1]["success"]))
-        write_report(self.out, f"Training: {title}", [*run_rows(run), *numbers],
-                     [self.out / PLOT_FILE])  # fmt: skip
+        config, names = self.config, self.task_names
+        run = describe_run(config, self.answer_format, names, levels, config.backend)
+        summary = {"interrupted": interrupted, **run, "before": self.before, "after": after}
+        summary.update(iterations=len(rows), minutes_this_run=seconds / 60)
+        summary.update(device=str(self.device), config=asdict(config))
+        write_summary(self.out, summary, rows)
         return summary
 
     def iteration(self, obs: dict[str, Any] | None, iteration: int) -> tuple[dict[str, Any], dict]:

@@ -8,6 +8,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from llm_gym.run.describe import run_rows, run_title
+from llm_gym.run.plots import plot_training
+from llm_gym.run.report import write_report
 from llm_gym.train.checkpoints import latest_checkpoint
 from llm_gym.train.config import CONFIG_FILE, GRPOConfig, check_resumable
 
@@ -19,6 +22,7 @@ __all__ = [
     "claim_out",
     "clear_out",
     "earlier_rows",
+    "write_summary",
 ]
 
 # What a run leaves in its folder (the files --resume reads among them).
@@ -72,3 +76,21 @@ def earlier_rows(out: Path, start: int) -> list[dict[str, Any]]:
         if row["iteration"] < start:
             rows.append(row)
     return rows
+
+
+def write_summary(out: Path, summary: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+    """Write a run's ``summary.json`` (``summary``: ``describe_run``'s fields, ``before`` and
+    ``after`` evaluations, ``interrupted``), its plot of the metrics ``rows`` and
+    ``report.md``."""
+    (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+    before, after = summary["before"], summary["after"]
+    title = run_title(summary) + (" (interrupted)" if summary["interrupted"] else "")
+    plot_training(rows, before, after, out / PLOT_FILE, title)
+    numbers = [("iterations", len(rows))]
+    for name, evaluation in (("before", before), ("after", after)):
+        if evaluation is not None:
+            numbers.append((f"greedy success {name}", evaluation["success"]))
+    if rows:
+        numbers.append(("sampled success, last iteration", rows[-1]["success"]))
+    rows_ = [*run_rows(summary), *numbers]
+    write_report(out, f"Training: {title}", rows_, [out / PLOT_FILE])
