@@ -149,6 +149,7 @@ class RayLogProbModel:
             self.actor = _RemoteLogProbActor.options(**options).remote(
                 ref_model_factory, dict(policy_kwargs or {})
             )
+        self.started = ref_model_factory is not None
         # One round trip now: surfaces a failing factory here, not at the first env step.
         info = self._get(self.actor.describe.remote())
         self.input_mode, self.pad_output, self.tokenizer, self._policy_repr = info
@@ -166,6 +167,12 @@ class RayLogProbModel:
     def score(self, prompts: Sequence[np.ndarray], responses: Sequence[np.ndarray]) -> list[Any]:
         """The actor's policy's ``score``: ``float32`` log-probs of each response's tokens."""
         return self._get(self.actor.score.remote(prompts, responses))
+
+    def close(self) -> None:
+        """Kill the actor if this client started it (a named actor found running is left)."""
+        if self.started:
+            ray.kill(self.actor, no_restart=True)
+            self.started = False
 
     def _describe_actor(self) -> str:
         if self.actor_name is None:

@@ -117,6 +117,7 @@ def test_every_sample_exactly_repeats_times_in_an_epoch_across_calls():
     by_position = {r["sample_index"]: r["prompt"][-1]["content"] for r in records}
     assert all(by_position[2 * k] == by_position[2 * k + 1] for k in range(7))
     assert all(r["reward"] == 1.0 and r["success"] for r in records)
+    assert all(r["seed"] == 1 for r in records)  # with sample_index: which sample it played
 
 
 def lookup(key: str) -> str:

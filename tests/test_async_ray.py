@@ -171,9 +171,12 @@ def test_rollout_and_train_run_with_ray_from_the_command_line(cluster, tiny_dir,
     common = ["--model", tiny_dir, "--env-arg", "task=chain_sum", "--max-new-tokens", "4",
               "--threads", "1", "--no-progress", "--ray", "auto", "--workers", "2"]  # fmt: skip
     out = tmp_path / "rollout"
-    assert main(["rollout", *common, "--num-envs", "4", "--episodes", "6", "--out", str(out)]) == 0
+    kl = ["--ref-model", tiny_dir, "--kl-coef", "0.05"]  # the reference: one shared actor
+    rollout = ["rollout", *common, *kl, "--num-envs", "4", "--episodes", "6", "--out", str(out)]
+    assert main(rollout) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["summary"]["episodes"] == 6 and summary["summary"]["worker_restarts"] == 0
+    assert summary["summary"]["mean_kl"] == pytest.approx(0.0, abs=1e-5)  # ref == policy
     lines = (out / "episodes.jsonl").read_text().splitlines()
     assert sorted(json.loads(line)["sample_index"] for line in lines) == list(range(6))
     out = tmp_path / "train"

@@ -125,6 +125,13 @@ def test_bad_async_options_get_one_line(tiny_dir, tmp_path, capsys, extra, messa
     assert message in err and "Traceback" not in err
 
 
+def test_an_unreachable_ray_cluster_is_one_line_not_a_hang(tiny_dir, tmp_path, capsys):
+    args = train_args(tiny_dir, tmp_path / "ray", "--ray", "127.0.0.1:1")
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "cannot reach the Ray cluster at --ray 127.0.0.1:1" in err and "refused" in err
+
+
 def test_max_staleness_must_be_a_count():
     with pytest.raises(ValueError, match="max_staleness must be an int >= 0, got -1"):
         GRPOConfig(max_staleness=-1)

@@ -306,7 +306,8 @@ class _Run:
         record = trace.finish(slot, info, obs)
         del self.traces[slot], self.obs[slot]
         self.free.append(slot)
-        return [{"sample_index": position, **record}]
+        seed = getattr(self.driver.stream, "seed", None)  # with sample_index: its sample
+        return [{"sample_index": position, "seed": seed, **record}]
 
     def _failed(self, slot: int, error: BaseException) -> list[dict[str, Any]]:
         driver, w = self.driver, self.driver.worker_of[slot]
@@ -316,6 +317,9 @@ class _Run:
                 f"sub-env {slot} failed on sample {position} of the stream: "
                 f"{type(error).__name__}: {error}"
             ) from error
+        for s in driver.groups[w]:  # its calls in flight are stale from now on
+            self.lives[s] += 1
+            self.traces.pop(s, None), self.obs.pop(s, None)
         if driver.restarts >= driver.max_restarts:
             raise RuntimeError(
                 f"env worker {w} died and max_restarts={driver.max_restarts} workers were "
@@ -324,9 +328,6 @@ class _Run:
         # Its unfinished episodes start again from their samples, on a new worker.
         lost = sorted(s for s in driver.groups[w] if s in self.samples)
         driver.replay.extendleft(reversed([self.samples.pop(s) for s in lost]))
-        for s in driver.groups[w]:
-            self.lives[s] += 1
-            self.traces.pop(s, None), self.obs.pop(s, None)
         self.ready = [s for s in self.ready if driver.worker_of[s] != w]
         self.free.extend(lost)
         driver.workers.replace(w)
@@ -334,13 +335,20 @@ class _Run:
 
     def stop(self, wait_calls: bool) -> None:
         # Samples drawn and not finished go back to the front of the stream, in order; the
-        # calls in flight end before a sub-env starts again (bounded by the timeout).
+        # calls in flight to live workers end before a sub-env starts again (bounded by the
+        # timeout; a dead worker's may never answer).
         driver = self.driver
         unfinished = sorted(self.samples.values(), key=lambda item: item[0])
         driver.replay.extendleft(reversed(unfinished))
         self.samples.clear()
-        for future in self.pending:
-            future.cancel()
-        if wait_calls and self.pending:
-            wait(self.pending, timeout=driver.timeout)
+        live = [
+            future
+            for future, (kind, what, life, _) in self.pending.items()
+            if kind == "sample" or life == self.lives[what[0]]
+        ]
+        if wait_calls and live:
+            wait(live, timeout=driver.timeout)
+        else:  # a future cancelled here never counts as done for wait(): no waiting after it
+            for future in self.pending:
+                future.cancel()
         self.pending.clear()

@@ -4,6 +4,7 @@ itself: a call is an actor method, its result a ``concurrent.futures.Future``.""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
@@ -27,11 +28,22 @@ PLACEMENTS = ("spread", "pack")  # Ray's SPREAD (a node each, as far as it goes)
 _RemoteEnvWorker = ray.remote(EnvWorker)
 
 
-def connect(address: str) -> bool:
+def connect(address: str, timeout: float = 10.0) -> bool:
     """Join Ray at ``address`` unless it runs in this process already (``"local"``: the cluster
-    ``ray start`` runs on this machine, else a new one here); whether this call started it."""
+    ``ray start`` runs on this machine, else a new one here); whether this call started it.
+    A ``host:port`` that does not answer within ``timeout`` seconds is a one-line
+    ``ConnectionError`` (Ray itself would retry for minutes)."""
     if ray.is_initialized():
         return False
+    if address not in ("local", "auto"):
+        host, _, port = address.removeprefix("ray://").rpartition(":")
+        try:
+            socket.create_connection((host, int(port)), timeout=timeout).close()
+        except (OSError, ValueError) as error:
+            raise ConnectionError(
+                f"cannot reach the Ray cluster at --ray {address} (expected 'auto', "
+                f"'host:port' or 'ray://host:port' of a running cluster): {error}"
+            ) from None
     ray.init(address=None if address == "local" else address, log_to_driver=False)
     return True
 

@@ -157,10 +157,14 @@ class Rollout:
         self.start_level = getattr(envs.unwrapped, "level", None)
         self.task_names: set[str] = set()  # as the env's reset info names them
         self.driver: AsyncRollouts | None = None
+        self.ref: Any = None  # the asynchronous driver's reference scorer (a Ray actor's)
         if config.asynchronous:  # the vector env only told what the task is
             envs.close()
-            ref = None if config.ref_model is None else reference_scorer(config, config.ref_model)
-            self.driver = async_rollouts(config, tokenizer, self.policy, config.num_envs, ref=ref)
+            if config.ref_model is not None:
+                self.ref = reference_scorer(config, config.ref_model)
+            self.driver = async_rollouts(
+                config, tokenizer, self.policy, config.num_envs, ref=self.ref
+            )
             envs = self.driver
         elif config.ref_model is not None:
             envs = charge_kl(envs, config, config.ref_model)
@@ -185,10 +189,12 @@ class Rollout:
         return self.write(items, time.perf_counter() - start)
 
     def close(self) -> None:
-        """Stop the sampler's server, if it has one (also done when ``run()`` ends)."""
-        close = getattr(self.policy, "close", None)
-        if close is not None:
-            close()
+        """Stop the sampler's server and the reference's Ray actor, if any (also done when
+        ``run()`` ends)."""
+        for part in (self.policy, getattr(self, "ref", None)):
+            close = getattr(part, "close", None)
+            if close is not None:
+                close()
 
     def write(
         self, items: list[dict[str, Any]], seconds: float, interrupted: bool = False
