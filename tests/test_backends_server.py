@@ -60,11 +60,13 @@ def children(pid: int) -> list[int]:
 
 
 @pytest.mark.vllm
-def test_killing_the_server_mid_rollout_ends_it_with_one_line_and_no_orphan(tmp_path):
+@pytest.mark.parametrize("driver", [[], ["--async"]], ids=["sync", "async"])
+def test_killing_the_server_mid_rollout_ends_it_with_one_line_and_no_orphan(tmp_path, driver):
     out = tmp_path / "run"
     command = [
         sys.executable, "-m", "llm_gym", "rollout", "--backend", "vllm", "--num-envs", "2",
         "--episodes", "400", "--max-new-tokens", "48", "--out", str(out), "--no-progress",
+        *driver,
     ]  # fmt: skip
     run = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
     episodes = out / "episodes.jsonl"
