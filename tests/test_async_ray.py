@@ -185,5 +185,6 @@ def test_rollout_and_train_run_with_ray_from_the_command_line(cluster, tiny_dir,
     assert main(train) == 0
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows] == [0, 1] and all(r["staleness"] <= 1 for r in rows)
+    assert json.loads((out / "summary.json").read_text())["worker_restarts"] == 0
     assert main([*train, "--resume", "--iterations", "3"]) == 0
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 3

@@ -178,7 +178,8 @@ class GRPOTrainer:
         run = describe_run(config, self.answer_format, names, levels, config.backend)
         summary = {"interrupted": interrupted, **run, "before": self.before, "after": after}
         summary.update(iterations=len(rows), minutes_this_run=seconds / 60)
-        summary.update(device=str(self.device), config=asdict(config))
+        restarts = self.driver.restarts if self.driver and config.ray_address else None
+        summary.update(device=str(self.device), worker_restarts=restarts, config=asdict(config))
         write_summary(self.out, summary, rows)
         return summary
 
