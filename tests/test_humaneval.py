@@ -115,3 +115,17 @@ def test_a_bad_code_format_names_itself():
     expected = r"code_format must be one of \('code_block', 'function'\), got 'markdown'"
     with pytest.raises(ValueError, match=expected):
         gym.make("LLMChat-HumanEval-v0", code_format="markdown")
+
+
+def test_with_the_python_tool_the_model_may_run_code_before_it_answers():
+    import json
+
+    env = gym.make("LLMChat-HumanEval-v0", shuffle=False, tools=["python"], max_turns=3)
+    _, info = env.reset(seed=0)
+    probe = {"name": "python", "arguments": {"code": "print(sorted([3.9, 2.2]))"}}
+    obs, reward, terminated, _, step = env.step(f"<tool_call>{json.dumps(probe)}</tool_call>")
+    assert (reward, terminated) == (0.0, False) and step["num_tool_calls"] == 1
+    assert obs["history"][-1]["role"] == "tool" and "[2.2, 3.9]" in obs["history"][-1]["content"]
+    answer = f"```python\n{info['prompt']}{info['canonical_solution']}```"
+    _, reward, terminated, _, step = env.step(answer)
+    assert (reward, terminated, step["success"], step["tests"]) == (1.0, True, True, 7)

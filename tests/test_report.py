@@ -188,3 +188,12 @@ def test_interrupted_rollout_still_writes_its_summary(model_dir, tmp_path):
     assert record["config"]["episodes"] == 50
     assert png_size(tmp_path / "rollout.png")[0] >= 600
     assert "Interrupted after 2 of 50 episodes." in (tmp_path / "report.md").read_text()
+
+
+def test_the_table_shows_turns_per_episode_for_multi_turn_episodes():
+    two_turns = {"responses": ["<tool_call>...", "42"], "reward": 1.0, "num_tokens": 9}
+    summary = summarize([two_turns, {**two_turns, "responses": ["42"]}], seconds=1.0)
+    assert summary.turns_per_episode == 1.5
+    assert ("turns / episode", "1.50") in summary.rows()
+    single = summarize([{"responses": ["42"], "reward": 0.0, "num_tokens": 3}], seconds=1.0)
+    assert single.turns_per_episode == 1.0 and "turns / episode" not in single.table()

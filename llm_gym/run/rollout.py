@@ -74,6 +74,7 @@ class Summary:
     failed_tool_share: float | None = None  # of all calls
     hint: str | None = None  # what to try when few responses follow the answer format
     worker_restarts: int | None = None  # Ray env workers that died and were replaced
+    turns_per_episode: float | None = None  # assistant turns
 
     def table(self) -> str:
         """The summary as aligned ``name  value`` lines, then the hint, if any."""
@@ -94,6 +95,10 @@ class Summary:
         ]
         if self.level is not None:
             rows.append(("level (last episode)", f"{self.level}"))
+        if self.turns_per_episode is not None and (
+            self.turns_per_episode > 1 or self.tool_episode_share is not None
+        ):  # multi-turn episodes
+            rows.append(("turns / episode", f"{self.turns_per_episode:.2f}"))
         if self.tool_episode_share is not None:
             failed = self.failed_tool_share
             rows += [
@@ -312,6 +317,7 @@ def summarize(items: list[dict[str, Any]], seconds: float) -> Summary:
     n = len(items)
     kls = [r["kl_mean"] for r in items if r.get("kl_mean") is not None]
     tokens = sum(r["num_tokens"] for r in items)
+    turns = [len(r.get("responses", ())) for r in items]  # assistant turns of each
     tools: dict[str, float | None] = {}
     if n and all("num_tool_calls" in r for r in items):
         calls = [r["num_tool_calls"] for r in items]
@@ -331,5 +337,6 @@ def summarize(items: list[dict[str, Any]], seconds: float) -> Summary:
         tokens_per_second=tokens / seconds if seconds > 0 else 0.0,
         generated_tokens=tokens,
         seconds=seconds,
+        turns_per_episode=float(np.mean(turns)) if n else None,
         **tools,
     )
