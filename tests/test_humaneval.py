@@ -129,3 +129,27 @@ def test_with_the_python_tool_the_model_may_run_code_before_it_answers():
     answer = f"```python\n{info['prompt']}{info['canonical_solution']}```"
     _, reward, terminated, _, step = env.step(answer)
     assert (reward, terminated, step["success"], step["tests"]) == (1.0, True, True, 7)
+
+
+def test_the_vector_env_scores_sub_envs_at_once_when_the_task_says_so():
+    import threading
+
+    from llm_gym.envs import DatasetChatEnv, DatasetChatVectorEnv
+    from llm_gym.tasks import Task
+
+    barrier = threading.Barrier(3, timeout=30)  # breaks unless 3 rewards run at once
+
+    def meeting(response, sample):
+        barrier.wait()
+        return 1.0, {}
+
+    rows = [{"query": f"q{i}"} for i in range(3)]
+    together = DatasetChatEnv.from_task(Task(rows, reward=meeting, concurrent_reward=True))
+    envs = DatasetChatVectorEnv(together, 3)
+    envs.reset(seed=0)
+    assert envs.step(["a", "b", "c"])[1].tolist() == [1.0, 1.0, 1.0]
+    one_by_one = DatasetChatVectorEnv(DatasetChatEnv.from_task(Task(rows, reward=meeting)), 3)
+    one_by_one.reset(seed=0)
+    barrier = threading.Barrier(3, timeout=0.5)
+    with pytest.raises(threading.BrokenBarrierError):
+        one_by_one.step(["a", "b", "c"])

@@ -77,9 +77,9 @@ class DatasetChatEnv(ChatEnv):
     - ``shard``: ``(index, count)`` (``llm_gym.sources.Shard``; None: all), so ``count`` envs
       (sub-envs, data-parallel ranks) with one seed split each epoch exactly once. Not for
       ``from_dataloader``.
-    - ``field_map``, ``reward``, ``required_fields``, ``answer_format``: the task's, as
-      ``llm_gym.tasks.Task`` says; the fields are checked on the first sample, so a dataset
-      without them fails here.
+    - ``field_map``, ``reward``, ``required_fields``, ``answer_format``,
+      ``concurrent_reward``: the task's, as ``llm_gym.tasks.Task`` says; the fields are
+      checked on the first sample, so a dataset without them fails here.
     - ``system_prompt``, ``max_turns``: as ``ChatEnv`` (``max_turns`` defaults to 1).
     - ``**chat_options``: ``ChatEnv``'s other arguments (``input_mode``, ``tokenizer``, ...).
 
@@ -118,6 +118,7 @@ class DatasetChatEnv(ChatEnv):
         field_map: FieldMap | None = None,
         reward: TaskReward | None = None,
         required_fields: tuple[str, ...] = (),
+        concurrent_reward: bool = False,
         answer_format: str | None = None,
         system_prompt: str | None = None,
         max_turns: int | None = 1,
@@ -127,6 +128,7 @@ class DatasetChatEnv(ChatEnv):
         repeats = check_int("repeats", 1 if repeats is None else repeats, 1)
         check_bool("shuffle", shuffle)
         check_bool("group_repeats", group_repeats)
+        self.concurrent_reward = check_bool("concurrent_reward", concurrent_reward)
         sharding = Shard.parse(shard, repeats)
         if field_map is not None and not (isinstance(field_map, Mapping) or callable(field_map)):
             raise TypeError(
@@ -216,6 +218,7 @@ class DatasetChatEnv(ChatEnv):
             answer_format=self.answer_format,
             field_map=self.field_map,
             required_fields=self.required_fields,
+            concurrent_reward=self.concurrent_reward,
         )
 
     @property

@@ -214,10 +214,15 @@ class DatasetChatVectorEnv(VectorEnv):
             _indexed(i, env._read, conversations[i], action) for i, action in enumerate(actions)
         ]
         records = self._run_tools(reads)  # after every action was checked
-        return [
-            _indexed(i, env._advance, conversations[i], read, records[i], self._samples[i])
+        steps = [
+            functools.partial(
+                _indexed, i, env._advance, conversations[i], read, records[i], self._samples[i]
+            )
             for i, read in enumerate(reads)
         ]
+        if env.concurrent_reward and self.num_envs > 1:  # e.g. code run in the sandbox
+            return list(self._threads().map(_call, steps))
+        return [step() for step in steps]
 
     def _run_tools(self, reads: Sequence[Any]) -> list[list[Any]]:
         """Every sub-env's tool calls, sub-envs concurrently (each one's calls in order):
@@ -226,17 +231,24 @@ class DatasetChatVectorEnv(VectorEnv):
         busy = [i for i, read in enumerate(reads) if read.calls]
         if not busy:
             return records
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.num_envs, thread_name_prefix="llm_gym-tools")
         run = self.env._run_tools
-        ran = self._pool.map(lambda i: run(self._conversations[i], reads[i].calls), busy)
+        ran = self._threads().map(lambda i: run(self._conversations[i], reads[i].calls), busy)
         for i, result in zip(busy, ran, strict=True):
             records[i] = result
         return records
 
+    def _threads(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.num_envs, thread_name_prefix="llm_gym-env")
+        return self._pool
+
     def _batched_obs(self) -> dict[str, Any]:
         obs = [self.env._observation(conversation) for conversation in self._conversations]
         return concatenate(self.single_observation_space, obs, self._out)
+
+
+def _call(function: Callable[[], Any]) -> Any:
+    return function()
 
 
 def _indexed(i: int, function: Callable[..., Any], *args: Any) -> Any:

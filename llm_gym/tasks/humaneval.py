@@ -65,7 +65,8 @@ def humaneval_task(
     Each episode asks for one of HumanEval's 164 functions (its signature and docstring). The
     response's code runs in llm_gym's sandbox (``PythonInterpreter``: time, memory, process
     and file-size limits; no network and no host files under bubblewrap) followed by the
-    problem's ``check``, each of whose top-level asserts is one test.
+    problem's ``check``, each of whose top-level asserts is one test. A vector env grades its
+    sub-envs at once (``Task.concurrent_reward``).
 
     ## Rewards
 
@@ -106,4 +107,5 @@ def humaneval_task(
         reward=functools.partial(_score, interpreter, code_format),
         answer_format=None,
         required_fields=("prompt", "entry_point", "test", "task_id"),
+        concurrent_reward=True,  # each grade is a sandboxed process: sub-envs at once
     )

@@ -52,6 +52,8 @@ class Task:
       up with a str ``"query"``, the user's message.
     - ``required_fields``: the fields ``reward`` reads, checked on the first item when the
       env is made.
+    - ``concurrent_reward``: the reward is thread-safe and slow enough (code run in a
+      sandbox) that a vector env scores its sub-envs at once, on threads.
     """
 
     source: Any
@@ -60,11 +62,15 @@ class Task:
     answer_format: str | None = "tags"
     field_map: FieldMap | None = None
     required_fields: tuple[str, ...] = ()
+    concurrent_reward: bool = False
 
     def keys(self) -> tuple[str, ...]:
         """The ``DatasetChatEnv`` arguments a task unpacks into: ``DatasetChatEnv.from_dataloader(
         loader, **task)`` serves the task's prompt, fields and reward over other data."""
-        return ("system_prompt", "reward", "answer_format", "field_map", "required_fields")
+        return (
+            "system_prompt", "reward", "answer_format", "field_map", "required_fields",
+            "concurrent_reward",
+        )  # fmt: skip
 
     def __getitem__(self, key: str) -> Any:
         return self.prompt if key == "system_prompt" else getattr(self, key)
