@@ -219,7 +219,9 @@ class _Run:
     def play(self, count: int) -> Iterator[dict[str, Any]]:
         driver, finished, answered = self.driver, 0, time.monotonic()
         while finished < count:
-            held = self._dispatch(count - finished - len(self.samples))
+            # Samples in flight and those waiting to be played again count toward `count`.
+            in_hand = len(self.samples) + len(driver.replay)
+            held = self._dispatch(count - finished - in_hand)
             timeout = driver.timeout - (time.monotonic() - answered)
             if held is not None:  # ready turns wait a moment for the steps just sent
                 timeout = min(timeout, held)
