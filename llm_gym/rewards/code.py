@@ -31,7 +31,7 @@ def __llm_gym_tests(candidate):
     import json as __json
     passed = 0
     __scope = dict(globals(), candidate=candidate)
-    for __i, (__code, __is_test) in enumerate({statements!r}):
+    for __code, __is_test in {statements!r}:
         try:
             exec(__code, __scope)
             passed += __is_test

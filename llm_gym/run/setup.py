@@ -116,18 +116,17 @@ def make_sampler(
 
 def async_rollouts(
     config: RunConfig, tokenizer: Any, policy: Any, num_envs: int, *, ref: Any = None,
-    controller: Any = None, **options: Any,
+    **options: Any,
 ) -> AsyncRollouts:  # fmt: skip
     """``AsyncRollouts`` of ``config``'s task (``env_kwargs`` with ``options``) from
     ``config.seed``, its env workers in Ray actors with ``config.ray_address``; with a scorer
-    ``ref``, each sub-env charges ``config.kl_coef`` · KL against it (``controller``: adaptive).
+    ``ref``, each sub-env charges ``config.kl_coef`` · KL against it.
     A server backend gets a request per ready turn, transformers one batch at a time."""
     env_fn = functools.partial(gym.make, config.env, **env_kwargs(config, tokenizer, **options))
     if ref is not None:
         env_fn = functools.partial(
-            _with_kl, env_fn, ref, coef=config.kl_coef, estimator=config.estimator,
-            kl_controller=controller,
-        )  # fmt: skip
+            _with_kl, env_fn, ref, coef=config.kl_coef, estimator=config.estimator
+        )
     calls = 1 if config.backend == "transformers" else num_envs
     return AsyncRollouts(
         env_fn, num_envs, policy, seed=config.seed, input_mode="tokens", sampler_calls=calls,

@@ -295,9 +295,9 @@ class GRPOTrainer:
     def _publish_weights(self, write: bool) -> None:
         # The sampler samples with the weights of the last update from now on, and says so.
         if self.config.backend == "transformers":  # the model being trained, or its copy
-            copy_ = getattr(self.sampler, "model", self.model)  # a test may swap in a function
-            if copy_ is not self.model:
-                copy_.load_state_dict(self.model.state_dict())
+            sampling = getattr(self.sampler, "model", self.model)  # a test may swap in a function
+            if sampling is not self.model:  # --async: the copy that samples
+                sampling.load_state_dict(self.model.state_dict())
             if getattr(self.sampler, "version", None) is not None:
                 self.sampler.version = self.version
             return
