@@ -95,6 +95,11 @@ register_task("LLMChat-MATH-v0", "llm_gym.tasks.math:math_task")
 register_task("LLMChat-Products-v0", "llm_gym.tasks.products:products_task")
 register_task("LLMChat-HumanEval-v0", "llm_gym.tasks.humaneval:humaneval_task")
 _register(
+    "LLMChat-TextArena-v0",
+    entry_point="llm_gym.envs.textarena:TextArenaEnv",
+    vector_entry_point="llm_gym.envs.textarena:make_textarena_vector_env",
+)
+_register(
     "LLMToken-GSM8K-v0",
     entry_point="llm_gym.envs.tokens:make_token_env",
     kwargs={"task": "LLMChat-GSM8K-v0", "max_new_tokens": 256, "max_prompt_length": 512},

@@ -104,6 +104,11 @@ class DatasetChatEnv(ChatEnv):
     (0.0, True, False)
     """
 
+    # Whether one instance can step many conversations (its steps read only a conversation
+    # and its sample), as ``DatasetChatVectorEnv`` does; an env with state of its own (a
+    # game) says False.
+    shares_conversations = True
+
     def __init__(
         self,
         dataset: Any,

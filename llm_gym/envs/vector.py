@@ -55,6 +55,11 @@ class DatasetChatVectorEnv(VectorEnv):
     def __init__(self, env: DatasetChatEnv, num_envs: int) -> None:
         if not isinstance(env, DatasetChatEnv):
             raise TypeError(f"env must be a DatasetChatEnv, got {type(env).__name__}")
+        if not env.shares_conversations:
+            raise TypeError(
+                f"env must be able to step many conversations, and a {type(env).__name__} "
+                "holds state of its own: use SyncVectorEnv (gym.make_vec's vector entry point)"
+            )
         self.num_envs = check_int("num_envs", num_envs, 1)
         self.group_size = env.repeats if env.group_repeats else 1
         if self.num_envs % self.group_size:
