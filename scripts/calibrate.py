@@ -5,13 +5,21 @@ Runs ``llm-gym rollout``'s job (SmolLM2-135M-Instruct unless ``--model``) for N 
 answer-format rate and mean reward. README's calibration table is its output.
 
     python scripts/calibrate.py --episodes 64 --max-new-tokens 128
+    python scripts/calibrate.py --games --episodes 8 --max-new-tokens 48 --max-turns 8
+    python scripts/calibrate.py --humaneval --episodes 164 --max-new-tokens 256
+
+``--games`` plays TextArena's single-player games instead (win rate, mean reward, turns per
+episode, games lost to an invalid move); ``--humaneval`` HumanEval, greedy and with the python
+tool (pass rate, mean share of tests passed, turns).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -46,6 +54,53 @@ CASES = [
     ("Countdown", "LLMChat-Countdown-v0", {"level": 4}, "tags"),
 ]
 
+# One game per TextArena family that plays here alone (llm_gym.games.game_catalogue).
+GAMES = [
+    "GuessTheNumber-v0", "Mastermind-v0", "TowerOfHanoi-v0", "FrozenLake-v0",
+    "Minesweeper-v0-small", "Sudoku-v0-very-easy", "Sokoban-v0", "Crosswords-v0", "Bandit-v0",
+    "Blackjack-v0", "LightsOut-v0", "FifteenPuzzle-v0", "Secretary-v0", "Set-v0",
+    "Countdown-v0", "Cryptarithm-v0", "LogicPuzzle-v0", "2048-v0-ultra-easy", "PegJump-v0",
+    "RushHour-v0", "ThreeCardMonte-v0", "Slitherlink-v0",
+]  # fmt: skip
+
+
+def _rollout(args: argparse.Namespace, env_id: str, env_args: dict, **options: object) -> tuple:
+    with tempfile.TemporaryDirectory() as out:
+        config = RolloutConfig(
+            env=env_id, env_args=env_args, num_envs=args.num_envs, episodes=args.episodes,
+            model=args.model, max_new_tokens=args.max_new_tokens, temperature=0.0, seed=0,
+            out=out, progress=False, **options,
+        )  # fmt: skip
+        start = time.perf_counter()
+        summary = Rollout(config).run()
+        records = [json.loads(line) for line in open(Path(out) / "episodes.jsonl")]
+    return summary, records, time.perf_counter() - start
+
+
+def games(args: argparse.Namespace) -> None:
+    """The games table: one row per game of ``GAMES`` (or ``--only``)."""
+    names = [g for g in GAMES if not args.only or any(text in g for text in args.only)]
+    print("| game | win | mean reward | turns / episode | ended by an invalid move | seconds |")
+    print("|---|---|---|---|---|---|")
+    for game in names:
+        env_args = {"game": game, "max_turns": args.max_turns}
+        summary, records, seconds = _rollout(args, "LLMChat-TextArena-v0", env_args)
+        invalid = sum(bool(r.get("invalid_move")) for r in records) / len(records)
+        win, turns = summary.outcomes["win"], summary.turns_per_episode
+        print(f"| {game} | {win:.3f} | {summary.mean_reward:.3f} | {turns:.2f} | "
+              f"{invalid:.3f} | {seconds:.0f} |", flush=True)  # fmt: skip
+
+
+def humaneval(args: argparse.Namespace) -> None:
+    """HumanEval greedy, then with the python tool (``--max-turns`` turns)."""
+    print("| HumanEval | pass rate | mean share of tests passed | turns / episode | seconds |")
+    print("|---|---|---|---|---|")
+    for label, options in (("greedy", {}), ("python tool", {"tools": ["python"]})):
+        env_args = {"shuffle": False} | ({"max_turns": args.max_turns} if options else {})
+        summary, _, seconds = _rollout(args, "LLMChat-HumanEval-v0", env_args, **options)
+        print(f"| {label} | {summary.accuracy:.3f} | {summary.mean_reward:.3f} | "
+              f"{summary.turns_per_episode:.2f} | {seconds:.0f} |", flush=True)  # fmt: skip
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -58,7 +113,16 @@ def main() -> None:
     parser.add_argument(
         "--only", action="append", default=[], help="run the cases whose label holds this text"
     )
+    parser.add_argument("--games", action="store_true", help="TextArena's games instead")
+    parser.add_argument("--humaneval", action="store_true", help="HumanEval instead")
+    parser.add_argument("--max-turns", type=int, default=8, help="moves per game, tool turns")
     args = parser.parse_args()
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads; greedy, "
+        f"{args.episodes} episodes, {args.max_new_tokens} new tokens at most\n"
+    )
+    if args.games or args.humaneval:
+        return games(args) if args.games else humaneval(args)
     cases = list(CASES)
     if args.gsm8k_dir:
         cases += [
@@ -71,10 +135,6 @@ def main() -> None:
         ]
     if args.only:
         cases = [case for case in cases if any(text in case[0] for text in args.only)]
-    print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads; greedy, "
-        f"{args.episodes} episodes, {args.max_new_tokens} new tokens at most\n"
-    )
     print("| task | level | answer format | success | answer given | mean reward | seconds |")
     print("|---|---|---|---|---|---|---|")
     for label, env_id, env_args, answer_format in cases:

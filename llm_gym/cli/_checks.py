@@ -37,6 +37,11 @@ def check_flags(args: argparse.Namespace, given: set[str]) -> None:
                 f"{flag} applies to dataset tasks ({', '.join(dataset_env_ids())}); "
                 f"{args.env} generates its questions"
             )
+    if "answer_format" in given and not _takes(args.env, "answer_format"):
+        raise ValueError(
+            f"--answer-format applies to tasks that ask for an answer format; {args.env} "
+            "reads answers in a format of its own (code, a game's moves)"
+        )
     # rollout charges the KL against --ref-model only; train's kl_coef is its own penalty.
     if "kl_coef" in given and "ref_model" in vars(args) and args.ref_model is None:
         if args.kl_coef > 0:

@@ -4,6 +4,8 @@ No env is made and no data loads (offline it answers as online, in well under a 
 from __future__ import annotations
 
 import inspect
+import textwrap
+from collections import defaultdict
 
 import gymnasium as gym
 
@@ -21,6 +23,7 @@ SPACES = {
     "llm_gym.envs.chat:ChatEnv": _CHAT,
     "llm_gym.envs.dataset:make_task_env": _CHAT,
     "llm_gym.envs.tokens:make_token_env": ("input_ids,attention_mask", "Discrete(vocab)"),
+    "llm_gym.envs.textarena:TextArenaEnv": _CHAT,
 }
 # Where a dataset task's rows come from, in order: --data-dir, the variable, the Hub.
 DATA = {"gsm8k_task": (GSM8K_ENV_VAR, GSM8K_HUB_ID), "math_task": (MATH_ENV_VAR, MATH_HUB_ID)}
@@ -34,7 +37,9 @@ NOTES = (
 )
 
 
-def _data(function: object) -> str:
+def _data(function: object, entry: str) -> str:
+    if entry.endswith(":TextArenaEnv"):
+        return "a TextArena game (game=, listed below)"
     if function is None:
         return "the query (query= or reset options)"
     name = getattr(function, "__name__", "")
@@ -61,12 +66,37 @@ def _row(env_id: str) -> tuple[str, ...]:
         task = entry
     observation, action = SPACES.get(entry, ("see its class", "see its class"))
     vector = "yes" if spec.vector_entry_point else "no"
-    return env_id, task, vector, observation, action, _data(function)
+    return env_id, task, vector, observation, action, _data(function, entry)
+
+
+def games_list() -> list[str]:
+    """The TextArena games ``LLMChat-TextArena-v0`` takes as ``game=``, by how they play here
+    (read from the game modules' source; nothing is imported that would download)."""
+    try:
+        from llm_gym.games import game_catalogue
+
+        catalogue = game_catalogue()
+    except ImportError as error:
+        return [f"TextArena games: {error}"]
+    groups: dict[str, list[str]] = defaultdict(list)
+    for info in catalogue:
+        if info.missing is not None:
+            groups[f"not playable here, {info.missing}"].append(info.game)
+        elif info.players in (1, 2):
+            groups["alone" if info.players == 1 else "against opponent="].append(info.game)
+        else:
+            groups["more than two players (not played)"].append(info.game)
+    lines = ["TextArena games (LLMChat-TextArena-v0 --env-arg game=ID):"]
+    for name, games in sorted(groups.items(), key=lambda group: -len(group[1])):
+        text = f"{name} ({len(games)}): {', '.join(games)}"
+        lines += textwrap.wrap(text, 100, initial_indent="  ", subsequent_indent="    ")
+    return lines
 
 
 def envs_table() -> str:
-    """The table ``llm-gym envs`` prints: a row per llm_gym id, then notes on its columns."""
+    """The table ``llm-gym envs`` prints: a row per llm_gym id, notes on its columns, then
+    the TextArena games."""
     rows = [HEADER, *(_row(env_id) for env_id in llm_gym_env_ids())]
     widths = [max(len(row[i]) for row in rows) for i in range(len(HEADER))]
     lines = ["  ".join(f"{c:<{w}}" for c, w in zip(row, widths, strict=True)) for row in rows]
-    return "\n".join([*(line.rstrip() for line in lines), "", *NOTES])
+    return "\n".join([*(line.rstrip() for line in lines), "", *NOTES, "", *games_list()])

@@ -68,8 +68,8 @@ class TextArenaEnv(DatasetChatEnv):
     The game's opening for the next sample of a seeded stream of games: ``reset(seed=s)``
     restarts the stream ``s`` names (so the same seed replays the same games),
     ``reset(options={"sample": {"query": game, "game_seed": k}})`` plays game ``k``. The
-    reset ``info`` holds ``game`` and ``game_seed``. With ``repeats=G`` each game is served
-    ``G`` times in a row (a GRPO group).
+    reset ``info`` holds ``task`` (the game id) and ``game_seed``. With ``repeats=G`` each
+    game is served ``G`` times in a row (a GRPO group).
 
     ## Episode End
 
@@ -101,7 +101,7 @@ class TextArenaEnv(DatasetChatEnv):
     >>> import gymnasium as gym, llm_gym
     >>> env = gym.make("LLMChat-TextArena-v0", game="GuessTheNumber-v0", max_turns=5)
     >>> obs, info = env.reset(seed=3)
-    >>> info["game"], obs["history"][0]["content"].splitlines()[0]
+    >>> info["task"], obs["history"][0]["content"].splitlines()[0]
     ('GuessTheNumber-v0', '[GAME] You are Player 0. You are playing Guess The Number.')
     >>> low, high, terminated = 1, 20, False
     >>> while not terminated:  # a binary search on the game's hints
@@ -150,7 +150,7 @@ class TextArenaEnv(DatasetChatEnv):
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise ValueError(f"a game's sample needs an int game_seed >= 0, got {seed!r}")
         opening = self._game.reset(int(seed))
-        return self._history_for(opening), {"game": self.game, "game_seed": int(seed)}
+        return self._history_for(opening), {"task": self.game, "game_seed": int(seed)}
 
     def _advance(
         self,

@@ -101,16 +101,16 @@ def _read_module(module: str) -> tuple[int | None, str | None]:
         source = path.read_text(encoding="utf-8")
         compile(source, str(path), "exec")
     except (OSError, SyntaxError) as error:
-        return None, f"its module {module} does not load here ({type(error).__name__})"
+        return None, f"its module does not load ({type(error).__name__})"
     states = set(re.findall(r"\b(SinglePlayer|TwoPlayer|\w+MultiPlayer)State\(", source))
     players = {frozenset({"SinglePlayer"}): 1, frozenset({"TwoPlayer"}): 2}.get(frozenset(states))
     words = "nltk" in source or "EnglishDictionary" in source
     missing = [name for name in _NLTK_PATHS if words and name in _needed(source)]
     missing = [name for name in missing if not _nltk_has(name)]
     if missing:
-        return players, f"nltk data {', '.join(map(repr, missing))} (not installed)"
+        return players, f"needs nltk data {', '.join(map(repr, missing))}, not installed"
     if "OpenRouter" in source:
-        return players, "an OpenRouter API key and network (its judge is a hosted model)"
+        return players, "needs an OpenRouter API key and network (its judge is a hosted model)"
     return players, None
 
 
@@ -225,7 +225,8 @@ class TextArenaGame:
         try:
             if declared not in (None, self.players):
                 raise AssertionError(f"its state is for {declared} players")
-            self.reset(seed=0)  # a game that needs another player count fails here, not later
+            with self._random_state():  # another player count fails here, not at a reset
+                self.env.reset(num_players=self.players, seed=0)
         except AssertionError as error:
             need = "pass opponent=..." if self.players == 1 else "leave opponent=None"
             raise ValueError(

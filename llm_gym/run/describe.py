@@ -3,14 +3,16 @@ format, model, backend, seed (one record for ``llm-gym rollout`` and ``llm-gym t
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import gymnasium as gym
+from gymnasium.envs.registration import load_env_creator
 
 from llm_gym.models import DEFAULT_MODEL_NAME
 from llm_gym.run.config import RunConfig
 
-__all__ = ["describe_run", "run_rows", "run_title"]
+__all__ = ["answer_format_of", "describe_run", "run_rows", "run_title"]
 
 
 def describe_run(
@@ -32,6 +34,18 @@ def describe_run(
         "backend": backend,
         "seed": config.seed,
     }
+
+
+def answer_format_of(config: RunConfig) -> str | None:
+    """``config.answer_format`` where its env's task asks for an answer format (its task
+    function takes ``answer_format``); None for an env with a format of its own (code, games),
+    which is not given one."""
+    factory = gym.spec(config.env).kwargs.get("task_factory")
+    if config.answer_format is None or factory is None:
+        return None
+    function = load_env_creator(factory) if isinstance(factory, str) else factory
+    takes = callable(function) and "answer_format" in inspect.signature(function).parameters
+    return config.answer_format if takes else None
 
 
 def run_title(run: dict[str, Any]) -> str:

@@ -21,7 +21,7 @@ from llm_gym.drivers.records import ARRAYS, Episodes
 from llm_gym.models import load_model
 from llm_gym.rewards.answers import ANSWER_FORMATS
 from llm_gym.run.config import RolloutConfig
-from llm_gym.run.describe import describe_run, run_rows, run_title
+from llm_gym.run.describe import answer_format_of, describe_run, run_rows, run_title
 from llm_gym.run.plots import plot_rollout
 from llm_gym.run.report import REPORT_FILE, write_report
 from llm_gym.run.setup import (
@@ -53,6 +53,7 @@ EPISODES_FILE = "episodes.jsonl"
 PROCEDURAL_EPISODES = 64  # the default for tasks without a fixed size
 SUMMARY_FILE = "summary.json"
 PLOT_FILE = "rollout.png"
+OUTCOMES = ("win", "draw", "loss", "unfinished")  # a game's end, as its env's info says
 LOW_FORMAT_RATE = 0.1  # at or below: the table hints at another --answer-format
 
 
@@ -75,6 +76,8 @@ class Summary:
     hint: str | None = None  # what to try when few responses follow the answer format
     worker_restarts: int | None = None  # Ray env workers that died and were replaced
     turns_per_episode: float | None = None  # assistant turns
+    # Games: the share of episodes won, drawn, lost and cut by max_turns (None: no games).
+    outcomes: dict[str, float] | None = None
 
     def table(self) -> str:
         """The summary as aligned ``name  value`` lines, then the hint, if any."""
@@ -99,6 +102,9 @@ class Summary:
             self.turns_per_episode > 1 or self.tool_episode_share is not None
         ):  # multi-turn episodes
             rows.append(("turns / episode", f"{self.turns_per_episode:.2f}"))
+        if self.outcomes is not None:
+            shares = " / ".join(f"{self.outcomes[name]:.3f}" for name in OUTCOMES)
+            rows.append((" / ".join(OUTCOMES), shares))
         if self.tool_episode_share is not None:
             failed = self.failed_tool_share
             rows += [
@@ -158,7 +164,7 @@ class Rollout:
             self.config = config = replace(config, episodes=epoch or PROCEDURAL_EPISODES)
         # What the env plays, read now: the summary is written after the envs are closed.
         task_env = getattr(envs.unwrapped, "env", envs.unwrapped)  # the vector env's template
-        self.answer_format = config.answer_format or getattr(task_env, "answer_format", None)
+        self.answer_format = answer_format_of(config) or getattr(task_env, "answer_format", None)
         self.start_level = getattr(envs.unwrapped, "level", None)
         self.task_names: set[str] = set()  # as the env's reset info names them
         self.driver: AsyncRollouts | None = None
@@ -318,15 +324,18 @@ def summarize(items: list[dict[str, Any]], seconds: float) -> Summary:
     kls = [r["kl_mean"] for r in items if r.get("kl_mean") is not None]
     tokens = sum(r["num_tokens"] for r in items)
     turns = [len(r.get("responses", ())) for r in items]  # assistant turns of each
-    tools: dict[str, float | None] = {}
+    extra: dict[str, Any] = {}  # tool and game rows, where the episodes have them
     if n and all("num_tool_calls" in r for r in items):
         calls = [r["num_tool_calls"] for r in items]
         failed = sum(r["failed_tool_calls"] for r in items)
-        tools = {
+        extra = {
             "tool_episode_share": sum(c > 0 for c in calls) / n,
             "tool_calls_per_episode": sum(calls) / n,
             "failed_tool_share": failed / sum(calls) if sum(calls) else None,
         }
+    ends = [r.get("outcome") for r in items]
+    if n and any(end is not None for end in ends):
+        extra["outcomes"] = {name: ends.count(name) / n for name in OUTCOMES}
     return Summary(
         episodes=n,
         accuracy=sum(bool(r.get("success", False)) for r in items) / max(n, 1),
@@ -338,5 +347,5 @@ def summarize(items: list[dict[str, Any]], seconds: float) -> Summary:
         generated_tokens=tokens,
         seconds=seconds,
         turns_per_episode=float(np.mean(turns)) if n else None,
-        **tools,
+        **extra,
     )

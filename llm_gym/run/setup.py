@@ -14,6 +14,7 @@ from llm_gym.drivers import AsyncRollouts
 from llm_gym.models import load_model
 from llm_gym.policies import SamplerPolicy, TransformersPolicy
 from llm_gym.run.config import DTYPE_NAMES, RunConfig
+from llm_gym.run.describe import answer_format_of
 from llm_gym.samplers import OpenAISampler, VLLMSampler
 from llm_gym.wrappers import kl as single_wrappers
 from llm_gym.wrappers import vector as vector_wrappers
@@ -59,7 +60,7 @@ def resolve_dtype(dtype: str) -> torch.dtype:
 def env_kwargs(config: RunConfig, tokenizer: Any, **options: Any) -> dict[str, Any]:
     """The arguments of ``config``'s task env (with ``options``; None: the env's default): tokens
     mode with the history (for records) and policy mask (for a trainer) in the observation."""
-    options.update(answer_format=config.answer_format, **config.tool_options())
+    options.update(answer_format=answer_format_of(config), **config.tool_options())
     return {
         **config.env_args,
         **{key: value for key, value in options.items() if value is not None},

@@ -15,24 +15,33 @@ from llm_gym.run.config import RunConfig
 from llm_gym.run.rollout import Episodes, summarize
 from llm_gym.run.setup import task_envs
 
-__all__ = ["evaluate", "play_episodes"]
+__all__ = ["evaluate", "multi_turn", "play_episodes"]
+
+
+def multi_turn(envs: Any) -> bool:
+    """Whether an episode of ``envs`` (``task_envs``) may take more than one response: with
+    tools, in a game, with ``max_turns`` above 1 (as the env holding the task's settings says:
+    the native vector env's template, else the first sub-env)."""
+    base = envs.unwrapped
+    template = getattr(base, "env", None) or base.envs[0].unwrapped
+    return template.max_turns != 1 or template.toolbox is not None
 
 
 @torch.no_grad()
 def play_episodes(
-    envs: Any, policy: Any, obs: dict[str, Any], *, tools: bool
+    envs: Any, policy: Any, obs: dict[str, Any], *, multi_turn: bool
 ) -> tuple[list[dict[str, Any]], float, dict[str, Any]]:
     """Play one episode in every sub-env of ``envs`` (``task_envs``) from ``obs``: their
     records (``llm_gym.run.rollout.Episodes``), the seconds spent generating and the last
-    observation. Without ``tools`` every response must end its episode."""
+    observation. Unless ``multi_turn`` every response must end its episode."""
     running = Episodes(envs, obs)
     records: list[Any] = [None] * envs.num_envs
     seconds, turns = 0.0, 0
     while None in records:
-        if turns and not tools:
+        if turns and not multi_turn:
             raise ValueError(
-                "the task went on after a response: without tools, leave max_turns at 1 "
-                "(every response ends its episode)"
+                "the task went on after a response: in a single-turn task leave max_turns "
+                "at 1 (every response ends its episode)"
             )
         active = [i for i, record in enumerate(records) if record is None]
         start = time.perf_counter()
@@ -67,6 +76,7 @@ def evaluate(
     ``policy`` replaces the greedy ``TransformersPolicy`` of ``model``."""
     tools = bool(config.tools)
     envs = task_envs(replace(config, curriculum=0), tokenizer, min(num_envs, episodes))
+    turns = multi_turn(envs)
     if policy is None:  # not make_sampler: GRPOConfig refuses temperature 0
         kwargs = {"max_new_tokens": config.max_new_tokens, "do_sample": False}
         policy = TransformersPolicy(model, tokenizer, input_mode="tokens", generate_kwargs=kwargs)
@@ -74,9 +84,9 @@ def evaluate(
     try:
         obs, _ = envs.reset(seed=seed)
         while len(records) < episodes:
-            if tools and records:  # round r of tool episodes from seed + r: turn-independent
+            if turns and records:  # round r of multi-turn episodes from seed + r
                 obs, _ = envs.reset(seed=seed + len(records) // envs.num_envs)
-            played, _, obs = play_episodes(envs, policy, obs, tools=tools)
+            played, _, obs = play_episodes(envs, policy, obs, multi_turn=turns)
             records += played[: episodes - len(records)]
     finally:
         envs.close()

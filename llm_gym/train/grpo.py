@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 
 from llm_gym.models import load_model
 from llm_gym.policies import TransformersPolicy
-from llm_gym.run.describe import describe_run
+from llm_gym.run.describe import answer_format_of, describe_run
 from llm_gym.run.rollout import summarize
 from llm_gym.run.setup import (
     async_rollouts,
@@ -30,7 +30,7 @@ from llm_gym.run.setup import (
 from llm_gym.samplers.weights import export_model, write_weights
 from llm_gym.train.checkpoints import load_checkpoint, save_checkpoint
 from llm_gym.train.config import GRPOConfig
-from llm_gym.train.episodes import evaluate, play_episodes
+from llm_gym.train.episodes import evaluate, multi_turn, play_episodes
 from llm_gym.train.loss import group_advantages, grpo_loss, sampled
 from llm_gym.train.pipeline import AsyncBatches, staleness
 from llm_gym.train.run_folder import (
@@ -101,6 +101,7 @@ class GRPOTrainer:
             repeats=config.group_size, group_repeats=True,
         )  # fmt: skip
         self.curriculum = self.envs if config.curriculum else None  # before KL wraps it
+        self.multi_turn = multi_turn(self.envs)  # tools, games: iterations reseed themselves
         if config.kl_coef > 0:
             controller, target = None, config.kl_target  # no target: a constant coefficient
             if target is not None:
@@ -121,7 +122,7 @@ class GRPOTrainer:
         self._drawn_level = getattr(self.envs.unwrapped, "level", None)
         # What the env plays, for the summary: its answer format and the tasks it names.
         template = getattr(self.envs.unwrapped, "env", self.envs.unwrapped)
-        self.answer_format = config.answer_format or getattr(template, "answer_format", None)
+        self.answer_format = answer_format_of(config) or getattr(template, "answer_format", None)
         self.task_names: set[str] = set()
         if state:
             self._restore(state, tensors)
@@ -184,21 +185,22 @@ class GRPOTrainer:
         return summary
 
     def iteration(self, obs: dict[str, Any] | None, iteration: int) -> tuple[dict[str, Any], dict]:
-        """Play an episode in every sub-env from ``obs`` (with tools, from the iteration's own
+        """Play an episode in every sub-env from ``obs`` (multi-turn: from the iteration's own
         seed), score, update: the next observation and the metrics row."""
         config, start = self.config, time.perf_counter()
-        tools, kl, lag = bool(config.tools), config.kl_coef > 0, None
+        kl, lag = config.kl_coef > 0, None
         if self.batches is not None:  # sampled ahead, by the versions it names
             records, seconds = self.batches.next(iteration)
             next_obs, lag = obs, staleness(records, iteration, config.update_epochs)
             if lag > config.max_staleness:
                 raise RuntimeError(f"iteration {iteration}'s batch is {lag} updates stale")
         else:
-            if config.tools:  # a fresh seed restarts each group on one question
+            if self.multi_turn:  # a fresh seed restarts each group on one question
                 obs, _ = self.envs.reset(seed=config.seed + 1 + iteration)
             # The next questions are drawn in this iteration's step, at the level before it.
             self._drawn_level = getattr(self.envs.unwrapped, "level", None)
-            records, seconds, next_obs = play_episodes(self.envs, self._sample, obs, tools=tools)
+            played = play_episodes(self.envs, self._sample, obs, multi_turn=self.multi_turn)
+            records, seconds, next_obs = played
         self.task_names.update(str(r["task"]) for r in records if r.get("task") is not None)
         summary = summarize(records, seconds)
         rewards = torch.tensor([r["reward"] for r in records], device=self.device)
@@ -382,7 +384,7 @@ class GRPOTrainer:
             self.batches = AsyncBatches(self.driver, size, config.max_staleness, self.start)
             return {}
         obs, _ = self.envs.reset(seed=config.seed)
-        if state is None or config.tools:
+        if state is None or self.multi_turn:
             return obs
         sources = getattr(base, "sources", [])
         if not sources or None in state["positions"] or not hasattr(sources[0], "seek"):
