@@ -100,8 +100,10 @@ def _read_module(module: str) -> tuple[int | None, str | None]:
     try:
         source = path.read_text(encoding="utf-8")
         compile(source, str(path), "exec")
-    except (OSError, SyntaxError) as error:
-        return None, f"its module does not load ({type(error).__name__})"
+    except SyntaxError:
+        return None, "its module needs a newer Python"
+    except OSError:
+        return None, "its module is not in the installed package"
     states = set(re.findall(r"\b(SinglePlayer|TwoPlayer|\w+MultiPlayer)State\(", source))
     players = {frozenset({"SinglePlayer"}): 1, frozenset({"TwoPlayer"}): 2}.get(frozenset(states))
     words = "nltk" in source or "EnglishDictionary" in source
