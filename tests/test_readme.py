@@ -29,9 +29,9 @@ BLOCKS = readme_blocks()
 
 
 def test_readme_has_its_blocks():
-    # Quick look (2), Tasks, Tools, adding a task, make_vec, Policies, backends, KL, SB3,
+    # Quick look (2), Tasks, Games, Tools, adding a task, make_vec, Policies, backends, KL, SB3,
     # TRL (2).
-    assert len(BLOCKS) == 13
+    assert len(BLOCKS) == 14
     assert all(code.strip() for _, code in BLOCKS)
 
 
