@@ -1,15 +1,18 @@
 """TextArena's games in ``llm-gym rollout`` and ``llm-gym train``: played to their ends, the
 summary's win/draw/loss, GRPO groups on one game, flags a game does not take."""
 
+import functools
 import json
 import re
 
+import gymnasium as gym
 import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
 from llm_gym.chat import Response
 from llm_gym.cli import main
+from llm_gym.drivers import AsyncRollouts
 from llm_gym.run import Rollout, RolloutConfig
 from llm_gym.train import GRPOConfig, GRPOTrainer
 
@@ -101,3 +104,18 @@ def test_train_on_a_game_puts_each_group_on_one_game(tiny_dir, tmp_path):
     assert openings[0] == openings[1] and openings[2] == openings[3]  # a group, one game
     assert row["success"] in (0.5, 0.75, 1.0) and 0.5 <= row["reward"] <= 1.0
     assert np.isfinite(row["loss"]) and row["response_tokens"] > 4
+
+
+def test_async_rollouts_play_the_stream_of_games_the_seed_names(smollm2_tokenizer):
+    tok = smollm2_tokenizer
+    kwargs = {"game": "GuessTheNumber-v0", "input_mode": "tokens", "tokenizer": tok,
+              "observation_keys": ("tokens", "history", "policy_mask")}  # fmt: skip
+    env_fn = functools.partial(gym.make, "LLMChat-TextArena-v0", **kwargs)
+    policy = scripted(tok, lambda i, prompt: guess(prompt))
+    with AsyncRollouts(env_fn, 3, policy, seed=4, input_mode="tokens") as run:
+        records = {r["sample_index"]: r for r in run.episodes(6)}
+    envs = gym.make_vec("LLMChat-TextArena-v0", num_envs=6, game="GuessTheNumber-v0")
+    expected = envs.reset(seed=4)[1]["game_seed"].tolist()  # positions 0..5 of one stream
+    assert [records[i]["game_seed"] for i in range(6)] == expected
+    assert all(r["outcome"] == "win" and r["reward"] == 1.0 for r in records.values())
+    assert all(r["policy_mask"].sum() == r["num_tokens"] for r in records.values())
