@@ -219,8 +219,12 @@ def test_a_game_needing_nltk_data_is_refused_by_name(monkeypatch, tmp_path):
     import nltk
 
     monkeypatch.setattr(nltk.data, "path", [str(tmp_path)])  # nothing installed there
-    with pytest.raises(ValueError, match=r"^game 'Hangman-v0' needs the nltk data 'words'"):
+    with pytest.raises(ValueError, match=r"^game 'Hangman-v0' needs nltk data 'words', not in"):
         TextArenaEnv("Hangman-v0")
+    with pytest.raises(ValueError, match=r"'words', 'averaged_perceptron_tagger_eng', not inst"):
+        TextArenaEnv("Wordle-v0")
+    with pytest.raises(ValueError, match=r"'SecretMafia-v0' does not play .* not played here"):
+        TextArenaEnv("SecretMafia-v0")
     missing = {info.game: info.missing for info in game_catalogue()}
     assert missing["Wordle-v0"] == (
         "needs nltk data 'words', 'averaged_perceptron_tagger_eng', not installed"

@@ -45,6 +45,10 @@ _NLTK_PATHS = {
     "words": "corpora/words",
     "averaged_perceptron_tagger_eng": "taggers/averaged_perceptron_tagger_eng",
 }
+_NLTK_HINT = (
+    "llm_gym downloads nothing and no package on the registry holds it; run nltk.download() "
+    "for it once where there is network, or set NLTK_DATA to a folder that holds it"
+)
 _RANDOM_LOCK = threading.Lock()  # the global random module, lent to one game at a time
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 Opponent = Callable[[str], str]  # TextArena's Agent: the observation text in, the action out
@@ -155,23 +159,24 @@ def _no_downloads() -> Iterator[None]:
         nltk.download = download
 
 
-def _make(game: str) -> Any:
-    ta = _textarena()
-    if game not in _registry():
-        near = [g for g in game_ids() if g.lower().startswith(game.lower().split("-")[0])]
+def _check_id(game: Any) -> str:
+    if not isinstance(game, str) or game not in _registry():
+        stem = str(game).lower().split("-")[0]
+        near = [g for g in game_ids() if g.lower().startswith(stem)]
         hint = f"; did you mean {near[:5]}?" if near else " (llm-gym envs lists them)"
         raise ValueError(f"game must be a TextArena game id (e.g. 'Sudoku-v0'), got {game!r}{hint}")
+    return game
+
+
+def _make(game: str) -> Any:
+    ta = _textarena()
     try:
         with _RANDOM_LOCK, _no_downloads():
             env = ta.make(game)
     except LookupError as error:  # a resource nltk looked for and did not find
         found = re.search(r"Resource\s+'?(\w+)", _ANSI.sub("", str(error)))
         name = error.args[0] if isinstance(error, _MissingData) else (found and found.group(1))
-        raise ValueError(
-            f"game {game!r} needs the nltk data {name!r}, which is not installed and is not on "
-            "the package registry: run nltk.download() for it where there is network, or set "
-            "NLTK_DATA to a folder that holds it"
-        ) from None
+        raise ValueError(f"game {game!r} needs nltk data {name!r}: {_NLTK_HINT}") from None
     except (ImportError, SyntaxError, OSError, ValueError) as error:
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise ValueError(f"game {game!r} cannot be played here: {reason}") from None
@@ -218,19 +223,23 @@ class TextArenaGame:
         self.players = 1 if opponent is None else 2
         if seat not in range(self.players):
             raise ValueError(f"seat must be 0 or 1 with an opponent, 0 without, got {seat!r}")
-        self.game, self.opponent, self.seat = game, opponent, seat
+        self.game, self.opponent, self.seat = _check_id(game), opponent, seat
+        self.declared, missing = _read_module(_registry()[game].entry_point.split(":")[0])
+        if missing is not None and missing.startswith("needs nltk"):  # all of it, by name
+            raise ValueError(f"game {game!r} {missing}: {_NLTK_HINT}")
         self.env = _make(game)
         self._random = random.Random(0).getstate()
         self._log: list[tuple[int, str]] = []  # the opponent's seat's messages
         self.done = False
-        declared = _read_module(_registry()[game].entry_point.split(":")[0])[0]
         try:
-            if declared not in (None, self.players):
-                raise AssertionError(f"its state is for {declared} players")
+            if self.declared not in (None, self.players):
+                raise AssertionError(f"its state is for {self.declared} players")
             with self._random_state():  # another player count fails here, not at a reset
                 self.env.reset(num_players=self.players, seed=0)
         except AssertionError as error:
-            need = "pass opponent=..." if self.players == 1 else "leave opponent=None"
+            need = "leave opponent=None"
+            if self.players == 1:
+                need = "pass opponent=..." if self.declared == 2 else "it is not played here"
             raise ValueError(
                 f"game {game!r} does not play with {self.players} player(s) ({error}): {need}"
             ) from None
