@@ -119,3 +119,17 @@ def test_async_rollouts_play_the_stream_of_games_the_seed_names(smollm2_tokenize
     assert [records[i]["game_seed"] for i in range(6)] == expected
     assert all(r["outcome"] == "win" and r["reward"] == 1.0 for r in records.values())
     assert all(r["policy_mask"].sum() == r["num_tokens"] for r in records.values())
+
+
+def test_the_summary_gives_code_its_pass_rate():
+    from llm_gym.run.rollout import summarize
+
+    def record(passed, tests, turns):
+        success, reward = passed == tests > 0, passed / max(tests, 1)
+        return {"tests_passed": passed, "tests": tests, "success": success, "reward": reward,
+                "num_tokens": 5, "responses": ["x"] * turns}  # fmt: skip
+
+    summary = summarize([record(7, 7, 1), record(3, 7, 2), record(0, 0, 1), record(4, 4, 2)], 1.0)
+    rows = dict(summary.rows())
+    assert summary.pass_rate == 0.5 and rows["pass rate (all tests)"] == "0.500"
+    assert rows["turns / episode"] == "1.50" and summary.outcomes is None

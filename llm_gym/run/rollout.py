@@ -78,6 +78,7 @@ class Summary:
     turns_per_episode: float | None = None  # assistant turns
     # Games: the share of episodes won, drawn, lost and cut by max_turns (None: no games).
     outcomes: dict[str, float] | None = None
+    pass_rate: float | None = None  # code: episodes whose every test passed (None: no code)
 
     def table(self) -> str:
         """The summary as aligned ``name  value`` lines, then the hint, if any."""
@@ -102,6 +103,8 @@ class Summary:
             self.turns_per_episode > 1 or self.tool_episode_share is not None
         ):  # multi-turn episodes
             rows.append(("turns / episode", f"{self.turns_per_episode:.2f}"))
+        if self.pass_rate is not None:
+            rows.append(("pass rate (all tests)", f"{self.pass_rate:.3f}"))
         if self.outcomes is not None:
             shares = " / ".join(f"{self.outcomes[name]:.3f}" for name in OUTCOMES)
             rows.append((" / ".join(OUTCOMES), shares))
@@ -333,6 +336,8 @@ def summarize(items: list[dict[str, Any]], seconds: float) -> Summary:
             "tool_calls_per_episode": sum(calls) / n,
             "failed_tool_share": failed / sum(calls) if sum(calls) else None,
         }
+    if n and all("tests" in r for r in items):  # code graded by its tests
+        extra["pass_rate"] = sum(bool(r.get("success")) for r in items) / n
     ends = [r.get("outcome") for r in items]
     if n and any(end is not None for end in ends):
         extra["outcomes"] = {name: ends.count(name) / n for name in OUTCOMES}
