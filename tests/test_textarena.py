@@ -104,7 +104,8 @@ def test_max_turns_truncates_an_unfinished_game():
     _, reward, terminated, truncated, info = env.step("[2]")
     assert (reward, terminated, truncated) == (0.0, False, True)
     assert info == {"outcome": "unfinished", "success": False, "reason": "max_turns",
-                    "invalid_move": False, "task": GUESS, "game_seed": 1576890651}  # fmt: skip
+                    "invalid_move": False, "task": GUESS, "game_seed": 1576890651,
+                    "reward": 0.0}  # fmt: skip
 
 
 def test_tokens_mode_keeps_the_prefix_and_masks_only_the_policys_tokens(smollm2_tokenizer):

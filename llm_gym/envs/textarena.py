@@ -61,7 +61,8 @@ class TextArenaEnv(DatasetChatEnv):
     invalid move after its warning ends the game with the game's penalty); against an
     opponent +1 / 0 / -1. The last step's ``info`` has ``outcome`` (``"win"``, ``"draw"``,
     ``"loss"``, or ``"unfinished"`` when ``max_turns`` cut the game), ``success`` (a win),
-    TextArena's ``reason`` and ``invalid_move``, and the game's ``task`` and ``game_seed``.
+    TextArena's ``reason`` and ``invalid_move``, the game's ``task`` and ``game_seed``, and
+    ``reward`` (the game's, which a record keeps as ``reward_task`` beside KL penalties).
 
     ## Starting State
 
@@ -176,8 +177,9 @@ class TextArenaEnv(DatasetChatEnv):
         else:
             added = [{"role": self.user_role, "content": self._game.messages() or NO_MESSAGE}]
         done = terminated or truncated
-        if done:  # the episode's record names its game
+        if done:  # the episode's record names its game and the game's reward
             info.update(task=self.game, game_seed=(sample or self._sample)["game_seed"])
+            info["reward"] = float(reward)
         extended, problem = self.builder.extend(
             conversation, content, response.tokens, added,
             reward=reward, version=response.version, done=done,
