@@ -1,11 +1,12 @@
-"""What the TransformersPolicy tests share: chat observations and an independent oracle."""
+"""What the policy tests share: chat observations, an independent oracle, a scripted policy."""
 
 import numpy as np
 import torch
 
 from llm_gym import ChatEnv
+from llm_gym.chat import Response
 
-__all__ = ["QUERIES", "SYSTEM", "chat_obs", "oracle_log_probs"]
+__all__ = ["QUERIES", "SYSTEM", "chat_obs", "oracle_log_probs", "scripted_policy"]
 
 SYSTEM = "You are a helpful assistant."
 QUERIES = ["What is 2+2?", "Name a colour of the sky on a clear day, in one word please."]
@@ -30,3 +31,15 @@ def chat_obs(*queries, tokenizer=None, history_only=True):
         env.reset(options={"query": q})[0] for env, q in zip(envs, queries, strict=True)
     ]
     return {key: tuple(o[key] for o in observations) for key in keys}
+
+
+def scripted_policy(tok, answer):
+    """A sampler whose responses are ``answer(i, prompt_text)`` for each sub-env ``i`` of a
+    tokens observation, each ended by the end-of-sequence token."""
+
+    def policy(batch):
+        texts = [answer(i, tok.decode(p)) for i, p in enumerate(batch["tokens"])]
+        ids = [tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for t in texts]
+        return [Response(t, np.array(i)) for t, i in zip(texts, ids, strict=True)]
+
+    return policy

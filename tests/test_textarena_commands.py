@@ -8,9 +8,9 @@ import re
 import gymnasium as gym
 import numpy as np
 import pytest
+from policy_fixture import scripted_policy
 from transformers import AutoTokenizer
 
-from llm_gym.chat import Response
 from llm_gym.cli import main
 from llm_gym.drivers import AsyncRollouts
 from llm_gym.run import Rollout, RolloutConfig
@@ -29,17 +29,6 @@ def guess(prompt: str) -> str:
     return f"[{(low + high) // 2}]"
 
 
-def scripted(tok, answer):
-    """A policy of the tokens observations: ``answer(i, prompt text)`` for sub-env ``i``."""
-
-    def policy(batch):
-        texts = [answer(i, tok.decode(p)) for i, p in enumerate(batch["tokens"])]
-        ids = [tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for t in texts]
-        return [Response(t, np.array(i)) for t, i in zip(texts, ids, strict=True)]
-
-    return policy
-
-
 def test_rollout_plays_games_to_their_end_and_counts_outcomes(tiny_dir, tmp_path, capsys):
     argv = ["rollout", *GAME, "--env-arg", "max_turns=2", "--model", tiny_dir,
             "--num-envs", "2", "--episodes", "2", "--max-new-tokens", "4",
@@ -53,7 +42,7 @@ def test_rollout_plays_games_to_their_end_and_counts_outcomes(tiny_dir, tmp_path
     )  # fmt: skip
     rollout = Rollout(config)
     tok = AutoTokenizer.from_pretrained(tiny_dir)
-    rollout.policy = scripted(tok, lambda i, prompt: guess(prompt) if i == 0 else "[20]")
+    rollout.policy = scripted_policy(tok, lambda i, prompt: guess(prompt) if i == 0 else "[20]")
     summary = rollout.run()
     episodes = [json.loads(line) for line in rollout.episodes_path.open()]
     by_env = {i: [e for e in episodes if e["env_index"] == i] for i in (0, 1)}
@@ -98,7 +87,7 @@ def test_train_on_a_game_puts_each_group_on_one_game(tiny_dir, tmp_path):
         seen.append((i, prompt.split("<|im_start|>assistant")[0]))
         return guess(prompt) if i % 2 == 0 else "[20]"  # one of each group searches
 
-    trainer.sampler = scripted(trainer.tokenizer, answer)
+    trainer.sampler = scripted_policy(trainer.tokenizer, answer)
     _, row = trainer.iteration(None, 0)
     openings = {i: prompt for i, prompt in seen}
     assert openings[0] == openings[1] and openings[2] == openings[3]  # a group, one game
@@ -111,7 +100,7 @@ def test_async_rollouts_play_the_stream_of_games_the_seed_names(smollm2_tokenize
     kwargs = {"game": "GuessTheNumber-v0", "input_mode": "tokens", "tokenizer": tok,
               "observation_keys": ("tokens", "history", "policy_mask")}  # fmt: skip
     env_fn = functools.partial(gym.make, "LLMChat-TextArena-v0", **kwargs)
-    policy = scripted(tok, lambda i, prompt: guess(prompt))
+    policy = scripted_policy(tok, lambda i, prompt: guess(prompt))
     with AsyncRollouts(env_fn, 3, policy, seed=4, input_mode="tokens") as run:
         records = {r["sample_index"]: r for r in run.episodes(6)}
     envs = gym.make_vec("LLMChat-TextArena-v0", num_envs=6, game="GuessTheNumber-v0")

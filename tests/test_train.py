@@ -6,8 +6,8 @@ import json
 import numpy as np
 import pytest
 import torch
+from policy_fixture import scripted_policy
 
-from llm_gym.chat import Response
 from llm_gym.cli import main
 from llm_gym.train import GRPOConfig, GRPOTrainer, group_advantages, grpo_loss
 
@@ -113,17 +113,6 @@ def test_an_update_moves_the_policy_toward_the_better_response(tiny_dir, tmp_pat
         dist, ids = trainer.scorer.get_dist(obs, responses, mask="prompt")
         after = (dist.log_prob(ids).sum(-1)).tolist()
     assert after[0] > before[0] and after[1] < before[1]
-
-
-def scripted_policy(tok, answer):
-    """A sampler whose responses are ``answer(i, prompt_text)`` for each sub-env ``i``."""
-
-    def policy(batch):
-        texts = [answer(i, tok.decode(p)) for i, p in enumerate(batch["tokens"])]
-        ids = [tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for t in texts]
-        return [Response(t, np.array(i)) for t, i in zip(texts, ids, strict=True)]
-
-    return policy
 
 
 def test_a_metrics_row_holds_the_iterations_values(tiny_dir, tmp_path):
