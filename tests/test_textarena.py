@@ -233,6 +233,14 @@ def test_a_game_needing_nltk_data_is_refused_by_name(monkeypatch, tmp_path):
     assert missing[GUESS] is None and "API key" in missing["TwentyQuestions-v0"]
 
 
+def test_a_message_in_the_wrong_order_is_put_back():
+    # Countdown-v0 passes add_observation's arguments positionally in the wrong order.
+    game = TextArenaGame("Countdown-v0")
+    game.reset(seed=0)
+    game.step("[1 + 2]")
+    assert "ObservationType" not in game.messages()
+
+
 def test_the_catalogue_agrees_with_the_games():
     catalogue = {info.game: info for info in game_catalogue()}
     assert catalogue[GUESS].players == 1 and catalogue["TicTacToe-v0"].players == 2
@@ -242,4 +250,7 @@ def test_the_catalogue_agrees_with_the_games():
             families.setdefault((info.game.split("-")[0], info.players), info.game)
     assert len(families) > 50
     for game in [g for (_, players), g in families.items() if players == 1]:
-        assert TextArenaGame(game).reset(seed=0), game  # an opening message for the learner
+        played = TextArenaGame(game)
+        assert played.reset(seed=0).startswith("[GAME] "), game  # the learner's opening
+        played.step("[1]")  # a move each game reads by its own rules (most: invalid)
+        assert played.done or played.messages().startswith("[GAME] "), game

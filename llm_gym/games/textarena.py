@@ -199,6 +199,15 @@ def outcome_of(reward: float, players: int) -> str:
     return "win" if reward > 0 else "draw" if reward == 0 else "loss"
 
 
+def _normal(sender: Any, text: Any, kind: Any) -> tuple[Any, str, Any]:
+    """A message as ``(sender, text, kind)``. Some games pass ``add_observation``'s arguments
+    in the wrong order (Countdown-v0: ``(player, action, kind)`` lands as
+    ``(kind, player, action)``); such a message is put back in order."""
+    if isinstance(sender, _textarena().ObservationType) and isinstance(kind, str):
+        sender, text, kind = text, kind, sender
+    return sender, str(text), kind
+
+
 class TextArenaGame:
     """One TextArena game: ``reset`` it, ``step`` the learner's actions (the opponent answers
     in the same call), read the learner's new ``messages``; ``result`` at the end.
@@ -278,10 +287,10 @@ class TextArenaGame:
             rewards, game_info = self.env.close()
         return float(rewards[self.seat]), dict(game_info.get(self.seat, {}))
 
-    def _take(self, player: int) -> list[Any]:
+    def _take(self, player: int) -> list[tuple[Any, str, Any]]:
         observations = self.env.state.observations
         new, observations[player] = list(observations[player]), []
-        return new
+        return [_normal(*message) for message in new]
 
     def _line(self, sender: int, text: str) -> str:
         name = "GAME" if sender < 0 else self.env.state.role_mapping.get(sender, f"Player {sender}")
