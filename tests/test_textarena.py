@@ -210,6 +210,8 @@ def test_bad_arguments_name_themselves():
     obs, _ = env.reset(seed=3)
     with pytest.raises(ValueError, match="needs an int game_seed >= 0, got 'x'"):
         env.reset(options={"sample": {"query": GUESS, "game_seed": "x"}})
+    _, reward, terminated, _, info = env.step("[12]")  # the game of seed 3 goes on
+    assert (reward, terminated, info["game_seed"]) == (1.0, True, 1576890651)
     env = TextArenaEnv("TicTacToe-v0", opponent=lambda obs: 4)
     env.reset(seed=0)
     with pytest.raises(TypeError, match="opponent must return a str action, got int"):

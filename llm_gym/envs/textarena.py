@@ -146,12 +146,19 @@ class TextArenaEnv(DatasetChatEnv):
             **chat_options,
         )  # fmt: skip
 
-    def _episode_start(self, sample: Mapping[str, Any]) -> tuple[History, dict[str, Any]]:
-        seed = sample.get("game_seed")
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+    def _given_sample(self, options: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        # Checked before anything changes: a bad game_seed leaves the running game as it was.
+        sample = super()._given_sample(options)
+        seed = None if sample is None else sample.get("game_seed")
+        if sample is not None and (
+            isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0
+        ):
             raise ValueError(f"a game's sample needs an int game_seed >= 0, got {seed!r}")
-        opening = self._game.reset(int(seed))
-        return self._history_for(opening), {"task": self.game, "game_seed": int(seed)}
+        return sample
+
+    def _episode_start(self, sample: Mapping[str, Any]) -> tuple[History, dict[str, Any]]:
+        seed = int(sample["game_seed"])
+        return self._history_for(self._game.reset(seed)), {"task": self.game, "game_seed": seed}
 
     def _advance(
         self,
