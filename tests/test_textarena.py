@@ -243,6 +243,16 @@ def test_a_message_in_the_wrong_order_is_put_back():
     assert "ObservationType" not in game.messages()
 
 
+def test_a_result_in_the_wrong_order_is_put_back():
+    # Countdown-v0 passes set_invalid_move's reward and reason in the wrong order.
+    game = TextArenaGame("Countdown-v0")
+    game.reset(seed=0)
+    while not game.done:
+        game.step("no move")
+    reward, info = game.result()
+    assert 0.0 < reward < 1.0 and info["reason"].startswith("Invalid Move: Invalid action format")
+
+
 def test_the_catalogue_agrees_with_the_games():
     catalogue = {info.game: info for info in game_catalogue()}
     assert catalogue[GUESS].players == 1 and catalogue["TicTacToe-v0"].players == 2
@@ -256,3 +266,8 @@ def test_the_catalogue_agrees_with_the_games():
         assert played.reset(seed=0).startswith("[GAME] "), game  # the learner's opening
         played.step("[1]")  # a move each game reads by its own rules (most: invalid)
         assert played.done or played.messages().startswith("[GAME] "), game
+        while not played.done:  # invalid moves end every game (after TextArena's warning)
+            played.step("no move")
+        reward, info = played.result()
+        assert isinstance(reward, float) and -1.0 <= reward <= 1.0, (game, reward)
+        assert isinstance(info["reason"], str), game

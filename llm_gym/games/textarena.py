@@ -208,6 +208,21 @@ def _normal(sender: Any, text: Any, kind: Any) -> tuple[Any, str, Any]:
     return sender, str(text), kind
 
 
+def _reward_in_order(reward: Any, info: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+    """The reward as a float. Some games pass ``set_invalid_move``'s reward and reason in the
+    wrong order (Countdown-v0, Cryptarithm-v0, Slitherlink-v0: the reward is the reason's text
+    and the reason ends with the reward); such a result is put back in order."""
+    if isinstance(reward, (int, float)) and not isinstance(reward, bool):
+        return float(reward), info
+    head, _, number = str(info.get("reason", "")).rpartition(": ")
+    try:
+        value = float(number)
+    except ValueError:
+        raise ValueError(f"the game's reward is not a number: {reward!r}") from None
+    info["reason"] = f"{head}: {reward}" if head else str(reward)
+    return value, info
+
+
 class TextArenaGame:
     """One TextArena game: ``reset`` it, ``step`` the learner's actions (the opponent answers
     in the same call), read the learner's new ``messages``; ``result`` at the end.
@@ -285,7 +300,7 @@ class TextArenaGame:
         ``invalid_move``, ``turn_count``) once the game is over."""
         with self._random_state():
             rewards, game_info = self.env.close()
-        return float(rewards[self.seat]), dict(game_info.get(self.seat, {}))
+        return _reward_in_order(rewards[self.seat], dict(game_info.get(self.seat, {})))
 
     def _take(self, player: int) -> list[tuple[Any, str, Any]]:
         observations = self.env.state.observations
