@@ -3,6 +3,7 @@ serve live in ``llm_gym.tasks``."""
 
 from llm_gym.envs.chat import ChatEnv
 from llm_gym.envs.dataset import DatasetChatEnv, make_task_env
+from llm_gym.envs.textarena import TextArenaEnv, make_textarena_vector_env
 from llm_gym.envs.tokens import TokenEnv
 from llm_gym.envs.vector import (
     DatasetChatVectorEnv,
@@ -18,9 +19,11 @@ __all__ = [
     "DatasetChatVectorEnv",
     "TaskReward",
     "TaskScore",
+    "TextArenaEnv",
     "TokenEnv",
     "batch_infos",
     "make_task_env",
     "make_task_vector_env",
+    "make_textarena_vector_env",
     "sharded_env_fns",
 ]
