@@ -15,7 +15,7 @@ from llm_gym.checks import check_str
 from llm_gym.envs.chat import ActionRead, Outcome
 from llm_gym.envs.dataset import DatasetChatEnv
 from llm_gym.envs.vector import sharded_env_fns
-from llm_gym.games.textarena import Opponent, TextArenaGame, outcome_of
+from llm_gym.games import Opponent, TextArenaGame, outcome_of
 from llm_gym.sources import ProceduralSource
 
 __all__ = ["TEXTARENA_ID", "TextArenaEnv", "make_textarena_vector_env"]

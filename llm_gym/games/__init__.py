@@ -3,6 +3,7 @@ imported only when a game is made or listed)."""
 
 from llm_gym.games.textarena import (
     GameInfo,
+    Opponent,
     PolicyOpponent,
     TextArenaGame,
     game_catalogue,
@@ -12,6 +13,7 @@ from llm_gym.games.textarena import (
 
 __all__ = [
     "GameInfo",
+    "Opponent",
     "PolicyOpponent",
     "TextArenaGame",
     "game_catalogue",

@@ -29,6 +29,7 @@ from typing import Any
 
 __all__ = [
     "GameInfo",
+    "Opponent",
     "PolicyOpponent",
     "TextArenaGame",
     "game_catalogue",
@@ -99,6 +100,7 @@ def game_catalogue() -> list[GameInfo]:
 
 
 def _read_module(module: str) -> tuple[int | None, str | None]:
+    # A game module's players and what it misses here, from its source (see GameInfo).
     root = Path(_textarena().__file__).parent
     path = root.joinpath(*module.split(".")[1:]).with_suffix(".py")
     try:
