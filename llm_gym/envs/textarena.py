@@ -137,7 +137,6 @@ class TextArenaEnv(DatasetChatEnv):
             tools = chat_options["tools"]
             raise TypeError(f"TextArenaEnv plays without tools, got tools={tools!r}")
         self.game = game
-        self.players = 1 if opponent is None else 2
         self._game = TextArenaGame(game, opponent, seat)
         source = ProceduralSource(functools.partial(_game_sample, game), num_levels=1, level=0)
         super().__init__(
@@ -174,7 +173,7 @@ class TextArenaEnv(DatasetChatEnv):
         reward, info, added = 0.0, {}, []
         if terminated:
             reward, game_info = self._game.result()
-            outcome = outcome_of(reward, self.players)
+            outcome = outcome_of(reward, self._game.players)
             info = {"outcome": outcome, "success": outcome == "win"}
             info.update(reason=str(game_info.get("reason", "")))
             info.update(invalid_move=bool(game_info.get("invalid_move", False)))

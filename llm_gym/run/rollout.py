@@ -21,7 +21,7 @@ from llm_gym.drivers.records import ARRAYS, Episodes
 from llm_gym.models import load_model
 from llm_gym.rewards.answers import ANSWER_FORMATS
 from llm_gym.run.config import RolloutConfig
-from llm_gym.run.describe import answer_format_of, describe_run, run_rows, run_title
+from llm_gym.run.describe import describe_run, run_rows, run_title
 from llm_gym.run.plots import plot_rollout
 from llm_gym.run.report import REPORT_FILE, write_report
 from llm_gym.run.setup import (
@@ -32,6 +32,7 @@ from llm_gym.run.setup import (
     resolve_device,
     resolve_dtype,
     task_envs,
+    template_env,
 )
 from llm_gym.samplers import SamplerError
 
@@ -166,8 +167,8 @@ class Rollout:
             epoch = getattr(envs.unwrapped, "epoch_size", None)
             self.config = config = replace(config, episodes=epoch or PROCEDURAL_EPISODES)
         # What the env plays, read now: the summary is written after the envs are closed.
-        task_env = getattr(envs.unwrapped, "env", envs.unwrapped)  # the vector env's template
-        self.answer_format = answer_format_of(config) or getattr(task_env, "answer_format", None)
+        # (The env got answer_format_of(config), if anything: it holds the format played.)
+        self.answer_format = getattr(template_env(envs), "answer_format", None)
         self.start_level = getattr(envs.unwrapped, "level", None)
         self.task_names: set[str] = set()  # as the env's reset info names them
         self.driver: AsyncRollouts | None = None

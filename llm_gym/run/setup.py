@@ -30,6 +30,7 @@ __all__ = [
     "resolve_device",
     "resolve_dtype",
     "task_envs",
+    "template_env",
 ]
 
 SERVER_LOG = "vllm-server.log"  # in the run folder, with --backend vllm
@@ -82,6 +83,13 @@ def task_envs(
     if config.curriculum:
         envs = vector_wrappers.DifficultyCurriculum(envs, window=config.curriculum)
     return envs
+
+
+def template_env(envs: gym.vector.VectorEnv) -> gym.Env:
+    """The env holding the settings of ``envs``' task (``task_envs``, any wrappers): the native
+    vector env's template, else the first sub-env (a game's sync vector env)."""
+    base = envs.unwrapped
+    return getattr(base, "env", None) or base.envs[0].unwrapped
 
 
 def make_sampler(

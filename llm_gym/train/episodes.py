@@ -13,32 +13,31 @@ import torch
 from llm_gym.policies import TransformersPolicy
 from llm_gym.run.config import RunConfig
 from llm_gym.run.rollout import Episodes, summarize
-from llm_gym.run.setup import task_envs
+from llm_gym.run.setup import task_envs, template_env
 
 __all__ = ["evaluate", "multi_turn", "play_episodes"]
 
 
 def multi_turn(envs: Any) -> bool:
     """Whether an episode of ``envs`` (``task_envs``) may take more than one response: with
-    tools, in a game, with ``max_turns`` above 1 (as the env holding the task's settings says:
-    the native vector env's template, else the first sub-env)."""
-    base = envs.unwrapped
-    template = getattr(base, "env", None) or base.envs[0].unwrapped
+    tools, in a game, with ``max_turns`` above 1 (as ``template_env`` says)."""
+    template = template_env(envs)
     return template.max_turns != 1 or template.toolbox is not None
 
 
 @torch.no_grad()
 def play_episodes(
-    envs: Any, policy: Any, obs: dict[str, Any], *, multi_turn: bool
+    envs: Any, policy: Any, obs: dict[str, Any]
 ) -> tuple[list[dict[str, Any]], float, dict[str, Any]]:
     """Play one episode in every sub-env of ``envs`` (``task_envs``) from ``obs``: their
     records (``llm_gym.run.rollout.Episodes``), the seconds spent generating and the last
-    observation. Unless ``multi_turn`` every response must end its episode."""
+    observation. Unless the task is ``multi_turn`` every response must end its episode."""
+    single_turn = not multi_turn(envs)
     running = Episodes(envs, obs)
     records: list[Any] = [None] * envs.num_envs
     seconds, turns = 0.0, 0
     while None in records:
-        if turns and not multi_turn:
+        if turns and single_turn:
             raise ValueError(
                 "the task went on after a response: in a single-turn task leave max_turns "
                 "at 1 (every response ends its episode)"
@@ -86,7 +85,7 @@ def evaluate(
         while len(records) < episodes:
             if turns and records:  # round r of multi-turn episodes from seed + r
                 obs, _ = envs.reset(seed=seed + len(records) // envs.num_envs)
-            played, _, obs = play_episodes(envs, policy, obs, multi_turn=turns)
+            played, _, obs = play_episodes(envs, policy, obs)
             records += played[: episodes - len(records)]
     finally:
         envs.close()

@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 
 from llm_gym.models import load_model
 from llm_gym.policies import TransformersPolicy
-from llm_gym.run.describe import answer_format_of, describe_run
+from llm_gym.run.describe import describe_run
 from llm_gym.run.rollout import summarize
 from llm_gym.run.setup import (
     async_rollouts,
@@ -26,6 +26,7 @@ from llm_gym.run.setup import (
     resolve_device,
     resolve_dtype,
     task_envs,
+    template_env,
 )
 from llm_gym.samplers.weights import export_model, write_weights
 from llm_gym.train.checkpoints import load_checkpoint, save_checkpoint
@@ -37,7 +38,6 @@ from llm_gym.train.run_folder import (
     METRICS_FILE,
     PLOT_FILE,
     SERVED_FOLDER,
-    SUMMARY_FILE,
     claim_out,
     clear_out,
     earlier_rows,
@@ -49,7 +49,6 @@ __all__ = [
     "METRICS_FILE",
     "PLOT_FILE",
     "SERVED_FOLDER",
-    "SUMMARY_FILE",
     "GRPOConfig",
     "GRPOTrainer",
     "group_advantages",
@@ -121,8 +120,7 @@ class GRPOTrainer:
         self.start, self.before, self._resumed = 0, None, state
         self._drawn_level = getattr(self.envs.unwrapped, "level", None)
         # What the env plays, for the summary: its answer format and the tasks it names.
-        template = getattr(self.envs.unwrapped, "env", self.envs.unwrapped)
-        self.answer_format = answer_format_of(config) or getattr(template, "answer_format", None)
+        self.answer_format = getattr(template_env(self.envs), "answer_format", None)
         self.task_names: set[str] = set()
         if state:
             self._restore(state, tensors)
@@ -199,8 +197,7 @@ class GRPOTrainer:
                 obs, _ = self.envs.reset(seed=config.seed + 1 + iteration)
             # The next questions are drawn in this iteration's step, at the level before it.
             self._drawn_level = getattr(self.envs.unwrapped, "level", None)
-            played = play_episodes(self.envs, self._sample, obs, multi_turn=self.multi_turn)
-            records, seconds, next_obs = played
+            records, seconds, next_obs = play_episodes(self.envs, self._sample, obs)
         self.task_names.update(str(r["task"]) for r in records if r.get("task") is not None)
         summary = summarize(records, seconds)
         rewards = torch.tensor([r["reward"] for r in records], device=self.device)
