@@ -31,19 +31,23 @@ _EXPORTS = {
     "Text": "llm_gym.chat",
     "Tokens": "llm_gym.chat",
     "TransformersPolicy": "llm_gym.policies",
-    "RolloutFromModel": "llm_gym.rollout",
-    "AsyncRollouts": "llm_gym.drivers",
+    "Policy": "llm_gym.policies",
+    "RolloutFromModel": "llm_gym.torchrl",
+    "AsyncEpisodes": "llm_gym.episodes",
+    "AsyncRollouts": "llm_gym.episodes",  # AsyncEpisodes' name before issue 38 (an alias)
     "Task": "llm_gym.tasks",
     "chat": None,
-    "drivers": None,
+    "drivers": None,  # alias of episodes
     "envs": None,
+    "episodes": None,
     "games": None,
     "lm": None,
     "policies": None,
     "rewards": None,
-    "rollout": None,
+    "rollout": None,  # alias of torchrl
     "sources": None,
     "tasks": None,
+    "torchrl": None,
     "wrappers": None,
 }
 

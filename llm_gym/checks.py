@@ -22,9 +22,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Literal, TypeVar, overload
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "ArgumentTypeError",
@@ -32,7 +35,9 @@ __all__ = [
     "check_choice",
     "check_int",
     "check_number",
+    "check_reward",
     "check_str",
+    "check_tensor",
 ]
 
 T = TypeVar("T")
@@ -51,14 +56,27 @@ def _bounds(low: float | None, high: float | None, *, strict: bool = False) -> s
     return "" if high is None else f" <= {high}"
 
 
+@overload
 def check_int(
     name: str,
-    value: Any,
+    value: object,
+    low: int | None = None,
+    high: int | None = None,
+    *,
+    optional: Literal[False] = False,
+) -> int: ...
+@overload
+def check_int(
+    name: str, value: object, low: int | None = None, high: int | None = None, *, optional: bool
+) -> int | None: ...
+def check_int(
+    name: str,
+    value: object,
     low: int | None = None,
     high: int | None = None,
     *,
     optional: bool = False,
-) -> Any:
+) -> int | None:
     """``value`` as an ``int`` in ``[low, high]`` (either bound may be None); None passes when
     ``optional``. ``bool`` is not an int here, NumPy integers are."""
     if value is None and optional:
@@ -71,14 +89,27 @@ def check_int(
     return int(value)
 
 
+@overload
 def check_number(
     name: str,
-    value: Any,
+    value: object,
+    low: float | None = None,
+    *,
+    strict: bool = False,
+    optional: Literal[False] = False,
+) -> float: ...
+@overload
+def check_number(
+    name: str, value: object, low: float | None = None, *, strict: bool = False, optional: bool
+) -> float | None: ...
+def check_number(
+    name: str,
+    value: object,
     low: float | None = None,
     *,
     strict: bool = False,
     optional: bool = False,
-) -> Any:
+) -> float | None:
     """``value`` as a finite ``float`` ``>= low`` (``> low`` when ``strict``); None passes
     when ``optional``."""
     if value is None and optional:
@@ -93,22 +124,26 @@ def check_number(
     return value
 
 
-def check_bool(name: str, value: Any) -> bool:
+def check_bool(name: str, value: object) -> bool:
     """``value`` if it is a ``bool``."""
     if not isinstance(value, (bool, np.bool_)):
         raise ArgumentTypeError(f"{name} must be a bool, got {type(value).__name__}: {value!r:.80}")
     return bool(value)
 
 
-def check_str(name: str, value: Any, *, optional: bool = False) -> Any:
+@overload
+def check_str(name: str, value: object, *, optional: Literal[False] = False) -> str: ...
+@overload
+def check_str(name: str, value: object, *, optional: bool) -> str | None: ...
+def check_str(name: str, value: object, *, optional: bool = False) -> str | None:
     """``value`` if it is a ``str`` (or None when ``optional``)."""
     if (value is None and optional) or isinstance(value, str):
         return value
     expected = "a str or None" if optional else "a str"
-    raise ArgumentTypeError(f"{name} must be {expected}, got {type(value).__name__}")
+    raise ArgumentTypeError(f"{name} must be {expected}, got {type(value).__name__}: {value!r:.80}")
 
 
-def check_choice(name: str, value: T, choices: Collection[Any]) -> T:
+def check_choice(name: str, value: T, choices: Collection[object]) -> T:
     """``value`` if it is one of ``choices``."""
     try:
         ok = value in choices
@@ -116,4 +151,28 @@ def check_choice(name: str, value: T, choices: Collection[Any]) -> T:
         ok = False
     if not ok:
         raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r:.80}")
+    return value
+
+
+def check_reward(name: str, value: object) -> float:
+    """``value`` as a finite float: a reward's value."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ArgumentTypeError(
+            f"{name} must be an int or float, got {type(value).__name__}: {value!r:.80}"
+        )
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    return float(value)
+
+
+def check_tensor(
+    name: str, value: object, shape: tuple[int, ...], context: str = ""
+) -> torch.Tensor:
+    """``value`` if it is a ``torch.Tensor`` of ``shape`` (``context`` says whose shape)."""
+    import torch  # only a caller that has tensors gets here: importing llm_gym stays light
+
+    if not isinstance(value, torch.Tensor):
+        raise ArgumentTypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if value.shape != shape:
+        raise ValueError(f"{name} must have shape {shape}{context}, got {tuple(value.shape)}")
     return value

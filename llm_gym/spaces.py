@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import string
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 from gymnasium import spaces
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
 
 __all__ = ["INPUT_MODES", "MAX_TEXT_LENGTH", "UnicodeText", "history_space", "token_space"]
 
@@ -43,11 +46,15 @@ class UnicodeText(spaces.Text):
     ) -> None:
         super().__init__(max_length, min_length=min_length, charset=_SAMPLE_CHARSET, seed=seed)
 
-    def contains(self, x: Any) -> bool:
+    def contains(self, x: object) -> bool:
         """Whether ``x`` is a ``str`` of an admitted length."""
         return isinstance(x, str) and self.min_length <= len(x) <= self.max_length
 
-    def sample(self, mask: Any = None, probability: Any = None) -> str:
+    def sample(
+        self,
+        mask: tuple[int | None, NDArray[np.int8] | None] | None = None,
+        probability: tuple[int | None, NDArray[np.float64] | None] | None = None,
+    ) -> str:
         """A short string (at most 64 characters beyond ``min_length``) from a mixed charset:
         a uniform length up to ``max_length`` would be megabytes."""
         if mask is not None or probability is not None:
@@ -60,7 +67,7 @@ class UnicodeText(spaces.Text):
     def __repr__(self) -> str:
         return f"UnicodeText({self.min_length}, {self.max_length})"
 
-    def __eq__(self, other: Any) -> bool:
+    def __eq__(self, other: object) -> bool:
         return (
             isinstance(other, UnicodeText)
             and self.min_length == other.min_length

@@ -103,7 +103,7 @@ def agreement(prompts: list[np.ndarray], responses: list[Any]) -> tuple[float, f
     """Max and mean |sampled - transformers fp32 scorer| log-prob over the responses' tokens."""
     if any(r.log_probs is None for r in responses):
         return None
-    from llm_gym.models import load_default_model
+    from llm_gym.lm.loading import load_default_model
     from llm_gym.policies import TransformersPolicy
 
     model, tokenizer = load_default_model(dtype=torch.float32)
@@ -125,7 +125,7 @@ def warnings_in(log: Path) -> list[str]:
 def run_one(name: str) -> dict[str, Any]:
     """Run the rollout with backend ``name`` in this process; what it measured."""
     torch.set_num_threads(os.cpu_count() or 1)
-    from llm_gym.models import model_folder
+    from llm_gym.lm.loading import model_folder
     from llm_gym.run.rollout import Rollout, RolloutConfig
     from llm_gym.samplers import VLLMServer
 

@@ -42,7 +42,7 @@ import torch
 import llm_gym  # noqa: F401  (registers LLMChat-GSM8K-v0)
 from llm_gym import Response
 from llm_gym.lm import left_pad
-from llm_gym.models import load_default_model
+from llm_gym.lm.loading import load_default_model
 from llm_gym.run.setup import DTYPES, resolve_device, resolve_dtype
 from llm_gym.sources import IterableSource
 

@@ -69,7 +69,7 @@ import torch
 
 from llm_gym import TransformersPolicy
 from llm_gym.lm import token_log_probs
-from llm_gym.models import load_default_model, tiny_model
+from llm_gym.lm.loading import load_default_model, tiny_model
 from llm_gym.run.setup import DTYPES, resolve_device, resolve_dtype
 from llm_gym.wrappers import vector as vector_kl
 
@@ -130,12 +130,12 @@ RATIOS = {
 
 # (file suffix, function): disjoint parts of vector KLRewardWrapper.step
 PROFILE_PARTS = [
-    ("llm_gym/policies/_inputs.py", "scored", "encode N prompt+response (Encoder.scored)"),
-    ("llm_gym/lm.py", "left_pad", "left-pad the batch"),
+    ("llm_gym/policies/transformers.py", "scored", "encode N prompt+response (Encoder.scored)"),
+    ("llm_gym/lm/tensors.py", "left_pad", "left-pad the batch"),
     ("llm_gym/policies/transformers.py", "_forward", "model forward (position_ids, no cache)"),
-    ("llm_gym/lm.py", "token_log_probs", "log-probs: gather + logsumexp(vocab)"),
+    ("llm_gym/lm/tensors.py", "token_log_probs", "log-probs: gather + logsumexp(vocab)"),
     ("llm_gym/envs/vector.py", "step", "GSM8K vector env step (score + autoreset)"),
-    ("llm_gym/wrappers/_charges.py", "charge", "per-env KL arithmetic (KLCharge.charge)"),
+    ("llm_gym/wrappers/kl.py", "charge", "per-env KL arithmetic (KLCharge.charge)"),
 ]
 
 

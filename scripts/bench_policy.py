@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from llm_gym import History
-from llm_gym.models import load_default_model
+from llm_gym.lm.loading import load_default_model
 from llm_gym.policies import TransformersPolicy
 from llm_gym.run.setup import DTYPES, resolve_device, resolve_dtype
 from llm_gym.tasks import GSM8K_SYSTEM_PROMPT

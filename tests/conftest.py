@@ -14,7 +14,7 @@ GSM8K_PATH = Path(os.environ.get("LLM_GYM_GSM8K_PATH", _SHARED_GSM8K))
 
 @pytest.fixture(scope="session")
 def gpt2_tokenizer():
-    from llm_gym.models import load_gpt2_tokenizer
+    from llm_gym.lm.loading import load_gpt2_tokenizer
 
     return load_gpt2_tokenizer()
 
@@ -22,7 +22,7 @@ def gpt2_tokenizer():
 @pytest.fixture(scope="session")
 def default_model():
     """SmolLM2-135M-Instruct and its tokenizer (converted from the GGUF once, then cached)."""
-    from llm_gym.models import load_default_model
+    from llm_gym.lm.loading import load_default_model
 
     return load_default_model()
 
@@ -41,7 +41,7 @@ def smol(default_model):
 @pytest.fixture(scope="module")
 def tiny(smollm2_tokenizer):
     """A random 2-layer llama over SmolLM2's vocabulary."""
-    from llm_gym.models import tiny_model
+    from llm_gym.lm.loading import tiny_model
 
     return tiny_model(smollm2_tokenizer), smollm2_tokenizer
 
@@ -49,7 +49,7 @@ def tiny(smollm2_tokenizer):
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory, smollm2_tokenizer):
     """A folder with a seeded tiny llama and SmolLM2's tokenizer (what --model PATH loads)."""
-    from llm_gym.models import tiny_model
+    from llm_gym.lm.loading import tiny_model
 
     folder = tmp_path_factory.mktemp("tiny")
     tiny_model(smollm2_tokenizer, seed=0).save_pretrained(folder)
@@ -60,6 +60,6 @@ def tiny_dir(tmp_path_factory, smollm2_tokenizer):
 @pytest.fixture(scope="module")
 def tiny_gpt2(gpt2_tokenizer):
     """A random 2-layer GPT-2 (absolute positions) with GPT-2's tokenizer: pad == eos."""
-    from llm_gym.models import tiny_model
+    from llm_gym.lm.loading import tiny_model
 
     return tiny_model(gpt2_tokenizer, arch="gpt2", seed=1), gpt2_tokenizer

@@ -1,4 +1,4 @@
-"""AsyncRollouts against the synchronous vector env: the same episodes for a seed (greedy),
+"""AsyncEpisodes against the synchronous vector env: the same episodes for a seed (greedy),
 exactly-once epochs, reward and KL wrappers, slow tools, versions, failures and bad input."""
 
 import functools
@@ -11,9 +11,9 @@ import pytest
 
 import llm_gym  # noqa: F401  (registers the ids)
 from llm_gym.chat import Response
-from llm_gym.drivers import AsyncRollouts, Episodes
 from llm_gym.envs import DatasetChatEnv
-from llm_gym.models import load_gpt2_tokenizer, tiny_model
+from llm_gym.episodes import AsyncEpisodes, Episodes
+from llm_gym.lm.loading import load_gpt2_tokenizer, tiny_model
 from llm_gym.policies import TransformersPolicy
 from llm_gym.wrappers import RetrieveKL
 from llm_gym.wrappers import vector as vector_wrappers
@@ -74,7 +74,7 @@ def test_same_episodes_as_the_vector_env_with_reward_and_kl_wrappers(tiny):
     envs = gym.wrappers.vector.TransformReward(envs, lambda r: 2.0 * r + 1.0)
     envs = vector_wrappers.RetrieveKL(envs, None, ref, coef=0.1)
     expected = sync_records(envs, policy, 10, seed=5)
-    with AsyncRollouts(one_env, 3, policy, seed=5) as rollouts:
+    with AsyncEpisodes(one_env, 3, policy, seed=5) as rollouts:
         got = {r["sample_index"]: r for r in rollouts.episodes(10)}
     assert sorted(got) == list(range(10))
     for position, record in got.items():
@@ -102,7 +102,7 @@ def exact(response, sample):
 
 def test_every_sample_exactly_repeats_times_in_an_epoch_across_calls():
     env_fn = functools.partial(DatasetChatEnv, rows(7), repeats=2, reward=exact)
-    with AsyncRollouts(env_fn, 3, echo_policy, seed=1) as rollouts:
+    with AsyncEpisodes(env_fn, 3, echo_policy, seed=1) as rollouts:
         first = list(rollouts.episodes(5))  # a part of the epoch, then the rest
         gen = rollouts.episodes(9)
         second = [next(gen), next(gen)]
@@ -149,7 +149,7 @@ def test_a_slow_tool_holds_up_only_its_own_conversation():
     env_fn = functools.partial(
         DatasetChatEnv, rows(8), shuffle=False, tools=[lookup], max_turns=3, reward=exact
     )
-    with AsyncRollouts(env_fn, 4, tool_policy, seed=0) as rollouts:
+    with AsyncEpisodes(env_fn, 4, tool_policy, seed=0) as rollouts:
         records = list(rollouts.episodes(8))
     order = [r["sample_index"] for r in records]
     assert sorted(order) == list(range(8))
@@ -180,7 +180,7 @@ def versioned(obs):
 
 def test_records_carry_each_turns_version_and_sampled_log_probs():
     env_fn = functools.partial(DatasetChatEnv, rows(3), reward=exact)
-    with AsyncRollouts(env_fn, 2, versioned, seed=0) as rollouts:
+    with AsyncEpisodes(env_fn, 2, versioned, seed=0) as rollouts:
         records = list(rollouts.episodes(3))
     assert [r["versions"] for r in records] == [[3]] * 3
     assert [r["sampled_log_probs"].tolist() for r in records] == [[-0.5]] * 3
@@ -194,7 +194,7 @@ def picky(response, sample):
 
 def test_a_failing_sub_env_stops_the_run_naming_it_and_no_record_is_partial():
     env_fn = functools.partial(DatasetChatEnv, rows(6), shuffle=False, reward=picky)
-    rollouts = AsyncRollouts(env_fn, 2, echo_policy, seed=0)
+    rollouts = AsyncEpisodes(env_fn, 2, echo_policy, seed=0)
     seen = []
     with pytest.raises(RuntimeError, match=r"sub-env [01] failed on sample 4 .*cannot score"):
         for record in rollouts.episodes(6):
@@ -211,7 +211,7 @@ def test_a_policy_that_never_answers_times_out():
         return echo_policy(obs)
 
     env_fn = functools.partial(DatasetChatEnv, rows(2))
-    with AsyncRollouts(env_fn, 2, stuck, timeout=0.2) as rollouts:
+    with AsyncEpisodes(env_fn, 2, stuck, timeout=0.2) as rollouts:
         with pytest.raises(TimeoutError, match="within timeout=0.2 s"):
             list(rollouts.episodes(2))
 
@@ -236,10 +236,10 @@ def test_bad_arguments_name_themselves(kwargs, error, message):
         **kwargs,
     }
     with pytest.raises(error, match=message):
-        AsyncRollouts(**arguments)
+        AsyncEpisodes(**arguments)
 
 
 def test_bad_count_names_itself():
-    with AsyncRollouts(functools.partial(DatasetChatEnv, rows(2)), 1, echo_policy) as rollouts:
+    with AsyncEpisodes(functools.partial(DatasetChatEnv, rows(2)), 1, echo_policy) as rollouts:
         with pytest.raises(ValueError, match="count must be an int >= 1, got 0"):
             next(rollouts.episodes(0))

@@ -1,4 +1,4 @@
-"""AsyncRollouts with env workers as Ray actors on a real local cluster of three nodes (Ray's
+"""AsyncEpisodes with env workers as Ray actors on a real local cluster of three nodes (Ray's
 own ``cluster_utils.Cluster``): placement on different nodes, the same episodes as threads in
 one process, a killed worker and a lost node replayed without loss or double, teardown."""
 
@@ -13,8 +13,8 @@ from ray.cluster_utils import Cluster
 from ray.exceptions import RayActorError
 
 import llm_gym  # noqa: F401  (registers the ids)
-from llm_gym.drivers import AsyncRollouts
-from llm_gym.models import load_gpt2_tokenizer, tiny_model
+from llm_gym.episodes import AsyncEpisodes
+from llm_gym.lm.loading import load_gpt2_tokenizer, tiny_model
 from llm_gym.policies import TransformersPolicy
 
 # The env constructors run inside the actors, which cannot import this test module.
@@ -47,7 +47,7 @@ def setup():
         gym.make, "LLMChat-Countdown-v0", level=0, input_mode="tokens", tokenizer=tokenizer,
         observation_keys=KEYS,
     )  # fmt: skip
-    with AsyncRollouts(env_fn, 4, policy, seed=7) as local:
+    with AsyncEpisodes(env_fn, 4, policy, seed=7) as local:
         expected = {r["sample_index"]: r for r in local.episodes(EPISODES)}
     return env_fn, policy, expected
 
@@ -63,7 +63,7 @@ def check_same(records, expected):
 
 def test_workers_on_two_nodes_give_the_episodes_of_one_process(cluster, setup):
     env_fn, policy, expected = setup
-    with AsyncRollouts(env_fn, 4, policy, seed=7, ray_address="auto", workers=2) as rollouts:
+    with AsyncEpisodes(env_fn, 4, policy, seed=7, ray_address="auto", workers=2) as rollouts:
         worker_nodes = {node.node_id for node in cluster[1]}
         assert len(set(rollouts.nodes)) == 2 and set(rollouts.nodes) == worker_nodes
         records = list(rollouts.episodes(EPISODES))
@@ -82,7 +82,7 @@ def test_a_killed_worker_loses_and_doubles_no_episode(cluster, setup):
         return policy(obs)
 
     killing_policy.input_mode = "tokens"
-    rollouts = AsyncRollouts(env_fn, 4, killing_policy, seed=7, ray_address="auto", workers=2)
+    rollouts = AsyncEpisodes(env_fn, 4, killing_policy, seed=7, ray_address="auto", workers=2)
     with rollouts:
         records = list(rollouts.episodes(EPISODES))
         assert rollouts.restarts == 1
@@ -96,7 +96,7 @@ def test_close_and_ctrl_c_stop_every_actor(cluster, setup):
         raise KeyboardInterrupt
 
     interrupted.input_mode = "tokens"
-    rollouts = AsyncRollouts(env_fn, 2, interrupted, ray_address="auto", workers=2)
+    rollouts = AsyncEpisodes(env_fn, 2, interrupted, ray_address="auto", workers=2)
     actors = list(rollouts.workers.actors)
     with pytest.raises(KeyboardInterrupt):
         with rollouts:
@@ -125,7 +125,7 @@ def test_too_many_deaths_give_a_one_line_error(cluster, setup):
         return policy(obs)
 
     killing_policy.input_mode = "tokens"
-    rollouts = AsyncRollouts(
+    rollouts = AsyncEpisodes(
         env_fn, 2, killing_policy, ray_address="auto", workers=2, max_restarts=1
     )
     with rollouts, pytest.raises(RuntimeError, match=r"env worker 0 died and max_restarts=1"):
@@ -144,7 +144,7 @@ def test_z_a_lost_node_is_replayed_on_the_other(cluster, setup):
 
     node_killing_policy.input_mode = "tokens"
     placement = [node.node_id for node in cluster[1]]
-    rollouts = AsyncRollouts(
+    rollouts = AsyncEpisodes(
         env_fn, 4, node_killing_policy, seed=7, ray_address="auto", workers=2,
         placement=placement,
     )  # fmt: skip
@@ -158,9 +158,9 @@ def test_z_a_lost_node_is_replayed_on_the_other(cluster, setup):
 def test_bad_placement_names_itself(cluster, setup):
     env_fn, policy, _ = setup
     with pytest.raises(ValueError, match="placement must be 'spread', 'pack' or a list"):
-        AsyncRollouts(env_fn, 2, policy, ray_address="auto", workers=2, placement="everywhere")
+        AsyncEpisodes(env_fn, 2, policy, ray_address="auto", workers=2, placement="everywhere")
     with pytest.raises(ValueError, match=r"needs one per worker \(2\), got 1"):
-        AsyncRollouts(env_fn, 2, policy, ray_address="auto", workers=2, placement=["x"])
+        AsyncEpisodes(env_fn, 2, policy, ray_address="auto", workers=2, placement=["x"])
 
 
 def test_rollout_and_train_run_with_ray_from_the_command_line(cluster, tiny_dir, tmp_path):

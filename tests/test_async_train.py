@@ -11,8 +11,8 @@ import torch
 
 from llm_gym.chat import Response
 from llm_gym.cli import main
-from llm_gym.drivers import AsyncRollouts
 from llm_gym.envs import DatasetChatEnv
+from llm_gym.episodes import AsyncEpisodes
 from llm_gym.run.config import RolloutConfig
 from llm_gym.train import GRPOConfig
 from llm_gym.train.loss import sampled
@@ -36,7 +36,7 @@ class VersionedPolicy:
 
 def batches(max_staleness, timeout=30.0):
     policy = VersionedPolicy()
-    driver = AsyncRollouts(functools.partial(DatasetChatEnv, ROWS), 2, policy, seed=0)
+    driver = AsyncEpisodes(functools.partial(DatasetChatEnv, ROWS), 2, policy, seed=0)
     return AsyncBatches(driver, 4, max_staleness, timeout=timeout), driver, policy
 
 

@@ -10,7 +10,7 @@ import torch
 from backend_fixture import FP32_TOLERANCE, prompts_for, server_processes, wait_gone
 
 from llm_gym.cli import main
-from llm_gym.models import load_default_model, load_model
+from llm_gym.lm.loading import load_default_model, load_model
 from llm_gym.policies import TransformersPolicy
 from llm_gym.train import GRPOConfig, GRPOTrainer
 from llm_gym.train.grpo import SERVED_FOLDER
@@ -27,7 +27,7 @@ def test_the_served_weights_follow_each_update(tmp_path, smol):
     _, tokenizer = smol
     before = set(server_processes())
     trainer = GRPOTrainer(GRPOConfig(**SMALL, iterations=2, out=str(tmp_path), progress=False))
-    sampler = trainer.sampler.sampler
+    sampler = trainer.policy.sampler
     initial = TransformersPolicy(smol[0], tokenizer, input_mode="tokens", generate=False)
     prompts = prompts_for(tokenizer)
     try:

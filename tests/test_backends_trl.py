@@ -63,7 +63,7 @@ def test_the_rollout_func_samples_with_the_trainers_vllm_when_use_vllm(generatio
     from trl import GRPOConfig, GRPOTrainer
 
     from llm_gym.integrations.trl import env_reward_func, make_rollout_func
-    from llm_gym.models import tiny_model
+    from llm_gym.lm.loading import tiny_model
 
     model, tokenizer = smol
     args = GRPOConfig(

@@ -8,7 +8,7 @@ import shutil
 import pytest
 import torch
 
-from llm_gym.models import load_model, tiny_model
+from llm_gym.lm.loading import load_model, tiny_model
 from llm_gym.sources import ProceduralSource
 from llm_gym.train import GRPOConfig, GRPOTrainer
 from llm_gym.train.checkpoints import checkpoints, latest_checkpoint, load_checkpoint
@@ -193,7 +193,7 @@ def test_overwrite_keeps_the_earlier_run_until_the_new_one_is_set_up(tiny_dir, t
 
 def test_ctrl_c_during_training_writes_the_summary_and_resumes(tiny_dir, tmp_path):
     trainer = GRPOTrainer(config(tiny_dir, tmp_path, iterations=3, save_every=1))
-    sample, calls = trainer.sampler, []
+    sample, calls = trainer.policy, []
 
     def interrupted_on_the_second_iteration(batch):
         calls.append(1)
@@ -201,7 +201,7 @@ def test_ctrl_c_during_training_writes_the_summary_and_resumes(tiny_dir, tmp_pat
             raise KeyboardInterrupt
         return sample(batch)
 
-    trainer.sampler = interrupted_on_the_second_iteration
+    trainer.policy = interrupted_on_the_second_iteration
     with pytest.raises(KeyboardInterrupt):
         trainer.train()
     summary = json.loads((tmp_path / "summary.json").read_text())

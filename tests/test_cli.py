@@ -15,7 +15,7 @@ from gsm8k_fixture import FIXTURE  # made-up problems, written to a temp folder
 
 from llm_gym.chat import Response
 from llm_gym.cli import main
-from llm_gym.models import tiny_model
+from llm_gym.lm.loading import tiny_model
 from llm_gym.run import Rollout, RolloutConfig
 
 

@@ -11,8 +11,7 @@ import sys
 import pytest
 
 from llm_gym.cli import build_parser, eval_line, given_options, llm_gym_env_ids, main
-from llm_gym.cli._args import ESTIMATOR_NAMES
-from llm_gym.cli._checks import check_flags
+from llm_gym.cli._args import ESTIMATOR_NAMES, check_flags
 
 
 def _offline_env():

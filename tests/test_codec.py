@@ -83,7 +83,7 @@ def test_vector_env_decodes_token_actions_in_one_batch_with_single_env_results(
     texts = ["first answer<|im_end|>", "second"]
     actions = [np.asarray(smollm2_tokenizer(t)["input_ids"], dtype=np.int64) for t in texts]
     calls = []
-    envs.env.codec.backend = _Recorder(envs.env.codec.backend, calls)
+    envs.single_env.codec.backend = _Recorder(envs.single_env.codec.backend, calls)
     obs, _, terminated, _, info = envs.step(actions)
     assert [len(rows) for name, rows in calls if name == "decode_batch"] == [2]  # one call
     assert terminated.tolist() == [True, True]

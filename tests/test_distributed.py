@@ -11,8 +11,8 @@ import ray
 import torch
 
 from llm_gym import ChatEnv, Response, RolloutFromModel, TransformersPolicy
-from llm_gym.distributed import RayLogProbModel
-from llm_gym.models import load_gpt2_tokenizer, tiny_model
+from llm_gym.episodes.ray import RayLogProbModel
+from llm_gym.lm.loading import load_gpt2_tokenizer, tiny_model
 from llm_gym.samplers import check_scorer
 from llm_gym.wrappers import RetrieveLogProb
 

@@ -7,7 +7,7 @@ import torch
 from gsm8k_fixture import make_gsm8k_env
 
 from llm_gym import ChatEnv, Response, TransformersPolicy
-from llm_gym.models import tiny_model
+from llm_gym.lm.loading import tiny_model
 from llm_gym.wrappers import (
     AdaptiveKLController,
     KLComputation,

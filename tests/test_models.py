@@ -1,4 +1,4 @@
-"""Tests for llm_gym.models: offline SmolLM2, GPT-2's BPE, tiny random models."""
+"""Tests for llm_gym.lm.loading: offline SmolLM2, GPT-2's BPE, tiny random models."""
 
 import importlib.util
 import time
@@ -6,8 +6,8 @@ import time
 import pytest
 import torch
 
-from llm_gym import models
-from llm_gym.models import load_default_model, load_gpt2_tokenizer, load_model, tiny_model
+from llm_gym.lm import loading as models
+from llm_gym.lm.loading import load_default_model, load_gpt2_tokenizer, load_model, tiny_model
 
 FIXED_IDS = torch.tensor([[1, 504, 3458, 282, 4649, 314, 2]])
 

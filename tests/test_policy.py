@@ -7,7 +7,7 @@ from gsm8k_fixture import make_gsm8k_vector_env
 from policy_fixture import QUERIES, SYSTEM, chat_obs, oracle_log_probs
 
 from llm_gym import ChatEnv, Response
-from llm_gym.models import tiny_model
+from llm_gym.lm.loading import tiny_model
 from llm_gym.policies import LogProbOutput, TransformersPolicy
 from llm_gym.rewards.gsm8k import extract_answer
 

@@ -7,7 +7,7 @@ import struct
 import numpy as np
 import pytest
 
-from llm_gym.models import tiny_model
+from llm_gym.lm.loading import tiny_model
 from llm_gym.run import Rollout, RolloutConfig
 from llm_gym.run.plots import episode_groups, plot_rollout, plot_training, running_mean
 from llm_gym.run.report import REPORT_FILE, write_report

@@ -131,9 +131,9 @@ def test_non_finite_log_probs_are_rejected_before_the_env_steps():
 
 
 def test_overwrite_leaves_no_file_of_the_earlier_run(tmp_path):
-    from llm_gym.run.rollout import EPISODES_FILE, PLOT_FILE, SUMMARY_FILE, prepare_out
+    from llm_gym.run.rollout import EPISODES_FILE, ROLLOUT_PLOT_FILE, SUMMARY_FILE, prepare_out
 
-    for name in (EPISODES_FILE, SUMMARY_FILE, PLOT_FILE):
+    for name in (EPISODES_FILE, SUMMARY_FILE, ROLLOUT_PLOT_FILE):
         (tmp_path / name).write_text("earlier run")
     episodes = prepare_out(tmp_path)
     assert episodes == tmp_path / EPISODES_FILE
@@ -144,7 +144,7 @@ def test_a_reference_below_float32_warns_once(gpt2_tokenizer):
     import torch
 
     from llm_gym import ChatEnv, TransformersPolicy
-    from llm_gym.models import tiny_model
+    from llm_gym.lm.loading import tiny_model
     from llm_gym.wrappers import KLRewardWrapper
 
     # A fresh reference: the warning comes once per reference model, whatever ran before.
@@ -318,7 +318,7 @@ def test_vector_step_is_all_or_nothing(batches):
 
 def test_generation_lengths_are_checked_at_construction(gpt2_tokenizer):
     from llm_gym import TransformersPolicy
-    from llm_gym.models import tiny_model
+    from llm_gym.lm.loading import tiny_model
 
     model = tiny_model(gpt2_tokenizer)
     for key, value in (("max_new_tokens", -1), ("max_tokens", 0), ("max_length", 2.5)):

@@ -13,7 +13,7 @@ from stable_baselines3 import PPO
 from transformers import Gemma2Config, Gemma2ForCausalLM
 
 from llm_gym.envs import DatasetChatEnv, TokenEnv
-from llm_gym.models import tiny_model
+from llm_gym.lm.loading import tiny_model
 from llm_gym.policies import LLMActorCriticPolicy
 from llm_gym.policies.sb3 import last_positions
 

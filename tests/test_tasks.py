@@ -12,7 +12,12 @@ from gymnasium.vector import AutoresetMode
 import llm_gym  # noqa: F401  (registers the ids)
 from llm_gym import Response
 from llm_gym.envs import sharded_env_fns
-from llm_gym.rewards.countdown import CountdownReward, evaluate, score_countdown, uses_numbers
+from llm_gym.rewards.countdown import (
+    CountdownReward,
+    evaluate_expression,
+    score_countdown,
+    uses_numbers,
+)
 from llm_gym.rewards.math import MATHReward, math_equal, math_reward_func
 from llm_gym.tasks.countdown import COUNTDOWN_SYSTEM_PROMPT
 from llm_gym.tasks.math import MATH_SYSTEM_PROMPT
@@ -144,8 +149,8 @@ def test_countdown_levels_set_the_count_and_size_of_the_numbers():
 
 
 def test_countdown_evaluation_is_safe_and_exact():
-    assert evaluate("(25 + 3) * 4") == 112 and evaluate("7 / 2 * 2") == 7
-    assert evaluate("-3 + 5") == 2 and uses_numbers("-3 + 5", [5, 3])
+    assert evaluate_expression("(25 + 3) * 4") == 112 and evaluate_expression("7 / 2 * 2") == 7
+    assert evaluate_expression("-3 + 5") == 2 and uses_numbers("-3 + 5", [5, 3])
     for hostile in [
         "99**98**97",
         "2 ** 10",
@@ -159,8 +164,8 @@ def test_countdown_evaluation_is_safe_and_exact():
         "1; 2",
         "9" * 5000,
     ]:
-        assert evaluate(hostile) is None, hostile
-    assert evaluate("1 / (2 - 2)") is None
+        assert evaluate_expression(hostile) is None, hostile
+    assert evaluate_expression("1 / (2 - 2)") is None
     assert uses_numbers("3 * 4 - 2", [2, 3, 4]) and not uses_numbers("3 * 3", [3, 4])
     # Hostile answers get their reward at once, never 1.0, whatever they ask to compute.
     numbers, target = [99, 98, 97], 99**2

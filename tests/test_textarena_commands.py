@@ -12,7 +12,7 @@ from policy_fixture import scripted_policy
 from transformers import AutoTokenizer
 
 from llm_gym.cli import main
-from llm_gym.drivers import AsyncRollouts
+from llm_gym.episodes import AsyncEpisodes
 from llm_gym.run import Rollout, RolloutConfig
 from llm_gym.train import GRPOConfig, GRPOTrainer
 
@@ -87,7 +87,7 @@ def test_train_on_a_game_puts_each_group_on_one_game(tiny_dir, tmp_path):
         seen.append((i, prompt.split("<|im_start|>assistant")[0]))
         return guess(prompt) if i % 2 == 0 else "[20]"  # one of each group searches
 
-    trainer.sampler = scripted_policy(trainer.tokenizer, answer)
+    trainer.policy = scripted_policy(trainer.tokenizer, answer)
     _, row = trainer.iteration(None, 0)
     openings = {i: prompt for i, prompt in seen}
     assert openings[0] == openings[1] and openings[2] == openings[3]  # a group, one game
@@ -101,7 +101,7 @@ def test_async_rollouts_play_the_stream_of_games_the_seed_names(smollm2_tokenize
               "observation_keys": ("tokens", "history", "policy_mask")}  # fmt: skip
     env_fn = functools.partial(gym.make, "LLMChat-TextArena-v0", **kwargs)
     policy = scripted_policy(tok, lambda i, prompt: guess(prompt))
-    with AsyncRollouts(env_fn, 3, policy, seed=4, input_mode="tokens") as run:
+    with AsyncEpisodes(env_fn, 3, policy, seed=4, input_mode="tokens") as run:
         records = {r["sample_index"]: r for r in run.episodes(6)}
     envs = gym.make_vec("LLMChat-TextArena-v0", num_envs=6, game="GuessTheNumber-v0")
     expected = envs.reset(seed=4)[1]["game_seed"].tolist()  # positions 0..5 of one stream

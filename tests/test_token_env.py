@@ -16,7 +16,7 @@ from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 import llm_gym
 from llm_gym.envs import DatasetChatEnv, TokenEnv
-from llm_gym.models import tiny_model
+from llm_gym.lm.loading import tiny_model
 from llm_gym.wrappers import AdaptiveKLController, TokenKLWrapper
 
 JANET = {"question": "Janet has 9 eggs and sells them for $2 each. How much?", "answer": "#### 18"}

@@ -104,7 +104,7 @@ def test_an_update_moves_the_policy_toward_the_better_response(tiny_dir, tmp_pat
     )  # fmt: skip
     trainer = GRPOTrainer(config)
     obs, _ = trainer.envs.reset(seed=0)
-    responses = trainer.sampler(obs)
+    responses = trainer.policy(obs)
     with torch.no_grad():
         dist, ids = trainer.scorer.get_dist(obs, responses, mask="prompt")
         before = (dist.log_prob(ids).sum(-1)).tolist()
@@ -124,7 +124,7 @@ def test_a_metrics_row_holds_the_iterations_values(tiny_dir, tmp_path):
     )  # fmt: skip
     trainer = GRPOTrainer(config)
     tok = trainer.tokenizer
-    trainer.sampler = scripted_policy(tok, lambda i, _: f"It is {5 + i % 2}")
+    trainer.policy = scripted_policy(tok, lambda i, _: f"It is {5 + i % 2}")
     obs, _ = trainer.envs.reset(seed=0)
     _, row = trainer.iteration(obs, 0)
     lengths = [len(tok(f"It is {n}", add_special_tokens=False)["input_ids"]) + 1 for n in (5, 6)]
@@ -255,7 +255,7 @@ def test_train_with_tools_plays_multi_turn_episodes(tiny_dir, tmp_path):
         tools=["python"], max_tool_calls=1, progress=False,
     )  # fmt: skip
     trainer = GRPOTrainer(config)
-    trainer.sampler = calls_then_answers(trainer.tokenizer)
+    trainer.policy = calls_then_answers(trainer.tokenizer)
     trainer.train()
     rows = [json.loads(line) for line in (tmp_path / "scripted/metrics.jsonl").open()]
     assert [r["iteration"] for r in rows] == [0, 1]
@@ -273,7 +273,7 @@ def test_tool_episodes_are_trained_on_the_policys_tokens_only(tiny_dir, tmp_path
     )  # fmt: skip
     trainer = GRPOTrainer(config)
     tok = trainer.tokenizer
-    trainer.sampler = calls_then_answers(tok)
+    trainer.policy = calls_then_answers(tok)
     _, row = trainer.iteration(None, 0)
     script = (TOOL_CALL, "The answer is 7")
     policy_tokens = sum(len(tok(t, add_special_tokens=False)["input_ids"]) + 1 for t in script)

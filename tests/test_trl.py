@@ -14,7 +14,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from llm_gym.chat.templates import CHATML_TEMPLATE
 from llm_gym.integrations.trl import env_reward_func, make_rollout_func
-from llm_gym.models import tiny_model
+from llm_gym.lm.loading import tiny_model
 from llm_gym.rewards import GSM8KReward, gsm8k_reward_func
 
 RIGHT, WRONG, NONE = "<think>3*4</think><answer>12</answer>", "<answer>13</answer>", "12"

@@ -5,7 +5,7 @@ forward per prompt at N=128 on a GPU. Here each batch is one call into the Rust 
 (which spreads it over the cores), a text repeated in a batch (a GRPO group) is encoded once,
 and so is the rendered system prompt every prompt starts with.
 
->>> from llm_gym.models import load_default_model
+>>> from llm_gym.lm.loading import load_default_model
 >>> codec = TokenCodec(load_default_model()[1])
 >>> [ids.tolist() for ids in codec.encode_many(["Hi", "Hi", "Ho"])]
 [[26843], [26843], [42654]]
@@ -18,9 +18,12 @@ and so is the rendered system prompt every prompt starts with.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 __all__ = ["END_OF_TURN", "TokenCodec"]
 
@@ -38,7 +41,7 @@ class TokenCodec:
     ``encode``/``encode_batch``/``decode``/``decode_batch`` methods, to observe the calls.
     """
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = len(tokenizer)
         self.backend = getattr(tokenizer, "backend_tokenizer", None)

@@ -6,13 +6,16 @@ LogProbs and ChatHistory without TensorDict (``full`` is always prompt + respons
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from llm_gym.chat.codec import TokenCodec
 from llm_gym.chat.history import History
 from llm_gym.checks import check_str
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 __all__ = ["Response", "Text", "Tokens", "Masks", "LogProbs", "ChatHistory"]
 
@@ -81,7 +84,7 @@ class Text:
     response: str | None = None
     full: str | None = None
 
-    def to_tokens(self, tokenizer: Any) -> Tokens:
+    def to_tokens(self, tokenizer: PreTrainedTokenizerBase) -> Tokens:
         """Tokenize prompt and full; the response tokens are what full adds to the prompt."""
         encode = TokenCodec(tokenizer).encode
         prompt = None if self.prompt is None else encode(self.prompt)
@@ -109,7 +112,9 @@ class Tokens:
         if self.full is None and self.prompt is not None and self.response is not None:
             self.full = np.concatenate([self.prompt, self.response])
 
-    def to_text(self, tokenizer: Any, skip_special_tokens: bool = False) -> Text:
+    def to_text(
+        self, tokenizer: PreTrainedTokenizerBase, skip_special_tokens: bool = False
+    ) -> Text:
         """Decode prompt, response and full, in one batch."""
         parts = (self.prompt, self.response, self.full)
         rows = [() if ids is None else ids for ids in parts]
@@ -148,7 +153,9 @@ class ChatHistory:
         if self.full is None and self.prompt is not None and self.response is not None:
             self.full = self.prompt.copy().extend(self.response)
 
-    def to_text(self, tokenizer: Any = None, **template_kwargs: Any) -> Text:
+    def to_text(
+        self, tokenizer: PreTrainedTokenizerBase | None = None, **template_kwargs: object
+    ) -> Text:
         """Render with the chat template: the prompt gets the generation prompt."""
         prompt = full = None
         if self.prompt is not None:
@@ -162,6 +169,6 @@ class ChatHistory:
             response = full[len(prompt) :]
         return Text(prompt=prompt, response=response, full=full)
 
-    def to_tokens(self, tokenizer: Any, **template_kwargs: Any) -> Tokens:
+    def to_tokens(self, tokenizer: PreTrainedTokenizerBase, **template_kwargs: object) -> Tokens:
         """``to_text``, then ``Text.to_tokens``."""
         return self.to_text(tokenizer, **template_kwargs).to_tokens(tokenizer)

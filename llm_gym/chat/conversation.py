@@ -5,7 +5,7 @@ Extending a conversation never re-tokenizes a sampled response: the next prompt'
 the previous prompt's, the sampled ids, then what the template and the env add (token-in,
 token-out).
 
->>> from llm_gym.models import load_default_model
+>>> from llm_gym.lm.loading import load_default_model
 >>> builder = PromptBuilder(load_default_model()[1], need_tokens=True)
 >>> (start,) = builder.start([History([{"role": "user", "content": "2+2?"}])])
 >>> conversation, problem = builder.extend(start, "4", np.array([33, 2]), reward=1.0, version=3)
@@ -19,13 +19,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from llm_gym.chat.codec import TokenCodec
 from llm_gym.chat.history import History
 from llm_gym.chat.templates import CHAT_TEMPLATES, resolve_chat_template
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 __all__ = ["Conversation", "PromptBuilder", "TokenPrefixError"]
 
@@ -99,8 +102,8 @@ class PromptBuilder:
 
     def __init__(
         self,
-        tokenizer: Any,
-        template_kwargs: Mapping[str, Any] | None = None,
+        tokenizer: PreTrainedTokenizerBase | None,
+        template_kwargs: Mapping[str, object] | None = None,
         *,
         need_tokens: bool = False,
         assistant_prefix: str = "",

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from llm_gym.chat.templates import has_generation_markers, resolve_chat_template
 from llm_gym.checks import check_str
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 __all__ = ["History", "Message"]
 
@@ -113,14 +116,14 @@ class History:
 
     def apply_chat_template(
         self,
-        tokenizer: Any = None,
+        tokenizer: PreTrainedTokenizerBase | None = None,
         *,
         add_generation_prompt: bool = False,
         tokenize: bool = False,
         return_assistant_tokens_mask: bool = False,
         chat_template_name: str | None = None,
         chat_template: str | None = None,
-        **template_kwargs: Any,
+        **template_kwargs: object,
     ) -> str | np.ndarray | dict[str, np.ndarray]:
         """Render the conversation with a chat template.
 

@@ -9,9 +9,12 @@ its end-of-turn token: the policy must learn to stop, and the role header is not
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING
 
 from llm_gym.checks import check_choice, check_str
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 __all__ = [
     "CHATML_TEMPLATE",
@@ -74,7 +77,9 @@ def get_chat_template(name: str) -> str:
 
 
 def resolve_chat_template(
-    tokenizer: Any = None, chat_template_name: str | None = None, chat_template: str | None = None
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    chat_template_name: str | None = None,
+    chat_template: str | None = None,
 ) -> str:
     """Choose the template to render with.
 

@@ -16,13 +16,14 @@ from llm_gym.cli._args import (
     EXIT_USAGE,
     Parser,
     add_run_options,
+    check_flags,
     check_task_env,
     given_options,
     llm_gym_env_ids,
     make_config,
     number,
+    resumed_config,
 )
-from llm_gym.cli._checks import check_flags, resumed_config
 from llm_gym.cli._envs import envs_table
 from llm_gym.run.config import RolloutConfig
 from llm_gym.train.config import GRPOConfig
@@ -143,13 +144,13 @@ def eval_line(before: dict[str, Any] | None, after: dict[str, Any] | None) -> st
 
 
 def _train(trainer: Any) -> int:
-    from llm_gym.train.grpo import METRICS_FILE, PLOT_FILE
+    from llm_gym.train.grpo import METRICS_FILE, TRAINING_PLOT_FILE
 
     summary = trainer.train()
     line = eval_line(summary["before"], summary["after"])
     if line is not None:
         print(line)
-    print(f"wrote {trainer.out}/{METRICS_FILE}, {PLOT_FILE}, checkpoint-*/, summary.json")
+    print(f"wrote {trainer.out}/{METRICS_FILE}, {TRAINING_PLOT_FILE}, checkpoint-*/, summary.json")
     return 0
 
 

@@ -1,7 +1,6 @@
-"""How episodes are driven: the record every driver writes, and ``AsyncRollouts``, which keeps
-every conversation busy (sub-envs on threads here, or in Ray actors across machines)."""
+"""Alias of ``llm_gym.episodes`` (the home of every episode driver since the layout of
+issue 38). New code imports from ``llm_gym.episodes``."""
 
-from llm_gym.drivers.asynchronous import AsyncRollouts
-from llm_gym.drivers.records import ARRAYS, Episodes, EpisodeTrace
+from llm_gym.episodes import ARRAYS, AsyncEpisodes, AsyncRollouts, Episodes, EpisodeTrace
 
-__all__ = ["ARRAYS", "AsyncRollouts", "EpisodeTrace", "Episodes"]
+__all__ = ["ARRAYS", "AsyncEpisodes", "AsyncRollouts", "EpisodeTrace", "Episodes"]

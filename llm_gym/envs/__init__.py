@@ -7,9 +7,11 @@ from llm_gym.envs.textarena import TextArenaEnv, make_textarena_vector_env
 from llm_gym.envs.tokens import TokenEnv
 from llm_gym.envs.vector import (
     DatasetChatVectorEnv,
+    StepHooks,
     batch_infos,
     make_task_vector_env,
     sharded_env_fns,
+    single_env,
 )
 from llm_gym.tasks.task import TaskReward, TaskScore
 
@@ -17,6 +19,7 @@ __all__ = [
     "ChatEnv",
     "DatasetChatEnv",
     "DatasetChatVectorEnv",
+    "StepHooks",
     "TaskReward",
     "TaskScore",
     "TextArenaEnv",
@@ -26,4 +29,5 @@ __all__ = [
     "make_task_vector_env",
     "make_textarena_vector_env",
     "sharded_env_fns",
+    "single_env",
 ]

@@ -14,7 +14,7 @@ Response(text='4', tokens=None, log_probs=None, version=None)
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,13 +23,19 @@ from llm_gym.chat.containers import Response
 from llm_gym.checks import check_choice
 from llm_gym.spaces import INPUT_MODES
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 __all__ = ["check_action", "decode_token_actions", "observation_keys_for", "turn_content"]
 
 MASK_KEY = "policy_mask"  # observation key: 1 on the prompt tokens the policy sampled
 
 
 def observation_keys_for(
-    input_mode: str, observation_keys: Sequence[str] | None, tools: Any, tokenizer: Any
+    input_mode: str,
+    observation_keys: Sequence[str] | None,
+    tools: Sequence[object] | None,
+    tokenizer: PreTrainedTokenizerBase | None,
 ) -> tuple[str, ...]:
     """``observation_keys`` or ``(input_mode,)``, checked, plus the policy mask with tools in
     tokens mode (a multi-turn trainer needs it)."""
@@ -59,7 +65,7 @@ def observation_keys_for(
 
 
 def check_action(
-    action: Any, codec: TokenCodec | None, input_mode: str, max_text_length: int
+    action: object, codec: TokenCodec | None, input_mode: str, max_text_length: int
 ) -> Response:
     """The action as a ``Response``, or a clear error naming what was expected."""
     if isinstance(action, Response):

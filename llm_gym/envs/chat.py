@@ -1,15 +1,16 @@
 """``ChatEnv``: a conversation with a language-model policy as a Gymnasium environment.
 
 The episode is a ``llm_gym.chat.Conversation`` (immutable); the env keeps the current one and
-replaces it each step. A step is three parts, ``_read`` (check the action, parse tool calls),
-``_run_tools`` and ``_advance`` (score and extend the conversation, storing nothing), which
-``DatasetChatVectorEnv`` calls itself for N conversations at once.
+replaces it each step. A step is three public parts, ``read_action`` (check the action, parse
+tool calls), ``run_tools`` and ``advance`` (score and extend the conversation, storing
+nothing), which ``DatasetChatVectorEnv`` calls itself for N conversations at once; with
+``observe`` they are the contract ``llm_gym.envs.StepHooks`` writes down.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -23,6 +24,12 @@ from llm_gym.chat.templates import resolve_chat_template
 from llm_gym.checks import check_choice, check_int, check_str
 from llm_gym.envs.actions import MASK_KEY, check_action, observation_keys_for, turn_content
 from llm_gym.spaces import MAX_TEXT_LENGTH, UnicodeText, history_space, token_space
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from llm_gym.tools.calls import ToolCall
+    from llm_gym.tools.toolbox import ToolRecord
 
 __all__ = ["ChatEnv", "MASK_KEY"]
 
@@ -147,7 +154,7 @@ class ChatEnv(gym.Env):
         system_role: str = "system",
         user_role: str = "user",
         policy_role: str = "assistant",
-        tokenizer: Any = None,
+        tokenizer: PreTrainedTokenizerBase | None = None,
         template_kwargs: Mapping[str, Any] | None = None,
         max_turns: int | None = None,
         observation_keys: tuple[str, ...] | list[str] | None = None,
@@ -228,19 +235,19 @@ class ChatEnv(gym.Env):
             raise TypeError(f"options must be a dict or None, got {type(options).__name__}")
         history, info = self._initial_history(options or {})
         (self._conversation,) = self.builder.start([history])
-        return self._observation(self._conversation), info
+        return self.observe(self._conversation), info
 
     def step(
         self, action: str | np.ndarray | Response | Mapping[str, Any]
     ) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
         """Append the assistant's turn and run its tool calls; one that raises changes nothing."""
-        read = self._read(self._conversation, action)
-        records = self._run_tools(self._conversation, read.calls)
-        outcome = self._advance(self._conversation, read, records)
+        read = self.read_action(self._conversation, action)
+        records = self.run_tools(self._conversation, read.calls)
+        outcome = self.advance(self._conversation, read, records)
         self._conversation = outcome.conversation
         if self.render_mode == "human":
             self.render()
-        return self._observation(outcome.conversation), *outcome[1:]
+        return self.observe(outcome.conversation), *outcome[1:]
 
     def render(self) -> str | None:
         """``"ansi"``: the conversation as text; ``"human"``: print it."""
@@ -268,9 +275,15 @@ class ChatEnv(gym.Env):
         """A copy of the conversation's messages (None before the first reset)."""
         return None if self._conversation is None else self._conversation.history.copy()
 
-    # -- the parts of a step, shared with the vector env ------------------------------------
+    # -- the parts of a step, shared with the vector env (``StepHooks``) ---------------------
 
-    def _read(self, conversation: Conversation | None, action: Any) -> ActionRead:
+    def read_action(
+        self,
+        conversation: Conversation | None,
+        action: str | np.ndarray | Response | Mapping[str, Any],
+    ) -> ActionRead:
+        """Check ``action`` against ``conversation`` (``ResetNeeded`` before a reset or after
+        the end) and parse its tool calls; changes nothing."""
         if conversation is None or conversation.done:
             raise gym.error.ResetNeeded(
                 "Cannot call ChatEnv.step before reset"
@@ -282,18 +295,22 @@ class ChatEnv(gym.Env):
         calls = self.toolbox.parse(content) if self.toolbox is not None else []
         return ActionRead(response, content, calls)
 
-    def _run_tools(self, conversation: Conversation, calls: Sequence[Any]) -> list[Any]:
-        # In order, as many as this episode's max_tool_calls still allows; never raises.
+    def run_tools(self, conversation: Conversation, calls: Sequence[ToolCall]) -> list[ToolRecord]:
+        """Run ``calls`` in order, as many as the episode's ``max_tool_calls`` still allows;
+        one record each. Never raises: a failed call is a record with ``ok=False``."""
         remaining = max(self.max_tool_calls - conversation.tool_calls, 0)
         return [self.toolbox.run(call) for call in calls[:remaining]]
 
-    def _advance(
+    def advance(
         self,
         conversation: Conversation,
         read: ActionRead,
-        records: Sequence[Any],
+        records: Sequence[ToolRecord],
         sample: Mapping[str, Any] | None = None,
     ) -> Outcome:
+        """Score the turn ``read`` (with its tool ``records``) against ``sample`` and extend
+        ``conversation``: the ``Outcome`` (next conversation, reward, terminated, truncated,
+        info). Stores nothing, so a vector env can call it for any of its conversations."""
         response, content, calls = read
         turn = conversation.turns + 1
         made = conversation.tool_calls + len(records)
@@ -352,7 +369,8 @@ class ChatEnv(gym.Env):
         """Reward, whether the task is over, and step info for this response."""
         return 0.0, False, {}
 
-    def _observation(self, conversation: Conversation) -> dict[str, Any]:
+    def observe(self, conversation: Conversation) -> dict[str, Any]:
+        """The observation of ``conversation``: a fresh dict of the ``observation_keys``."""
         obs: dict[str, Any] = {}
         for key in self.observation_keys:
             if key == "history":

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from llm_gym.chat.history import History
 from llm_gym.checks import check_bool, check_int
@@ -14,6 +15,9 @@ from llm_gym.envs.chat import ChatEnv
 from llm_gym.sources import IndexedSource, IterableSource, Shard, Source
 from llm_gym.sources.datasets import is_iterable_dataset, load_records
 from llm_gym.tasks.task import FieldMap, Task, TaskReward, TaskScore
+
+if TYPE_CHECKING:
+    from datasets import Dataset, DatasetDict, IterableDataset
 
 __all__ = ["DatasetChatEnv", "QUERY_KEY", "make_task_env"]
 
@@ -111,7 +115,13 @@ class DatasetChatEnv(ChatEnv):
 
     def __init__(
         self,
-        dataset: Any,
+        dataset: Source
+        | IterableDataset
+        | Dataset
+        | DatasetDict
+        | str
+        | os.PathLike[str]
+        | Sequence[Mapping[str, object]],
         *,
         name: str | None = None,
         split: str | None = None,
@@ -127,7 +137,7 @@ class DatasetChatEnv(ChatEnv):
         answer_format: str | None = None,
         system_prompt: str | None = None,
         max_turns: int | None = 1,
-        **chat_options: Any,
+        **chat_options: object,
     ) -> None:
         # Cheap checks first, so that bad arguments fail before any data is loaded.
         repeats = check_int("repeats", 1 if repeats is None else repeats, 1)
@@ -174,7 +184,7 @@ class DatasetChatEnv(ChatEnv):
         self._sample: dict[str, Any] | None = None
 
     @classmethod
-    def from_task(cls, task: Task, **kwargs: Any) -> DatasetChatEnv:
+    def from_task(cls, task: Task, **kwargs: object) -> DatasetChatEnv:
         """The env serving ``task``: its source, prompt, fields and reward; ``kwargs`` are
         this class's other arguments (``seed``, ``repeats``, ``max_turns``, ``input_mode``,
         ...) and win over the task's, except ``system_prompt=None``, which keeps its prompt.
@@ -192,7 +202,7 @@ class DatasetChatEnv(ChatEnv):
         return cls(source, **(dict(task) | given))
 
     @classmethod
-    def from_dataloader(cls, dataloader: Iterable[Any], **kwargs: Any) -> DatasetChatEnv:
+    def from_dataloader(cls, dataloader: Iterable[Any], **kwargs: object) -> DatasetChatEnv:
         """An env whose samples come from any iterable, in the iterable's own order (what it
         may yield: ``llm_gym.sources.IterableSource``). ``kwargs`` are this class's arguments
         except ``dataset``, ``name``, ``split``, ``shuffle`` and ``seed``.
@@ -269,12 +279,14 @@ class DatasetChatEnv(ChatEnv):
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         """Start an episode from the next sample, or ``options={"sample": {...}}``; ``seed``
         restarts the order it defines."""
-        given = self._given_sample(options)  # checked before reseeding: a bad one changes nothing
+        given = self.given_sample(options)  # checked before reseeding: a bad one changes nothing
         if seed is not None:
             self._source.reseed(self._order_seed(seed))
         return super().reset(seed=seed, options={"sample": given} if given else None)
 
-    def _given_sample(self, options: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    def given_sample(self, options: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        """The sample ``options`` gives (``{"sample": {...}}``, mapped and checked), or None;
+        raises before anything changes."""
         if options is not None and not isinstance(options, Mapping):
             raise TypeError(f"options must be a dict or None, got {type(options).__name__}")
         unknown = sorted(set(options or {}) - {"sample"})
@@ -283,10 +295,11 @@ class DatasetChatEnv(ChatEnv):
         return self._map(options["sample"]) if options and "sample" in options else None
 
     def _initial_history(self, options: Mapping[str, Any]) -> tuple[History, dict[str, Any]]:
-        self._sample = options.get("sample") or self._next_sample()
-        return self._episode_start(self._sample)
+        self._sample = options.get("sample") or self.next_sample()
+        return self.episode_start(self._sample)
 
-    def _episode_start(self, sample: Mapping[str, Any]) -> tuple[History, dict[str, Any]]:
+    def episode_start(self, sample: Mapping[str, Any]) -> tuple[History, dict[str, Any]]:
+        """The first prompt of ``sample``'s episode and the reset info (the sample's fields)."""
         info = {key: value for key, value in sample.items() if key != QUERY_KEY}
         return self._history_for(sample[QUERY_KEY]), info
 
@@ -304,7 +317,8 @@ class DatasetChatEnv(ChatEnv):
         score = TaskScore(*result)
         return float(score.reward), bool(score.answered), score.info
 
-    def _next_sample(self, source: Any = None) -> dict[str, Any]:
+    def next_sample(self, source: Source | None = None) -> dict[str, Any]:
+        """The next sample of ``source`` (default: this env's), mapped to the env's fields."""
         return self._map((self._source if source is None else source).next_record())
 
     def _order_seed(self, seed: Any) -> int:
@@ -357,7 +371,9 @@ class DatasetChatEnv(ChatEnv):
             )
 
 
-def make_task_env(task_factory: str | Callable[..., Task] | Task, **kwargs: Any) -> DatasetChatEnv:
+def make_task_env(
+    task_factory: str | Callable[..., Task] | Task, **kwargs: object
+) -> DatasetChatEnv:
     """The env of a task: ``task_factory`` (a ``Task``, a function returning one, or its
     ``"module:function"`` path) is called with the arguments it declares, and
     ``DatasetChatEnv.from_task`` gets the rest. Each ``LLMChat-<task>-v0`` id is this

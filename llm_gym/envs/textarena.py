@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
@@ -17,6 +17,9 @@ from llm_gym.envs.dataset import DatasetChatEnv
 from llm_gym.envs.vector import sharded_env_fns
 from llm_gym.games import Opponent, TextArenaGame, outcome_of
 from llm_gym.sources import ProceduralSource
+
+if TYPE_CHECKING:
+    from llm_gym.tools.toolbox import ToolRecord
 
 __all__ = ["TEXTARENA_ID", "TextArenaEnv", "make_textarena_vector_env"]
 
@@ -130,7 +133,7 @@ class TextArenaEnv(DatasetChatEnv):
         group_repeats: bool = False,
         shard: tuple[int, int] | None = None,
         system_prompt: str | None = None,
-        **chat_options: Any,
+        **chat_options: object,
     ) -> None:
         check_str("game", game)
         if chat_options.get("tools"):
@@ -145,9 +148,10 @@ class TextArenaEnv(DatasetChatEnv):
             **chat_options,
         )  # fmt: skip
 
-    def _given_sample(self, options: Mapping[str, Any] | None) -> dict[str, Any] | None:
-        # Checked before anything changes: a bad game_seed leaves the running game as it was.
-        sample = super()._given_sample(options)
+    def given_sample(self, options: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        """The given sample, whose ``game_seed`` must be an int >= 0; checked before anything
+        changes, so a bad one leaves the running game as it was."""
+        sample = super().given_sample(options)
         seed = None if sample is None else sample.get("game_seed")
         if sample is not None and (
             isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0
@@ -155,17 +159,20 @@ class TextArenaEnv(DatasetChatEnv):
             raise ValueError(f"a game's sample needs an int game_seed >= 0, got {seed!r}")
         return sample
 
-    def _episode_start(self, sample: Mapping[str, Any]) -> tuple[History, dict[str, Any]]:
+    def episode_start(self, sample: Mapping[str, Any]) -> tuple[History, dict[str, Any]]:
+        """Reset the game at ``sample``'s ``game_seed``: its first message as the prompt."""
         seed = int(sample["game_seed"])
         return self._history_for(self._game.reset(seed)), {"task": self.game, "game_seed": seed}
 
-    def _advance(
+    def advance(
         self,
         conversation: Conversation,
         read: ActionRead,
-        records: Any,
+        records: Sequence[ToolRecord],
         sample: Mapping[str, Any] | None = None,
     ) -> Outcome:
+        """Play the turn as the game's move: the game, not a reward function, decides the end,
+        the reward and the next user message (the game's, or the opponent's move)."""
         response, content, _ = read
         turn = conversation.turns + 1
         terminated = self._game.step(self.assistant_prefix + content)
@@ -195,7 +202,7 @@ class TextArenaEnv(DatasetChatEnv):
         return Outcome(extended, float(reward), bool(terminated), bool(truncated), info)
 
 
-def make_textarena_vector_env(num_envs: int = 1, **kwargs: Any) -> SyncVectorEnv:
+def make_textarena_vector_env(num_envs: int = 1, **kwargs: object) -> SyncVectorEnv:
     """The ``vector_entry_point`` of ``LLMChat-TextArena-v0``: ``num_envs`` games side by
     side, one ``TextArenaEnv`` each on one shard of the stream of games (so ``repeats=G`` with
     ``group_repeats=True`` puts each game in ``G`` neighbouring sub-envs), finished ones

@@ -5,7 +5,7 @@ observations and a ``Discrete`` action."""
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
@@ -14,6 +14,9 @@ from gymnasium import spaces
 from llm_gym.chat.containers import Response
 from llm_gym.checks import check_bool, check_choice, check_int
 from llm_gym.envs.chat import ChatEnv
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 __all__ = ["TokenEnv", "make_token_env"]
 
@@ -82,7 +85,7 @@ class TokenEnv(gym.Env):
     ## Example
 
     >>> import gymnasium as gym, llm_gym
-    >>> from llm_gym.models import load_gpt2_tokenizer
+    >>> from llm_gym.lm.loading import load_gpt2_tokenizer
     >>> tokenizer = load_gpt2_tokenizer()
     >>> rows = [{"question": "What is 9 * 2?", "answer": "#### 18"}]
     >>> env = gym.make("LLMToken-GSM8K-v0", tokenizer=tokenizer, max_new_tokens=32,
@@ -102,7 +105,7 @@ class TokenEnv(gym.Env):
         self,
         task_env: gym.Env,
         *,
-        tokenizer: Any = None,
+        tokenizer: PreTrainedTokenizerBase | None = None,
         max_new_tokens: int = 64,
         max_prompt_length: int = 256,
         truncate_prompt: bool = False,
@@ -194,7 +197,9 @@ class TokenEnv(gym.Env):
             self.render()
         return self._observation(), {**info, "prompt_length": len(prompt)}
 
-    def step(self, action: Any) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
+    def step(
+        self, action: int | np.integer | np.ndarray
+    ) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
         """Append one token; at the response's end, the task's reward (see Rewards)."""
         if self._done:
             raise gym.error.ResetNeeded(
@@ -258,7 +263,7 @@ class TokenEnv(gym.Env):
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         return np.asarray(ids, dtype=np.int64)
 
-    def check_action(self, action: Any) -> int:
+    def check_action(self, action: object) -> int:
         """The action as a token id, or a clear error; NumPy scalars and one-element arrays
         (what SB3 and vector envs hand over) are ok."""
         if isinstance(action, np.ndarray) and action.size == 1 and action.ndim <= 1:
@@ -277,7 +282,7 @@ class TokenEnv(gym.Env):
         return {"input_ids": self._input_ids.copy(), "attention_mask": self._attention_mask.copy()}
 
 
-def make_token_env(task: str, **kwargs: Any) -> TokenEnv:
+def make_token_env(task: str, **kwargs: object) -> TokenEnv:
     """``TokenEnv`` over the registered chat task ``task``, made in tokens mode and single-turn.
 
     The entry point of the ``LLMToken-*`` ids (``LLMToken-GSM8K-v0``: ``task=
@@ -288,7 +293,7 @@ def make_token_env(task: str, **kwargs: Any) -> TokenEnv:
     if own.get("tokenizer") is None:
         raise ValueError(
             f"a token-level {task} needs tokenizer= (a transformers tokenizer, e.g. "
-            "llm_gym.models.load_gpt2_tokenizer()), got None"
+            "llm_gym.lm.loading.load_gpt2_tokenizer()), got None"
         )
     for key in ("input_mode", "max_turns", "observation_keys"):
         if key in kwargs:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import gymnasium as gym
 import numpy as np
@@ -14,12 +14,79 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
 
 from llm_gym.chat.conversation import Conversation
+from llm_gym.chat.history import History
 from llm_gym.checks import check_int
 from llm_gym.envs.actions import decode_token_actions
+from llm_gym.envs.chat import ActionRead, Outcome
 from llm_gym.envs.dataset import DatasetChatEnv, make_task_env
-from llm_gym.sources import Shard
+from llm_gym.sources import Shard, Source
 
-__all__ = ["DatasetChatVectorEnv", "batch_infos", "make_task_vector_env", "sharded_env_fns"]
+if TYPE_CHECKING:
+    from llm_gym.chat.containers import Response
+    from llm_gym.tools.calls import ToolCall
+    from llm_gym.tools.toolbox import ToolRecord
+
+__all__ = [
+    "DatasetChatVectorEnv",
+    "StepHooks",
+    "batch_infos",
+    "make_task_vector_env",
+    "sharded_env_fns",
+    "single_env",
+]
+
+
+@runtime_checkable
+class StepHooks(Protocol):
+    """What ``DatasetChatVectorEnv`` calls on its single env to step N conversations at once.
+
+    ``DatasetChatEnv`` implements all of it; a subclass overrides what it plays differently
+    (``TextArenaEnv``: ``given_sample``, ``episode_start``, ``advance``). None of these store
+    anything on the env: the vector env keeps the N conversations and samples itself.
+
+    - ``given_sample(options)``: the sample of ``reset(options={"sample": ...})``, checked
+      (raises before anything changes), or None.
+    - ``next_sample(source)``: the next sample of ``source`` (a sub-env's shard).
+    - ``episode_start(sample)``: the first prompt (a ``History``) and the reset info.
+    - ``read_action(conversation, action)``: the checked action and its tool calls.
+    - ``run_tools(conversation, calls)``: one record per call run; never raises.
+    - ``advance(conversation, read, records, sample)``: the ``Outcome`` of the turn.
+    - ``observe(conversation)``: the observation dict.
+    """
+
+    def given_sample(self, options: Mapping[str, Any] | None) -> dict[str, Any] | None: ...
+
+    def next_sample(self, source: Source | None = None) -> dict[str, Any]: ...
+
+    def episode_start(self, sample: Mapping[str, Any]) -> tuple[History, dict[str, Any]]: ...
+
+    def read_action(
+        self,
+        conversation: Conversation | None,
+        action: str | np.ndarray | Response | Mapping[str, Any],
+    ) -> ActionRead: ...
+
+    def run_tools(
+        self, conversation: Conversation, calls: Sequence[ToolCall]
+    ) -> list[ToolRecord]: ...
+
+    def advance(
+        self,
+        conversation: Conversation,
+        read: ActionRead,
+        records: Sequence[ToolRecord],
+        sample: Mapping[str, Any] | None = None,
+    ) -> Outcome: ...
+
+    def observe(self, conversation: Conversation) -> dict[str, Any]: ...
+
+
+def single_env(envs: gym.vector.VectorEnv) -> gym.Env:
+    """The single env holding the settings of ``envs``' task, through any vector wrappers: the
+    native vector env's ``single_env``, else the first sub-env of a ``SyncVectorEnv`` (a
+    game's vector env)."""
+    base = envs.unwrapped
+    return getattr(base, "single_env", None) or base.envs[0].unwrapped
 
 
 class DatasetChatVectorEnv(VectorEnv):
@@ -74,7 +141,7 @@ class DatasetChatVectorEnv(VectorEnv):
             )
         # One env holds the task's settings; each sub-env is a shard of its source and a
         # conversation, stepped here together.
-        self.env = env
+        self.single_env = env
         self.sources = [
             env.source.fork(Shard(i, self.num_envs, env.repeats)) for i in range(self.num_envs)
         ]
@@ -98,7 +165,7 @@ class DatasetChatVectorEnv(VectorEnv):
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         """Reset every sub-env (sub-env ``i`` seeded ``seed + i``, one order split N ways)."""
         seeds = self._seeds(seed)
-        given = self.env._given_sample(options)  # checked before anything changes
+        given = self.single_env.given_sample(options)  # checked before anything changes
         super().reset(seed=seeds[0])
         for i, s in enumerate(seeds):
             if s is not None:  # sub-env i orders by seed[i] - i: seeds s, s+1, ... share one
@@ -120,7 +187,7 @@ class DatasetChatVectorEnv(VectorEnv):
         infos = [o.info for o in outcomes]
         self._conversations = [o.conversation for o in outcomes]
         done = np.flatnonzero(terminated | truncated).tolist()
-        finals = [self.env._observation(self._conversations[i]) for i in done]
+        finals = [self.single_env.observe(self._conversations[i]) for i in done]
         started = self._start(done)
         for i, final, info in zip(done, finals, started, strict=True):
             infos[i] = {"final_obs": final, "final_info": infos[i], **info}
@@ -145,29 +212,29 @@ class DatasetChatVectorEnv(VectorEnv):
     @property
     def epoch_size(self) -> int | None:
         """Episodes in one epoch, split among the sub-envs (None without a fixed size)."""
-        return self.env.epoch_size
+        return self.single_env.epoch_size
 
     @property
     def level(self) -> int | None:
         """The task's difficulty level (None for data without levels)."""
-        return self.env.level
+        return self.single_env.level
 
     @property
     def num_levels(self) -> int | None:
         """How many levels the task has; None without levels."""
-        return self.env.num_levels
+        return self.single_env.num_levels
 
     def set_level(self, level: int) -> None:
         """Draw the next samples of every sub-env at ``level``: their sources are forks of
         one procedural source, which share the level."""
-        self.env.set_level(level)
+        self.single_env.set_level(level)
 
-    def close_extras(self, **kwargs: Any) -> None:
+    def close_extras(self, **kwargs: object) -> None:
         """Stop the tool threads and the tools' servers."""
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
-        self.env.close()
+        self.single_env.close()
 
     # -- internals ----------------------------------------------------------------------
 
@@ -196,9 +263,9 @@ class DatasetChatVectorEnv(VectorEnv):
     def _start(self, indices: Sequence[int], given: dict[str, Any] | None = None) -> list[dict]:
         """Start a new episode in each of ``indices``; their prompts are tokenized in one
         batch (a repeated prompt, as in a GRPO group, once). The reset infos."""
-        samples = [given or self.env._next_sample(self.sources[i]) for i in indices]
-        starts = [self.env._episode_start(sample) for sample in samples]
-        conversations = self.env.builder.start([history for history, _ in starts])
+        samples = [given or self.single_env.next_sample(self.sources[i]) for i in indices]
+        starts = [self.single_env.episode_start(sample) for sample in samples]
+        conversations = self.single_env.builder.start([history for history, _ in starts])
         for i, sample, conversation in zip(indices, samples, conversations, strict=True):
             self._samples[i], self._conversations[i] = sample, conversation
         return [info for _, info in starts]
@@ -213,15 +280,16 @@ class DatasetChatVectorEnv(VectorEnv):
             raise ValueError(
                 f"actions must hold num_envs={self.num_envs} responses, got {len(actions)}"
             )
-        env, conversations = self.env, self._conversations
+        env, conversations = self.single_env, self._conversations
         actions = decode_token_actions(actions, env.codec)  # one batch for all N
         reads = [
-            _indexed(i, env._read, conversations[i], action) for i, action in enumerate(actions)
+            _indexed(i, env.read_action, conversations[i], action)
+            for i, action in enumerate(actions)
         ]
         records = self._run_tools(reads)  # after every action was checked
         steps = [
             functools.partial(
-                _indexed, i, env._advance, conversations[i], read, records[i], self._samples[i]
+                _indexed, i, env.advance, conversations[i], read, records[i], self._samples[i]
             )
             for i, read in enumerate(reads)
         ]
@@ -236,7 +304,7 @@ class DatasetChatVectorEnv(VectorEnv):
         busy = [i for i, read in enumerate(reads) if read.calls]
         if not busy:
             return records
-        run = self.env._run_tools
+        run = self.single_env.run_tools
         ran = self._threads().map(lambda i: run(self._conversations[i], reads[i].calls), busy)
         for i, result in zip(busy, ran, strict=True):
             records[i] = result
@@ -248,7 +316,7 @@ class DatasetChatVectorEnv(VectorEnv):
         return self._pool
 
     def _batched_obs(self) -> dict[str, Any]:
-        obs = [self.env._observation(conversation) for conversation in self._conversations]
+        obs = [self.single_env.observe(conversation) for conversation in self._conversations]
         return concatenate(self.single_observation_space, obs, self._out)
 
 
@@ -300,7 +368,7 @@ def batch_infos(infos: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def sharded_env_fns(env_id: str, num_envs: int, **kwargs: Any) -> list[Callable[[], gym.Env]]:
+def sharded_env_fns(env_id: str, num_envs: int, **kwargs: object) -> list[Callable[[], gym.Env]]:
     """``num_envs`` constructors of ``env_id`` for ``SyncVectorEnv`` or ``AsyncVectorEnv``,
     constructor ``i`` with ``shard=(i, num_envs)``, so they split one stream of samples as
     ``DatasetChatVectorEnv``'s sub-envs do (``gym.make_vec`` in those modes gives every
@@ -320,7 +388,7 @@ def sharded_env_fns(env_id: str, num_envs: int, **kwargs: Any) -> list[Callable[
     ]
 
 
-def make_task_vector_env(num_envs: int = 1, **kwargs: Any) -> DatasetChatVectorEnv:
+def make_task_vector_env(num_envs: int = 1, **kwargs: object) -> DatasetChatVectorEnv:
     """The ``vector_entry_point`` of every task's env id: ``num_envs`` conversations of
     ``make_task_env(**kwargs)``.
 

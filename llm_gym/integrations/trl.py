@@ -7,7 +7,7 @@ when the trainer has ``use_vllm=True``, else the trainer's model.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
@@ -16,10 +16,19 @@ import torch
 from llm_gym.policies import SamplerPolicy, TransformersPolicy
 from llm_gym.samplers import Sample, check_token_batch
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+    from trl import GRPOTrainer
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    from llm_gym.policies import Policy
+
 __all__ = ["EnvRollout", "TRLVLLMSampler", "env_reward_func", "make_rollout_func"]
 
 
-def env_reward_func(completions: Sequence[Any], env_reward: Sequence[float], **_: Any) -> list:
+def env_reward_func(
+    completions: Sequence[Any], env_reward: Sequence[float], **_: object
+) -> list[float]:
     """The env's return of each completion, as ``make_rollout_func`` recorded it."""
     if len(env_reward) != len(completions):
         raise ValueError(
@@ -29,7 +38,7 @@ def env_reward_func(completions: Sequence[Any], env_reward: Sequence[float], **_
     return [float(r) for r in env_reward]
 
 
-def make_rollout_func(env_id: str, *, seed: int = 0, **env_kwargs: Any) -> EnvRollout:
+def make_rollout_func(env_id: str, *, seed: int = 0, **env_kwargs: object) -> EnvRollout:
     """A ``rollout_func`` for ``GRPOTrainer`` that plays ``env_id`` (made with
     ``env_kwargs``; the first batch's questions come from ``seed``)."""
     return EnvRollout(env_id, seed=seed, **env_kwargs)
@@ -38,7 +47,7 @@ def make_rollout_func(env_id: str, *, seed: int = 0, **env_kwargs: Any) -> EnvRo
 class EnvRollout:
     """``make_rollout_func``'s: one episode per prompt, all prompts' turns batched per turn."""
 
-    def __init__(self, env_id: str, *, seed: int = 0, **env_kwargs: Any) -> None:
+    def __init__(self, env_id: str, *, seed: int = 0, **env_kwargs: object) -> None:
         self.is_task = gym.spec(env_id).vector_entry_point is not None  # unknown ids fail here
         if not self.is_task:
             env_kwargs.setdefault("max_turns", 1)  # a plain chat: one reply per prompt
@@ -47,7 +56,9 @@ class EnvRollout:
         self._key: tuple[int, int, int] | None = None
         self._fresh = True  # the next reset starts the stream of `seed`
 
-    def __call__(self, prompts: Sequence[Any], trainer: Any) -> dict[str, list]:
+    def __call__(
+        self, prompts: Sequence[str | Sequence[Mapping[str, Any]]], trainer: GRPOTrainer
+    ) -> dict[str, list]:
         """One episode per prompt with ``trainer``'s model: what TRL's ``rollout_func`` returns."""
         model = trainer.accelerator.unwrap_model(trainer.model)
         tokenizer = trainer.processing_class
@@ -64,7 +75,7 @@ class EnvRollout:
         if getattr(args, "use_vllm", False):  # TRL's vLLM, with the weights TRL synced
             step = trainer.state.global_step
             sampler = TRLVLLMSampler(trainer.vllm_generation, tokenizer.eos_token_id, step)
-            policy: Any = SamplerPolicy(sampler, tokenizer)
+            policy: Policy = SamplerPolicy(sampler, tokenizer)
         else:
             policy = TransformersPolicy(
                 model, tokenizer, input_mode="tokens",
@@ -73,7 +84,7 @@ class EnvRollout:
             )  # fmt: skip
         return _play(envs, obs, policy)
 
-    def _envs_for(self, n: int, group: int, tokenizer: Any) -> list[gym.Env]:
+    def _envs_for(self, n: int, group: int, tokenizer: PreTrainedTokenizerBase) -> list[gym.Env]:
         # One env per prompt; a task's envs split one stream (shard), each group of `group`
         # consecutive envs on one question (repeats). Rebuilt only when the batch changes.
         key = (n, group, id(tokenizer))
@@ -109,7 +120,9 @@ class TRLVLLMSampler:
         version: the policy version (TRL syncs the weights when its global step changes).
     """
 
-    def __init__(self, generation: Any, eos_token_id: int | None, version: int | None = None):
+    def __init__(
+        self, generation: VLLMGeneration, eos_token_id: int | None, version: int | None = None
+    ):
         self.generation, self.eos_token_id, self.version = generation, eos_token_id, version
 
     def sample(self, prompts: Sequence[np.ndarray]) -> list[Sample]:
@@ -130,7 +143,7 @@ class TRLVLLMSampler:
         return samples
 
 
-def _play(envs: list[gym.Env], obs: list[dict], policy: Any) -> dict[str, list]:
+def _play(envs: list[gym.Env], obs: list[dict], policy: Policy) -> dict[str, list]:
     n = len(envs)
     prompt_ids = [np.asarray(o["tokens"]).tolist() for o in obs]
     completion: list[list[int]] = [[] for _ in range(n)]
@@ -166,7 +179,7 @@ def _play(envs: list[gym.Env], obs: list[dict], policy: Any) -> dict[str, list]:
     return out
 
 
-def _query(prompt: Any) -> str:
+def _query(prompt: object) -> str:
     if isinstance(prompt, str):
         return prompt
     if isinstance(prompt, Sequence):

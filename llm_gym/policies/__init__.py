@@ -1,7 +1,9 @@
 """Policies for llm_gym's envs: a transformers LM adapter, any ``Sampler`` (vLLM,
 OpenAI-compatible) as a policy, an SB3 actor-critic and a masked categorical; the tensor work
-they share with wrappers and rollouts lives in ``llm_gym.lm``."""
+they share with wrappers and episodes lives in ``llm_gym.lm``; ``Policy`` is the protocol
+every driver calls."""
 
+from llm_gym.policies.base import Policy
 from llm_gym.policies.distributions import MaskedCategorical
 from llm_gym.policies.sampling import SamplerPolicy
 from llm_gym.policies.transformers import TransformersPolicy
@@ -11,6 +13,7 @@ __all__ = [
     "LLMActorCriticPolicy",
     "LogProbOutput",
     "MaskedCategorical",
+    "Policy",
     "SamplerPolicy",
     "TransformersPolicy",
 ]

@@ -9,14 +9,17 @@ the sampler's version, and the text is only decoded from them.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llm_gym.chat.containers import Response
 from llm_gym.chat.templates import get_chat_template
 from llm_gym.checks import check_choice
-from llm_gym.policies._inputs import Encoder, check_tokenizer, split_observation
+from llm_gym.policies.transformers import Encoder, check_tokenizer, split_observation
 from llm_gym.samplers.base import Sampler
 from llm_gym.spaces import INPUT_MODES
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 __all__ = ["SamplerPolicy"]
 
@@ -38,7 +41,7 @@ class SamplerPolicy:
     def __init__(
         self,
         sampler: Sampler,
-        tokenizer: Any,
+        tokenizer: PreTrainedTokenizerBase,
         *,
         input_mode: str = "tokens",
         chat_template_name: str | None = None,
@@ -65,7 +68,7 @@ class SamplerPolicy:
         """The sampler's policy version (what its next responses will carry)."""
         return getattr(self.sampler, "version", None)
 
-    def __call__(self, obs: Mapping[str, Any]) -> Any:
+    def __call__(self, obs: Mapping[str, Any]) -> Response | list[Response] | list[list[Response]]:
         """Response(s) to ``obs``, sampled in one call of the sampler."""
         values, batched = split_observation(obs, self.input_mode)
         samples = self.sampler.sample(self._encoder.prompts(values))

@@ -16,7 +16,7 @@ from stable_baselines3.common.policies import ActorCriticPolicy
 from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
 from torch import nn
 
-from llm_gym.lm import position_ids
+from llm_gym.lm.tensors import position_ids
 from llm_gym.policies.distributions import allowed_token_mask
 
 __all__ = ["LLMActorCriticPolicy", "ModelSpec", "last_positions"]
@@ -31,7 +31,7 @@ def _resolve_model(spec: ModelSpec, argument: str = "model") -> nn.Module:
     if isinstance(spec, nn.Module):
         model = spec
     elif isinstance(spec, (str, os.PathLike)):
-        from llm_gym.models import load_model
+        from llm_gym.lm.loading import load_model
 
         model = load_model(spec)[0]
     elif callable(spec):

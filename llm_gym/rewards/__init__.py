@@ -14,7 +14,7 @@ from llm_gym.rewards.answers import (
 from llm_gym.rewards.countdown import (
     CountdownReward,
     countdown_reward_func,
-    evaluate,
+    evaluate_expression,
     score_countdown,
     uses_numbers,
 )
@@ -39,7 +39,7 @@ __all__ = [
     "MATHReward",
     "boxed_answer",
     "countdown_reward_func",
-    "evaluate",
+    "evaluate_expression",
     "extract_answer",
     "extract_ground_truth",
     "extract_tags",

@@ -8,11 +8,12 @@ linear in the response: model output is hostile input.
 
 from __future__ import annotations
 
-import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from llm_gym.checks import check_reward, check_str
 
 __all__ = [
     "ANSWER_FORMATS",
@@ -232,7 +233,7 @@ def score_answer(
     )
 
 
-def completion_text(completion: Any) -> str:
+def completion_text(completion: str | Sequence[Mapping[str, object]]) -> str:
     """The text a TRL completion holds: a string, or the last assistant message's content."""
     # TRL passes plain strings, or for conversational data the generated messages; with
     # tool calls there may be several, and the last assistant turn holds the final answer.
@@ -300,25 +301,10 @@ def trl_rows(completions: Sequence[Any], **columns: Sequence[Any]) -> list[tuple
     return list(zip(texts, *columns.values(), strict=True))
 
 
-def check_str(name: str, value: Any) -> None:
-    """Raises ``TypeError`` naming ``name`` unless ``value`` is a ``str``."""
-    if not isinstance(value, str):
-        raise TypeError(f"{name} must be a str, got {type(value).__name__}: {value!r:.80}")
-
-
-def check_answer_format(value: Any, name: str = "answer_format") -> str:
+def check_answer_format(value: object, name: str = "answer_format") -> str:
     """``value`` if it names one of ``ANSWER_FORMATS``."""
     if value not in ANSWER_FORMATS:
         raise ValueError(
             f"{name} must be one of {', '.join(map(repr, ANSWER_FORMATS))}; got {value!r}"
         )
     return value
-
-
-def check_reward(name: str, value: Any) -> float:
-    """``value`` as a finite float: a reward's value."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be an int or float, got {type(value).__name__}: {value!r}")
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value!r}")
-    return float(value)

@@ -17,12 +17,13 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from llm_gym.rewards.answers import AnswerReward, AnswerScore, check_str, trl_rows
+from llm_gym.checks import check_str
+from llm_gym.rewards.answers import AnswerReward, AnswerScore, trl_rows
 
 __all__ = [
     "CountdownReward",
     "countdown_reward_func",
-    "evaluate",
+    "evaluate_expression",
     "score_countdown",
     "uses_numbers",
 ]
@@ -69,12 +70,12 @@ def _value(node: ast.expr) -> Fraction:
     return Fraction(node.value)
 
 
-def evaluate(expression: str) -> Fraction | None:
+def evaluate_expression(expression: str) -> Fraction | None:
     """The exact value of an expression of decimal integers, ``+ - * /``, unary minus and
     parentheses; None for anything else (other operators, names, calls, a division by 0).
 
-    >>> evaluate("7 / 2"), evaluate("2 ** 10"), evaluate("__import__('os')"), evaluate("1/0")
-    (Fraction(7, 2), None, None, None)
+    >>> [evaluate_expression(e) for e in ("7 / 2", "2 ** 10", "__import__('os')", "1/0")]
+    [Fraction(7, 2), None, None, None]
     """
     check_str("expression", expression)
     node = _parse(expression)
@@ -130,7 +131,9 @@ class CountdownReward(AnswerReward):
         # the arithmetic that follows is tiny.
         return self.score(
             response,
-            lambda expression: uses_numbers(expression, numbers) and evaluate(expression) == target,
+            lambda expression: (
+                uses_numbers(expression, numbers) and evaluate_expression(expression) == target
+            ),
             numeric=False,
         )
 
@@ -143,11 +146,11 @@ def score_countdown(
 
 
 def countdown_reward_func(
-    prompts: Any,
+    prompts: Sequence[object] | None,
     completions: Sequence[Any],
     target: Sequence[int],
     numbers: Sequence[Sequence[int]],
-    **kwargs: Any,
+    **kwargs: object,
 ) -> list[float]:
     """Countdown reward for TRL's ``GRPOTrainer(reward_funcs=[countdown_reward_func])``: the
     dataset's ``target`` and ``numbers`` columns arrive by name.

@@ -8,11 +8,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from llm_gym.checks import check_str
 from llm_gym.rewards.answers import (
     MODES,
     AnswerReward,
     AnswerScore,
-    check_str,
     extract_answer,
     extract_tags,
     trl_rows,
@@ -109,7 +109,10 @@ class GSM8KReward(AnswerReward):
 
 
 def gsm8k_reward_func(
-    prompts: Any, completions: Sequence[Any], answer: Sequence[str], **kwargs: Any
+    prompts: Sequence[object] | None,
+    completions: Sequence[Any],
+    answer: Sequence[str],
+    **kwargs: object,
 ) -> list[float]:
     """GSM8K reward for TRL's ``GRPOTrainer(reward_funcs=[gsm8k_reward_func])``.
 

@@ -18,10 +18,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from llm_gym.checks import check_str
 from llm_gym.rewards.answers import (
     AnswerReward,
     AnswerScore,
-    check_str,
     extract_answer,
     trl_rows,
 )
@@ -83,7 +83,10 @@ class MATHReward(AnswerReward):
 
 
 def math_reward_func(
-    prompts: Any, completions: Sequence[Any], solution: Sequence[str], **kwargs: Any
+    prompts: Sequence[object] | None,
+    completions: Sequence[Any],
+    solution: Sequence[str],
+    **kwargs: object,
 ) -> list[float]:
     """MATH reward for TRL's ``GRPOTrainer(reward_funcs=[math_reward_func])``: the dataset's
     ``solution`` column arrives by name.

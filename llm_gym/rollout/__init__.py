@@ -1,5 +1,7 @@
-"""``RolloutFromModel``: token-level RLHF rollouts of a causal LM, TorchRL's recipe in torch."""
+"""Alias of ``llm_gym.torchrl`` for ``RolloutFromModel`` (TorchRL's recipe, under a
+TorchRL-named home since the layout of issue 38: "rollout" means ``llm-gym rollout``). New code
+imports from ``llm_gym.torchrl``."""
 
-from llm_gym.rollout.model import RolloutFromModel
+from llm_gym.torchrl import RolloutFromModel
 
 __all__ = ["RolloutFromModel"]

@@ -9,7 +9,7 @@ from typing import Any
 import gymnasium as gym
 from gymnasium.envs.registration import load_env_creator
 
-from llm_gym.models import DEFAULT_MODEL_NAME
+from llm_gym.lm.loading import DEFAULT_MODEL_NAME
 from llm_gym.run.config import RunConfig
 
 __all__ = ["answer_format_of", "describe_run", "run_rows", "run_title"]

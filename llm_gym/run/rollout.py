@@ -16,31 +16,29 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from llm_gym.drivers import AsyncRollouts
-from llm_gym.drivers.records import ARRAYS, Episodes
-from llm_gym.models import load_model
+from llm_gym.envs import single_env
+from llm_gym.episodes import ARRAYS, AsyncEpisodes, Episodes
+from llm_gym.lm.loading import load_model
 from llm_gym.rewards.answers import ANSWER_FORMATS
 from llm_gym.run.config import RolloutConfig
 from llm_gym.run.describe import describe_run, run_rows, run_title
 from llm_gym.run.plots import plot_rollout
 from llm_gym.run.report import REPORT_FILE, write_report
 from llm_gym.run.setup import (
-    async_rollouts,
+    async_episodes,
     charge_kl,
-    make_sampler,
+    make_policy,
     reference_scorer,
     resolve_device,
     resolve_dtype,
     task_envs,
-    template_env,
 )
 from llm_gym.samplers import SamplerError
 
 __all__ = [
     "ARRAYS",
     "EPISODES_FILE",
-    "Episodes",
-    "PLOT_FILE",
+    "ROLLOUT_PLOT_FILE",
     "SUMMARY_FILE",
     "Rollout",
     "RolloutConfig",
@@ -53,7 +51,7 @@ __all__ = [
 EPISODES_FILE = "episodes.jsonl"
 PROCEDURAL_EPISODES = 64  # the default for tasks without a fixed size
 SUMMARY_FILE = "summary.json"
-PLOT_FILE = "rollout.png"
+ROLLOUT_PLOT_FILE = "rollout.png"
 OUTCOMES = ("win", "draw", "loss", "unfinished")  # a game's end, as its env's info says
 LOW_FORMAT_RATE = 0.1  # at or below: the table hints at another --answer-format
 
@@ -126,7 +124,7 @@ def prepare_out(out: Path) -> Path:
     """Create the run folder with an empty episodes file and no earlier run's summary or plot
     (an interrupted run must not leave another run's summary beside its episodes)."""
     out.mkdir(parents=True, exist_ok=True)
-    for name in (EPISODES_FILE, SUMMARY_FILE, PLOT_FILE, REPORT_FILE):
+    for name in (EPISODES_FILE, SUMMARY_FILE, ROLLOUT_PLOT_FILE, REPORT_FILE):
         (out / name).unlink(missing_ok=True)
     return out / EPISODES_FILE
 
@@ -152,7 +150,7 @@ class Rollout:
                 f"max_new_tokens={config.max_new_tokens} leaves no room for a prompt in the "
                 f"model's context of {context} tokens"
             )
-        self.policy = make_sampler(model, tokenizer, config)
+        self.policy = make_policy(model, tokenizer, config)
         try:
             self._set_up(config, tokenizer)
         except BaseException:  # no server is left running after a setup error
@@ -168,16 +166,16 @@ class Rollout:
             self.config = config = replace(config, episodes=epoch or PROCEDURAL_EPISODES)
         # What the env plays, read now: the summary is written after the envs are closed.
         # (The env got answer_format_of(config), if anything: it holds the format played.)
-        self.answer_format = getattr(template_env(envs), "answer_format", None)
+        self.answer_format = getattr(single_env(envs), "answer_format", None)
         self.start_level = getattr(envs.unwrapped, "level", None)
         self.task_names: set[str] = set()  # as the env's reset info names them
-        self.driver: AsyncRollouts | None = None
+        self.driver: AsyncEpisodes | None = None
         self.ref: Any = None  # the asynchronous driver's reference scorer (a Ray actor's)
         if config.asynchronous:  # the vector env only told what the task is
             envs.close()
             if config.ref_model is not None:
                 self.ref = reference_scorer(config, config.ref_model)
-            self.driver = async_rollouts(
+            self.driver = async_episodes(
                 config, tokenizer, self.policy, config.num_envs, ref=self.ref
             )
             envs = self.driver
@@ -236,12 +234,12 @@ class Rollout:
         title = run_title(run)
         if interrupted:
             title += " (interrupted)"
-        plot_rollout(items, self.out / PLOT_FILE, title)
+        plot_rollout(items, self.out / ROLLOUT_PLOT_FILE, title)
         rows = [*run_rows(run), *summary.rows()]
         notes = [hint] if hint else []
         if interrupted:
             notes.insert(0, f"Interrupted after {len(items)} of {config.episodes} episodes.")
-        write_report(self.out, f"Rollout: {title}", rows, [self.out / PLOT_FILE], notes)
+        write_report(self.out, f"Rollout: {title}", rows, [self.out / ROLLOUT_PLOT_FILE], notes)
         return summary
 
     def _collect(self, items: list[dict[str, Any]], start: float) -> None:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import torch
 
 from llm_gym.checks import check_choice
-from llm_gym.drivers import AsyncRollouts
-from llm_gym.models import load_model
+from llm_gym.episodes import AsyncEpisodes
+from llm_gym.lm.loading import load_model
 from llm_gym.policies import SamplerPolicy, TransformersPolicy
 from llm_gym.run.config import DTYPE_NAMES, RunConfig
 from llm_gym.run.describe import answer_format_of
@@ -19,18 +19,24 @@ from llm_gym.samplers import OpenAISampler, VLLMSampler
 from llm_gym.wrappers import kl as single_wrappers
 from llm_gym.wrappers import vector as vector_wrappers
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from llm_gym.policies.base import Policy
+    from llm_gym.samplers import Scorer
+    from llm_gym.wrappers.controllers import KLController
+
 __all__ = [
     "DTYPES",
     "SERVER_LOG",
-    "async_rollouts",
+    "async_episodes",
     "charge_kl",
     "env_kwargs",
-    "make_sampler",
+    "make_policy",
     "reference_scorer",
     "resolve_device",
     "resolve_dtype",
     "task_envs",
-    "template_env",
 ]
 
 SERVER_LOG = "vllm-server.log"  # in the run folder, with --backend vllm
@@ -58,7 +64,9 @@ def resolve_dtype(dtype: str) -> torch.dtype:
     return DTYPES[check_choice("dtype", dtype, DTYPE_NAMES)]
 
 
-def env_kwargs(config: RunConfig, tokenizer: Any, **options: Any) -> dict[str, Any]:
+def env_kwargs(
+    config: RunConfig, tokenizer: PreTrainedTokenizerBase, **options: object
+) -> dict[str, Any]:
     """The arguments of ``config``'s task env (with ``options``; None: the env's default): tokens
     mode with the history (for records) and policy mask (for a trainer) in the observation."""
     options.update(answer_format=answer_format_of(config), **config.tool_options())
@@ -72,7 +80,7 @@ def env_kwargs(config: RunConfig, tokenizer: Any, **options: Any) -> dict[str, A
 
 
 def task_envs(
-    config: RunConfig, tokenizer: Any, num_envs: int, **options: Any
+    config: RunConfig, tokenizer: PreTrainedTokenizerBase, num_envs: int, **options: object
 ) -> gym.vector.VectorEnv:
     """``config``'s task (``env_kwargs``) in the native vector env if any, and the difficulty
     curriculum if ``config.curriculum`` asks for one."""
@@ -85,15 +93,12 @@ def task_envs(
     return envs
 
 
-def template_env(envs: gym.vector.VectorEnv) -> gym.Env:
-    """The env holding the settings of ``envs``' task (``task_envs``, any wrappers): the native
-    vector env's template, else the first sub-env (a game's sync vector env)."""
-    base = envs.unwrapped
-    return getattr(base, "env", None) or base.envs[0].unwrapped
-
-
-def make_sampler(
-    model: Any, tokenizer: Any, config: RunConfig, *, served: str | Path | None = None
+def make_policy(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    config: RunConfig,
+    *,
+    served: str | Path | None = None,
 ) -> TransformersPolicy | SamplerPolicy:
     """A tokens-mode policy over ``config.backend`` that samples ``max_new_tokens`` at
     ``temperature`` (greedy at 0): a ``TransformersPolicy`` of ``model``, or a
@@ -123,11 +128,11 @@ def make_sampler(
     return SamplerPolicy(sampler, tokenizer, input_mode="tokens")
 
 
-def async_rollouts(
-    config: RunConfig, tokenizer: Any, policy: Any, num_envs: int, *, ref: Any = None,
-    **options: Any,
-) -> AsyncRollouts:  # fmt: skip
-    """``AsyncRollouts`` of ``config``'s task (``env_kwargs`` with ``options``) from
+def async_episodes(
+    config: RunConfig, tokenizer: PreTrainedTokenizerBase, policy: Policy, num_envs: int, *,
+    ref: Scorer | None = None, **options: object,
+) -> AsyncEpisodes:  # fmt: skip
+    """``AsyncEpisodes`` of ``config``'s task (``env_kwargs`` with ``options``) from
     ``config.seed``, its env workers in Ray actors with ``config.ray_address``; with a scorer
     ``ref``, each sub-env charges ``config.kl_coef`` · KL against it.
     A server backend gets a request per ready turn, transformers one batch at a time."""
@@ -137,7 +142,7 @@ def async_rollouts(
             _with_kl, env_fn, ref, coef=config.kl_coef, estimator=config.estimator
         )
     calls = 1 if config.backend == "transformers" else num_envs
-    return AsyncRollouts(
+    return AsyncEpisodes(
         env_fn, num_envs, policy, seed=config.seed, input_mode="tokens", sampler_calls=calls,
         ray_address=config.ray_address, workers=config.workers,
     )  # fmt: skip
@@ -148,14 +153,13 @@ def _with_kl(env_fn: Any, ref: Any, **kwargs: Any) -> gym.Env:
     return single_wrappers.RetrieveKL(env_fn(), None, ref, **kwargs)
 
 
-def reference_scorer(config: RunConfig, reference: str) -> Any:
+def reference_scorer(config: RunConfig, reference: str) -> Scorer:
     """The frozen ``reference`` model ('default' or a folder) as a scorer: a
     ``TransformersPolicy`` here, or with ``config.ray_address`` one Ray actor every env worker
     shares (``RayLogProbModel``)."""
     device, dtype = resolve_device(config.device), resolve_dtype(config.dtype)
     if config.ray_address is not None:
-        from llm_gym.distributed import RayLogProbModel
-        from llm_gym.drivers.ray_workers import connect
+        from llm_gym.episodes.ray import RayLogProbModel, connect
 
         connect(config.ray_address)
         factory = functools.partial(load_model, reference, device=device, dtype=dtype)
@@ -170,8 +174,8 @@ def charge_kl(
     config: RunConfig,
     reference: str,
     *,
-    gen: Any = None,
-    controller: Any = None,
+    gen: Scorer | None = None,
+    controller: KLController | None = None,
 ) -> gym.vector.VectorEnv:
     """``envs`` in the vector ``RetrieveKL``: ``config.kl_coef`` · KL (``config.estimator``)
     against the frozen ``reference`` ('default' or a folder), one forward a step; the policy's

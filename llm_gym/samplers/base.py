@@ -5,13 +5,13 @@ checks they share. Sampled ids are used as sampled, never re-tokenized.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from llm_gym.chat.containers import LogProbs, Masks, Tokens
+from llm_gym.chat.containers import LogProbs, Masks, Response, Tokens
 from llm_gym.checks import ArgumentTypeError
 
 __all__ = [
@@ -29,6 +29,10 @@ __all__ = [
 
 # Why sampling stopped: an end-of-sequence token ("stop") or the token budget ("length").
 FINISH_REASONS = ("stop", "length")
+
+# A response a scorer scores given its prompt: a ``Response`` (its exact tokens are scored),
+# its text, or its 1-D ``int64`` token ids.
+ScoredResponse = Response | str | np.ndarray
 
 
 @dataclass(frozen=True)
@@ -85,7 +89,11 @@ class Scorer(Protocol):
     generate: bool
 
     def __call__(
-        self, obs: Any, responses: Any = None, *, response_only: bool = False
+        self,
+        obs: Mapping[str, Any],
+        responses: ScoredResponse | Sequence[ScoredResponse] | None = None,
+        *,
+        response_only: bool = False,
     ) -> LogProbOutput | list[LogProbOutput]:
         """One ``LogProbOutput`` per conversation of ``obs`` (+ ``responses``); with
         ``response_only`` only ``log_probs.response`` need be set."""
@@ -98,13 +106,13 @@ class Scorer(Protocol):
         ...
 
 
-def is_scorer(model: Any) -> bool:
+def is_scorer(model: object) -> bool:
     """Whether the wrappers can call ``model`` as a scorer: callable with ``generate`` False (a
     transformers model is not: its ``generate`` is a method)."""
     return callable(model) and getattr(model, "generate", None) is False
 
 
-def check_scorer(model: Any, argument: str) -> Scorer:
+def check_scorer(model: object, argument: str) -> Scorer:
     """``model`` if it can score responses one output per conversation, else a ``ValueError``
     that names ``argument``, what was expected and what came."""
     if not is_scorer(model):
@@ -124,7 +132,12 @@ def check_scorer(model: Any, argument: str) -> Scorer:
 
 
 def response_log_probs(
-    scorer: Scorer, obs: Any, responses: list[Any], *, batched: bool, assistant_only: bool = True
+    scorer: Scorer,
+    obs: Mapping[str, Any],
+    responses: list[ScoredResponse],
+    *,
+    batched: bool,
+    assistant_only: bool = True,
 ) -> list[np.ndarray]:
     """``float32`` log-probs of each response given its prompt, in one call of ``scorer``.
 
@@ -146,7 +159,7 @@ def response_log_probs(
     return result
 
 
-def check_token_ids(name: str, value: Any, vocab_size: int | None = None) -> np.ndarray:
+def check_token_ids(name: str, value: object, vocab_size: int | None = None) -> np.ndarray:
     """``value`` as a 1-D ``int64`` array of token ids, each in ``[0, vocab_size)`` when given.
 
     >>> check_token_ids("p", [5, 9], vocab_size=8)
@@ -172,7 +185,7 @@ def check_token_ids(name: str, value: Any, vocab_size: int | None = None) -> np.
 
 
 def check_token_batch(
-    name: str, values: Any, vocab_size: int | None = None, *, min_length: int = 0
+    name: str, values: object, vocab_size: int | None = None, *, min_length: int = 0
 ) -> list[np.ndarray]:
     """``values`` (a list or tuple of token-id sequences) as a list of ``check_token_ids``
     arrays of at least ``min_length`` tokens each."""

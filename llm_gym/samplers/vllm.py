@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from llm_gym.checks import check_choice, check_number
-from llm_gym.models import model_folder
+from llm_gym.lm.loading import model_folder
 from llm_gym.samplers.openai import OpenAISampler, SamplerError
 
 __all__ = ["SERVED_NAME", "VLLMSampler", "VLLMServer", "find_vllm_python"]
@@ -95,7 +95,7 @@ class VLLMServer:
     answering ``/health`` when the constructor returns.
 
     Args:
-        model: the model's folder (``llm_gym.models.model_folder("default")`` for the default).
+        model: the model's folder (``llm_gym.lm.loading.model_folder("default")`` for the default).
         dtype: the weights' dtype on the server (``"float32"``, ``"bfloat16"``, ...).
         device: ``"cpu"`` (vLLM's CPU build) or ``"cuda"``/``"cuda:N"`` (a GPU build).
         engine_args: more of vLLM's engine options, ``{"max_model_len": 2048}`` becoming
@@ -254,7 +254,7 @@ class VLLMSampler(OpenAISampler):
         env: Mapping[str, str] | None = None,
         startup_timeout: float = 300.0,
         log_path: str | os.PathLike[str] | None = None,
-        **sampling: Any,
+        **sampling: float | str | None,
     ) -> None:
         self.server = VLLMServer(
             model_folder(model), dtype=dtype, device=device, engine_args=engine_args,

@@ -13,17 +13,20 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors.torch import save_file
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 __all__ = ["WEIGHTS_FILE", "export_model", "write_weights"]
 
 WEIGHTS_FILE = "model.safetensors"
 
 
-def _tensors(model: Any) -> dict[str, torch.Tensor]:
+def _tensors(model: PreTrainedModel) -> dict[str, torch.Tensor]:
     # Own storage for every tensor (safetensors refuses shared ones), on the CPU, the output
     # embedding included even when the model ties it to the input one.
     tensors = {
@@ -37,7 +40,7 @@ def _tensors(model: Any) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def write_weights(model: Any, folder: str | os.PathLike[str]) -> Path:
+def write_weights(model: PreTrainedModel, folder: str | os.PathLike[str]) -> Path:
     """``model``'s weights into ``folder``'s ``model.safetensors`` (written aside, then renamed:
     a server never reads half a file); its path."""
     path = Path(folder) / WEIGHTS_FILE
@@ -47,7 +50,9 @@ def write_weights(model: Any, folder: str | os.PathLike[str]) -> Path:
     return path
 
 
-def export_model(model: Any, tokenizer: Any, folder: str | os.PathLike[str]) -> Path:
+def export_model(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, folder: str | os.PathLike[str]
+) -> Path:
     """``folder`` made a model folder vLLM serves: ``model``'s config with the embeddings
     untied, its weights and ``tokenizer``; the folder."""
     folder = Path(folder)

@@ -57,7 +57,7 @@ class Shard:
         self.index, self.count, self.repeats = index, count, repeats
 
     @classmethod
-    def parse(cls, shard: Any, repeats: int = 1) -> Shard:
+    def parse(cls, shard: object, repeats: int = 1) -> Shard:
         """Checks a user's ``shard=(index, count)`` (None: the whole stream)."""
         if shard is None:
             return cls(0, 1, repeats)

@@ -8,13 +8,16 @@ import socket
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 import numpy as np
 
 from llm_gym.checks import check_choice
 from llm_gym.sources.base import Shard, Source, _SeededSource
+
+if TYPE_CHECKING:
+    from datasets import Dataset, DatasetDict, IterableDataset
 
 __all__ = [
     "SPLITS",
@@ -36,14 +39,14 @@ _PREFETCH = 32
 _HUB_PROBE_TIMEOUT_S = 3.0
 
 
-def _is_datasets(value: Any, class_name: str) -> bool:
+def _is_datasets(value: object, class_name: str) -> bool:
     # `datasets` is imported only to load data: a value can only be one of its classes if
     # something already imported it.
     module = sys.modules.get("datasets")
     return module is not None and isinstance(value, getattr(module, class_name))
 
 
-def is_iterable_dataset(value: Any) -> bool:
+def is_iterable_dataset(value: object) -> bool:
     """Whether ``value`` is a streaming ``datasets.IterableDataset``."""
     return _is_datasets(value, "IterableDataset")
 
@@ -99,7 +102,7 @@ class IndexedSource(_SeededSource):
             return np.arange(n)
         return np.random.default_rng([self.seed, epoch]).permutation(n)
 
-    def next_record(self) -> Any:
+    def next_record(self) -> Mapping[str, Any]:
         """The next sample of this source's shard of the order."""
         if not self._buffer:
             ahead = range(self._position, self._position + _PREFETCH)
@@ -140,7 +143,9 @@ def hub_unavailable_reason() -> str | None:
     return None
 
 
-def load_hub_dataset(name: str, config: str | None = None, split: str | None = None) -> Any:
+def load_hub_dataset(
+    name: str, config: str | None = None, split: str | None = None
+) -> Dataset | DatasetDict:
     """``datasets.load_dataset(name, config, split=split)``, failing fast without a network."""
     reason = hub_unavailable_reason()
     if reason is not None:
@@ -153,7 +158,9 @@ def load_hub_dataset(name: str, config: str | None = None, split: str | None = N
     return datasets.load_dataset(name, config, split=split)
 
 
-def load_local_dataset(path: str | os.PathLike[str], split: str | None = None) -> Any:
+def load_local_dataset(
+    path: str | os.PathLike[str], split: str | None = None
+) -> Dataset | DatasetDict:
     """A local ``.jsonl``/``.json``/``.parquet`` file, or a folder of them, read by ``datasets``.
 
     A folder's files are matched to splits by name (``train.jsonl``, ``test.parquet``...);
@@ -208,7 +215,10 @@ def _pick_split(dataset_dict: Mapping[str, Any], split: str | None, what: str) -
 
 
 def load_records(
-    dataset: Any, *, name: str | None = None, split: str | None = None
+    dataset: Dataset | DatasetDict | str | os.PathLike[str] | Sequence[Mapping[str, object]],
+    *,
+    name: str | None = None,
+    split: str | None = None,
 ) -> Sequence[Any]:
     """Resolve any accepted ``dataset=`` value into an indexable sequence of samples.
 
@@ -257,7 +267,7 @@ def load_split(
     env_var: str,
     hub_id: str,
     hub_config: str | None,
-) -> Any:
+) -> Dataset:
     """``split`` of task ``name`` as a ``datasets.Dataset``.
 
     From ``data_dir`` (a folder holding ``train.jsonl``/``test.jsonl``) if given, else from
@@ -290,7 +300,19 @@ def load_split(
         ) from error
 
 
-def task_data(dataset: Any, split: str, data_dir: Any, load: Callable[[str, Any], Any]) -> Any:
+def task_data(
+    dataset: Source
+    | IterableDataset
+    | Dataset
+    | DatasetDict
+    | str
+    | os.PathLike[str]
+    | Sequence[Mapping[str, object]]
+    | None,
+    split: str,
+    data_dir: str | os.PathLike[str] | None,
+    load: Callable[[str, str | os.PathLike[str] | None], Dataset],
+) -> Source | IterableDataset | Callable[[], Dataset | Sequence[Any]]:
     """A dataset task's ``Task.source``, its arguments checked: the user's ``dataset`` (a
     source or a streaming dataset as given; other data read with ``split`` when the env is
     made), else ``load(split, data_dir)`` when the env is made."""

@@ -44,7 +44,7 @@ class IterableSource:
         other.iterable, other._stream, other.repeats = self.iterable, self._stream, shard.repeats
         return other
 
-    def next_record(self) -> Any:
+    def next_record(self) -> Mapping[str, Any]:
         """The next sample the iterable yields (each ``repeats`` times in a row)."""
         return self._stream.next_record(self.repeats)
 

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from llm_gym.rewards.answers import check_answer_format, system_prompt
 from llm_gym.rewards.gsm8k import GSM8KReward
 from llm_gym.sources.datasets import load_split, task_data
 from llm_gym.tasks.task import Task, TaskScore
+
+if TYPE_CHECKING:
+    from datasets import Dataset, DatasetDict, IterableDataset
+
+    from llm_gym.sources import Source
 
 __all__ = ["GSM8K_ENV_VAR", "GSM8K_HUB_ID", "GSM8K_SYSTEM_PROMPT", "gsm8k_task", "load_gsm8k"]
 
@@ -22,7 +27,7 @@ _HINT = "The answer should be a number."
 GSM8K_SYSTEM_PROMPT = system_prompt(_DESCRIPTION, "tags", _HINT)
 
 
-def load_gsm8k(split: str = "train", data_dir: str | os.PathLike[str] | None = None) -> Any:
+def load_gsm8k(split: str = "train", data_dir: str | os.PathLike[str] | None = None) -> Dataset:
     """The GSM8K ``split`` as a ``datasets.Dataset`` with ``question`` and ``answer`` columns,
     from ``data_dir``, else ``$LLM_GYM_GSM8K_PATH``, else the Hub's ``openai/gsm8k``."""
     return load_split("GSM8K", split, data_dir, GSM8K_ENV_VAR, GSM8K_HUB_ID, GSM8K_CONFIG)
@@ -40,7 +45,14 @@ def gsm8k_task(
     *,
     split: str = "train",
     data_dir: str | os.PathLike[str] | None = None,
-    dataset: Any = None,
+    dataset: Source
+    | IterableDataset
+    | Dataset
+    | DatasetDict
+    | str
+    | os.PathLike[str]
+    | Sequence[Mapping[str, object]]
+    | None = None,
 ) -> Task:
     """GSM8K word problems; the reward checks the number in the answer (TorchRL's ``GSM8KEnv``).
 

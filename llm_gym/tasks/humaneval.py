@@ -4,7 +4,7 @@ package, each completion graded by the problem's own tests in llm_gym's sandbox.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from llm_gym.rewards.code import CODE_FORMATS, extract_code, grade
@@ -56,7 +56,10 @@ def _score(
 
 
 def humaneval_task(
-    *, code_format: str = "code_block", timeout: float = 10.0, dataset: Any = None
+    *,
+    code_format: str = "code_block",
+    timeout: float = 10.0,
+    dataset: Iterable[Mapping[str, object]] | None = None,
 ) -> Task:
     """HumanEval: write the function; the reward is the fraction of its tests that pass.
 

@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from llm_gym.rewards.answers import system_prompt
 from llm_gym.rewards.math import MATHReward, boxed_answer
 from llm_gym.sources.datasets import load_split, task_data
 from llm_gym.tasks.task import Task, TaskScore
+
+if TYPE_CHECKING:
+    from datasets import Dataset, DatasetDict, IterableDataset
+
+    from llm_gym.sources import Source
 
 __all__ = [
     "MATH_ENV_VAR",
@@ -35,7 +40,7 @@ MATH_SYSTEM_PROMPT = (
 )
 
 
-def load_math(split: str = "train", data_dir: str | os.PathLike[str] | None = None) -> Any:
+def load_math(split: str = "train", data_dir: str | os.PathLike[str] | None = None) -> Dataset:
     """The MATH ``split`` as a ``datasets.Dataset`` with ``problem`` and ``solution`` columns,
     from ``data_dir``, else ``$LLM_GYM_MATH_PATH``, else the Hub."""
     return load_split("MATH", split, data_dir, MATH_ENV_VAR, MATH_HUB_ID, "default")
@@ -51,7 +56,14 @@ def math_task(
     *,
     split: str = "train",
     data_dir: str | os.PathLike[str] | None = None,
-    dataset: Any = None,
+    dataset: Source
+    | IterableDataset
+    | Dataset
+    | DatasetDict
+    | str
+    | os.PathLike[str]
+    | Sequence[Mapping[str, object]]
+    | None = None,
     answer_format: str = "tags",
     correct_reward: float = 1.0,
     format_reward: float = 0.1,

@@ -9,7 +9,8 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
-from llm_gym.rewards.answers import check_reward, score_answer, system_prompt
+from llm_gym.checks import check_reward
+from llm_gym.rewards.answers import score_answer, system_prompt
 from llm_gym.sources.procedural import ProceduralSource
 from llm_gym.tasks.task import Task, TaskScore
 

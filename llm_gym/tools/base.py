@@ -68,7 +68,7 @@ class Tool:
         }
 
 
-def check_arguments(parameters: Mapping[str, Any], arguments: Any) -> str | None:
+def check_arguments(parameters: Mapping[str, Any], arguments: object) -> str | None:
     """What is wrong with ``arguments`` for a tool taking ``parameters``, or None.
 
     Checks the top level of the schema: an object, its required keys, no unknown keys

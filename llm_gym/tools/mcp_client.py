@@ -87,7 +87,7 @@ class MCPTools:
         """Whether the server is up: True from a successful start until ``close()``."""
         return self._stack is not None
 
-    def call(self, name: str, **arguments: Any) -> str:
+    def call(self, name: str, **arguments: object) -> str:
         """Call tool ``name``; its text output, or ``ToolError`` with the server's message."""
         from mcp import MCPError
 

@@ -16,9 +16,12 @@ import re
 import shutil
 import struct
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 __all__ = [
     "OPTIMIZER_STATE",
@@ -53,8 +56,8 @@ def latest_checkpoint(out: str | Path) -> Path | None:
 def save_checkpoint(
     out: str | Path,
     iteration: int,
-    model: Any,
-    tokenizer: Any,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
     state: dict[str, Any],
     tensors: dict[str, Any],
     keep: int,

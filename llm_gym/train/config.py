@@ -13,7 +13,6 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from llm_gym.checks import check_int, check_number
 from llm_gym.run.config import RunConfig
@@ -100,7 +99,7 @@ class GRPOConfig(RunConfig):
             )
 
     @classmethod
-    def resumed(cls, out: str | Path, **changes: Any) -> GRPOConfig:
+    def resumed(cls, out: str | Path, **changes: object) -> GRPOConfig:
         """The config of the run saved in ``out``, set to resume, with ``changes`` (fields of
         ``RESUMABLE`` only; others must equal the saved values)."""
         changes.update(out=str(out), resume=True, overwrite=False)

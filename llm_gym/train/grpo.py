@@ -9,35 +9,36 @@ import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from llm_gym.models import load_model
+from llm_gym.envs import single_env
+from llm_gym.episodes import multi_turn, play_episodes
+from llm_gym.lm.loading import load_model
 from llm_gym.policies import TransformersPolicy
 from llm_gym.run.describe import describe_run
 from llm_gym.run.rollout import summarize
 from llm_gym.run.setup import (
-    async_rollouts,
+    async_episodes,
     charge_kl,
-    make_sampler,
+    make_policy,
     resolve_device,
     resolve_dtype,
     task_envs,
-    template_env,
 )
 from llm_gym.samplers.weights import export_model, write_weights
 from llm_gym.train.checkpoints import load_checkpoint, save_checkpoint
 from llm_gym.train.config import GRPOConfig
-from llm_gym.train.episodes import evaluate, multi_turn, play_episodes
+from llm_gym.train.evaluation import evaluate_greedy
 from llm_gym.train.loss import group_advantages, grpo_loss, sampled
 from llm_gym.train.pipeline import AsyncBatches, staleness
 from llm_gym.train.run_folder import (
     METRICS_FILE,
-    PLOT_FILE,
     SERVED_FOLDER,
+    TRAINING_PLOT_FILE,
     claim_out,
     clear_out,
     earlier_rows,
@@ -45,9 +46,12 @@ from llm_gym.train.run_folder import (
 )
 from llm_gym.wrappers import AdaptiveKLController
 
+if TYPE_CHECKING:
+    from llm_gym.policies.base import Policy
+
 __all__ = [
     "METRICS_FILE",
-    "PLOT_FILE",
+    "TRAINING_PLOT_FILE",
     "SERVED_FOLDER",
     "GRPOConfig",
     "GRPOTrainer",
@@ -58,7 +62,7 @@ __all__ = [
 
 class GRPOTrainer:
     """A prepared run, as ``Rollout`` is one (every input error raised before generating);
-    ``train()`` runs it. ``sampler`` generates (``config.backend``), ``scorer`` (the model
+    ``train()`` runs it. ``policy`` generates (``config.backend``), ``scorer`` (the model
     being trained) re-scores; ``version`` counts the optimizer's steps, and a vLLM sampler gets
     the new weights after each (``llm_gym.samplers.weights``)."""
 
@@ -83,7 +87,7 @@ class GRPOTrainer:
         sampling_model = self.model
         if config.asynchronous and config.backend == "transformers":
             sampling_model = copy.deepcopy(self.model)  # samples while this one trains
-        self.sampler = make_sampler(sampling_model, self.tokenizer, config, served=served)
+        self.policy = make_policy(sampling_model, self.tokenizer, config, served=served)
         self.sampling_lock = threading.Lock()  # no update lands in the middle of a batch
         self.driver: Any = None
         self.batches: AsyncBatches | None = None
@@ -112,7 +116,7 @@ class GRPOTrainer:
             gen = None if exact else self.scorer
             self.envs = charge_kl(self.envs, config, config.model, gen=gen, controller=controller)
         if config.asynchronous:  # the vector env above only tells what the task is
-            self.driver = async_rollouts(
+            self.driver = async_episodes(
                 config, self.tokenizer, self._sample, config.groups * config.group_size,
                 repeats=config.group_size,
             )  # fmt: skip
@@ -120,7 +124,7 @@ class GRPOTrainer:
         self.start, self.before, self._resumed = 0, None, state
         self._drawn_level = getattr(self.envs.unwrapped, "level", None)
         # What the env plays, for the summary: its answer format and the tasks it names.
-        self.answer_format = getattr(template_env(self.envs), "answer_format", None)
+        self.answer_format = getattr(single_env(self.envs), "answer_format", None)
         self.task_names: set[str] = set()
         if state:
             self._restore(state, tensors)
@@ -285,7 +289,7 @@ class GRPOTrainer:
 
     def _sample(self, obs: dict[str, Any]) -> list[Any]:
         with self.sampling_lock:
-            return self.sampler(obs)
+            return self.policy(obs)
 
     def _publish(self, write: bool = True) -> None:
         with self.sampling_lock:
@@ -294,13 +298,13 @@ class GRPOTrainer:
     def _publish_weights(self, write: bool) -> None:
         # The sampler samples with the weights of the last update from now on, and says so.
         if self.config.backend == "transformers":  # the model being trained, or its copy
-            sampling = getattr(self.sampler, "model", self.model)  # a test may swap in a function
+            sampling = getattr(self.policy, "model", self.model)  # a test may swap in a function
             if sampling is not self.model:  # --async: the copy that samples
                 sampling.load_state_dict(self.model.state_dict())
-            if getattr(self.sampler, "version", None) is not None:
-                self.sampler.version = self.version
+            if getattr(self.policy, "version", None) is not None:
+                self.policy.version = self.version
             return
-        folder, start, sampler = self.out / SERVED_FOLDER, time.perf_counter(), self.sampler.sampler
+        folder, start, sampler = self.out / SERVED_FOLDER, time.perf_counter(), self.policy.sampler
         if write:
             sampler.update_weights(write_weights(self.model, folder).parent, version=self.version)
             self.sync_seconds = time.perf_counter() - start
@@ -314,14 +318,15 @@ class GRPOTrainer:
         for part in (getattr(self, "envs", None), self.driver):
             if part is not None:
                 part.close()
-        close = getattr(self.sampler, "close", None)
+        close = getattr(self.policy, "close", None)
         if close is not None:
             close()
 
-    def evaluate(self, policy: Any = None) -> dict[str, float]:
-        """``llm_gym.train.evaluate`` of the model on ``eval_episodes`` held-out questions."""
+    def evaluate(self, policy: Policy | None = None) -> dict[str, float]:
+        """``llm_gym.train.evaluate_greedy`` of the model on ``eval_episodes`` held-out
+        questions."""
         config = self.config
-        return evaluate(
+        return evaluate_greedy(
             self.model, self.tokenizer, config,
             episodes=config.eval_episodes, seed=config.eval_seed, policy=policy,
         )  # fmt: skip

@@ -1,5 +1,5 @@
 """Training that overlaps sampling: ``AsyncBatches`` samples iteration k+1's episodes (through
-``AsyncRollouts``) while iteration k updates, never more than ``max_staleness`` updates behind.
+``AsyncEpisodes``) while iteration k updates, never more than ``max_staleness`` updates behind.
 
 Batch j may start sampling once the updates of iterations ``< j - max_staleness`` are
 published to the sampler, so every turn of batch j was sampled by a policy at most
@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from llm_gym.checks import check_int
-from llm_gym.drivers import AsyncRollouts
+from llm_gym.episodes import AsyncEpisodes
 
 __all__ = ["AsyncBatches", "staleness"]
 
@@ -37,7 +37,7 @@ class AsyncBatches:
     records are consecutive) from ``first`` on, sampled ahead in a thread.
 
     Args:
-        driver: the ``AsyncRollouts`` that plays them (its stream at batch ``first``).
+        driver: the ``AsyncEpisodes`` that plays them (its stream at batch ``first``).
         batch_size: episodes per iteration (whole groups).
         max_staleness: updates a batch may be sampled ahead of the one that trains on it.
         first: the first iteration (a resumed run's).
@@ -46,7 +46,7 @@ class AsyncBatches:
 
     def __init__(
         self,
-        driver: AsyncRollouts,
+        driver: AsyncEpisodes,
         batch_size: int,
         max_staleness: int,
         first: int = 0,

@@ -16,7 +16,7 @@ from llm_gym.train.config import CONFIG_FILE, GRPOConfig, check_resumable
 
 __all__ = [
     "METRICS_FILE",
-    "PLOT_FILE",
+    "TRAINING_PLOT_FILE",
     "SERVED_FOLDER",
     "SUMMARY_FILE",
     "claim_out",
@@ -27,7 +27,7 @@ __all__ = [
 
 # What a run leaves in its folder (the files --resume reads among them).
 METRICS_FILE = "metrics.jsonl"  # a line per iteration, flushed as it ends
-PLOT_FILE = "training.png"
+TRAINING_PLOT_FILE = "training.png"
 SUMMARY_FILE = "summary.json"
 SERVED_FOLDER = "served-model"  # --backend vllm: the weights the server samples with
 
@@ -56,7 +56,7 @@ def claim_out(config: GRPOConfig) -> Path | None:
 
 def clear_out(out: Path) -> None:
     """``--overwrite``: the earlier run's files and checkpoints go."""
-    for name in (METRICS_FILE, PLOT_FILE, SUMMARY_FILE, CONFIG_FILE):
+    for name in (METRICS_FILE, TRAINING_PLOT_FILE, SUMMARY_FILE, CONFIG_FILE):
         (out / name).unlink(missing_ok=True)
     for path in out.glob("checkpoint-*"):
         shutil.rmtree(path)
@@ -85,7 +85,7 @@ def write_summary(out: Path, summary: dict[str, Any], rows: list[dict[str, Any]]
     (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
     before, after = summary["before"], summary["after"]
     title = run_title(summary) + (" (interrupted)" if summary["interrupted"] else "")
-    plot_training(rows, before, after, out / PLOT_FILE, title)
+    plot_training(rows, before, after, out / TRAINING_PLOT_FILE, title)
     numbers = [("iterations", len(rows))]
     for name, evaluation in (("before", before), ("after", after)):
         if evaluation is not None:
@@ -93,4 +93,4 @@ def write_summary(out: Path, summary: dict[str, Any], rows: list[dict[str, Any]]
     if rows:
         numbers.append(("sampled success, last iteration", rows[-1]["success"]))
     rows_ = [*run_rows(summary), *numbers]
-    write_report(out, f"Training: {title}", rows_, [out / PLOT_FILE])
+    write_report(out, f"Training: {title}", rows_, [out / TRAINING_PLOT_FILE])

@@ -5,11 +5,17 @@ size of the numbers) and ``LLMChat-ReasoningGym-v0`` (the task's curriculum)."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 
 from llm_gym.checks import check_number
+
+if TYPE_CHECKING:
+    from gymnasium.vector import VectorEnv
+
+    from llm_gym.policies.base import Action
+    from llm_gym.wrappers.kl import ResetArgument
 
 __all__ = ["DifficultyCurriculum", "LevelSchedule"]
 
@@ -56,7 +62,7 @@ class LevelSchedule:
         return self.level != before
 
 
-def levels_of(env: Any) -> tuple[int, int]:
+def levels_of(env: gym.Env | VectorEnv) -> tuple[int, int]:
     """``(num_levels, level)`` of a task env with levels, or a clear error."""
     num_levels = getattr(env, "num_levels", None)
     if num_levels is None or not callable(getattr(env, "set_level", None)):
@@ -111,12 +117,12 @@ class DifficultyCurriculum(gym.Wrapper, gym.utils.RecordConstructorArgs):
         """The level the next episodes are played at."""
         return self.schedule.level
 
-    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+    def reset(self, **kwargs: ResetArgument) -> tuple[Any, dict[str, Any]]:
         """Reset the env; ``info["level"]`` is the level."""
         obs, info = self.env.reset(**kwargs)
         return obs, {**info, "level": self.level}
 
-    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+    def step(self, action: Action) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         """Step the env; a finished episode counts towards the level's window."""
         obs, reward, terminated, truncated, info = self.env.step(action)
         info = {**info, "level": self.level}  # the level this episode was played at

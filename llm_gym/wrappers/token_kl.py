@@ -3,23 +3,27 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
 import torch
 
 from llm_gym.envs.tokens import TokenEnv
-from llm_gym.lm import next_token_log_probs
+from llm_gym.lm.tensors import next_token_log_probs
 from llm_gym.policies.distributions import allowed_token_mask
-from llm_gym.wrappers._charges import KLCharge
 from llm_gym.wrappers.controllers import KLController
-from llm_gym.wrappers.kl import KLComputation, RetrieveLogProb
+from llm_gym.wrappers.kl import KLCharge, KLComputation, RetrieveLogProb
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 __all__ = ["TokenKLWrapper"]
 
 
-def _log_prob(model: Any, state: dict[str, np.ndarray], allowed: Any, token: int) -> float:
+def _log_prob(
+    model: PreTrainedModel, state: dict[str, np.ndarray], allowed: torch.Tensor | None, token: int
+) -> float:
     """log π(token | state) under ``model``, on the model's device."""
     device = model.device
     ids = torch.as_tensor(state["input_ids"][None], dtype=torch.long, device=device)
@@ -49,7 +53,7 @@ class TokenKLWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
 
     >>> import llm_gym
     >>> from llm_gym.envs import DatasetChatEnv
-    >>> from llm_gym.models import load_gpt2_tokenizer, tiny_model
+    >>> from llm_gym.lm.loading import load_gpt2_tokenizer, tiny_model
     >>> tokenizer = load_gpt2_tokenizer()
     >>> task = DatasetChatEnv([{"query": "Hi"}], input_mode="tokens", tokenizer=tokenizer)
     >>> env = llm_gym.TokenEnv(task, max_new_tokens=3, max_prompt_length=32)
@@ -64,8 +68,8 @@ class TokenKLWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
     def __init__(
         self,
         env: gym.Env,
-        gen_model: Any,
-        ref_model: Any,
+        gen_model: PreTrainedModel,
+        ref_model: PreTrainedModel,
         coef: float = 0.05,
         *,
         estimator: str = "k1",
@@ -116,7 +120,9 @@ class TokenKLWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
 
     reset = RetrieveLogProb.reset  # keeps the state the next token is taken in
 
-    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+    def step(
+        self, action: int | np.integer | np.ndarray
+    ) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         """Score the token under both models, step the env and charge the token's KL."""
         if self._prompt is None:
             raise gym.error.ResetNeeded("Cannot call TokenKLWrapper.step before reset")

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from gymnasium.vector import VectorEnv, VectorWrapper
 
 from llm_gym.wrappers import curriculum as single
 from llm_gym.wrappers.curriculum import LevelSchedule, levels_of
+
+if TYPE_CHECKING:
+    from llm_gym.policies.base import Action
+    from llm_gym.wrappers.kl import ResetArgument
 
 __all__ = ["DifficultyCurriculum"]
 
@@ -54,12 +59,14 @@ class DifficultyCurriculum(VectorWrapper):
 
     level = single.DifficultyCurriculum.level
 
-    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+    def reset(self, **kwargs: ResetArgument) -> tuple[Any, dict[str, Any]]:
         """Reset the envs; ``info["level"]`` is the level of each."""
         obs, info = self.env.reset(**kwargs)
         return obs, self._with_level(info)
 
-    def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict]:
+    def step(
+        self, actions: Sequence[Action]
+    ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict]:
         """Step the envs; every finished episode counts towards the level's window."""
         obs, rewards, terminated, truncated, info = self.env.step(actions)
         info = self._with_level(info)

@@ -4,15 +4,19 @@ key]`` its mask; per-token arrays in ``object`` arrays)."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from gymnasium.vector import VectorEnv, VectorWrapper
 
-from llm_gym.samplers import check_scorer
+from llm_gym.samplers import Scorer, check_scorer
 from llm_gym.wrappers import kl as single
-from llm_gym.wrappers._charges import KLCharge, retrieve, with_retrievers
 from llm_gym.wrappers.controllers import KLController
+from llm_gym.wrappers.kl import KLCharge, retrieve, with_retrievers
+
+if TYPE_CHECKING:
+    from llm_gym.policies.base import Action
 
 __all__ = ["RetrieveLogProb", "KLComputation", "RetrieveKL", "KLRewardWrapper"]
 
@@ -25,7 +29,11 @@ class RetrieveLogProb(VectorWrapper):
     """
 
     def __init__(
-        self, env: VectorEnv, model: Any, key: str = "ref_log_probs", assistant_only: bool = True
+        self,
+        env: VectorEnv,
+        model: Scorer,
+        key: str = "ref_log_probs",
+        assistant_only: bool = True,
     ) -> None:
         super().__init__(env)
         self.model = check_scorer(model, "model")
@@ -34,7 +42,7 @@ class RetrieveLogProb(VectorWrapper):
 
     reset = single.RetrieveLogProb.reset
 
-    def step(self, actions: Any) -> VectorStep:
+    def step(self, actions: Sequence[Action]) -> VectorStep:
         """Score the N responses in one forward, then step the envs."""
         return retrieve(self, actions, batched=True)
 
@@ -62,7 +70,7 @@ class KLComputation(VectorWrapper):
     coef = single.KLComputation.coef
     update_kl_coef = single.KLComputation.update_kl_coef
 
-    def step(self, actions: Any) -> VectorStep:
+    def step(self, actions: Sequence[Action]) -> VectorStep:
         """Step the envs and charge each sub-env's response."""
         return self.charge.step(self.env, actions, batched=True)
 
@@ -74,8 +82,8 @@ class RetrieveKL(VectorWrapper):
     def __init__(
         self,
         env: VectorEnv,
-        gen_model: Any = None,
-        ref_model: Any = None,
+        gen_model: Scorer | None = None,
+        ref_model: Scorer | None = None,
         *,
         assistant_only: bool = True,
         gen_key: str = "log_probs",
@@ -103,5 +111,11 @@ class KLRewardWrapper(RetrieveKL):
     """Vector form of TorchRL's legacy ``KLRewardTransform`` (gen log-probs from Responses),
     as ``llm_gym.wrappers.KLRewardWrapper``."""
 
-    def __init__(self, env: VectorEnv, ref_model: Any, coef: float = 1.0, **options: Any) -> None:
+    def __init__(
+        self,
+        env: VectorEnv,
+        ref_model: Scorer,
+        coef: float = 1.0,
+        **options: bool | str | float | KLController | None,
+    ) -> None:
         super().__init__(env, None, ref_model, coef=coef, **options)

@@ -13,13 +13,16 @@ import functools
 import inspect
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from llm_gym.checks import check_int
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 __all__ = [
     "DEFAULT_MAX_NEW_TOKENS",
@@ -77,7 +80,7 @@ _CHUNK_ELEMENTS = 6 * 2**20
 _DEVICE_CHUNK_ELEMENTS = 2**27
 
 
-def keeps_logits(model: Any) -> bool:
+def keeps_logits(model: torch.nn.Module) -> bool:
     """Whether a causal LM's forward takes ``logits_to_keep`` (most transformers models do)."""
     forward = getattr(model, "forward", model)
     return _takes_logits_to_keep(getattr(forward, "__func__", forward))  # one lookup per class
@@ -92,7 +95,7 @@ def _takes_logits_to_keep(function: Any) -> bool:
 
 
 def forward_logits(
-    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, keep: int = 0
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, keep: int = 0
 ) -> torch.Tensor:
     """The ``(B, T, V)`` logits of a padded batch (left or right; see ``position_ids``); with
     ``keep > 0`` the last ``keep`` only, through the model's ``logits_to_keep`` where it has one
@@ -249,7 +252,7 @@ def token_log_probs(
 
 
 def next_token_log_probs(
-    model: Any,
+    model: torch.nn.Module,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     allowed: torch.Tensor | None = None,
@@ -279,7 +282,10 @@ _RESERVED = {
 
 
 def generation_settings(
-    model: Any, generate_kwargs: Mapping[str, Any] | None, num_samples: int | None, generate: bool
+    model: PreTrainedModel,
+    generate_kwargs: Mapping[str, Any] | None,
+    num_samples: int | None,
+    generate: bool,
 ) -> tuple[dict[str, Any], int | None]:
     """Checked ``generate`` kwargs (aliases resolved) and the number of samples per prompt.
 
@@ -347,7 +353,7 @@ def _valid_keys() -> frozenset[str]:
     return frozenset(GenerationConfig().to_dict()) - {"transformers_version", "_from_model_config"}
 
 
-def first_id(*candidates: Any, default: int) -> int:
+def first_id(*candidates: int | Sequence[int] | np.ndarray | None, default: int) -> int:
     """The first candidate that is not None (the first of a list), as an int."""
     for candidate in candidates:
         if candidate is not None:
@@ -369,12 +375,12 @@ def first_eos_lengths(tokens: torch.Tensor, eos_token_ids: list[int]) -> torch.T
 
 
 def generate_with_log_probs(
-    model: Any,
+    model: PreTrainedModel,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     *,
     log_probs: bool = True,
-    **generate_kwargs: Any,
+    **generate_kwargs: object,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``model.generate`` from left-padded prompts ``(B, L)``: the new tokens ``(B, N)`` and
     float32 log π of each under the raw logits, before temperature, top-k/top-p or penalties

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import collections
 import math
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from llm_gym.checks import check_bool, check_int, check_number
-from llm_gym.lm import (
+from llm_gym.checks import check_bool, check_int, check_number, check_tensor
+from llm_gym.lm.tensors import (
     first_eos_lengths,
     first_id,
     forward_logits,
@@ -22,13 +22,24 @@ from llm_gym.lm import (
     left_pad,
     token_log_probs,
 )
-from llm_gym.rollout.checks import check_tensor, read_batch
-from llm_gym.samplers import is_scorer, response_log_probs
+from llm_gym.samplers import Scorer, is_scorer, response_log_probs
 from llm_gym.wrappers.controllers import KLController
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 __all__ = ["RolloutFromModel"]
 
 _LENGTH_KEYS = ("max_new_tokens", "max_tokens", "max_length", "min_length")
+
+
+class PromptBatch(Protocol):
+    """A batch given as an object with attributes, like TorchRL's ``PromptData`` (a dict with
+    these keys also does): ``input_ids`` ``(B, L)``, ``prompt_rindex`` ``(B,)``, and
+    ``attention_mask`` ``(B, L)`` where the label baseline needs it."""
+
+    input_ids: torch.Tensor | np.ndarray | Sequence[Sequence[int]]
+    prompt_rindex: torch.Tensor | np.ndarray | Sequence[int]
 
 
 class RolloutFromModel:
@@ -75,7 +86,7 @@ class RolloutFromModel:
         generate_kwargs: ``GenerationConfig`` settings (default ``do_sample=True``); the
             length is ``max_new_tokens``.
 
-    >>> from llm_gym.models import tiny_model
+    >>> from llm_gym.lm.loading import tiny_model
     >>> model = tiny_model(vocab_size=32)
     >>> reward = lambda input_ids, attention_mask: attention_mask.sum(-1).float()
     >>> rollout = RolloutFromModel(model, model, reward, max_new_tokens=4, label_baseline=False)
@@ -89,16 +100,16 @@ class RolloutFromModel:
 
     def __init__(
         self,
-        model: Any,
-        ref_model: Any,
-        reward_model: Any,
+        model: PreTrainedModel,
+        ref_model: PreTrainedModel | Scorer,
+        reward_model: Callable[..., object],
         kl_coef: float | None = None,
         max_new_tokens: int = 50,
         score_clip: float = 10.0,
-        kl_scheduler: Any = None,
+        kl_scheduler: KLController | None = None,
         num_steps: int | None = None,
         *,
-        tokenizer: Any = None,
+        tokenizer: PreTrainedTokenizerBase | None = None,
         label_baseline: bool = True,
         generate_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
@@ -185,7 +196,7 @@ class RolloutFromModel:
 
     # -- public API ------------------------------------------------------------------------
 
-    def __call__(self, batch: Any) -> dict[str, Any]:
+    def __call__(self, batch: Mapping[str, object] | PromptBatch) -> dict[str, Any]:
         """Generate responses for ``batch`` and return the rollout dict."""
         generated, log_probs, log_ratio = self.generate(batch)
         return self.create_rollout(batch, generated, log_probs, log_ratio)
@@ -193,7 +204,9 @@ class RolloutFromModel:
     rollout_from_data = __call__  # TorchRL's name
 
     @torch.no_grad()
-    def generate(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def generate(
+        self, batch: Mapping[str, object] | PromptBatch
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Sample up to ``max_new_tokens`` per prompt.
 
         Returns ``generated`` ``(B, L + M)``: each prompt followed by its response, right-padded
@@ -201,7 +214,7 @@ class RolloutFromModel:
         the raw logits (0 after the response); ``log_ratio`` ``(B, M)``: ``log p - log q`` of
         each generated token under ``model`` and ``ref_model`` (0 after the response).
         """
-        input_ids, _, rindex = read_batch(batch, _device(self.model), self.label_baseline)
+        input_ids, _, rindex = _read_batch(batch, _device(self.model), self.label_baseline)
         batch_size, length = input_ids.shape
         m = self.max_new_tokens
         # Left-pad the prompts: decoder-only models generate from the right edge.
@@ -225,7 +238,7 @@ class RolloutFromModel:
     @torch.no_grad()
     def create_rollout(
         self,
-        batch: Any,
+        batch: Mapping[str, object] | PromptBatch,
         generated: torch.Tensor,
         log_probs: torch.Tensor,
         log_ratio: torch.Tensor | None = None,
@@ -234,13 +247,14 @@ class RolloutFromModel:
 
         Appends the rollout's mean KL reward to the values ``step_scheduler`` will use.
         """
-        input_ids, attention_mask, rindex = read_batch(
+        input_ids, attention_mask, rindex = _read_batch(
             batch, _device(self.model), self.label_baseline
         )
         batch_size, length = input_ids.shape
         m = self.max_new_tokens
-        generated = check_tensor(m, "generated", generated, (batch_size, length + m))
-        log_probs = check_tensor(m, "log_probs", log_probs, (batch_size, m, 1))
+        shaped = f" for this batch and max_new_tokens={m}"
+        generated = check_tensor("generated", generated, (batch_size, length + m), shaped)
+        log_probs = check_tensor("log_probs", log_probs, (batch_size, m, 1), shaped)
         device = generated.device
         steps = torch.arange(m, device=device)
         action = generated.gather(1, rindex[:, None] + steps)
@@ -248,7 +262,7 @@ class RolloutFromModel:
         valid = steps < lengths[:, None]
         if log_ratio is None:
             log_ratio = self._log_ratio(generated, rindex, lengths)
-        log_ratio = check_tensor(m, "log_ratio", log_ratio, (batch_size, m))
+        log_ratio = check_tensor("log_ratio", log_ratio, (batch_size, m), shaped)
         done = (steps == (lengths - 1)[:, None]).unsqueeze(-1)
         eos = torch.tensor(self.eos_token_ids, dtype=torch.long, device=device)
         terminated = done & torch.isin(action, eos).unsqueeze(-1)  # the last token is an EOS
@@ -322,13 +336,17 @@ class RolloutFromModel:
         return scores.float().to(input_ids.device)
 
 
-def _device(model: Any) -> torch.device:
+def _device(model: PreTrainedModel) -> torch.device:
     device = getattr(model, "device", None)
     return device if isinstance(device, torch.device) else next(model.parameters()).device
 
 
 def _log_probs(
-    model: Any, generated: torch.Tensor, rindex: torch.Tensor, lengths: torch.Tensor, m: int
+    model: PreTrainedModel | Scorer,
+    generated: torch.Tensor,
+    rindex: torch.Tensor,
+    lengths: torch.Tensor,
+    m: int,
 ) -> torch.Tensor:
     """log π of the ``m`` tokens after each prompt under a causal LM or a log-prob policy,
     ``(B, m)``, 0 after the response (``lengths`` tokens)."""
@@ -349,7 +367,7 @@ def _log_probs(
 
 
 def _policy_log_probs(
-    policy: Any, generated: torch.Tensor, rindex: torch.Tensor, lengths: torch.Tensor, m: int
+    policy: Scorer, generated: torch.Tensor, rindex: torch.Tensor, lengths: torch.Tensor, m: int
 ) -> torch.Tensor:
     rows = generated.cpu().numpy()
     spans = zip(rows, rindex.tolist(), (rindex + lengths).tolist(), strict=True)
@@ -374,3 +392,43 @@ def _policy_log_probs(
     for row, values in enumerate(scored):
         log_q[row, : len(values)] = values
     return torch.from_numpy(log_q)
+
+
+def _read_batch(
+    batch: Mapping[str, object] | PromptBatch, device: torch.device, label_baseline: bool
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """``input_ids``, ``attention_mask`` and ``prompt_rindex`` of a batch, checked."""
+    fields = {}
+    for key in ("input_ids", "attention_mask", "prompt_rindex"):
+        value = batch.get(key) if isinstance(batch, Mapping) else getattr(batch, key, None)
+        fields[key] = None if value is None else torch.as_tensor(value, device=device)
+    input_ids, attention_mask, rindex = fields.values()
+    if input_ids is None or rindex is None:
+        raise KeyError(
+            "batch must hold 'input_ids' (B, L) and 'prompt_rindex' (B,), got "
+            f"{sorted(batch) if isinstance(batch, Mapping) else type(batch).__name__}"
+        )
+    if input_ids.ndim != 2 or input_ids.numel() == 0 or input_ids.is_floating_point():
+        raise ValueError(
+            "batch['input_ids'] must be a non-empty (B, L) integer tensor, got dtype "
+            f"{input_ids.dtype} and shape {tuple(input_ids.shape)}"
+        )
+    batch_size, length = input_ids.shape
+    out_of_range = bool(((rindex < 1) | (rindex > length)).any())
+    if rindex.shape != (batch_size,) or rindex.is_floating_point() or out_of_range:
+        raise ValueError(
+            f"batch['prompt_rindex'] must be ({batch_size},) integers in [1, {length}] (one "
+            f"prompt length per row, at most input_ids' width), got {rindex.tolist()} "
+            f"({rindex.dtype})"
+        )
+    if attention_mask is not None and attention_mask.shape != input_ids.shape:
+        raise ValueError(
+            f"batch['attention_mask'] must have input_ids' shape {tuple(input_ids.shape)}, "
+            f"got {tuple(attention_mask.shape)}"
+        )
+    if attention_mask is None and label_baseline:
+        raise KeyError(
+            "batch has no 'attention_mask', needed to score its reference completion "
+            "(label_baseline=True); pass label_baseline=False for prompt-only batches"
+        )
+    return input_ids.long(), attention_mask, rindex.long()

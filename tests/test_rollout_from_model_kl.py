@@ -17,9 +17,9 @@ from rollout_fixture import (
     rows,
 )
 
-from llm_gym.models import tiny_model
+from llm_gym.lm.loading import tiny_model
 from llm_gym.policies import TransformersPolicy
-from llm_gym.rollout import RolloutFromModel
+from llm_gym.torchrl import RolloutFromModel
 from llm_gym.wrappers.controllers import AdaptiveKLController, ConstantKLController
 
 

@@ -18,8 +18,8 @@ from rollout_fixture import (
 )
 
 import llm_gym
-from llm_gym.models import tiny_model
-from llm_gym.rollout import RolloutFromModel
+from llm_gym.lm.loading import tiny_model
+from llm_gym.torchrl import RolloutFromModel
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Where ``AsyncRollouts``' sub-envs live: ``EnvWorker`` holds a group of them (its slots),
+"""Where ``AsyncEpisodes``' sub-envs live: ``EnvWorker`` holds a group of them (its slots),
 in the driver's process (stepped from threads) or in a Ray actor on any node of a cluster.
 The driver hands each slot a sample to start from, so a worker holds no part of the stream:
 a lost worker's episodes start again elsewhere from their samples."""
@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
+
+if TYPE_CHECKING:
+    from llm_gym.policies.base import Action
 
 __all__ = ["EnvWorker", "forwarded_env_vars"]
 
@@ -43,7 +46,7 @@ class EnvWorker:
         """Start slot ``slot``'s next episode from ``sample`` (a record of the env's data)."""
         return self.envs[slot].reset(options={"sample": dict(sample)})
 
-    def step(self, slot: int, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+    def step(self, slot: int, action: Action) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         """Step slot ``slot`` with ``action``: Gymnasium's five-tuple."""
         return self.envs[slot].step(action)
 

@@ -1,15 +1,18 @@
 """Episode records: what a rollout writes for every finished episode (an ``episodes.jsonl``
 line plus the token arrays a trainer reads), built the same way by the synchronous vector
-env's ``Episodes`` and by ``AsyncRollouts`` (one ``EpisodeTrace`` per running episode)."""
+env's ``Episodes`` and by ``AsyncEpisodes`` (one ``EpisodeTrace`` per running episode)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-__all__ = ["ARRAYS", "KL_INFO_KEYS", "EpisodeTrace", "Episodes", "json_value"]
+if TYPE_CHECKING:
+    from llm_gym.chat.containers import Response
+
+__all__ = ["ARRAYS", "KL_INFO_KEYS", "EpisodeTrace", "json_value"]
 
 # What the KL wrappers add to a step's info: kept as the record's token_kl, kl_mean, kl_sum.
 KL_INFO_KEYS = ("kl", "kl_penalty", "token_rewards", "ref_log_probs", "log_probs")
@@ -18,7 +21,7 @@ KL_INFO_KEYS = ("kl", "kl_penalty", "token_rewards", "ref_log_probs", "log_probs
 ARRAYS = ("conversation_ids", "policy_mask", "sampled_log_probs", "token_kl")
 
 
-def json_value(value: Any) -> Any:
+def json_value(value: object) -> Any:
     """A JSON-ready Python value for one env's info entry (nested dicts included)."""
     if isinstance(value, Mapping):
         return {key: json_value(item) for key, item in value.items() if not key.startswith("_")}
@@ -39,7 +42,7 @@ class EpisodeTrace:
     ('4', 1.0, 1.0, [False, True])
     """
 
-    def __init__(self, prompt: Any) -> None:
+    def __init__(self, prompt: Iterable[Mapping[str, Any]]) -> None:
         self.prompt = list(prompt)
         self.responses: list[str] = []
         self.versions: list[int | None] = []
@@ -47,7 +50,7 @@ class EpisodeTrace:
         self.kl: list[np.ndarray] = []
         self.reward, self.tokens = 0.0, 0
 
-    def add(self, action: Any, reward: float, kl: Any = None) -> None:
+    def add(self, action: Response | str, reward: float, kl: np.ndarray | None = None) -> None:
         """Count one step: its action (a ``Response`` or text), reward and per-token KL."""
         self.responses.append(getattr(action, "text", action))
         self.versions.append(getattr(action, "version", None))
@@ -91,36 +94,5 @@ class EpisodeTrace:
         }
 
 
-class Episodes:
-    """The running episode of every sub-env of a vector env with SAME_STEP autoreset (the
-    synchronous driver), and the record of each one that ends."""
-
-    def __init__(self, envs: Any, obs: Mapping[str, Any]) -> None:
-        self.envs, self.obs = envs, obs
-        self.traces = [EpisodeTrace(history) for history in obs["history"]]
-
-    def step(self, actions: list[Any]) -> list[dict[str, Any]]:
-        """Step every sub-env with its action (a ``Response``, or ``""``, which ends a sub-env's
-        episode); the records of the episodes that ended (``obs`` moves on)."""
-        obs, rewards, terminated, truncated, info = self.envs.step(actions)
-        for i, action in enumerate(actions):
-            self.traces[i].add(action, rewards[i], info["kl"][i] if "kl" in info else None)
-        self.obs, records = obs, []
-        for i in np.flatnonzero(terminated | truncated).tolist():
-            final_info = {key: _column(value, i) for key, value in info["final_info"].items()}
-            if "level" in info:  # the curriculum's level this episode was played at
-                final_info["level"] = info["level"][i]
-            records.append(self.traces[i].finish(i, final_info, info["final_obs"][i]))
-            self.traces[i] = EpisodeTrace(obs["history"][i])
-        return records
-
-
 def _array(obs: Mapping[str, Any], key: str, dtype: Any) -> np.ndarray | None:
     return np.asarray(obs[key]).astype(dtype) if key in obs else None
-
-
-def _column(value: Any, i: int) -> Any:
-    # Env i's entry of a vector info value (a task's metadata dict nests).
-    if isinstance(value, Mapping):
-        return {key: _column(item, i) for key, item in value.items() if not key.startswith("_")}
-    return value[i]

@@ -1,0 +1,57 @@
+"""The language model: tensor work in torch alone (``tensors``: padding, positions, log-probs,
+EOS lengths, generation with log-probs) and loading weights offline (``loading``: the default
+SmolLM2, GPT-2's BPE, tiny random LMs). The loaders import transformers on first use."""
+
+from llm_gym._lazy import lazy_exports
+from llm_gym.lm.tensors import (
+    DEFAULT_MAX_NEW_TOKENS,
+    CompiledLogProbs,
+    first_eos_lengths,
+    first_id,
+    forward_logits,
+    gather_log_probs,
+    generate_with_log_probs,
+    generation_settings,
+    has_prefix,
+    keeps_logits,
+    left_pad,
+    log_probs_of,
+    next_token_log_probs,
+    position_ids,
+    token_log_probs,
+)
+
+# Loaders: name -> module, imported on first use (transformers takes seconds to import).
+_LOADERS = {
+    name: "llm_gym.lm.loading"
+    for name in (
+        "DEFAULT_MODEL_NAME",
+        "cache_root",
+        "load_default_model",
+        "load_gpt2_tokenizer",
+        "load_model",
+        "model_folder",
+        "tiny_model",
+    )
+}
+
+__all__ = [
+    "DEFAULT_MAX_NEW_TOKENS",
+    "CompiledLogProbs",
+    "first_eos_lengths",
+    "first_id",
+    "forward_logits",
+    "gather_log_probs",
+    "generate_with_log_probs",
+    "generation_settings",
+    "has_prefix",
+    "keeps_logits",
+    "left_pad",
+    "log_probs_of",
+    "next_token_log_probs",
+    "position_ids",
+    "token_log_probs",
+    *_LOADERS,
+]
+
+__getattr__ = lazy_exports(__name__, _LOADERS)

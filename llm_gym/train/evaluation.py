@@ -1,0 +1,63 @@
+"""The greedy evaluation before and after training: held-out episodes of the run's task."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from llm_gym.episodes import multi_turn, play_episodes
+from llm_gym.policies import TransformersPolicy
+from llm_gym.run.config import RunConfig
+from llm_gym.run.rollout import summarize
+from llm_gym.run.setup import task_envs
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from llm_gym.policies.base import Policy
+
+__all__ = ["evaluate_greedy"]
+
+
+@torch.no_grad()
+def evaluate_greedy(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    config: RunConfig,
+    *,
+    episodes: int,
+    seed: int,
+    num_envs: int = 32,
+    policy: Policy | None = None,
+) -> dict[str, float]:
+    """Greedy-decode ``episodes`` episodes of ``config``'s task (no curriculum) from ``seed``'s
+    questions, the same ones whatever ``num_envs`` and the model's turns; their mean
+    ``success``, ``reward``, ``response_tokens`` (and with tools ``tool_calls_per_episode``).
+    ``policy`` replaces the greedy ``TransformersPolicy`` of ``model``."""
+    tools = bool(config.tools)
+    envs = task_envs(replace(config, curriculum=0), tokenizer, min(num_envs, episodes))
+    turns = multi_turn(envs)
+    if policy is None:  # not make_policy: GRPOConfig refuses temperature 0
+        kwargs = {"max_new_tokens": config.max_new_tokens, "do_sample": False}
+        policy = TransformersPolicy(model, tokenizer, input_mode="tokens", generate_kwargs=kwargs)
+    records: list[dict[str, Any]] = []
+    try:
+        obs, _ = envs.reset(seed=seed)
+        while len(records) < episodes:
+            if turns and records:  # round r of multi-turn episodes from seed + r
+                obs, _ = envs.reset(seed=seed + len(records) // envs.num_envs)
+            played, _, obs = play_episodes(envs, policy, obs)
+            records += played[: episodes - len(records)]
+    finally:
+        envs.close()
+    summary = summarize(records, seconds=0.0)
+    lengths = [record["policy_mask"].sum() for record in records]
+    result = {
+        "success": summary.accuracy,
+        "reward": summary.mean_reward,
+        "response_tokens": float(np.mean(lengths)),
+    }
+    return result | ({"tool_calls_per_episode": summary.tool_calls_per_episode} if tools else {})
