@@ -1,17 +1,14 @@
 """The language model: tensor work in torch alone (``tensors``: padding, positions, log-probs,
-EOS lengths, generation with log-probs) and loading weights offline (``loading``: the default
+EOS lengths) and loading weights offline (``loading``: the default
 SmolLM2, GPT-2's BPE, tiny random LMs). The loaders import transformers on first use."""
 
 from llm_gym._lazy import lazy_exports
 from llm_gym.lm.tensors import (
-    DEFAULT_MAX_NEW_TOKENS,
     CompiledLogProbs,
     first_eos_lengths,
     first_id,
     forward_logits,
     gather_log_probs,
-    generate_with_log_probs,
-    generation_settings,
     has_prefix,
     keeps_logits,
     left_pad,
@@ -36,14 +33,11 @@ _LOADERS = {
 }
 
 __all__ = [
-    "DEFAULT_MAX_NEW_TOKENS",
     "CompiledLogProbs",
     "first_eos_lengths",
     "first_id",
     "forward_logits",
     "gather_log_probs",
-    "generate_with_log_probs",
-    "generation_settings",
     "has_prefix",
     "keeps_logits",
     "left_pad",

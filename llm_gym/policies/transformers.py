@@ -21,8 +21,6 @@ from llm_gym.lm.tensors import (
     first_eos_lengths,
     first_id,
     forward_logits,
-    generate_with_log_probs,
-    generation_settings,
     has_prefix,
     left_pad,
     token_log_probs,
@@ -30,6 +28,7 @@ from llm_gym.lm.tensors import (
 from llm_gym.policies.distributions import MaskedCategorical
 from llm_gym.samplers import LogProbOutput, Sample, check_token_batch, check_token_ids
 from llm_gym.samplers.base import ScoredResponse
+from llm_gym.samplers.transformers import generate_with_log_probs, generation_settings
 from llm_gym.spaces import INPUT_MODES
 
 if TYPE_CHECKING:

@@ -1,8 +1,9 @@
-"""Generation backends behind one ``Sampler`` protocol (token ids in, token ids and log-probs
-out) and the ``Scorer`` protocol: ``base`` (the protocols and token-id checks), ``openai`` (any
-OpenAI-compatible server that returns token ids) and ``vllm`` (a vLLM server llm_gym starts).
-The transformers backend is ``llm_gym.policies.TransformersPolicy``; ``SamplerPolicy`` there
-turns any sampler into a policy over env observations."""
+"""The generation backends, one file each, behind one ``Sampler`` protocol (token ids in, token
+ids and log-probs out) and the ``Scorer`` protocol: ``base`` (the protocols and token-id checks),
+``transformers`` (``model.generate`` with log-probs; ``llm_gym.policies.TransformersPolicy`` is
+the policy over it), ``openai`` (any OpenAI-compatible server that returns token ids), ``vllm``
+(a vLLM server llm_gym starts) and ``weights`` (a trained model's weights to a server).
+``llm_gym.policies.SamplerPolicy`` turns any sampler into a policy over env observations."""
 
 from llm_gym.samplers.base import (
     FINISH_REASONS,

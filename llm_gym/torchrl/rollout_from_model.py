@@ -17,12 +17,11 @@ from llm_gym.lm.tensors import (
     first_eos_lengths,
     first_id,
     forward_logits,
-    generate_with_log_probs,
-    generation_settings,
     left_pad,
     token_log_probs,
 )
 from llm_gym.samplers import Scorer, is_scorer, response_log_probs
+from llm_gym.samplers.transformers import generate_with_log_probs, generation_settings
 from llm_gym.wrappers.controllers import KLController
 
 if TYPE_CHECKING:
