@@ -72,8 +72,9 @@ def __dir__() -> list[str]:
 def _register(env_id: str, **kwargs: Any) -> None:
     # Re-importing (e.g. under importlib.reload) must not warn about overriding an id.
     if env_id not in registry:
-        # Gymnasium 1.4's PassiveEnvChecker breaks for good when a first reset raises (README,
-        # "Bad input and hostile output"); the tests run the stricter check_env on every id.
+        # Gymnasium 1.4's PassiveEnvChecker breaks for good when a first reset raises (docs:
+        # envs/index.md, "Bad input and hostile output"); the tests run the stricter check_env
+        # on every id.
         register(id=env_id, disable_env_checker=True, **kwargs)
 
 

@@ -1,5 +1,6 @@
 """Train with TRL's ``GRPOTrainer`` on any llm_gym env: a ``rollout_func`` and its reward
-(README, "TRL's GRPOTrainer on any llm_gym env", tells what they return, with an example).
+(docs/integrations.md, "TRL's GRPOTrainer on any llm_gym env", tells what they return,
+with an example).
 The rollout samples with the trainer's own generator: TRL's vLLM (server or colocate mode)
 when the trainer has ``use_vllm=True``, else the trainer's model.
 """

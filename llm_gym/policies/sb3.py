@@ -1,6 +1,7 @@
 """``LLMActorCriticPolicy``: a transformers causal LM as a stable-baselines3 actor-critic for
-token-level envs (``llm_gym.TokenEnv``, RL4LMs' design). README's "stable-baselines3" section
-has a PPO run and says what saving pickles (``policy_kwargs``: the ``ModelSpec`` forms).
+token-level envs (``llm_gym.TokenEnv``, RL4LMs' design). docs/integrations.md's
+"stable-baselines3" section has a PPO run and says what saving pickles (``policy_kwargs``: the
+``ModelSpec`` forms).
 """
 
 from __future__ import annotations

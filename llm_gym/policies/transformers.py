@@ -283,8 +283,8 @@ _ARGUMENTS += ("num_samples", "chat_template_name", "chat_template", "device")
 
 class TransformersPolicy:
     """A transformers causal LM as a policy over ChatEnv observations, and the ``Sampler`` and
-    ``Scorer`` of ``llm_gym.samplers`` (``sample``, ``score``). README's "Policies" section
-    says what each mode returns and shows one stepping a ChatEnv.
+    ``Scorer`` of ``llm_gym.samplers`` (``sample``, ``score``). docs/policies.md says what each
+    mode returns and shows one stepping a ChatEnv.
 
     Generate mode (default): ``policy(obs)`` gives a ``Response`` (a list for a vector env's
     batch; ``num_samples=k``: k per observation). Log-prob mode (``generate=False``):

@@ -18,7 +18,7 @@ __all__ = ["BACKENDS", "DTYPE_NAMES", "RolloutConfig", "RunConfig"]
 
 DTYPE_NAMES = ("bfloat16", "float16", "float32")
 # What generates: transformers' generate in this process, a vLLM server llm_gym starts, or an
-# OpenAI-compatible server the user runs (README, "Generation backends").
+# OpenAI-compatible server the user runs (docs/policies.md, "Generation backends").
 BACKENDS = ("transformers", "vllm", "openai")
 
 

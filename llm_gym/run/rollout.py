@@ -1,5 +1,5 @@
-"""Rollouts of a model on a chat task, the job behind ``llm-gym rollout`` (README, "The
-``llm-gym`` command": one vector env, one batched generation a step, episodes saved as they end).
+"""Rollouts of a model on a chat task, the job behind ``llm-gym rollout`` (docs/cli.md: one
+vector env, one batched generation a step, episodes saved as they end).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Products (``LLMChat-Products-v0``): multiply two large numbers, a task the default model
-cannot do in its head but can do with the ``python`` tool (README: "Tools")."""
+cannot do in its head but can do with the ``python`` tool (docs: envs/tools.md)."""
 
 from __future__ import annotations
 

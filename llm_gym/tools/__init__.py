@@ -1,4 +1,4 @@
-"""Tools a model calls between turns (README: "Tools"; its layout says which module holds what)."""
+"""Tools a model calls between turns (docs: envs/tools.md)."""
 
 from llm_gym.tools.base import Tool, ToolError, check_arguments
 from llm_gym.tools.calls import CALL_FORMATS, ToolCall, parse_tool_calls, tools_system_prompt

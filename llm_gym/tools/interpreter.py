@@ -1,7 +1,7 @@
 """``PythonInterpreter``: run model-written Python in a fresh, sandboxed process per call.
 
-Model output is hostile input: README's "The Python sandbox" lists what is isolated and how,
-each claim with its test, and what is not; where bwrap cannot run, it warns once.
+Model output is hostile input: docs/envs/tools.md's "The Python sandbox" lists what is
+isolated and how, each claim with its test, and what is not; where bwrap cannot run, it warns once.
 """
 
 from __future__ import annotations

@@ -37,9 +37,10 @@ class ToolRecord:
 
 
 class Toolbox:
-    """The tools of one env (shared by its vector env's sub-envs), each given as README's
-    "Tools" says (``"python"``: a ``PythonInterpreter`` with its defaults). ``parse`` reads a
-    response's calls in ``call_format``; ``run`` runs one, every failure the record's output.
+    """The tools of one env (shared by its vector env's sub-envs), each given as
+    docs/envs/tools.md says (``"python"``: a ``PythonInterpreter`` with its defaults). ``parse``
+    reads a response's calls in ``call_format``; ``run`` runs one, every failure the
+    record's output.
     """
 
     def __init__(

@@ -43,7 +43,7 @@ class GRPOConfig(RunConfig):
     """``llm-gym train``'s options: the run (``RunConfig``) and GRPO's own settings; the KL
     penalty (``kl_coef > 0``) is charged against the starting model."""
 
-    # The run's defaults here are the CPU demo's (README, "Learning, measured").
+    # The run's defaults here are the CPU demo's (docs/training.md, "Learning, measured").
     answer_format: str | None = "last_number"
     max_new_tokens: int = 48
     temperature: float = 1.0

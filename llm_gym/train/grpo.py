@@ -1,4 +1,4 @@
-"""GRPO through llm_gym, in one file: what ``llm-gym train`` runs (README, "Training", tells
+"""GRPO through llm_gym, in one file: what ``llm-gym train`` runs (docs/training.md tells
 the iteration; one iteration serves tools, KL and curriculum alike)."""
 
 from __future__ import annotations

@@ -327,8 +327,8 @@ class RetrieveLogProb(gym.Wrapper, gym.utils.RecordConstructorArgs):
 class KLComputation(gym.Wrapper, gym.utils.RecordConstructorArgs):
     """Per-token KL from ``info[gen_key]`` and ``info[ref_key]``; optionally a reward penalty.
 
-    ``info`` gets ``kl_key``, ``kl_penalty`` (``coef · Σ kl``) and ``token_rewards``, as README's
-    "KL wrappers" says. When no inner ``RetrieveLogProb`` writes ``gen_key``, the generator's
+    ``info`` gets ``kl_key``, ``kl_penalty`` (``coef · Σ kl``) and ``token_rewards``, as
+    docs/kl.md says. When no inner ``RetrieveLogProb`` writes ``gen_key``, the generator's
     log-probs come from the action ``Response``. ``charge`` holds the settings and coefficient.
 
     Args:
@@ -429,7 +429,7 @@ class KLRewardWrapper(RetrieveKL):
     """TorchRL's legacy ``KLRewardTransform``: ``reward -= coef · Σ (log p − log q)`` with the
     generator's log-probs taken from the action ``Response`` and the reference scored here.
 
-    Other keyword arguments as ``RetrieveKL``; README's "KL wrappers" has an example.
+    Other keyword arguments as ``RetrieveKL``; docs/kl.md has an example.
     """
 
     def __init__(
