@@ -188,7 +188,7 @@ def load_model(
     device: str | torch.device | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """``"default"`` -> :func:`load_default_model`; a local HF folder -> its model and tokenizer."""
+    """``"default"`` -> ``load_default_model``; a local HF folder -> its model and tokenizer."""
     if str(path_or_name) in ("default", DEFAULT_MODEL_NAME):
         return load_default_model(cache_dir=cache_dir, device=device, dtype=dtype)
     folder = Path(path_or_name).expanduser()
