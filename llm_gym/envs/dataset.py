@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from llm_gym.chat.history import History
@@ -17,7 +16,7 @@ from llm_gym.sources.datasets import is_iterable_dataset, load_records
 from llm_gym.tasks.task import FieldMap, Task, TaskReward, TaskScore
 
 if TYPE_CHECKING:
-    from datasets import Dataset, DatasetDict, IterableDataset
+    from llm_gym.sources.datasets import DatasetLike
 
 __all__ = ["DatasetChatEnv", "QUERY_KEY", "make_task_env"]
 
@@ -115,13 +114,7 @@ class DatasetChatEnv(ChatEnv):
 
     def __init__(
         self,
-        dataset: Source
-        | IterableDataset
-        | Dataset
-        | DatasetDict
-        | str
-        | os.PathLike[str]
-        | Sequence[Mapping[str, object]],
+        dataset: DatasetLike,
         *,
         name: str | None = None,
         split: str | None = None,

@@ -3,20 +3,8 @@ EOS lengths) and loading weights offline (``loading``: the default
 SmolLM2, GPT-2's BPE, tiny random LMs). The loaders import transformers on first use."""
 
 from llm_gym._lazy import lazy_exports
-from llm_gym.lm.tensors import (
-    CompiledLogProbs,
-    first_eos_lengths,
-    first_id,
-    forward_logits,
-    gather_log_probs,
-    has_prefix,
-    keeps_logits,
-    left_pad,
-    log_probs_of,
-    next_token_log_probs,
-    position_ids,
-    token_log_probs,
-)
+from llm_gym.lm import tensors
+from llm_gym.lm.tensors import *  # noqa: F403  (every public name of tensors)
 
 # Loaders: name -> module, imported on first use (transformers takes seconds to import).
 _LOADERS = {
@@ -32,20 +20,6 @@ _LOADERS = {
     )
 }
 
-__all__ = [
-    "CompiledLogProbs",
-    "first_eos_lengths",
-    "first_id",
-    "forward_logits",
-    "gather_log_probs",
-    "has_prefix",
-    "keeps_logits",
-    "left_pad",
-    "log_probs_of",
-    "next_token_log_probs",
-    "position_ids",
-    "token_log_probs",
-    *_LOADERS,
-]
+__all__ = [*tensors.__all__, *_LOADERS]
 
 __getattr__ = lazy_exports(__name__, _LOADERS)

@@ -8,7 +8,7 @@ import socket
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 from urllib.parse import urlparse
 
 import numpy as np
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from datasets import Dataset, DatasetDict, IterableDataset
 
 __all__ = [
+    "DatasetLike",
     "SPLITS",
     "IndexedSource",
     "hub_unavailable_reason",
@@ -30,6 +31,13 @@ __all__ = [
     "load_split",
     "task_data",
 ]
+
+# What a ``dataset=`` argument may be: a Source, a ``datasets`` object, a Hub name or a local
+# path, or rows. A string, so that ``datasets`` is imported only by a type checker.
+DatasetLike: TypeAlias = (
+    "Source | IterableDataset | Dataset | DatasetDict | str | os.PathLike[str]"
+    " | Sequence[Mapping[str, object]]"
+)
 
 SPLITS = ("train", "test")
 
@@ -301,14 +309,7 @@ def load_split(
 
 
 def task_data(
-    dataset: Source
-    | IterableDataset
-    | Dataset
-    | DatasetDict
-    | str
-    | os.PathLike[str]
-    | Sequence[Mapping[str, object]]
-    | None,
+    dataset: DatasetLike | None,
     split: str,
     data_dir: str | os.PathLike[str] | None,
     load: Callable[[str, str | os.PathLike[str] | None], Dataset],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from llm_gym.rewards.answers import check_answer_format, system_prompt
@@ -13,9 +13,9 @@ from llm_gym.sources.datasets import load_split, task_data
 from llm_gym.tasks.task import Task, TaskScore
 
 if TYPE_CHECKING:
-    from datasets import Dataset, DatasetDict, IterableDataset
+    from datasets import Dataset
 
-    from llm_gym.sources import Source
+    from llm_gym.sources.datasets import DatasetLike
 
 __all__ = ["GSM8K_ENV_VAR", "GSM8K_HUB_ID", "GSM8K_SYSTEM_PROMPT", "gsm8k_task", "load_gsm8k"]
 
@@ -45,14 +45,7 @@ def gsm8k_task(
     *,
     split: str = "train",
     data_dir: str | os.PathLike[str] | None = None,
-    dataset: Source
-    | IterableDataset
-    | Dataset
-    | DatasetDict
-    | str
-    | os.PathLike[str]
-    | Sequence[Mapping[str, object]]
-    | None = None,
+    dataset: DatasetLike | None = None,
 ) -> Task:
     """GSM8K word problems; the reward checks the number in the answer (TorchRL's ``GSM8KEnv``).
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from llm_gym.rewards.answers import system_prompt
@@ -14,9 +14,9 @@ from llm_gym.sources.datasets import load_split, task_data
 from llm_gym.tasks.task import Task, TaskScore
 
 if TYPE_CHECKING:
-    from datasets import Dataset, DatasetDict, IterableDataset
+    from datasets import Dataset
 
-    from llm_gym.sources import Source
+    from llm_gym.sources.datasets import DatasetLike
 
 __all__ = [
     "MATH_ENV_VAR",
@@ -56,14 +56,7 @@ def math_task(
     *,
     split: str = "train",
     data_dir: str | os.PathLike[str] | None = None,
-    dataset: Source
-    | IterableDataset
-    | Dataset
-    | DatasetDict
-    | str
-    | os.PathLike[str]
-    | Sequence[Mapping[str, object]]
-    | None = None,
+    dataset: DatasetLike | None = None,
     answer_format: str = "tags",
     correct_reward: float = 1.0,
     format_reward: float = 0.1,
