@@ -1,8 +1,11 @@
-"""A small MCP server with a ``multiply`` tool, started over stdio by README's "Tools" example:
-``MCPTools(command=[sys.executable, "examples/mcp_server.py"])``. Written with the official
-``mcp`` SDK (2.x names its server class ``MCPServer``)."""
+"""A small MCP server with a ``multiply`` tool, started over stdio by the example of
+docs/envs/tools.md: ``MCPTools(command=[sys.executable, "examples/mcp_server.py"])``. Written
+with the official ``mcp`` SDK (2.x names its server class ``MCPServer``, 1.x ``FastMCP``)."""
 
-from mcp.server.mcpserver import MCPServer
+try:
+    from mcp.server.mcpserver import MCPServer  # mcp 2.x
+except ImportError:
+    from mcp.server.fastmcp import FastMCP as MCPServer  # mcp 1.x
 
 server = MCPServer("calculator")
 

@@ -1,5 +1,5 @@
-"""A small MCP server written with the official SDK (2.x names its class MCPServer), with an
-``add`` tool, for the tests to start over stdio."""
+"""A small MCP server written with the official SDK (2.x names its class MCPServer, 1.x
+FastMCP), with an ``add`` tool, for the tests to start over stdio."""
 
 import sys
 import textwrap
@@ -7,7 +7,10 @@ from pathlib import Path
 
 MCP_SERVER = textwrap.dedent(
     '''
-    from mcp.server.mcpserver import MCPServer
+    try:
+        from mcp.server.mcpserver import MCPServer  # mcp 2.x
+    except ImportError:
+        from mcp.server.fastmcp import FastMCP as MCPServer  # mcp 1.x
 
     server = MCPServer("calculator")
 

@@ -1,7 +1,10 @@
 """``MCPTools``. The ``mcp`` SDK is async; an env steps synchronously, and a vector env calls
 tools from several threads at once. So each ``MCPTools`` holds an anyio blocking portal (an
 event loop in a thread of its own) in which the server's session lives; any thread's calls go
-through it."""
+through it.
+
+The SDK is used in both of its lines: 1.x (what OpenEnv's ``fastmcp`` 3 needs, so the two
+co-install) and 2.x, which renamed a few things; ``_sdk`` reads either."""
 
 from __future__ import annotations
 
@@ -14,6 +17,29 @@ from llm_gym.checks import check_number
 from llm_gym.tools.base import Tool, ToolError
 
 __all__ = ["MCPTools"]
+
+
+def _sdk_error() -> type[Exception]:
+    # The SDK's request error: MCPError in 2.x, McpError in 1.x.
+    import mcp
+
+    return getattr(mcp, "MCPError", None) or mcp.McpError
+
+
+def _read_timeout(seconds: float) -> object:
+    # ClientSession's read timeout: seconds in 2.x, a timedelta in 1.x.
+    from importlib.metadata import version
+
+    if int(version("mcp").split(".")[0]) >= 2:
+        return seconds
+    from datetime import timedelta
+
+    return timedelta(seconds=seconds)
+
+
+def _field(model: object, name: str, camel: str) -> object:
+    # 2.x names the SDK's model fields in snake_case (input_schema), 1.x in camelCase.
+    return getattr(model, name) if hasattr(model, name) else getattr(model, camel)
 
 
 class MCPTools:
@@ -63,16 +89,25 @@ class MCPTools:
             enter = self._portal.wrap_async_context_manager
             streams = self._stack.enter_context(enter(stdio_client(params)))
             # The SDK's read timeout bounds every request: the start and each call.
-            session = ClientSession(*streams[:2], read_timeout_seconds=self.timeout)
+            timeout = _read_timeout(self.timeout)
+            session = ClientSession(*streams[:2], read_timeout_seconds=timeout)
             self._session = self._stack.enter_context(enter(session))
             self._portal.call(self._session.initialize)
             listed = self._portal.call(self._session.list_tools).tools
         except BaseException as error:
-            self.close()
+            try:
+                self.close()
+            except BaseException:  # a half-started 1.x session fails to close: the start's
+                pass  # error is the one to report
             why = f"{type(error).__name__}: {error}"
             raise RuntimeError(f"MCP server {self.command} did not start: {why}") from None
         self.tools = [
-            Tool(t.name, t.description or "", dict(t.input_schema), partial(self.call, t.name))
+            Tool(
+                t.name,
+                t.description or "",
+                dict(_field(t, "input_schema", "inputSchema")),
+                partial(self.call, t.name),
+            )
             for t in listed
         ]
 
@@ -89,13 +124,12 @@ class MCPTools:
 
     def call(self, name: str, **arguments: object) -> str:
         """Call tool ``name``; its text output, or ``ToolError`` with the server's message."""
-        from mcp import MCPError
-
+        sdk_error = _sdk_error()
         if not self.running:
             raise ToolError(f"the MCP server {self.command} is not running")
         try:
             result = self._portal.call(self._session.call_tool, name, arguments)
-        except MCPError as error:  # the SDK's timeout and protocol errors
+        except sdk_error as error:  # the SDK's timeout and protocol errors
             raise ToolError(
                 f"the MCP tool {name!r} failed ({self.timeout:g} s limit): {error}"
             ) from None
@@ -103,7 +137,7 @@ class MCPTools:
             getattr(part, "text", None) or f"[{getattr(part, 'type', 'content')}]"
             for part in result.content
         )
-        if result.is_error:
+        if _field(result, "is_error", "isError"):
             raise ToolError(text)
         return text
 
