@@ -265,9 +265,10 @@ LAYERS = {
     "wrappers": 5, "episodes": 5,
     "torchrl": 6, "run": 6,
     "train": 7,
-    "integrations": 8, "cli": 8,
+    "integrations": 8,
+    "cli": 9,
     # Aliases kept for old import paths (issue 38) and the entry point: nothing imports them.
-    "__main__": 9, "drivers": 9, "rollout": 9, "distributed": 9, "models": 9,
+    "__main__": 10, "drivers": 10, "rollout": 10, "distributed": 10, "models": 10,
 }  # fmt: skip
 
 

@@ -18,6 +18,7 @@ from llm_gym.cli._args import (
     add_run_options,
     check_flags,
     check_task_env,
+    env_arg,
     given_options,
     llm_gym_env_ids,
     make_config,
@@ -40,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     _add_rollout(commands)
     _add_train(commands)
+    _add_serve(commands)
     commands.add_parser(
         "envs",
         help="list the registered environments: task, spaces, where the data comes from",
@@ -126,6 +128,63 @@ def _add_train(commands: Any) -> None:
                         "(--resume continues from the last checkpoint)")  # fmt: skip
 
 
+def _add_serve(commands: Any) -> None:
+    parser = commands.add_parser(
+        "serve",
+        help="serve an env over OpenEnv's protocol: one env per WebSocket session",
+        description="Serve a registered env id with OpenEnv's own server (create_app): one "
+        "env per WebSocket session at /ws, /health, /schema, /metadata, /state. An action is "
+        '{"text": ...} or {"tokens": [...]}; an observation holds the env\'s observation '
+        "keys, terminated, truncated and the step's info. Needs the 'serve' extra.",
+    )
+    add = parser.add_argument
+    add("env", metavar="ENV_ID", help="a registered env id (llm-gym envs lists them)")
+    add("--env-arg", action="append", default=[], type=env_arg, metavar="KEY=VALUE",
+        help="an argument of gym.make, repeatable; VALUE is read as JSON when it "
+        "parses")  # fmt: skip
+    add("--host", default="127.0.0.1", help="the address to bind (default: %(default)s)")
+    add("--port", type=number(int, 0), default=8000,
+        help="the port (default: %(default)s; 0: a free one)")  # fmt: skip
+    add("--max-sessions", type=number(int, 1), default=64,
+        help="WebSocket sessions at once; one more gets CAPACITY_REACHED (default: "
+        "%(default)s)")  # fmt: skip
+    add("--session-timeout", type=number(float, 0.0, False), default=None, metavar="SECONDS",
+        help="close a session idle this long (default: never)")  # fmt: skip
+    add("--max-message-bytes", type=number(int, 1), default=1 << 20,
+        help="the largest action a client may send; a larger one is refused, not buffered "
+        "(default: %(default)s)")  # fmt: skip
+    add("--ping-interval", type=number(float, 0.0, False), default=10.0, metavar="SECONDS",
+        help="WebSocket pings; a client silent for two intervals is dropped and its slot "
+        "freed (default: %(default)s)")  # fmt: skip
+    add("--web", action="store_true",
+        help="OpenEnv's web interface at /web, to play the env by hand in a browser")  # fmt: skip
+
+
+def _serve(args: argparse.Namespace) -> int:
+    if args.env not in llm_gym_env_ids():
+        return _usage_error(f"{args.env!r} is not a registered llm_gym env id (llm-gym envs)")
+    try:
+        from llm_gym.integrations.openenv import Server
+
+        server = Server(
+            args.env, dict(args.env_arg), host=args.host, port=args.port,
+            max_sessions=args.max_sessions, session_timeout=args.session_timeout,
+            max_message_bytes=args.max_message_bytes, ping_interval=args.ping_interval,
+            web=args.web,
+        )  # fmt: skip
+        url = server.start()
+    except (ValueError, TypeError, OSError, ImportError, gym.error.Error) as error:
+        return _usage_error(error)
+    print(f"serving {args.env} at {url} (OpenEnv: ws{url.removeprefix('http')}/ws"
+          f"{f'; by hand: {url}/web' if args.web else ''})", flush=True)  # fmt: skip
+    try:
+        server.wait()
+    except KeyboardInterrupt:
+        server.stop()
+        return 130
+    return 0
+
+
 def _prepare_train(config: GRPOConfig) -> Any:
     from llm_gym.train.grpo import GRPOTrainer
 
@@ -162,6 +221,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "envs":
         print(envs_table())
         return 0
+    if args.command == "serve":
+        return _serve(args)
     try:  # flags and values checked before anything heavy loads
         check_task_env(args.env, args.command)
         given = given_options(parser, argv)

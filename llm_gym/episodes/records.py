@@ -4,6 +4,7 @@ env's ``Episodes`` and by ``AsyncEpisodes`` (one ``EpisodeTrace`` per running ep
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -22,12 +23,30 @@ ARRAYS = ("conversation_ids", "policy_mask", "sampled_log_probs", "token_kl")
 
 
 def json_value(value: object) -> Any:
-    """A JSON-ready Python value for one env's info entry (nested dicts included)."""
+    """A JSON-ready Python value for one env's info entry: dicts (without their ``_`` keys),
+    lists and tuples nested, numpy arrays and scalars as Python's, dataclasses as dicts, and
+    anything else JSON cannot hold as its ``str``.
+
+    >>> json_value({"a": np.arange(2), "_mask": 1, "b": (np.float32(0.5), None)})
+    {'a': [0, 1], 'b': [0.5, None]}
+    """
     if isinstance(value, Mapping):
-        return {key: json_value(item) for key, item in value.items() if not key.startswith("_")}
+        return {
+            str(key): json_value(item)
+            for key, item in value.items()
+            if not str(key).startswith("_")
+        }
+    if isinstance(value, (list, tuple)):
+        return [json_value(item) for item in value]
     if isinstance(value, np.ndarray):
         return value.tolist()
-    return value.item() if isinstance(value, np.generic) else value
+    if isinstance(value, np.generic):
+        return value.item()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return json_value(dataclasses.asdict(value))
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    return str(value)
 
 
 class EpisodeTrace:
