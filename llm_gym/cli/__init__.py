@@ -142,6 +142,9 @@ def _add_serve(commands: Any) -> None:
     add("--env-arg", action="append", default=[], type=env_arg, metavar="KEY=VALUE",
         help="an argument of gym.make, repeatable; VALUE is read as JSON when it "
         "parses")  # fmt: skip
+    add("--tokenizer", default=None, metavar="MODEL",
+        help="the tokenizer of this model ('default' or a folder) for text and tokens input "
+        "modes (--env-arg input_mode=tokens); default: none, history mode")  # fmt: skip
     add("--host", default="127.0.0.1", help="the address to bind (default: %(default)s)")
     add("--port", type=number(int, 0), default=8000,
         help="the port (default: %(default)s; 0: a free one)")  # fmt: skip
@@ -163,11 +166,16 @@ def _add_serve(commands: Any) -> None:
 def _serve(args: argparse.Namespace) -> int:
     if args.env not in llm_gym_env_ids():
         return _usage_error(f"{args.env!r} is not a registered llm_gym env id (llm-gym envs)")
+    env_args = dict(args.env_arg)
     try:
         from llm_gym.integrations.openenv import Server
 
+        if args.tokenizer is not None:  # the model's tokenizer, as rollout and train load it
+            from llm_gym.lm.loading import load_model
+
+            env_args["tokenizer"] = load_model(args.tokenizer)[1]
         server = Server(
-            args.env, dict(args.env_arg), host=args.host, port=args.port,
+            args.env, env_args, host=args.host, port=args.port,
             max_sessions=args.max_sessions, session_timeout=args.session_timeout,
             max_message_bytes=args.max_message_bytes, ping_interval=args.ping_interval,
             web=args.web,
