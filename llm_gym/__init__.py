@@ -107,6 +107,11 @@ _register(
     vector_entry_point="llm_gym.envs.textarena:make_textarena_vector_env",
 )
 _register(
+    "LLMChat-OpenEnv-v0",
+    entry_point="llm_gym.envs.openenv:OpenEnvChatEnv",
+    vector_entry_point="llm_gym.envs.openenv:make_openenv_vector_env",
+)
+_register(
     "LLMToken-GSM8K-v0",
     entry_point="llm_gym.envs.tokens:make_token_env",
     kwargs={"task": "LLMChat-GSM8K-v0", "max_new_tokens": 256, "max_prompt_length": 512},

@@ -48,6 +48,7 @@ PUBLIC = [
     "llm_gym.run",
     "llm_gym.train",
     "llm_gym.integrations.trl",
+    "llm_gym.integrations.openenv",
     "llm_gym.spaces",
     "llm_gym.checks",
 ]

@@ -295,3 +295,21 @@ def test_serve_command_serves_tokens_with_the_models_tokenizer(smollm2_tokenizer
     finally:
         process.terminate()
         process.wait(timeout=20)
+
+
+def test_llmchat_openenv_plays_llm_gym_serve_as_the_in_process_env(server):
+    # The round trip: a served env played back as a Gymnasium env gives the same episodes.
+    envs = gym.make_vec(
+        "LLMChat-OpenEnv-v0", num_envs=2, vectorization_mode="vector_entry_point",
+        base_url=server.url, seed=0,
+    )  # fmt: skip
+    try:
+        obs, info = envs.reset(seed=0)
+        actions = ["<answer>1 + 2</answer>", "<answer>2 * 3</answer>"]
+        _, rewards, terminated, _, step_info = envs.step(actions)
+        for i, action in enumerate(actions):
+            env, (twin_obs, _) = twin(int(info["episode_seed"][i]))
+            assert obs["history"][i][-1] == dict(twin_obs["history"][-1])
+            assert rewards[i] == env.step(action)[1] and terminated[i]
+    finally:
+        envs.close()

@@ -141,10 +141,10 @@ def _add_serve(commands: Any) -> None:
     add("env", metavar="ENV_ID", help="a registered env id (llm-gym envs lists them)")
     add("--env-arg", action="append", default=[], type=env_arg, metavar="KEY=VALUE",
         help="an argument of gym.make, repeatable; VALUE is read as JSON when it "
-        "parses")  # fmt: skip
+        "parses (default: %(default)s, the env's defaults)")  # fmt: skip
     add("--tokenizer", default=None, metavar="MODEL",
         help="the tokenizer of this model ('default' or a folder) for text and tokens input "
-        "modes (--env-arg input_mode=tokens); default: none, history mode")  # fmt: skip
+        "modes (--env-arg input_mode=tokens; default: %(default)s, history mode only)")  # fmt: skip
     add("--host", default="127.0.0.1", help="the address to bind (default: %(default)s)")
     add("--port", type=number(int, 0), default=8000,
         help="the port (default: %(default)s; 0: a free one)")  # fmt: skip
@@ -152,7 +152,7 @@ def _add_serve(commands: Any) -> None:
         help="WebSocket sessions at once; one more gets CAPACITY_REACHED (default: "
         "%(default)s)")  # fmt: skip
     add("--session-timeout", type=number(float, 0.0, False), default=None, metavar="SECONDS",
-        help="close a session idle this long (default: never)")  # fmt: skip
+        help="close a session idle this long (default: %(default)s, never)")  # fmt: skip
     add("--max-message-bytes", type=number(int, 1), default=1 << 20,
         help="the largest action a client may send; a larger one is refused, not buffered "
         "(default: %(default)s)")  # fmt: skip
@@ -160,7 +160,8 @@ def _add_serve(commands: Any) -> None:
         help="WebSocket pings; a client silent for two intervals is dropped and its slot "
         "freed (default: %(default)s)")  # fmt: skip
     add("--web", action="store_true",
-        help="OpenEnv's web interface at /web, to play the env by hand in a browser")  # fmt: skip
+        help="OpenEnv's web interface at /web, to play the env by hand in a browser "
+        "(default: %(default)s)")  # fmt: skip
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -24,6 +24,7 @@ SPACES = {
     "llm_gym.envs.dataset:make_task_env": _CHAT,
     "llm_gym.envs.tokens:make_token_env": ("input_ids,attention_mask", "Discrete(vocab)"),
     "llm_gym.envs.textarena:TextArenaEnv": _CHAT,
+    "llm_gym.envs.openenv:OpenEnvChatEnv": _CHAT,
 }
 # Where a dataset task's rows come from, in order: --data-dir, the variable, the Hub.
 DATA = {"gsm8k_task": (GSM8K_ENV_VAR, GSM8K_HUB_ID), "math_task": (MATH_ENV_VAR, MATH_HUB_ID)}
@@ -40,6 +41,8 @@ NOTES = (
 def _data(function: object, entry: str) -> str:
     if entry.endswith(":TextArenaEnv"):
         return "a TextArena game (game=, listed below)"
+    if entry.endswith(":OpenEnvChatEnv"):
+        return "an OpenEnv server (base_url=)"
     if function is None:
         return "the query (query= or reset options)"
     name = getattr(function, "__name__", "")
