@@ -10,6 +10,12 @@ with the answer ``<answer>1 + 2</answer>``. The in-process baseline steps the sa
 minus the in-process p50. Every served episode is checked against its in-process twin (same
 seed: same prompt, reward and info), and every episode asked for must come back (none lost).
 
+The "step" rows are closed-loop: every session sends its next step as soon as the last one
+is answered, so at 64 sessions the 2 cores are saturated and a step's latency is mostly its
+wait behind the others. The "paced" rows keep the same sessions open but send steps at a fixed
+total rate below saturation (``--rate``), which is what a trainer's env workers do between
+generations: their added p50 is the wire's cost per step under that load.
+
 The tool rows give every session a tool that sleeps 1 s (a slow sandbox, a web call): the
 first step calls it (hermes format), the second answers. With one env per session stepped on
 its own thread, N sessions should take ~1 s a round, not N s.
@@ -85,14 +91,20 @@ def in_process(episodes: int, tool: bool) -> tuple[list[float], dict[int, tuple]
     return times, twins
 
 
-async def session(url: str, seeds: list[int], tool: bool, out: list, spans: list) -> None:
+async def session(
+    url: str, seeds: list[int], tool: bool, out: list, spans: list, interval: float, offset: float
+) -> None:
     from openenv import GenericEnvClient
 
     async with GenericEnvClient(base_url=url, message_timeout_s=120) as client:
+        due = time.perf_counter() + offset
         for seed in seeds:
             first = await client.reset(seed=seed)
             actions = [TOOL_CALL, ANSWER] if tool else [ANSWER]
             for action in actions:
+                if interval:  # paced: this session's next step is due then, not at once
+                    await asyncio.sleep(max(0.0, due - time.perf_counter()))
+                    due += interval
                 start = time.perf_counter()
                 result = await client.step({"text": action})
                 spans.append((start, time.perf_counter()))
@@ -100,12 +112,23 @@ async def session(url: str, seeds: list[int], tool: bool, out: list, spans: list
             out.append((seed, first.observation["history"][-1]["content"], result.reward, info))
 
 
-async def over_the_wire(url: str, sessions: int, episodes: int, tool: bool) -> tuple:
+async def over_the_wire(
+    url: str, sessions: int, episodes: int, tool: bool, rate: float | None
+) -> tuple:
     out: list = []
     spans: list[tuple[float, float]] = []  # each step's start and end
+    interval = sessions / rate if rate else 0.0  # each session's time between steps
     await asyncio.gather(
         *(
-            session(url, list(range(i * episodes, (i + 1) * episodes)), tool, out, spans)
+            session(
+                url,
+                list(range(i * episodes, (i + 1) * episodes)),
+                tool,
+                out,
+                spans,
+                interval,
+                1.0 + i * interval / sessions,
+            )  # fmt: skip
             for i in range(sessions)
         )
     )
@@ -114,13 +137,13 @@ async def over_the_wire(url: str, sessions: int, episodes: int, tool: bool) -> t
     return out, [end - start for start, end in spans], seconds
 
 
-def run(sessions: int, episodes: int, tool: bool) -> dict:
+def run(sessions: int, episodes: int, tool: bool, rate: float | None = None) -> dict:
     ports: multiprocessing.Queue = multiprocessing.Queue()
     server = multiprocessing.Process(target=serve, args=(tool, sessions, ports), daemon=True)
     server.start()
     try:
         url = ports.get(timeout=120)
-        out, steps, seconds = asyncio.run(over_the_wire(url, sessions, episodes, tool))
+        out, steps, seconds = asyncio.run(over_the_wire(url, sessions, episodes, tool, rate))
     finally:
         server.terminate()
         server.join(timeout=10)
@@ -145,6 +168,8 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, nargs="+", default=[1, 64, 256])
     parser.add_argument("--episodes", type=int, default=4, help="episodes per session")
     parser.add_argument("--tool-sessions", type=int, nargs="*", default=[1, 64])
+    parser.add_argument("--paced-sessions", type=int, nargs="*", default=[64])
+    parser.add_argument("--rate", type=float, default=400.0, help="paced rows: steps/s in all")
     args = parser.parse_args()
     print(f"{os.cpu_count()} cores; {ENV} {ARGS}; server in its own process; OpenEnv clients")
     header = (
@@ -152,11 +177,12 @@ def main() -> None:
         f"{'in-proc p50':>13}{'added p50':>11}{'equal':>11}{'lost':>6}"
     )
     print(header + "\n" + "-" * len(header))
-    cases = [("step", n, False) for n in args.sessions]
-    cases += [("tool 1 s", n, True) for n in args.tool_sessions]
-    for name, sessions, tool in cases:
+    cases = [("step", n, False, None) for n in args.sessions]
+    cases += [(f"paced {args.rate:g}/s", n, False, args.rate) for n in args.paced_sessions]
+    cases += [("tool 1 s", n, True, None) for n in args.tool_sessions]
+    for name, sessions, tool, rate in cases:
         episodes = 1 if tool else args.episodes
-        r = run(sessions, episodes, tool)
+        r = run(sessions, episodes, tool, rate)
         added = r["p50_ms"] - r["local_p50_ms"]
         print(
             f"{name:<14}{r['sessions']:>9}{r['steps']:>7}{r['steps_s']:>10.1f}{r['p50_ms']:>9.2f}"
