@@ -360,3 +360,42 @@ def test_public_signatures_use_precise_types_not_bare_any():
     # The protocols (Sampler, Scorer, Policy, Task, Source), gymnasium's Env and precise types
     # say what goes in; a bare Any is kept only where any value is what is meant.
     assert len(bare) / len(annotations) <= 0.05, "\n".join(bare)
+
+
+def test_no_module_imports_itself_back_through_others():
+    """No cycle among llm_gym's modules (a package's ``__init__`` re-exports are left out):
+    typing-only imports count too, since they say which module knows which."""
+    import ast
+    from pathlib import Path
+
+    root = Path(llm_gym.__file__).parent
+    modules = {
+        ".".join(("llm_gym", *path.relative_to(root).with_suffix("").parts)): path
+        for path in root.rglob("*.py")
+        if path.name != "__init__.py"
+    }
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                continue
+            graph[name] |= {t for t in targets if t in modules and t != name}
+    cycles, state = [], {}
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = "open"
+        for target in sorted(graph[name]):
+            if state.get(target) == "open":
+                cycles.append(" -> ".join([*path[path.index(target) :], target]))
+            elif target not in state:
+                visit(target, [*path, target])
+        state[name] = "done"
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert cycles == []

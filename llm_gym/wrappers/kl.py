@@ -8,7 +8,7 @@ from __future__ import annotations
 import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import gymnasium as gym
 import numpy as np
@@ -25,7 +25,6 @@ if TYPE_CHECKING:
 
     from llm_gym.policies.base import Action
     from llm_gym.samplers.base import ScoredResponse
-    from llm_gym.wrappers.vector import kl as vector
 
 __all__ = [
     "KLCharge",
@@ -76,8 +75,19 @@ def check_finite(log_probs: np.ndarray, what: str, env_index: int | None) -> np.
     return log_probs
 
 
+class LogProbRetriever(Protocol):
+    """What ``retrieve`` reads of a ``RetrieveLogProb``, single or vector (a Protocol, so that
+    this module does not import the vector one, which imports it)."""
+
+    env: gym.Env | VectorEnv
+    model: Scorer
+    log_prob_key: str
+    assistant_only: bool
+    _prompt: Mapping[str, object] | None
+
+
 def retrieve(
-    wrapper: RetrieveLogProb | vector.RetrieveLogProb,
+    wrapper: LogProbRetriever,
     actions: Action | Sequence[Action],
     batched: bool,
 ) -> Step:
