@@ -1,6 +1,7 @@
 """``llm-gym rollout`` and ``llm-gym train`` on ``LLMChat-OpenEnv-v0`` against a served env
 (``llm-gym serve``'s server on loopback): the vector env, the KL wrapper, the asynchronous
-driver and GRPO all play an OpenEnv server as they play an in-process task."""
+driver, Ray's env workers and GRPO all play an OpenEnv server as they play an in-process
+task."""
 
 import json
 import os
@@ -43,14 +44,17 @@ def episodes(out):
     return [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("driver", ["sync", "async"])
+DRIVERS = {"sync": [], "async": ["--async"], "ray": ["--ray", "local", "--workers", "2"]}
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
 def test_rollout_plays_a_served_env_with_the_kl_penalty(served, model_dirs, tmp_path, driver):
     out = tmp_path / driver
     result = cli(
         "rollout", "--env", "LLMChat-OpenEnv-v0", "--env-arg", f"base_url={served}",
         "--model", model_dirs[0], "--ref-model", model_dirs[1], "--kl-coef", "0.5",
         "--num-envs", "2", "--episodes", "4", "--max-new-tokens", "6", "--out", str(out),
-        *(["--async"] if driver == "async" else []),
+        *DRIVERS[driver],
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     records = episodes(out)
