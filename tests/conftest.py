@@ -63,3 +63,17 @@ def tiny_gpt2(gpt2_tokenizer):
     from llm_gym.lm.loading import tiny_model
 
     return tiny_model(gpt2_tokenizer, arch="gpt2", seed=1), gpt2_tokenizer
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory, smollm2_tokenizer):
+    """Two different tiny models saved as folders, as a user's --model/--ref-model."""
+    from llm_gym.lm.loading import tiny_model
+
+    dirs = []
+    for seed in (0, 1):
+        folder = tmp_path_factory.mktemp(f"tiny{seed}")
+        tiny_model(smollm2_tokenizer, seed=seed).save_pretrained(folder)
+        smollm2_tokenizer.save_pretrained(folder)
+        dirs.append(str(folder))
+    return dirs

@@ -15,20 +15,7 @@ from gsm8k_fixture import FIXTURE  # made-up problems, written to a temp folder
 
 from llm_gym.chat import Response
 from llm_gym.cli import main
-from llm_gym.lm.loading import tiny_model
 from llm_gym.run import Rollout, RolloutConfig
-
-
-@pytest.fixture(scope="module")
-def model_dirs(tmp_path_factory, smollm2_tokenizer):
-    """Two different tiny models saved as folders, as a user's --model/--ref-model."""
-    dirs = []
-    for seed in (0, 1):
-        folder = tmp_path_factory.mktemp(f"tiny{seed}")
-        tiny_model(smollm2_tokenizer, seed=seed).save_pretrained(folder)
-        smollm2_tokenizer.save_pretrained(folder)
-        dirs.append(str(folder))
-    return dirs
 
 
 @pytest.fixture(autouse=True)

@@ -11,7 +11,6 @@ import sys
 import pytest
 
 from llm_gym.integrations.openenv import Server
-from llm_gym.lm.loading import tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -20,17 +19,6 @@ def served():
     server.start()
     yield server.url
     server.stop()
-
-
-@pytest.fixture(scope="module")
-def model_dirs(tmp_path_factory, smollm2_tokenizer):
-    dirs = []
-    for seed in (0, 1):
-        folder = tmp_path_factory.mktemp(f"tiny{seed}")
-        tiny_model(smollm2_tokenizer, seed=seed).save_pretrained(folder)
-        smollm2_tokenizer.save_pretrained(folder)
-        dirs.append(str(folder))
-    return dirs
 
 
 def cli(*args):
