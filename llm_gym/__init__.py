@@ -111,6 +111,7 @@ _register(
     entry_point="llm_gym.envs.openenv:OpenEnvChatEnv",
     vector_entry_point="llm_gym.envs.openenv:make_openenv_vector_env",
 )
+_register("LLMChat-Verifiers-v0", entry_point="llm_gym.envs.verifiers:VerifiersChatEnv")
 _register(
     "LLMToken-GSM8K-v0",
     entry_point="llm_gym.envs.tokens:make_token_env",

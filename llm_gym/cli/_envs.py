@@ -25,6 +25,7 @@ SPACES = {
     "llm_gym.envs.tokens:make_token_env": ("input_ids,attention_mask", "Discrete(vocab)"),
     "llm_gym.envs.textarena:TextArenaEnv": _CHAT,
     "llm_gym.envs.openenv:OpenEnvChatEnv": _CHAT,
+    "llm_gym.envs.verifiers:VerifiersChatEnv": _CHAT,
 }
 # Where a dataset task's rows come from, in order: --data-dir, the variable, the Hub.
 DATA = {"gsm8k_task": (GSM8K_ENV_VAR, GSM8K_HUB_ID), "math_task": (MATH_ENV_VAR, MATH_HUB_ID)}
@@ -43,6 +44,8 @@ def _data(function: object, entry: str) -> str:
         return "a TextArena game (game=, listed below)"
     if entry.endswith(":OpenEnvChatEnv"):
         return "an OpenEnv server (base_url=)"
+    if entry.endswith(":VerifiersChatEnv"):
+        return "a verifiers environment's rows (environment=)"
     if function is None:
         return "the query (query= or reset options)"
     name = getattr(function, "__name__", "")

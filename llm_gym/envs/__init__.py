@@ -14,6 +14,7 @@ from llm_gym.envs.vector import (
     sharded_env_fns,
     single_env,
 )
+from llm_gym.envs.verifiers import VerifiersChatEnv
 from llm_gym.tasks.task import TaskReward, TaskScore
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "TaskScore",
     "TextArenaEnv",
     "TokenEnv",
+    "VerifiersChatEnv",
     "batch_infos",
     "make_openenv_vector_env",
     "make_task_env",

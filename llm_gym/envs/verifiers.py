@@ -1,0 +1,413 @@
+"""``VerifiersChatEnv``: a verifiers environment played as a Gymnasium env.
+
+verifiers (the ``verifiers`` extra) runs an episode itself: its ``rollout`` asks a model
+client for each turn. Here the client is the Gymnasium caller: each model call the rollout
+makes is an observation, each ``step``'s text is that call's reply, and the rollout's end is
+scored by the environment's own rubric. The rollout runs on one background event loop shared
+by every env of the process; ``verifiers`` is imported when an env is made.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from contextlib import suppress
+from typing import TYPE_CHECKING, Any
+
+import gymnasium as gym
+
+from llm_gym.chat.conversation import Conversation
+from llm_gym.chat.history import History
+from llm_gym.checks import check_choice, check_number, check_str
+from llm_gym.envs.chat import ActionRead, Outcome
+from llm_gym.envs.dataset import DatasetChatEnv
+from llm_gym.tools.calls import CALL_FORMATS, parse_tool_calls, tools_system_prompt
+
+if TYPE_CHECKING:
+    from verifiers import Environment
+
+    from llm_gym.tools.toolbox import ToolRecord
+
+__all__ = ["VERIFIERS_ID", "VerifiersChatEnv", "chat_messages"]
+
+VERIFIERS_ID = "LLMChat-Verifiers-v0"
+
+# The rollout's ends that are a cut rather than the episode's own end; "max_turns_reached"
+# too when the environment has more than one turn (ChatEnv's rule: one turn is the task).
+_CUTS = frozenset({"timeout_reached", "prompt_too_long", "max_total_completion_tokens_reached"})
+
+
+def chat_messages(messages: Sequence[object]) -> list[dict[str, str]]:
+    """verifiers' messages (pydantic models or dicts) as ``{"role", "content"}`` dicts:
+    text parts joined, an assistant's tool calls written as hermes ``<tool_call>`` blocks
+    (the text a policy would have written for them).
+
+    >>> chat_messages([{"role": "user", "content": [{"type": "text", "text": "hi"}]}])
+    [{'role': 'user', 'content': 'hi'}]
+    """
+    out = []
+    for message in messages:
+        data = message.model_dump() if hasattr(message, "model_dump") else dict(message)
+        content = data.get("content")
+        if isinstance(content, list):  # content parts: the text ones
+            content = "".join(part.get("text", "") for part in content if isinstance(part, Mapping))
+        text = content if isinstance(content, str) else ""
+        for call in data.get("tool_calls") or ():
+            arguments = call.get("arguments")
+            with suppress(TypeError, ValueError):
+                arguments = json.loads(arguments)
+            body = json.dumps({"name": call.get("name"), "arguments": arguments})
+            text += f"<tool_call>{body}</tool_call>"
+        out.append({"role": str(data.get("role")), "content": text})
+    return out
+
+
+@functools.cache
+def _loop() -> asyncio.AbstractEventLoop:
+    """The event loop every env's rollout runs on (a daemon thread of its own)."""
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, name="llm_gym-verifiers", daemon=True).start()
+    return loop
+
+
+@functools.cache
+def _client_class() -> type:
+    """verifiers' ``Client`` whose model is the Gymnasium caller: each call puts the prompt
+    on the env's queue and waits for ``step`` to answer it."""
+    import verifiers as vf
+    from verifiers.types import Response, ResponseMessage, ToolCall
+
+    class _PolicyClient(vf.Client):
+        def setup_client(self, config: object) -> None:
+            raise TypeError("the policy's client is made from its env, not a ClientConfig")
+
+        async def to_native_tool(self, tool: object) -> object:
+            return tool
+
+        async def to_native_prompt(self, messages: object) -> tuple[object, dict]:
+            return messages, {}
+
+        async def get_native_response(
+            self, prompt: object, model: str, sampling_args: object, tools: object = None,
+            **kwargs: object,
+        ) -> tuple[str, list[dict[str, object]]]:  # fmt: skip
+            reply = asyncio.get_running_loop().create_future()
+            self.client.put(("call", (prompt, tools or []), reply))
+            return await reply
+
+        async def raise_from_native_response(self, response: object) -> None:
+            return None
+
+        async def from_native_response(self, response: tuple[str, list]) -> Response:
+            text, calls = response
+            tool_calls = [ToolCall(id=f"call_{uuid.uuid4().hex[:12]}", **c) for c in calls]
+            message = ResponseMessage(
+                content=text, tool_calls=tool_calls or None, is_truncated=False,
+                finish_reason="tool_calls" if tool_calls else "stop",
+            )  # fmt: skip
+            return Response(id=uuid.uuid4().hex, created=int(time.time()), model="policy",
+                            message=message)  # fmt: skip
+
+        async def close(self) -> None:
+            return None
+
+    return _PolicyClient
+
+
+def _tool_schema(tool: object) -> dict[str, Any]:
+    """A verifiers ``Tool`` as the OpenAI function schema llm_gym's tool prompt lists."""
+    data = tool.model_dump() if hasattr(tool, "model_dump") else dict(tool)
+    function = {key: data[key] for key in ("name", "description", "parameters") if key in data}
+    return {"type": "function", "function": function}
+
+
+class VerifiersChatEnv(DatasetChatEnv):
+    """A verifiers environment (its dataset, its turns, its rubric) played one turn per step.
+
+    ## Description
+
+    Any environment of verifiers' classic API (``vf.Environment``: ``SingleTurnEnv``,
+    ``MultiTurnEnv``, ``ToolEnv``, an installed environment package) as a Gymnasium chat env.
+    Each episode is one verifiers ``rollout`` of one dataset row, run by verifiers itself
+    (its ``setup_state``, ``env_response``, stop conditions, tools and time limit), where
+    the model is the caller of ``step``: each model call of the rollout is an observation
+    and each action is that call's reply. When the rollout ends, the environment's rubric
+    scores it (``rubric.score_rollout``), as ``vf-eval`` would.
+
+    ## Action Space
+
+    As ``ChatEnv``: the reply as a ``str`` (or token ids in ``"tokens"`` mode), or a
+    ``Response``. When the environment offers tools, the reply's hermes ``<tool_call>``
+    blocks (``tool_format``) become the reply's OpenAI tool calls; one that cannot be read is
+    left in the text.
+
+    ## Observation Space
+
+    As ``ChatEnv``: the conversation as ``history``, ``text`` and/or ``tokens``. The first
+    observation is the row's prompt as the rollout sends it (its system prompt and few-shot
+    turns included; with tools, a system block listing them in ``tool_format``); each later
+    one adds the messages the environment answered (user or tool messages).
+
+    ## Rewards
+
+    ``0.0`` until the rollout ends; then the rubric's weighted reward (``state["reward"]``).
+    The last step's ``info`` has ``reward``, ``metrics`` (each reward function's score),
+    ``stop_condition``, ``answer`` and ``example_id``; ``error`` when the rollout failed.
+
+    ## Starting State
+
+    The row's first model call. Rows are served as ``DatasetChatEnv`` serves samples: a
+    seeded order (``reset(seed=s)``), ``repeats`` (GRPO groups), ``shard``;
+    ``reset(options={"sample": row})`` plays a given row (``prompt``, ``answer``, ``info``).
+
+    ## Episode End
+
+    Terminated when the rollout ends by itself (a single-turn reply, the environment's
+    ``final_env_response``, its own stop condition); truncated when it was cut
+    (``max_turns`` of the verifiers environment, its time limit, a prompt too long), or
+    when it did not answer within ``turn_timeout_s`` (``info["error"]`` says so).
+
+    ## Arguments
+
+    - ``environment``: a ``vf.Environment``, or the id of an installed one (a module with
+      ``load_environment``), loaded with ``vf.load_environment(environment, **env_args)``.
+    - ``env_args``: the id's ``load_environment`` arguments.
+    - ``split``: ``"eval"`` (its eval dataset, else its dataset, as ``vf-eval``) or
+      ``"train"``.
+    - ``turn_timeout_s``: how long the environment may take to answer a turn (default 60).
+    - ``tool_format``: how the policy writes tool calls (``"hermes"``).
+    - ``seed``, ``repeats``, ``group_repeats``, ``shard``: the rows' order, as
+      ``DatasetChatEnv``'s.
+    - ``**chat_options``: as ``ChatEnv`` (``input_mode``, ``tokenizer``, ...); the system
+      prompt and tools are the environment's.
+
+    ## Version History
+
+    - v0: Initial version.
+
+    ## Example
+
+    verifiers' own ``ReasoningGymEnv`` (its rubric reads the ``<answer>`` tag):
+
+    >>> import gymnasium as gym, llm_gym, verifiers as vf
+    >>> legs = vf.ReasoningGymEnv(gym="leg_counting", num_train_examples=2, num_eval_examples=2)
+    >>> env = gym.make("LLMChat-Verifiers-v0", environment=legs)
+    >>> obs, info = env.reset(seed=0)
+    >>> [m["role"] for m in obs["history"]]
+    ['system', 'user']
+    >>> entry = legs.rg_dataset[int(info["sample_answer"])]  # its rows' answer: an index
+    >>> obs, reward, terminated, truncated, info = env.step(f"<answer>{entry['answer']}</answer>")
+    >>> reward, terminated, truncated, info["stop_condition"]
+    (1.0, True, False, 'max_turns_reached')
+    >>> env.close()
+    """
+
+    shares_conversations = False  # each env's episode is a rollout of its own
+
+    def __init__(
+        self,
+        environment: Environment | str,
+        *,
+        env_args: Mapping[str, object] | None = None,
+        split: str = "eval",
+        turn_timeout_s: float = 60.0,
+        tool_format: str = "hermes",
+        seed: int | None = None,
+        repeats: int | None = 1,
+        group_repeats: bool = False,
+        shard: tuple[int, int] | None = None,
+        **chat_options: object,
+    ) -> None:
+        import verifiers as vf
+
+        check_choice("split", split, ("eval", "train"))
+        self.turn_timeout_s = check_number("turn_timeout_s", turn_timeout_s, 0, strict=True)
+        self.tool_format = check_choice("tool_format", tool_format, CALL_FORMATS)
+        for option in ("system_prompt", "tools", "max_turns"):
+            if chat_options.get(option) is not None:
+                raise TypeError(
+                    f"VerifiersChatEnv plays the environment's own {option}, got {option}="
+                    f"{chat_options[option]!r:.80}"
+                )
+        if env_args is not None and not isinstance(env_args, Mapping):
+            raise TypeError(f"env_args must be a dict or None, got {type(env_args).__name__}")
+        if isinstance(environment, str):
+            check_str("environment", environment)
+            environment = vf.load_environment(environment, **dict(env_args or {}))
+        elif env_args:
+            raise TypeError("env_args are for an environment id; this environment is made")
+        if not isinstance(environment, vf.Environment):
+            raise TypeError(
+                "environment must be a verifiers Environment or an installed environment's id, "
+                f"got {type(environment).__name__}: {environment!r:.80}"
+            )
+        self.environment = environment
+        rows = environment.get_eval_dataset() if split == "eval" else environment.get_dataset()
+        # "query": the row's last message text (the prompt itself is the rollout's to send)
+        records = [{**r, "query": _query(r["prompt"])} for r in rows.to_list()]
+        if not records:
+            raise ValueError(f"the verifiers environment's {split} dataset has no rows")
+        super().__init__(
+            records, seed=seed, repeats=repeats, group_repeats=group_repeats, shard=shard,
+            max_turns=None, **chat_options,
+        )  # fmt: skip
+        self._calls: queue.Queue = queue.Queue()
+        self._rollout: asyncio.Future | None = None  # concurrent.futures.Future in fact
+        self._reply: asyncio.Future | None = None  # the model call waiting for ``step``
+        self._prompt: list[dict[str, str]] = []  # that call's messages
+        self._tools: bool = False
+
+    # -- the rollout ------------------------------------------------------------------------
+
+    async def _run(self, row: Mapping[str, Any], calls: queue.Queue) -> None:
+        environment = self.environment
+        try:
+            state = await environment.rollout(dict(row), _client_class()(calls), "policy")
+            if environment.score_rollouts:
+                await environment.rubric.score_rollout(state)
+            else:
+                await environment.rubric.dummy_score_rollout(state)
+            await environment.rubric.cleanup(state)
+        except BaseException as error:  # cancellation included: the caller reads it
+            calls.put(("error", error, None))
+            raise
+        calls.put(("done", state, None))
+
+    def _stop(self) -> None:
+        """Cancel the running rollout, if any (a new reset or ``close``)."""
+        rollout, self._rollout = self._rollout, None
+        if rollout is not None and not rollout.done():
+            rollout.cancel()
+        self._reply = None
+
+    def _next(self) -> tuple[str, object, asyncio.Future | None]:
+        """The rollout's next event: a model call, its end, or its error; or a timeout."""
+        try:
+            return self._calls.get(timeout=self.turn_timeout_s)
+        except queue.Empty:
+            self._stop()
+            message = "the verifiers environment did not answer within turn_timeout_s="
+            return "error", TimeoutError(f"{message}{self.turn_timeout_s:g}"), None
+
+    def _call_prompt(self, prompt: object, tools: Sequence[object]) -> list[dict[str, str]]:
+        messages = chat_messages(prompt)
+        self._tools = bool(tools)
+        if tools:  # the rollout's tools, listed as llm_gym's tool envs list them
+            block = tools_system_prompt([_tool_schema(t) for t in tools], self.tool_format)
+            if messages and messages[0]["role"] == self.system_role:
+                messages[0] = {**messages[0], "content": f"{messages[0]['content']}\n\n{block}"}
+            else:
+                messages.insert(0, {"role": self.system_role, "content": block})
+        return messages
+
+    # -- StepHooks ------------------------------------------------------------------------
+
+    def given_sample(self, options: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        """The given row (``options={"sample": row}``, a row of the environment's dataset
+        with its ``prompt``); checked before anything changes."""
+        row = options.get("sample") if isinstance(options, Mapping) else None
+        if isinstance(row, Mapping) and "query" not in row:
+            prompt = row.get("prompt")
+            if not isinstance(prompt, (list, tuple)) or not prompt:
+                raise ValueError(
+                    "options['sample'] must be a row of the verifiers environment's dataset, "
+                    f"with its 'prompt' messages; got fields {sorted(row)}"
+                )
+            row = {**row, "query": _query(prompt)}
+            options = {**options, "sample": row}
+        return super().given_sample(options)
+
+    def episode_start(self, sample: Mapping[str, Any]) -> tuple[History, dict[str, Any]]:
+        """Start the rollout of ``sample`` (a dataset row) and wait for its first model call."""
+        self._stop()
+        self._calls = queue.Queue()
+        row = {key: value for key, value in sample.items() if key != "query"}
+        self._rollout = asyncio.run_coroutine_threadsafe(self._run(row, self._calls), _loop())
+        kind, value, reply = self._next()
+        if kind != "call":
+            self._stop()
+            why = value if kind == "error" else "it ended before asking the model anything"
+            raise RuntimeError(f"the verifiers environment's rollout did not start: {why!r:.300}")
+        self._reply = reply
+        self._prompt = self._call_prompt(*value)
+        info = {"example_id": row.get("example_id"), "sample_answer": row.get("answer")}
+        info.update(task=row.get("task"), info=row.get("info"))
+        return History(self._prompt), info
+
+    def advance(
+        self,
+        conversation: Conversation,
+        read: ActionRead,
+        records: Sequence[ToolRecord],
+        sample: Mapping[str, Any] | None = None,
+    ) -> Outcome:
+        """Answer the rollout's model call with the turn, and wait for its next call or end."""
+        response, content, _ = read
+        if self._reply is None:
+            raise gym.error.ResetNeeded("the verifiers rollout is not running: reset first")
+        text = self.assistant_prefix + content
+        calls = []
+        if self._tools:
+            for call in parse_tool_calls(text, self.tool_format):
+                if call.error is None:
+                    calls.append({"name": call.name, "arguments": json.dumps(call.arguments)})
+        reply, self._reply = self._reply, None
+        _loop().call_soon_threadsafe(_settle, reply, (text, calls))
+        kind, value, next_reply = self._next()
+        added: list[dict[str, str]] = []
+        reward, terminated, truncated = 0.0, False, False
+        info: dict[str, Any] = {}
+        if kind == "call":
+            prompt = self._call_prompt(*value)
+            before = len(self._prompt) + 1  # the last call's messages and this reply
+            added = prompt[before:]
+            if prompt[: before - 1] != self._prompt:
+                self._stop()
+                truncated = True
+                info["error"] = "the environment rewrote the conversation (not a prefix)"
+            else:
+                self._reply, self._prompt = next_reply, prompt
+        elif kind == "done":
+            state = value
+            reward = float(state.get("reward") or 0.0)
+            stop = state.get("stop_condition")
+            many = getattr(self.environment, "max_turns", -1)
+            truncated = stop in _CUTS or (stop == "max_turns_reached" and many != 1)
+            terminated = not truncated
+            info.update(stop_condition=stop, metrics=dict(state.get("metrics") or {}))
+            if state.get("error") is not None:
+                info["error"] = repr(state["error"])[:2000]
+            final = state.get("final_env_response")
+            added = chat_messages(final) if final else []
+        else:
+            truncated = True
+            info["error"] = f"{type(value).__name__}: {value}"[:2000]
+        done = terminated or truncated
+        if done:
+            info.update(reward=reward, answer=(sample or self._sample or {}).get("answer"))
+            info["example_id"] = (sample or self._sample or {}).get("example_id")
+        extended, _ = self.builder.extend(
+            conversation, content, response.tokens, added,
+            reward=reward, version=response.version, done=done,
+        )  # fmt: skip
+        return Outcome(extended, reward, terminated, truncated, info)
+
+    def close(self) -> None:
+        """Cancel the running rollout (the verifiers environment stays as it is)."""
+        self._stop()
+        super().close()
+
+
+def _query(prompt: Sequence[object]) -> str:
+    return chat_messages(prompt[-1:])[0]["content"]
+
+
+def _settle(future: asyncio.Future, value: object) -> None:
+    if not future.done():  # a cancelled rollout's call is left as it is
+        future.set_result(value)
