@@ -9,6 +9,7 @@ import time
 
 import gymnasium as gym
 import pytest
+from datasets import Dataset
 from gsm8k_fixture import FIXTURE
 
 import llm_gym  # noqa: F401  (registers the ids)
@@ -21,25 +22,11 @@ GSM8K = ("LLMChat-GSM8K-v0", {"data_dir": str(FIXTURE), "split": "test"})
 GUESS = ("LLMChat-TextArena-v0", {"game": "GuessTheNumber-v0"})
 
 
-def in_process(gym_id, args, seed, moves):
-    """The rewards and the last history of ``moves`` in ``gym.make(gym_id)`` reset with ``seed``."""
-    env = gym.make(gym_id, **args)
-    observation, _ = env.reset(seed=seed)
+def play(env, moves, **reset):
+    """``moves`` in ``env`` from ``env.reset(**reset)`` until the end: the first history, the
+    rewards, the last history, terminated, truncated and the last info (``env`` closed)."""
+    observation, info = env.reset(**reset)
     rewards, first, terminated, truncated = [], list(observation["history"]), False, False
-    for move in moves:
-        observation, reward, terminated, truncated, _ = env.step(move)
-        rewards.append(reward)
-        if terminated or truncated:
-            break
-    env.close()
-    return first, rewards, list(observation["history"]), terminated, truncated
-
-
-def play_row(environment, row, moves):
-    """``moves`` through ``LLMChat-Verifiers-v0`` on ``row``: first history, rewards, end."""
-    env = gym.make("LLMChat-Verifiers-v0", environment=environment)
-    observation, _ = env.reset(options={"sample": row})
-    first, rewards = list(observation["history"]), []
     for move in moves:
         observation, reward, terminated, truncated, info = env.step(move)
         rewards.append(reward)
@@ -47,6 +34,17 @@ def play_row(environment, row, moves):
             break
     env.close()
     return first, rewards, list(observation["history"]), terminated, truncated, info
+
+
+def in_process(gym_id, args, seed, moves):
+    """``moves`` in ``gym.make(gym_id, **args)`` reset with ``seed`` (see ``play``)."""
+    return play(gym.make(gym_id, **args), moves, seed=seed)[:5]
+
+
+def play_row(environment, row, moves):
+    """``moves`` through ``LLMChat-Verifiers-v0`` on ``row`` (see ``play``)."""
+    env = gym.make("LLMChat-Verifiers-v0", environment=environment)
+    return play(env, moves, options={"sample": row})
 
 
 def test_a_single_turn_env_is_a_verifiers_environment_with_its_rows_and_reward():
@@ -216,15 +214,7 @@ class Echo(vf.MultiTurnEnv):
 
 
 def echo(max_turns=5):
-    dataset = (
-        vf.Dataset.from_list([{"question": "talk", "answer": ""}])
-        if hasattr(vf, "Dataset")
-        else None
-    )
-    if dataset is None:
-        from datasets import Dataset
-
-        dataset = Dataset.from_list([{"question": "talk", "answer": ""}])
+    dataset = Dataset.from_list([{"question": "talk", "answer": ""}])
 
     async def turns(state):
         return float(len(state["trajectory"]))
@@ -283,8 +273,6 @@ def test_a_verifiers_tool_env_gets_hermes_calls_as_tool_calls():
             b: the second.
         """
         return a + b
-
-    from datasets import Dataset
 
     async def used_tool(state):
         return float(any(m.get("role") == "tool" for m in map(dict, state["completion"])))
