@@ -38,27 +38,30 @@ def free_port():
 
 
 class Server:
-    """``uvicorn server.<module>:app`` of the echo env's folder, on a free port."""
+    """A server process on a free port: ``command`` and then ``--port PORT``; by default
+    ``uvicorn server.<module>:app`` of the echo env's folder."""
 
-    def __init__(self, folder, module, log):
+    def __init__(self, folder, module, log, command=None):
         self.url = f"http://127.0.0.1:{free_port()}"
         self.log = open(log, "wb")  # noqa: SIM115  (closed in stop)
-        command = [sys.executable, "-m", "uvicorn", f"server.{module}:app", "--host", "127.0.0.1"]
-        command += ["--port", self.url.rsplit(":", 1)[1], "--log-level", "warning"]
+        if command is None:
+            command = [sys.executable, "-m", "uvicorn", f"server.{module}:app", "--host"]
+            command += ["127.0.0.1", "--log-level", "warning"]
+        command = [*command, "--port", self.url.rsplit(":", 1)[1]]
         self.process = subprocess.Popen(command, cwd=folder, stdout=self.log, stderr=self.log)
 
     def wait(self, timeout=60.0):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                pytest.fail(f"the echo server exited: {Path(self.log.name).read_text()[-2000:]}")
+                pytest.fail(f"the server exited: {Path(self.log.name).read_text()[-2000:]}")
             try:
                 with urllib.request.urlopen(f"{self.url}/health", timeout=1) as answer:
                     if answer.status == 200:
                         return self
             except OSError:
                 time.sleep(0.1)
-        pytest.fail(f"the echo server did not answer /health in {timeout} s")
+        pytest.fail(f"the server did not answer /health in {timeout} s")
 
     def stop(self):
         if self.process.poll() is None:
@@ -256,4 +259,108 @@ def test_an_action_the_server_refuses_is_an_invalid_move(url):
     env.unwrapped.action_field = "message"  # the session still plays
     env.reset(seed=0)
     assert env.step("hello")[1:3] == (0.5, False)
+    env.close()
+
+
+# llm-gym serve's envs, each in a process of its own: a task with a system prompt; one whose
+# step adds several messages (two tool outputs); a multi-turn chat whose step adds none, its
+# system prompt given on the command line.
+SERVED = {
+    "countdown": ("LLMChat-Countdown-v0", {"level": 0}),
+    "products": (
+        "LLMChat-Products-v0",
+        {"level": 0, "tools": ["python"], "tool_format": "markdown", "max_turns": 3},
+    ),
+    "chat": ("LLMChat-v0", {"query": "Say hi.", "system_prompt": "Be brief.", "max_turns": 2}),
+}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """``llm-gym serve ENV_ID --env-arg ...`` of each of ``SERVED``, by name."""
+    root = tmp_path_factory.mktemp("serve")
+    started = {}
+    try:
+        for name, (env_id, args) in SERVED.items():
+            command = [sys.executable, "-m", "llm_gym", "serve", env_id]
+            for key, value in args.items():
+                command += ["--env-arg", f"{key}={json.dumps(value)}"]
+            started[name] = Server(None, None, root / f"{name}.log", command=command)
+        yield {name: server.wait() for name, server in started.items()}
+    finally:
+        for server in started.values():
+            server.stop()
+
+
+def served_twin(name, seed, **kwargs):
+    """The in-process env that ``served[name]`` serves, reset with ``seed``."""
+    env_id, args = SERVED[name]
+    env = gym.make(env_id, **args, **kwargs)
+    return env, env.reset(seed=seed)
+
+
+def test_a_served_task_starts_with_its_system_prompt_as_in_process(served):
+    url = served["countdown"].url
+    env = gym.make("LLMChat-OpenEnv-v0", base_url=url)
+    obs, info = env.reset(seed=0)
+    twin, (twin_obs, _) = served_twin("countdown", info["episode_seed"])
+    assert obs["history"] == twin_obs["history"] and len(obs["history"]) == 2
+    assert obs["history"][0]["role"] == "system"  # the task's, as the server has it
+    obs, reward, terminated, truncated, info = env.step("<answer>1 + 2</answer>")
+    expected = twin.step("<answer>1 + 2</answer>")
+    assert obs["history"] == expected[0]["history"]
+    assert (reward, terminated, truncated) == tuple(expected[1:4])
+    # A given episode seed: the server's reset(seed=5), the in-process one's.
+    obs, _ = env.reset(options={"sample": {"episode_seed": 5}})
+    _, (twin_obs, _) = served_twin("countdown", 5)
+    assert obs["history"] == twin_obs["history"]
+    env.close()
+    # The client's own system prompt wins over the server's.
+    mine = gym.make("LLMChat-OpenEnv-v0", base_url=url, system_prompt="Mine.")
+    obs, _ = mine.reset(options={"sample": {"episode_seed": 5}})
+    assert obs["history"] == ({"role": "system", "content": "Mine."}, *twin_obs["history"][1:])
+    mine.close()
+
+
+def test_a_step_takes_every_message_the_server_added(served):
+    env = gym.make("LLMChat-OpenEnv-v0", base_url=served["products"].url)
+    obs, info = env.reset(seed=0)
+    twin, (twin_obs, _) = served_twin("products", info["episode_seed"])
+    assert obs["history"] == twin_obs["history"]  # its system prompt has the tool block
+    two_calls = "```python\nprint(1)\n```\nand\n```python\nprint(2)\n```"
+    obs, reward, terminated, truncated, _ = env.step(two_calls)
+    expected = twin.step(two_calls)
+    assert obs["history"] == expected[0]["history"]
+    assert [m["role"] for m in obs["history"][2:]] == ["assistant", "tool", "tool"]
+    assert (reward, terminated, truncated) == (0.0, False, False)
+    answer = f"It is {twin.unwrapped.sample['answer']}"
+    obs, reward, terminated, truncated, _ = env.step(answer)
+    expected = twin.step(answer)
+    assert obs["history"] == expected[0]["history"]
+    assert (reward, terminated, truncated) == tuple(expected[1:4]) == (1.0, True, False)
+    env.close()
+
+
+@pytest.mark.parametrize("mode", ["history", "tokens"])
+def test_a_served_multi_turn_chat_is_the_in_process_one(served, mode, gpt2_tokenizer):
+    # The served env's --env-arg system_prompt comes first; a step the server adds nothing
+    # to adds nothing here (the next turn is the assistant's again), and tokens are equal.
+    options = {"input_mode": mode, "tokenizer": gpt2_tokenizer} if mode == "tokens" else {}
+    env = gym.make("LLMChat-OpenEnv-v0", base_url=served["chat"].url, **options)
+    obs, info = env.reset(seed=0)
+    twin, (twin_obs, _) = served_twin("chat", info["episode_seed"], **options)
+    assert env.unwrapped.history.to_chats() == (
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Say hi."},
+    )
+    assert obs.keys() == twin_obs.keys()
+    for key in obs:
+        np.testing.assert_array_equal(np.asarray(obs[key]), np.asarray(twin_obs[key]))
+    for turn, answer in enumerate(["Hi.", "Hi again."], start=1):
+        obs, reward, terminated, truncated, _ = env.step(answer)
+        expected = twin.step(answer)
+        assert env.unwrapped.history.to_chats() == twin.unwrapped.history.to_chats()
+        for key in obs:
+            np.testing.assert_array_equal(np.asarray(obs[key]), np.asarray(expected[0][key]))
+        assert (terminated, truncated) == tuple(expected[2:4]) == (False, turn == 2)
     env.close()

@@ -309,7 +309,7 @@ def test_llmchat_openenv_plays_llm_gym_serve_as_the_in_process_env(server):
         _, rewards, terminated, _, step_info = envs.step(actions)
         for i, action in enumerate(actions):
             env, (twin_obs, _) = twin(int(info["episode_seed"][i]))
-            assert obs["history"][i][-1] == dict(twin_obs["history"][-1])
+            assert obs["history"][i] == twin_obs["history"]  # its system prompt included
             assert rewards[i] == env.step(action)[1] and terminated[i]
     finally:
         envs.close()

@@ -62,6 +62,10 @@ def _json_text(value: JSONValue) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+def _text(value: JSONValue) -> str:
+    return value if isinstance(value, str) else _json_text(value)
+
+
 def _is_chat(value: object) -> bool:
     """Whether ``value`` is a list of ``{"role", "content"}`` messages (llm_gym's history)."""
     return isinstance(value, list) and all(
@@ -75,6 +79,8 @@ def _client_class() -> type:
     name the action's bad fields; the client's exception keeps only the message), and
     refusing to step on a socket the server closed: openenv's client would silently open a
     new session there, whose env was never reset."""
+    # About 2 s: any openenv.core module runs openenv/core/__init__.py, which imports the
+    # server side (env_server: FastAPI, fastmcp, Gradio); the client's own modules take 0.03 s.
     from openenv import GenericEnvClient
     from websockets.protocol import State
 
@@ -118,8 +124,8 @@ class OpenEnvChatEnv(DatasetChatEnv):
     ``openenv init``, or ``llm-gym serve``). Each env holds one session of its own on the
     server. ``reset`` resets the server's env and its first observation is the first user
     turn; each action's text goes to the server as ``{action_field: text}``, and the
-    server's next observation is the next user turn. Reward and the end come from the
-    server.
+    server's next observation is the next user turn (a served chat's history is taken as
+    it is: see Observation Space). Reward and the end come from the server.
 
     ## Action Space
 
@@ -130,9 +136,18 @@ class OpenEnvChatEnv(DatasetChatEnv):
 
     As ``ChatEnv``: the conversation as ``history``, ``text`` and/or ``tokens`` (and
     ``policy_mask``). A server observation becomes a user message: its ``observation_field``
-    (a string as it is, any other value as JSON); by default the whole observation as JSON
-    (without ``metadata``), or, when it holds a ``history`` list of ``{"role", "content"}``
-    messages (``llm-gym serve``), that history's last message.
+    (a string as it is, any other value as JSON), or by default the whole observation as JSON
+    (without ``metadata``); after the server ends the episode or ``max_turns`` cuts it, none.
+
+    A served chat, an observation holding a ``history`` list of ``{"role", "content"}``
+    messages (``llm-gym serve``), is taken as it is when no ``observation_field`` is given, so
+    the episode is the served env's own: ``reset`` starts from the server's whole history
+    (its system message included), and each step adds the messages the server added after
+    the assistant's turn, all of them and with their roles (tool outputs, the next user
+    turn), also on the step where the server ends the episode (none when ``max_turns`` cuts
+    it). The client's own ``system_prompt``, when given, wins: it replaces the server's
+    leading ``system_role`` messages (as ``DatasetChatEnv``'s argument wins over its task's);
+    None keeps the server's.
 
     ## Rewards
 
@@ -181,8 +196,10 @@ class OpenEnvChatEnv(DatasetChatEnv):
     - ``max_turns``: turns per episode (None: until the server ends it).
     - ``seed``, ``repeats``, ``group_repeats``, ``shard``: the stream of episode seeds, as
       ``DatasetChatEnv``'s (``llm_gym.envs.sharded_env_fns`` shards it over sub-envs).
-    - ``system_prompt`` and ``**chat_options``: as ``ChatEnv`` (``input_mode``,
-      ``tokenizer``, ...); tools are not offered (the server is the world).
+    - ``system_prompt``: the first message of each episode, as ``ChatEnv``'s; over a served
+      chat it replaces the server's system message(s) (None: the server's stay).
+    - ``**chat_options``: as ``ChatEnv`` (``input_mode``, ``tokenizer``, ...); tools are not
+      offered (the server is the world).
 
     ## Version History
 
@@ -263,6 +280,9 @@ class OpenEnvChatEnv(DatasetChatEnv):
             max_turns=max_turns, **chat_options,
         )  # fmt: skip
         self._client: SyncEnvClient | None = None
+        # How many messages the server's chat history held after the last reset or step: a
+        # step's new messages are those past it and the assistant's turn.
+        self._served = 0
         # Why the session takes no step until a reset succeeds (a lost server, a failed reset).
         self._blocked: Exception | None = None
         self._session()  # an unreachable server fails here, naming the URL
@@ -385,7 +405,12 @@ class OpenEnvChatEnv(DatasetChatEnv):
         observation, metadata = self._fields(result)
         info = {"task": self.base_url, "episode_seed": seed}
         info.update(observation=observation, metadata=metadata)
-        history = self._history_for(self._message(result.observation))
+        chat = self._served_chat(result.observation)
+        if chat is None:
+            history = self._history_for(self._message(result.observation))
+        else:
+            history = self._own_system_prompt(chat)
+            self._served = len(chat)
         self._blocked = None
         return history, info
 
@@ -417,7 +442,11 @@ class OpenEnvChatEnv(DatasetChatEnv):
                 truncated = not terminated
             else:
                 truncated = not terminated and self.max_turns is not None and turn >= self.max_turns
-            if not (terminated or truncated):
+            chat = self._served_chat(result.observation)
+            if chat is not None:  # a cut episode ends on the assistant's turn
+                added = [] if truncated and not result.done else self._added(chat, result.done)
+                self._served = len(chat)
+            elif not (terminated or truncated):
                 added = [{"role": self.user_role, "content": self._message(result.observation)}]
         done = terminated or truncated
         if done:  # the episode's record names its server, seed and the server's total
@@ -453,13 +482,36 @@ class OpenEnvChatEnv(DatasetChatEnv):
                 )
                 self._blocked = gym.error.ResetNeeded(f"{error}: reset to start again")
                 raise ValueError(error)
-            value = observation[self.observation_field]
-            return value if isinstance(value, str) else _json_text(value)
-        history = observation.get("history")
-        if _is_chat(history) and history:
-            content = history[-1]["content"]
-            return content if isinstance(content, str) else _json_text(content)
+            return _text(observation[self.observation_field])
         return _json_text({key: v for key, v in observation.items() if key != "metadata"})
+
+    def _served_chat(self, observation: Mapping[str, JSONValue]) -> list[dict[str, str]] | None:
+        """The server's chat history (``llm-gym serve``'s ``history``), or None: none there,
+        or ``observation_field`` names what to read instead."""
+        if self.observation_field is not None or not isinstance(observation, Mapping):
+            return None
+        history = observation.get("history")
+        if not (_is_chat(history) and history):
+            return None
+        return [{"role": m["role"], "content": _text(m["content"])} for m in history]
+
+    def _own_system_prompt(self, chat: list[dict[str, str]]) -> History:
+        """The served chat's start, the client's ``system_prompt`` (when given) in place of
+        the server's leading system messages."""
+        if self.system_prompt is None:
+            return History(chat)
+        start = 0
+        while start < len(chat) and chat[start]["role"] == self.system_role:
+            start += 1
+        return History([{"role": self.system_role, "content": self.system_prompt}, *chat[start:]])
+
+    def _added(self, chat: list[dict[str, str]], done: bool) -> list[dict[str, str]]:
+        """The messages the server added after the assistant's turn."""
+        if len(chat) > self._served:
+            return chat[self._served + 1 :]
+        # A history that did not grow is not an append-only chat: its last message is the
+        # next user turn, as any other observation's.
+        return [] if done else [{"role": self.user_role, "content": chat[-1]["content"]}]
 
 
 def make_openenv_vector_env(num_envs: int = 1, **kwargs: object) -> SyncVectorEnv:
