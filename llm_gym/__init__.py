@@ -111,7 +111,11 @@ _register(
     entry_point="llm_gym.envs.openenv:OpenEnvChatEnv",
     vector_entry_point="llm_gym.envs.openenv:make_openenv_vector_env",
 )
-_register("LLMChat-Verifiers-v0", entry_point="llm_gym.envs.verifiers:VerifiersChatEnv")
+_register(
+    "LLMChat-Verifiers-v0",
+    entry_point="llm_gym.envs.verifiers:VerifiersChatEnv",
+    vector_entry_point="llm_gym.envs.verifiers:make_verifiers_vector_env",
+)
 _register(
     "LLMToken-GSM8K-v0",
     entry_point="llm_gym.envs.tokens:make_token_env",

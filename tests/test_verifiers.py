@@ -5,6 +5,9 @@ evaluation against a vLLM server is in test_verifiers_eval.py."""
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 import time
 
 import gymnasium as gym
@@ -305,3 +308,41 @@ def test_a_verifiers_tool_env_gets_hermes_calls_as_tool_calls():
 def test_bad_env_arguments_name_themselves(kwargs, error, match):
     with pytest.raises(error, match=match):
         gym.make("LLMChat-Verifiers-v0", **kwargs)
+
+
+def test_a_vector_env_of_verifiers_rollouts_shards_the_rows_and_resets_in_the_same_step():
+    environment = legs(4)
+    envs = gym.make_vec("LLMChat-Verifiers-v0", num_envs=2, environment=environment)
+    assert [env.unwrapped.shard for env in envs.envs] == [(0, 2), (1, 2)]
+    _, infos = envs.reset(seed=0)
+    first = list(infos["example_id"])
+    assert len(set(first)) == 2  # each sub-env on its own shard of the rows
+    answers = [environment.rg_dataset[int(a)]["answer"] for a in infos["sample_answer"]]
+    moves = [f"<answer>{answers[0]}</answer>", "<answer>-1</answer>"]
+    _, rewards, terminated, _, infos = envs.step(moves)
+    assert list(rewards) == [1.0, 0.0] and list(terminated) == [True, True]
+    assert set(infos["example_id"]).isdisjoint(first)  # the next rows, in the same step
+    envs.close()
+
+
+def test_llm_gym_rollout_plays_a_verifiers_environment(model_dirs, tmp_path):
+    """``llm-gym rollout`` on LLMChat-Verifiers-v0 whose environment is llm_gym's own GSM8K
+    loaded through verifiers: the whole round trip from the command."""
+    gym_args = {"gym_id": GSM8K[0], **GSM8K[1], "num_examples": 3}
+    command = [sys.executable, "-m", "llm_gym", "rollout", "--env", "LLMChat-Verifiers-v0"]
+    command += ["--env-arg", "environment=llm_gym.integrations.verifiers"]
+    command += ["--env-arg", f"env_args={json.dumps(gym_args)}", "--model", model_dirs[0]]
+    command += ["--num-envs", "2", "--episodes", "3", "--max-new-tokens", "8"]
+    command += ["--out", str(tmp_path), "--threads", "1", "--no-progress"]
+    environment = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines = (tmp_path / "episodes.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert len(records) == 3 and len({r["example_id"] for r in records}) == 3
+    for record in records:
+        # row i of load_environment is the episode of seed i: replay the reply in-process
+        (reply,) = record["responses"]
+        _, expected, *_ = in_process(GSM8K[0], GSM8K[1], record["example_id"], [reply])
+        assert record["reward"] == expected[0] == record["metrics"]["env_reward"]
+        assert record["stop_condition"] == "has_final_env_response"

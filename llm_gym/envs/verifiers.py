@@ -21,12 +21,14 @@ from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from llm_gym.chat.conversation import Conversation
 from llm_gym.chat.history import History
 from llm_gym.checks import check_choice, check_number, check_str
 from llm_gym.envs.chat import ActionRead, Outcome
 from llm_gym.envs.dataset import DatasetChatEnv
+from llm_gym.envs.vector import sharded_env_fns
 from llm_gym.tools.calls import CALL_FORMATS, parse_tool_calls, tools_system_prompt
 
 if TYPE_CHECKING:
@@ -34,7 +36,7 @@ if TYPE_CHECKING:
 
     from llm_gym.tools.toolbox import ToolRecord
 
-__all__ = ["VERIFIERS_ID", "VerifiersChatEnv", "chat_messages"]
+__all__ = ["VERIFIERS_ID", "VerifiersChatEnv", "chat_messages", "make_verifiers_vector_env"]
 
 VERIFIERS_ID = "LLMChat-Verifiers-v0"
 
@@ -224,7 +226,6 @@ class VerifiersChatEnv(DatasetChatEnv):
         shard: tuple[int, int] | None = None,
         **chat_options: object,
     ) -> None:
-        import verifiers as vf
 
         check_choice("split", split, ("eval", "train"))
         self.turn_timeout_s = check_number("turn_timeout_s", turn_timeout_s, 0, strict=True)
@@ -235,19 +236,7 @@ class VerifiersChatEnv(DatasetChatEnv):
                     f"VerifiersChatEnv plays the environment's own {option}, got {option}="
                     f"{chat_options[option]!r:.80}"
                 )
-        if env_args is not None and not isinstance(env_args, Mapping):
-            raise TypeError(f"env_args must be a dict or None, got {type(env_args).__name__}")
-        if isinstance(environment, str):
-            check_str("environment", environment)
-            environment = vf.load_environment(environment, **dict(env_args or {}))
-        elif env_args:
-            raise TypeError("env_args are for an environment id; this environment is made")
-        if not isinstance(environment, vf.Environment):
-            raise TypeError(
-                "environment must be a verifiers Environment or an installed environment's id, "
-                f"got {type(environment).__name__}: {environment!r:.80}"
-            )
-        self.environment = environment
+        self.environment = environment = _environment(environment, env_args)
         rows = environment.get_eval_dataset() if split == "eval" else environment.get_dataset()
         # "query": the row's last message text (the prompt itself is the rollout's to send)
         records = [{**r, "query": _query(r["prompt"])} for r in rows.to_list()]
@@ -402,6 +391,49 @@ class VerifiersChatEnv(DatasetChatEnv):
         """Cancel the running rollout (the verifiers environment stays as it is)."""
         self._stop()
         super().close()
+
+
+def _environment(
+    environment: Environment | str, env_args: Mapping[str, object] | None
+) -> Environment:
+    """``environment``, loaded with ``vf.load_environment`` when it is an id; checked."""
+    import verifiers as vf
+
+    if env_args is not None and not isinstance(env_args, Mapping):
+        raise TypeError(f"env_args must be a dict or None, got {type(env_args).__name__}")
+    if isinstance(environment, str):
+        check_str("environment", environment)
+        environment = vf.load_environment(environment, **dict(env_args or {}))
+    elif env_args:
+        raise TypeError("env_args are for an environment id; this environment is made")
+    if not isinstance(environment, vf.Environment):
+        raise TypeError(
+            "environment must be a verifiers Environment or an installed environment's id, "
+            f"got {type(environment).__name__}: {environment!r:.80}"
+        )
+    return environment
+
+
+def make_verifiers_vector_env(
+    num_envs: int = 1,
+    *,
+    environment: Environment | str,
+    env_args: Mapping[str, object] | None = None,
+    **kwargs: object,
+) -> SyncVectorEnv:
+    """The ``vector_entry_point`` of ``LLMChat-Verifiers-v0``: ``num_envs`` rollouts side by
+    side, one ``VerifiersChatEnv`` each on one shard of the rows (``repeats=G`` with
+    ``group_repeats=True``: each row in ``G`` neighbouring sub-envs), the environment loaded
+    once and shared, finished ones reset in the same step as ``DatasetChatVectorEnv``'s.
+    ``gym.make_vec("LLMChat-Verifiers-v0", num_envs=4, environment=...)`` calls it."""
+    if kwargs.get("group_repeats") and num_envs % (kwargs.get("repeats") or 1):
+        raise ValueError(
+            f"num_envs must be a multiple of repeats={kwargs['repeats']} with group_repeats=True "
+            f"(each group fills that many sub-envs), got num_envs={num_envs}"
+        )
+    shared = _environment(environment, env_args)
+    fns = sharded_env_fns(VERIFIERS_ID, num_envs, environment=shared, **kwargs)
+    return SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP)
 
 
 def _query(prompt: Sequence[object]) -> str:
