@@ -11,6 +11,7 @@ from llm_gym.tasks.gsm8k import GSM8K_SYSTEM_PROMPT, gsm8k_task, load_gsm8k
 from llm_gym.tasks.math import load_math, math_task
 from llm_gym.tasks.products import PRODUCTS_CODE_REQUEST, products_task
 from llm_gym.tasks.reasoning_gym import reasoning_gym_task
+from llm_gym.tasks.rubric import Part, Rubric, answer_rubric
 from llm_gym.tasks.task import Task, TaskReward, TaskScore
 
 __all__ = [
@@ -18,9 +19,12 @@ __all__ = [
     "COUNTDOWN_LEVELS",
     "GSM8K_SYSTEM_PROMPT",
     "PRODUCTS_CODE_REQUEST",
+    "Part",
+    "Rubric",
     "Task",
     "TaskReward",
     "TaskScore",
+    "answer_rubric",
     "countdown_task",
     "gsm8k_task",
     "load_gsm8k",

@@ -13,6 +13,7 @@ from llm_gym.checks import check_int
 from llm_gym.rewards.answers import system_prompt
 from llm_gym.rewards.countdown import CountdownReward
 from llm_gym.sources.procedural import ProceduralSource
+from llm_gym.tasks.rubric import answer_rubric
 from llm_gym.tasks.task import Task, TaskScore
 
 __all__ = [
@@ -145,6 +146,6 @@ def countdown_task(
     return Task(
         source=ProceduralSource(generate, num_levels=len(COUNTDOWN_LEVELS), level=level),
         prompt=prompt,
-        reward=functools.partial(_score, reward),
+        reward=answer_rubric(functools.partial(_score, reward), answer_format, numeric=False),
         answer_format=answer_format,
     )

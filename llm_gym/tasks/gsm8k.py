@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from llm_gym.rewards.answers import check_answer_format, system_prompt
 from llm_gym.rewards.gsm8k import GSM8KReward
 from llm_gym.sources.datasets import load_split, task_data
+from llm_gym.tasks.rubric import answer_rubric
 from llm_gym.tasks.task import Task, TaskScore
 
 if TYPE_CHECKING:
@@ -97,7 +98,7 @@ def gsm8k_task(
     return Task(
         source=source,
         prompt=system_prompt(_DESCRIPTION, reward.mode, _HINT),
-        reward=functools.partial(_score, reward),
+        reward=answer_rubric(functools.partial(_score, reward), reward.mode),
         answer_format=reward.mode,
         field_map={"question": "query"},
         required_fields=("answer",),

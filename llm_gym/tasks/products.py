@@ -12,6 +12,7 @@ import numpy as np
 from llm_gym.checks import check_bool
 from llm_gym.rewards.answers import score_answer, system_prompt
 from llm_gym.sources.procedural import ProceduralSource
+from llm_gym.tasks.rubric import answer_rubric
 from llm_gym.tasks.task import Task, TaskScore
 
 __all__ = ["PRODUCTS_CODE_REQUEST", "products_problem", "products_task"]
@@ -104,6 +105,6 @@ def products_task(
     return Task(
         source=ProceduralSource(generate, num_levels=len(_DIGITS), level=level),
         prompt=prompt,
-        reward=functools.partial(_score, answer_format),
+        reward=answer_rubric(functools.partial(_score, answer_format), answer_format),
         answer_format=answer_format,
     )

@@ -1,0 +1,324 @@
+"""``Rubric``: a reward made of named parts, as verifiers' ``Rubric`` and OpenEnv's rubrics.
+
+A part is a small function of one response and its item (``part(response, item) -> float``,
+or a ``TaskScore`` / ``(reward, info)`` pair, sync or async), or of a whole group
+(``part(responses, items) -> [float, ...]``: a ranking, a diversity bonus). Each part has a
+role:
+
+- ``"reward"``: paid, times its weight;
+- ``"metric"``: reported in ``info``, never paid (verifiers' weight 0);
+- ``"gate"``: must hold (be > 0) for anything to be paid: a format, a length limit
+  (OpenEnv's ``Gate``).
+
+The rubric's reward is ``Σ weight · value`` over the reward parts when every gate holds, else
+0.0; each part's value goes into ``info`` under its name. A ``Rubric`` is a ``TaskReward``:
+a ``Task`` or a ``DatasetChatEnv`` takes it wherever it takes a reward.
+
+Model output is hostile input: a part that raises scores 0.0 for that response, with the
+error in ``info["rubric_errors"]``, and an async part is bounded by ``timeout_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import math
+import threading
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from llm_gym.checks import check_choice, check_number, check_str
+from llm_gym.rewards.answers import check_answer_format, extract_answer
+from llm_gym.tasks.task import TaskScore
+
+__all__ = ["GroupPartFn", "Part", "PartFn", "ROLES", "Rubric", "answer_rubric"]
+
+ROLES = ("reward", "metric", "gate")
+
+#: ``part(response, item)``: a number, a ``TaskScore`` or ``(reward, info)``; may be async.
+PartFn = Callable[[str, Mapping[str, Any]], Any]
+#: ``part(responses, items)``: one number per response of the group; may be async.
+GroupPartFn = Callable[[Sequence[str], Sequence[Mapping[str, Any]]], Any]
+
+_Value = tuple[float, dict[str, Any], bool, str | None]  # value, info, answered, error
+
+
+@dataclass(frozen=True)
+class Part:
+    """One named part of a ``Rubric``: its function, weight and role; ``group=True`` for a
+    function of the whole group (``GroupPartFn``)."""
+
+    name: str
+    fn: PartFn | GroupPartFn
+    weight: float = 1.0
+    role: Literal["reward", "metric", "gate"] = "reward"
+    group: bool = False
+
+    def __post_init__(self) -> None:
+        if not check_str("name", self.name):
+            raise ValueError("a rubric part needs a name, got ''")
+        if not callable(self.fn):
+            raise TypeError(
+                f"part {self.name!r}: fn must be callable, got {type(self.fn).__name__}"
+            )
+        check_number(f"part {self.name!r}: weight", self.weight)
+        check_choice(f"part {self.name!r}: role", self.role, ROLES)
+
+
+class Rubric:
+    """A reward made of named parts (see the module).
+
+    Args:
+        parts: the ``Part``s, in the order ``info`` lists them (names unique).
+        timeout_s: how long an async part may take for one response (or one group) before
+            it scores 0.0 with a time-out error (None: no bound).
+
+    >>> def correct(response, item):
+    ...     return float(response.strip() == item["answer"])
+    >>> def short(response, item):
+    ...     return float(len(response) <= 20)
+    >>> rubric = Rubric([
+    ...     Part("correct", correct, weight=1.0),
+    ...     Part("short", short, role="gate"),
+    ...     Part("length", lambda response, item: len(response), role="metric"),
+    ... ])
+    >>> rubric("4", {"answer": "4"})
+    TaskScore(reward=1.0, info={'correct': 1.0, 'short': 1.0, 'length': 1.0}, answered=True)
+    >>> rubric("4" + " " * 30, {"answer": "4"}).reward  # right, but the gate fails
+    0.0
+
+    A group part sees every response of a GRPO group at once:
+
+    >>> def shortest(responses, items):
+    ...     best = min(map(len, responses))
+    ...     return [float(len(r) == best) for r in responses]
+    >>> ranked = Rubric([Part("correct", correct), Part("shortest", shortest, 0.5, group=True)])
+    >>> [s.reward for s in ranked.score_group(["4", " 4", "5"], [{"answer": "4"}] * 3)]
+    [1.5, 1.0, 0.5]
+    """
+
+    def __init__(self, parts: Sequence[Part], *, timeout_s: float | None = None) -> None:
+        parts = tuple(parts)
+        if not parts or not all(isinstance(p, Part) for p in parts):
+            got = [type(p).__name__ for p in parts]
+            raise TypeError(f"parts must be a non-empty list of Part, got {got}")
+        names = [p.name for p in parts]
+        if len(set(names)) != len(names):
+            raise ValueError(f"part names must be unique, got {names}")
+        self.parts = parts
+        self.timeout_s = check_number("timeout_s", timeout_s, 0, strict=True, optional=True)
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{p.name}:{p.role}{'' if p.role != 'reward' else f'×{p.weight:g}'}"
+                          for p in self.parts)  # fmt: skip
+        return f"Rubric({shown})"
+
+    @property
+    def has_group_parts(self) -> bool:
+        """Whether a part needs the whole group (``score_group``)."""
+        return any(p.group for p in self.parts)
+
+    # -- scoring ----------------------------------------------------------------------------
+
+    def __call__(self, response: str, item: Mapping[str, Any]) -> TaskScore:
+        """The score of one response (its group parts, if any, skipped: they need the group;
+        ``score_group`` runs them)."""
+        (score,) = self.score_batch([response], [item], groups=False)
+        return score
+
+    def score_group(
+        self, responses: Sequence[str], items: Sequence[Mapping[str, Any]]
+    ) -> list[TaskScore]:
+        """The scores of one group's responses, group parts included."""
+        return self.score_batch(responses, items, groups=True)
+
+    def score_batch(
+        self,
+        responses: Sequence[str],
+        items: Sequence[Mapping[str, Any]],
+        *,
+        groups: bool | Sequence[Sequence[int]] = False,
+    ) -> list[TaskScore]:
+        """The scores of many responses at once, their async parts run concurrently.
+
+        ``groups``: False (no group parts), True (all the responses are one group), or the
+        indices of each group (``[[0, 1], [2, 3]]``)."""
+        if any(inspect.iscoroutinefunction(p.fn) for p in self.parts):
+            return _run(self.ascore_batch(responses, items, groups=groups))
+        # All parts sync: no event loop, so a step's reward stays a plain function call.
+        values: list[dict[str, _Value]] = [{} for _ in responses]
+        for part, args, put in self._jobs(responses, items, groups, values):
+            put(_sync_call(part, args))
+        return [self._combine(found) for found in values]
+
+    async def ascore_batch(
+        self,
+        responses: Sequence[str],
+        items: Sequence[Mapping[str, Any]],
+        *,
+        groups: bool | Sequence[Sequence[int]] = False,
+    ) -> list[TaskScore]:
+        """``score_batch`` in a running event loop."""
+        values: list[dict[str, _Value]] = [{} for _ in responses]
+
+        async def run(part: Part, args: tuple, put: Callable[[Any], None]) -> None:
+            put(await self._call(part, *args))
+
+        await asyncio.gather(*(run(*job) for job in self._jobs(responses, items, groups, values)))
+        return [self._combine(found) for found in values]
+
+    def _jobs(
+        self,
+        responses: Sequence[str],
+        items: Sequence[Mapping[str, Any]],
+        groups: bool | Sequence[Sequence[int]],
+        values: list[dict[str, _Value]],
+    ) -> list[tuple[Part, tuple, Callable[[Any], None]]]:
+        """Each call to make: its part, its arguments, and where its result goes."""
+        if len(responses) != len(items):
+            raise ValueError(
+                f"responses and items must be as many, got {len(responses)} and {len(items)}"
+            )
+        if groups is True:
+            groups = [list(range(len(responses)))]
+        elif groups is False:
+            groups = []
+        jobs = []
+        for part in self.parts:
+            if part.group:
+                for members in groups:
+                    args = ([responses[i] for i in members], [items[i] for i in members])
+                    put = functools.partial(_put_group, part.name, list(members), values)
+                    jobs.append((part, args, put))
+            else:
+                for i, args in enumerate(zip(responses, items, strict=True)):
+                    jobs.append((part, args, functools.partial(_put, part.name, values[i])))
+        return jobs
+
+    async def _call(self, part: Part, *args: Any) -> Any:
+        """The part's result, or the exception it raised (a time-out included)."""
+        try:
+            result = part.fn(*args)
+            if inspect.isawaitable(result):
+                result = await asyncio.wait_for(result, self.timeout_s)
+            return result
+        except asyncio.TimeoutError:
+            return TimeoutError(f"part {part.name!r} took longer than timeout_s={self.timeout_s}")
+        except Exception as error:  # hostile output: the response scores 0, not the run
+            return error
+
+    def _combine(self, found: Mapping[str, _Value]) -> TaskScore:
+        info: dict[str, Any] = {}
+        errors: dict[str, str] = {}
+        total, gates, answered = 0.0, True, True
+        for part in self.parts:
+            if part.name not in found:  # a group part outside score_group
+                continue
+            value, part_info, part_answered, error = found[part.name]
+            info.update(part_info)
+            info[part.name] = value
+            if error is not None:
+                errors[part.name] = error
+            answered = answered and part_answered
+            if part.role == "gate":
+                gates = gates and value > 0
+            elif part.role == "reward":
+                total += part.weight * value
+        if errors:
+            info["rubric_errors"] = errors
+        return TaskScore(total if gates else 0.0, info, answered and gates)
+
+
+def _sync_call(part: Part, args: tuple) -> Any:
+    """A sync part's result, or the exception it raised."""
+    try:
+        result = part.fn(*args)
+        return _run(_awaited(result)) if inspect.isawaitable(result) else result
+    except Exception as error:  # hostile output: the response scores 0, not the run
+        return error
+
+
+async def _awaited(result: Awaitable[Any]) -> Any:
+    return await result
+
+
+def _put(name: str, found: dict[str, _Value], result: Any) -> None:
+    found[name] = _value(result)
+
+
+def _put_group(name: str, members: list[int], values: list[dict[str, _Value]], result: Any) -> None:
+    """A group part's result, one value per member (a wrong count is each member's error)."""
+    if isinstance(result, BaseException):
+        outcome = [result] * len(members)
+    elif (
+        isinstance(result, (str, bytes))
+        or not isinstance(result, Sequence)
+        or (len(result) != len(members))
+    ):
+        error = ValueError(
+            f"group part {name!r} must return one number per response ({len(members)}), "
+            f"got {type(result).__name__}: {result!r:.80}"
+        )
+        outcome = [error] * len(members)
+    else:
+        outcome = list(result)
+    for i, value in zip(members, outcome, strict=True):
+        values[i][name] = _value(value)
+
+
+def _value(result: Any) -> _Value:
+    """A part's result as (value, info, answered, error): a number, a ``TaskScore`` or a
+    ``(reward, info)`` pair; anything else (or a non-finite number) is an error worth 0."""
+    if isinstance(result, BaseException):
+        return 0.0, {}, True, f"{type(result).__name__}: {result}"[:500]
+    info: dict[str, Any] = {}
+    answered = True
+    if isinstance(result, tuple) and len(result) in (2, 3) and isinstance(result[1], Mapping):
+        score = TaskScore(*result)
+        result, info, answered = score.reward, dict(score.info), bool(score.answered)
+    if (
+        isinstance(result, bool)
+        or not isinstance(result, (int, float))
+        or not math.isfinite(result)
+    ):
+        return 0.0, info, answered, f"not a finite number: {result!r:.80}"
+    return float(result), info, answered, None
+
+
+def _run(coroutine: Awaitable[Any]) -> Any:
+    """Run ``coroutine`` to its end from sync code, inside a running loop too (on a thread
+    of its own: a vector env's step may be called from async code)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    result: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            result["value"] = asyncio.run(coroutine)
+        except BaseException as error:  # re-raised in the caller's thread
+            result["error"] = error
+
+    thread = threading.Thread(target=target, name="llm_gym-rubric")
+    thread.start()
+    thread.join()
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
+def answer_rubric(score: PartFn, answer_format: str, *, numeric: bool = True) -> Rubric:
+    """A task's answer reward (TorchRL's 1.0 / 0.1 / 0.0 shape) as a ``Rubric``: the gate
+    ``format`` (an answer in ``answer_format`` was given: ``extract_answer``'s rule, with its
+    ``numeric``) and the reward ``right``, the task's ``score(response, item)``, whose
+    ``TaskScore`` info (TorchRL's parts) the rubric's info keeps. The values are the task's
+    own: without an answer its score is 0.0 already."""
+    check_answer_format(answer_format, "answer_format")
+
+    def answered(response: str, item: Mapping[str, Any]) -> float:
+        return float(extract_answer(response, answer_format, numeric=numeric) is not None)
+
+    return Rubric([Part("format", answered, role="gate"), Part("right", score)])
