@@ -40,6 +40,12 @@ class Response:
     ``text``; ``log_probs`` holds log π(token | prefix), one per token; ``version`` is the
     policy version that sampled it (None where unknown), which the conversation records.
 
+    ``text`` and ``tokens`` are one response: an env with a tokenizer checks that ``text`` is
+    what its tokenizer decodes ``tokens`` to (with special tokens, as the policies decode, or
+    without) and refuses a mismatch with a ValueError naming both, before anything changes,
+    since the reward reads the text and a trainer learns from the tokens. Without a
+    tokenizer the env cannot check, and takes both as given.
+
     >>> r = Response("Paris", tokens=[40313], log_probs=[-0.5])
     >>> r.tokens.dtype, r.log_probs.dtype
     (dtype('int64'), dtype('float32'))

@@ -13,6 +13,7 @@ Response(text='4', tokens=None, log_probs=None, version=None)
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -64,10 +65,21 @@ def observation_keys_for(
     return keys
 
 
+class _Decoded(Response):
+    """A Response this module decoded from token ids itself: its text agrees with its tokens
+    by construction, so ``check_action`` does not decode them again."""
+
+
 def check_action(
     action: object, codec: TokenCodec | None, input_mode: str, max_text_length: int
 ) -> Response:
-    """The action as a ``Response``, or a clear error naming what was expected."""
+    """The action as a ``Response``, or a clear error naming what was expected.
+
+    With a ``codec`` (the env has a tokenizer), a Response or dict carrying both text and
+    tokens must have the text its tokens decode to, with or without special tokens (what a
+    policy's ``decode`` gives): the reward reads the text and the trainer learns from the
+    tokens, so the two must be one response. A mismatch is a ValueError naming both.
+    """
     if isinstance(action, Response):
         response = action
     elif isinstance(action, str):
@@ -80,7 +92,7 @@ def check_action(
         if codec is None:
             raise ValueError("a token-id action needs ChatEnv(tokenizer=...), got None")
         codec.check_ids(action)  # before decoding: -1 would overflow in the tokenizer
-        response = Response(codec.decode_many([action])[0], action)
+        response = _Decoded(codec.decode_many([action])[0], action)
     else:
         expected = "an int64 array of token ids" if input_mode == "tokens" else "a str"
         raise TypeError(
@@ -89,6 +101,8 @@ def check_action(
         )
     if codec is not None and response.tokens is not None:
         codec.check_ids(response.tokens)
+        if not isinstance(response, _Decoded):
+            _check_agreement(response.text, response.tokens, codec)
     text = response.text
     if len(text) > max_text_length:
         raise ValueError(
@@ -103,6 +117,23 @@ def check_action(
             f"character {error.start}); it cannot be tokenized or stored"
         ) from None
     return response
+
+
+def _check_agreement(text: str, tokens: np.ndarray, codec: TokenCodec) -> None:
+    """A ValueError unless ``text`` is what ``tokens`` decode to, with special tokens (as the
+    policies decode) or without (as the env decodes a token-id action)."""
+    decoded = codec.decode_many([tokens], skip_special_tokens=False)[0]
+    if text == decoded or text == codec.decode_many([tokens])[0]:
+        return
+    at = len(os.path.commonprefix([text, decoded]))
+    start = max(at - 20, 0)
+    raise ValueError(
+        f"Response.text does not match Response.tokens: from character {at} the text reads "
+        f"{text[start : at + 40]!r} but its {len(tokens)} tokens decode to "
+        f"{decoded[start : at + 40]!r} (text of {len(text)} characters, decoded "
+        f"{len(decoded)}). The reward reads the text and training reads the tokens: pass "
+        "the text decoded from the tokens, or tokens=None to have the text tokenized"
+    )
 
 
 def turn_content(response: Response, codec: TokenCodec | None) -> str:
@@ -129,7 +160,7 @@ def decode_token_actions(actions: Sequence[Any], codec: TokenCodec | None) -> li
         except ValueError as err:
             raise ValueError(f"actions[{i}]: {err}") from None
     for i, text in zip(arrays, codec.decode_many([out[i] for i in arrays]), strict=True):
-        out[i] = Response(text, out[i])
+        out[i] = _Decoded(text, out[i])
     return out
 
 

@@ -62,10 +62,13 @@ class TextArenaEnv(DatasetChatEnv):
     ``0.0`` until the game ends, then TextArena's reward for the learner's seat: alone, 1
     for a win and the game's partial credit otherwise (in most games the share solved; an
     invalid move after its warning ends the game with the game's penalty); against an
-    opponent +1 / 0 / -1. The last step's ``info`` has ``outcome`` (``"win"``, ``"draw"``,
-    ``"loss"``, or ``"unfinished"`` when ``max_turns`` cut the game), ``success`` (a win),
-    TextArena's ``reason`` and ``invalid_move``, the game's ``task`` and ``game_seed``, and
-    ``reward`` (the game's, which a record keeps as ``reward_task`` beside KL penalties).
+    opponent +1 / 0 / -1. A move the game fails on (an exception of TextArena's, such as
+    GuessTheNumber's on a 5000-digit guess) is an invalid move of whoever made it, the
+    learner or the opponent, never an exception out of ``step``. The last step's ``info``
+    has ``outcome`` (``"win"``, ``"draw"``, ``"loss"``, or ``"unfinished"`` when
+    ``max_turns`` cut the game), ``success`` (a win), TextArena's ``reason`` and
+    ``invalid_move``, the game's ``task`` and ``game_seed``, and ``reward`` (the game's,
+    which a record keeps as ``reward_task`` beside KL penalties).
 
     ## Starting State
 

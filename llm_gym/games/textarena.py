@@ -19,6 +19,7 @@ False
 from __future__ import annotations
 
 import contextlib
+import inspect
 import random
 import re
 import threading
@@ -285,8 +286,7 @@ class TextArenaGame:
         turn again; whether the game is over."""
         if self.done:
             raise RuntimeError("the game is over: reset it")
-        with self._random_state():
-            self.done, _ = self.env.step(action=action)
+        self._play(action)
         self._play_opponent()
         return self.done
 
@@ -325,8 +325,33 @@ class TextArenaGame:
             action = self.opponent(observation)
             if not isinstance(action, str):
                 raise TypeError(f"opponent must return a str action, got {type(action).__name__}")
-            with self._random_state():
+            self._play(action)
+
+    def _play(self, action: str) -> None:
+        """The mover's ``action`` played. A move the game fails on (GuessTheNumber's ``int()``
+        of a 5000-digit guess raises ValueError) is that move's invalid move, by TextArena's
+        rules: a warning, and past the game's error allowance the end with its penalty."""
+        with self._random_state():
+            try:
                 self.done, _ = self.env.step(action=action)
+            except Exception as error:  # the move is a model's: any text at all
+                self.done = self._invalid_move(error)
+
+    def _invalid_move(self, error: Exception) -> bool:
+        # What the game itself does with a move it rejects: set_invalid_move, then the state's
+        # step, which ends the turn (and the game, past the error allowance).
+        state = self.env.state
+        detail = " ".join(str(error).split())[:200]
+        reason = f"The game could not read the move ({type(error).__name__}: {detail})."
+        penalty = {}
+        if "reward" in inspect.signature(state.set_invalid_move).parameters:
+            # A one-player game's penalty: its partial credit, as its own invalid moves pass it
+            # (without one, TextArena's default).
+            with contextlib.suppress(Exception):
+                penalty["reward"] = float(self.env._get_percentage_completion())
+        state.set_invalid_move(reason=reason, **penalty)
+        done, _ = state.step()
+        return bool(done)
 
     @contextlib.contextmanager
     def _random_state(self) -> Iterator[None]:

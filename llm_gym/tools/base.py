@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +19,23 @@ _JSON_TYPES: dict[str, tuple[type, ...]] = {
     "object": (dict,),
     "null": (type(None),),
 }
+
+
+class _ShortRepr(reprlib.Repr):
+    """The model's argument in an error message: a few items, levels and 60 characters, so
+    that neither a 1 MB value nor one nested 10000 deep costs more (repr recurses per level,
+    and an int over 4300 digits has none)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxlevel, self.maxstring, self.maxother = 3, 60, 60
+        self.maxlist = self.maxtuple = self.maxdict = self.maxset = 6
+
+    def repr_int(self, x: int, level: int) -> str:
+        return super().repr_int(x, level) if x.bit_length() < 4000 else "<an int too long to print>"
+
+
+_REPR = _ShortRepr()
 
 
 class ToolError(Exception):
@@ -98,7 +116,7 @@ def check_arguments(parameters: Mapping[str, Any], arguments: object) -> str | N
 
 def _check_value(spec: Mapping[str, Any], value: Any) -> str | None:
     if "enum" in spec and value not in spec["enum"]:
-        return f"must be one of {spec['enum']}, got {value!r:.60}"
+        return f"must be one of {spec['enum']}, got {_REPR.repr(value)}"
     kinds = spec.get("type")
     if kinds is None:
         return None
@@ -113,7 +131,7 @@ def _check_value(spec: Mapping[str, Any], value: Any) -> str | None:
             continue  # JSON's true is no number, though Python's bool is an int
         if isinstance(value, types):
             return None
-    return f"must be {' or '.join(kinds)}, got {type(value).__name__} {value!r:.60}"
+    return f"must be {' or '.join(kinds)}, got {type(value).__name__} {_REPR.repr(value)}"
 
 
 def truncate_output(text: str, limit: int) -> str:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from llm_gym.checks import check_choice, check_int
@@ -17,6 +18,7 @@ from llm_gym.tools.mcp_client import MCPTools
 __all__ = ["Toolbox", "ToolRecord", "ToolSpec", "MAX_OUTPUT_CHARS"]
 
 MAX_OUTPUT_CHARS = 4000  # of a tool message, and of each record's output in info
+_SURROGATES = re.compile("[\ud800-\udfff]")
 # What ``Toolbox(tools=...)`` takes: see ``Toolbox``.
 ToolSpec = str | Callable[..., Any] | Tool | PythonInterpreter | MCPTools
 
@@ -32,8 +34,9 @@ class ToolRecord:
     seconds: float
 
     def as_dict(self) -> dict[str, Any]:
-        """The record as the plain dict ``info["tool_calls"]`` holds."""
-        return asdict(self)
+        """The record as the plain dict ``info["tool_calls"]`` holds (shallow: ``asdict``
+        recurses into the model's arguments, of any depth)."""
+        return {field.name: getattr(self, field.name) for field in fields(self)}
 
 
 class Toolbox:
@@ -105,28 +108,32 @@ class Toolbox:
 
     def run(self, call: ToolCall) -> ToolRecord:
         """Run one call. Never raises: whatever goes wrong is the record's output, for the
-        model to read."""
+        model to read (the call is the model's, of any shape)."""
         start = time.perf_counter()
-        ok, output = False, ""
-        tool = self.tools.get(call.name) if call.name is not None else None
-        if call.error is not None:
-            output = f"Error: {call.error}"
-        elif tool is None:
-            output = f"Error: unknown tool {call.name!r}; the tools are {sorted(self.tools)}"
-        elif problem := check_arguments(tool.parameters, call.arguments):
-            output = f"Error: {call.name}: {problem}"
-        else:
-            try:
-                result = tool.function(**call.arguments)
-                ok = True
-                output = result if isinstance(result, str) else _json(result)
-            except ToolError as error:
-                output = str(error)
-            except Exception as error:  # the tool's own failure is the model's to read
-                output = f"Error: {call.name} raised {type(error).__name__}: {error}"
-        output = truncate_output(output, self.max_output_chars)
+        try:
+            ok, output = self._run(call)
+        except Exception as error:  # a check or a tool that failed on a call of odd shape
+            ok, output = False, f"Error: {call.name!r:.80}: {type(error).__name__}: {error}"
+        output = _valid_text(truncate_output(output, self.max_output_chars))
         seconds = time.perf_counter() - start
-        return ToolRecord(call.name, dict(call.arguments), ok, output, seconds)
+        arguments = call.arguments if isinstance(call.arguments, dict) else {}
+        return ToolRecord(call.name, dict(arguments), ok, output, seconds)
+
+    def _run(self, call: ToolCall) -> tuple[bool, str]:
+        tool = self.tools.get(call.name) if isinstance(call.name, str) else None
+        if call.error is not None:
+            return False, f"Error: {call.error}"
+        if tool is None:
+            return False, f"Error: unknown tool {call.name!r}; the tools are {sorted(self.tools)}"
+        if problem := check_arguments(tool.parameters, call.arguments):
+            return False, f"Error: {call.name}: {problem}"
+        try:
+            result = tool.function(**call.arguments)
+            return True, result if isinstance(result, str) else _json(result)
+        except ToolError as error:
+            return False, str(error)
+        except Exception as error:  # the tool's own failure is the model's to read
+            return False, f"Error: {call.name} raised {type(error).__name__}: {error}"
 
     def close(self) -> None:
         """Shut down the MCP servers."""
@@ -137,5 +144,11 @@ class Toolbox:
 def _json(value: Any) -> str:
     try:
         return json.dumps(value, ensure_ascii=False, default=str)
-    except (TypeError, ValueError):
-        return repr(value)
+    except (TypeError, ValueError, RecursionError):
+        return repr(value)  # a RecursionError here is run's to report
+
+
+def _valid_text(text: str) -> str:
+    """``text`` with each lone surrogate (``"\\ud800"`` in a call's JSON comes back so) as
+    U+FFFD: the tool message must be tokenized and stored as UTF-8."""
+    return _SURROGATES.sub("\ufffd", text)

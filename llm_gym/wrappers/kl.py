@@ -15,7 +15,7 @@ import numpy as np
 
 from llm_gym.chat.containers import Response
 from llm_gym.checks import check_number
-from llm_gym.envs import batch_infos
+from llm_gym.envs import batch_infos, single_env
 from llm_gym.samplers import Scorer, check_scorer, response_log_probs
 from llm_gym.wrappers.controllers import ConstantKLController, KLController
 from llm_gym.wrappers.estimators import check_estimator, kl_estimate
@@ -32,7 +32,9 @@ __all__ = [
     "KLRewardWrapper",
     "RetrieveKL",
     "RetrieveLogProb",
+    "check_tokenizer",
     "retrieve",
+    "tokenizer_mismatch",
     "with_retrievers",
 ]
 
@@ -124,6 +126,89 @@ def provides_key(env: gym.Env | VectorEnv | None, key: str) -> bool:
     return False
 
 
+# Each tokenizer's (size, hash of its token -> id map), computed once per tokenizer object
+# (weakly held): the sub-envs of a vector env share theirs, a vocabulary costs ~15 ms.
+_vocab_hashes: weakref.WeakKeyDictionary[Any, tuple[int, int]] = weakref.WeakKeyDictionary()
+
+
+def _vocab_hash(tokenizer: Any) -> tuple[int, int]:
+    size = len(tokenizer)
+    known = _vocab_hashes.get(tokenizer)
+    if known is None or known[0] != size:  # new, or tokens were added since
+        known = (size, hash(frozenset(tokenizer.get_vocab().items())))
+        _vocab_hashes[tokenizer] = known
+    return known
+
+
+def _vocab_difference(a: Any, b: Any) -> str:
+    tokens_a = {i: t for t, i in a.get_vocab().items()}
+    tokens_b = {i: t for t, i in b.get_vocab().items()}
+    differ = sorted(
+        i for i in tokens_a.keys() | tokens_b.keys() if tokens_a.get(i) != tokens_b.get(i)
+    )
+    first = differ[0]
+    return (
+        f"the vocabularies differ: {len(tokens_a)} vs {len(tokens_b)} tokens, {len(differ)} ids "
+        f"name other tokens (id {first} is {tokens_a.get(first)!r} vs {tokens_b.get(first)!r})"
+    )
+
+
+def tokenizer_mismatch(a: Any, b: Any, *, pad: bool = False) -> str | None:
+    """What differs between tokenizers ``a`` and ``b`` such that one's token ids mean other
+    tokens to the other: the vocabulary (token -> id), the eos and bos ids, and the pad ids
+    where both have one (always with ``pad=True``: two scorers padding one batch must pad
+    alike); None when nothing does.
+
+    >>> from llm_gym.lm.loading import load_gpt2_tokenizer
+    >>> gpt2 = load_gpt2_tokenizer()
+    >>> tokenizer_mismatch(gpt2, gpt2) is None
+    True
+    """
+    if a is b:
+        return None
+    problems = []
+    if _vocab_hash(a) != _vocab_hash(b):
+        problems.append(_vocab_difference(a, b))
+    for name in ("eos_token_id", "bos_token_id", "pad_token_id"):
+        mine, theirs = getattr(a, name, None), getattr(b, name, None)
+        unset = name == "pad_token_id" and not pad and None in (mine, theirs)
+        if mine != theirs and not unset:
+            problems.append(f"{name} {mine} vs {theirs}")
+    return "; ".join(problems) or None
+
+
+def _tokenizer_name(tokenizer: Any) -> str:
+    return f"{type(tokenizer).__name__}({getattr(tokenizer, 'name_or_path', '')!r})"
+
+
+def env_tokenizer(env: gym.Env | VectorEnv) -> Any:
+    """The tokenizer of ``env``'s task (through wrappers; a vector env's single env), or None
+    where it has none (history mode) or it cannot be reached (AsyncVectorEnv)."""
+    base = env.unwrapped
+    if isinstance(base, gym.vector.VectorEnv):
+        try:
+            base = single_env(base).unwrapped
+        except (AttributeError, IndexError):
+            return None
+    return getattr(base, "tokenizer", None)
+
+
+def check_tokenizer(env: gym.Env | VectorEnv, model: object, argument: str) -> None:
+    """A ValueError naming both tokenizers and what differs when ``model`` (a scorer with a
+    ``tokenizer``) tokenizes otherwise than ``env``: it would score the env's token ids as
+    other tokens (a GPT-2 reference against SmolLM2 gave 9-10 nats of KL a token)."""
+    mine, theirs = env_tokenizer(env), getattr(model, "tokenizer", None)
+    if mine is None or theirs is None:
+        return
+    problem = tokenizer_mismatch(mine, theirs)
+    if problem is not None:
+        raise ValueError(
+            f"{argument} must use the env's tokenizer, or it scores other tokens than the "
+            f"policy sampled: the env's is {_tokenizer_name(mine)}, {argument}'s "
+            f"{_tokenizer_name(theirs)}, and {problem}"
+        )
+
+
 # The reference models warned about scoring below float32 (weakly held: they may go).
 _warned_low_precision: weakref.WeakSet[Any] = weakref.WeakSet()
 
@@ -138,10 +223,24 @@ def with_retrievers(
 ) -> gym.Env | VectorEnv:
     """``env`` wrapped in ``retriever`` (``RetrieveLogProb`` or its vector version) for the
     generator, if given, then the reference, writing ``keys`` (gen, ref). Both models must
-    score, and tokenize and pad alike, or their log-probs would not align."""
+    score, and tokenize as the env does and pad alike, or their log-probs would not align
+    (``tokenizer_mismatch`` says what differs)."""
     if ref_model is None:
         raise ValueError("ref_model is required: the model the KL is measured against")
     check_scorer(ref_model, "ref_model")
+    if gen_model is not None:
+        check_scorer(gen_model, "gen_model")
+        gen_tok, ref_tok = (getattr(m, "tokenizer", None) for m in (gen_model, ref_model))
+        if gen_tok is not None and ref_tok is not None:
+            problem = tokenizer_mismatch(gen_tok, ref_tok, pad=True)
+            if problem is not None:
+                raise ValueError(
+                    "gen_model and ref_model must share a tokenizer and padding convention: "
+                    f"gen_model's is {_tokenizer_name(gen_tok)}, ref_model's "
+                    f"{_tokenizer_name(ref_tok)}, and {problem}"
+                )
+        check_tokenizer(env, gen_model, "gen_model")
+    check_tokenizer(env, ref_model, "ref_model")
     if gen_model is None:
         # Log-probs from generation against a reference below float32: their difference is
         # then mostly rounding noise. Said once per reference model (torch module).
@@ -159,15 +258,6 @@ def with_retrievers(
                 stacklevel=3,
             )
         return retriever(env, ref_model, keys[1], assistant_only)
-    check_scorer(gen_model, "gen_model")
-    gen_tok, ref_tok = getattr(gen_model, "tokenizer", None), getattr(ref_model, "tokenizer", None)
-    if gen_tok is not None and ref_tok is not None:
-        if len(gen_tok) != len(ref_tok) or gen_tok.pad_token_id != ref_tok.pad_token_id:
-            raise ValueError(
-                "gen_model and ref_model must share a tokenizer and padding convention: got "
-                f"{len(gen_tok)} vs {len(ref_tok)} tokens, pad_token_id {gen_tok.pad_token_id} "
-                f"vs {ref_tok.pad_token_id}"
-            )
     env = retriever(env, gen_model, keys[0], assistant_only)
     return retriever(env, ref_model, keys[1], assistant_only)
 
@@ -307,7 +397,9 @@ class RetrieveLogProb(gym.Wrapper, gym.utils.RecordConstructorArgs):
 
     Args:
         env: a chat env (its observations hold the model's input mode).
-        model: a scorer: a log-prob-mode ``TransformersPolicy``, or a ``RayLogProbModel``.
+        model: a scorer: a log-prob-mode ``TransformersPolicy``, or a ``RayLogProbModel``,
+            with the env's tokenizer (another vocabulary or eos/bos/pad ids: a ValueError
+            naming both tokenizers, see ``tokenizer_mismatch``).
         key: the info key (``"ref_log_probs"``; ``"log_probs"`` for the generator).
         assistant_only: True (default): this step's response tokens only, one value per
             sampled token. False: every token of prompt plus response (first token 0.0).
@@ -321,6 +413,7 @@ class RetrieveLogProb(gym.Wrapper, gym.utils.RecordConstructorArgs):
         )
         gym.Wrapper.__init__(self, env)
         self.model = check_scorer(model, "model")
+        check_tokenizer(env, model, "model")
         self.log_prob_key, self.assistant_only = key, assistant_only
         self._prompt: Any = None  # the observation the next action answers
 

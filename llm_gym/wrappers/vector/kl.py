@@ -37,6 +37,7 @@ class RetrieveLogProb(VectorWrapper):
     ) -> None:
         super().__init__(env)
         self.model = check_scorer(model, "model")
+        single.check_tokenizer(env, model, "model")
         self.log_prob_key, self.assistant_only = key, assistant_only
         self._prompt: Any = None  # the observations the next actions answer
 
