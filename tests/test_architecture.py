@@ -261,7 +261,7 @@ LAYERS = {
     "chat": 1, "sources": 1, "tools": 1, "games": 1,
     "lm": 2, "rewards": 2,
     "samplers": 3, "tasks": 3,
-    "envs": 4, "policies": 4,
+    "envs": 4, "policies": 4, "judges": 4,
     "wrappers": 5, "episodes": 5,
     "torchrl": 6, "run": 6,
     "train": 7,

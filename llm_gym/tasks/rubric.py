@@ -145,7 +145,7 @@ class Rubric:
 
         ``groups``: False (no group parts), True (all the responses are one group), or the
         indices of each group (``[[0, 1], [2, 3]]``)."""
-        if any(inspect.iscoroutinefunction(p.fn) for p in self.parts):
+        if any(_is_async(p.fn) for p in self.parts):
             return _run(self.ascore_batch(responses, items, groups=groups))
         # All parts sync: no event loop, so a step's reward stays a plain function call.
         values: list[dict[str, _Value]] = [{} for _ in responses]
@@ -202,10 +202,16 @@ class Rubric:
         try:
             result = part.fn(*args)
             if inspect.isawaitable(result):
-                result = await asyncio.wait_for(result, self.timeout_s)
+                # asyncio.wait, not wait_for: a TimeoutError the part raises itself is its
+                # own error, not the rubric's time-out.
+                task = asyncio.ensure_future(result)
+                done, _ = await asyncio.wait({task}, timeout=self.timeout_s)
+                if not done:
+                    task.cancel()
+                    limit = f"timeout_s={self.timeout_s:g}"
+                    return TimeoutError(f"part {part.name!r} took longer than {limit}")
+                result = task.result()
             return result
-        except asyncio.TimeoutError:
-            return TimeoutError(f"part {part.name!r} took longer than timeout_s={self.timeout_s}")
         except Exception as error:  # hostile output: the response scores 0, not the run
             return error
 
@@ -229,6 +235,13 @@ class Rubric:
         if errors:
             info["rubric_errors"] = errors
         return TaskScore(total if gates else 0.0, info, answered and gates)
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` is an async function, or an object with an async ``__call__`` (a
+    judge)."""
+    call = getattr(fn, "__call__", None)  # noqa: B004  (the method itself is what is read)
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
 
 
 def _sync_call(part: Part, args: tuple) -> Any:
