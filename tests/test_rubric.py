@@ -225,3 +225,40 @@ def test_each_task_reward_is_a_rubric_with_the_values_it_had(name, task, old, ca
         assert "rubric_errors" not in now.info
         rewards.add(now.reward)
     assert {0.0, 1.0} <= rewards  # the cases reach both ends of the reward
+
+
+# -- in a vector env: one batch a step, group parts over a GRPO group ------------------------
+
+
+def test_a_vector_env_scores_a_steps_answers_in_one_batch_with_its_groups():
+    from llm_gym.envs import DatasetChatEnv, DatasetChatVectorEnv
+
+    batches = []
+
+    async def judge(response, item):  # an async part: called for every answer of the step
+        batches.append(response)
+        await asyncio.sleep(0.05)
+        return right(response, item)
+
+    def shortest(responses, items):
+        best = min(map(len, responses))
+        return [float(len(r) == best) for r in responses]
+
+    rubric = Rubric([Part("judge", judge), Part("short", shortest, 0.5, group=True)])
+    rows = [{"query": "2 + 2?", "answer": "4"}, {"query": "3 + 3?", "answer": "6"}]
+    env = DatasetChatEnv(rows, reward=rubric, repeats=2, group_repeats=True, shuffle=False)
+    envs = DatasetChatVectorEnv(env, num_envs=4)
+    _, infos = envs.reset(seed=0)
+    answers = [row["answer"] for row in (rows[0], rows[0], rows[1], rows[1])]
+    assert list(infos["answer"]) == answers  # two groups of two, side by side
+    started = time.monotonic()
+    actions = [answers[0], answers[0] + " ", "77", answers[3]]
+    _, rewards, terminated, _, infos = envs.step(actions)
+    assert time.monotonic() - started < 4 * 0.05 + 0.15  # the judge calls ran together
+    assert batches == actions
+    assert list(rewards) == [1.5, 1.0, 0.0, 1.5]  # the shorter of each group gets the bonus
+    final = infos["final_info"]  # the finished episodes, reset in the same step
+    assert list(final["short"]) == [1.0, 0.0, 0.0, 1.0] and all(terminated)
+    # a single env scores without the group part, with the same rubric
+    env.reset(seed=0)
+    assert env.step(answers[0])[1] == 1.0

@@ -28,6 +28,7 @@ from llm_gym.spaces import MAX_TEXT_LENGTH, UnicodeText, history_space, token_sp
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+    from llm_gym.tasks.task import TaskScore
     from llm_gym.tools.calls import ToolCall
     from llm_gym.tools.toolbox import ToolRecord
 
@@ -307,10 +308,12 @@ class ChatEnv(gym.Env):
         read: ActionRead,
         records: Sequence[ToolRecord],
         sample: Mapping[str, Any] | None = None,
+        score: TaskScore | None = None,
     ) -> Outcome:
         """Score the turn ``read`` (with its tool ``records``) against ``sample`` and extend
         ``conversation``: the ``Outcome`` (next conversation, reward, terminated, truncated,
-        info). Stores nothing, so a vector env can call it for any of its conversations."""
+        info). Stores nothing, so a vector env can call it for any of its conversations;
+        ``score``: the answer's score already computed (a vector env's batch), not again."""
         response, content, calls = read
         turn = conversation.turns + 1
         made = conversation.tool_calls + len(records)
@@ -322,7 +325,10 @@ class ChatEnv(gym.Env):
             over = len(records) < len(calls)
             truncated = over or ((self.max_turns or 0) > 1 and turn >= self.max_turns)
         else:
-            reward, terminated, info = self._score(self.assistant_prefix + content, sample)
+            if score is None:
+                reward, terminated, info = self._score(self.assistant_prefix + content, sample)
+            else:
+                reward, terminated, info = float(score.reward), bool(score.answered), score.info
             truncated = False
             if self.toolbox is not None:
                 terminated = True  # with tools, the turn without a call is the final answer

@@ -20,6 +20,8 @@ from llm_gym.envs.actions import decode_token_actions
 from llm_gym.envs.chat import ActionRead, Outcome
 from llm_gym.envs.dataset import DatasetChatEnv, make_task_env
 from llm_gym.sources import Shard, Source
+from llm_gym.tasks.rubric import Rubric
+from llm_gym.tasks.task import TaskScore
 
 if TYPE_CHECKING:
     from llm_gym.chat.containers import Response
@@ -287,15 +289,43 @@ class DatasetChatVectorEnv(VectorEnv):
             for i, action in enumerate(actions)
         ]
         records = self._run_tools(reads)  # after every action was checked
+        scores = self._rubric_scores(reads)
         steps = [
             functools.partial(
-                _indexed, i, env.advance, conversations[i], read, records[i], self._samples[i]
+                _indexed, i, env.advance, conversations[i], read, records[i], self._samples[i],
+                **({} if scores[i] is None else {"score": scores[i]}),
             )
             for i, read in enumerate(reads)
-        ]
+        ]  # fmt: skip
         if env.concurrent_reward and self.num_envs > 1:  # e.g. code run in the sandbox
             return list(self._threads().map(_call, steps))
         return [step() for step in steps]
+
+    def _rubric_scores(self, reads: Sequence[ActionRead]) -> list[TaskScore | None]:
+        """With a ``Rubric`` reward, the answers of this step scored in one ``score_batch``
+        (its async parts, an LLM judge, run concurrently and batched across sub-envs), a
+        GRPO group's group parts over the group when all its members answer in this step;
+        None for each sub-env that is not scored here (a tool call, another reward)."""
+        env = self.single_env
+        scores: list[TaskScore | None] = [None] * len(reads)
+        if not isinstance(env.reward, Rubric):
+            return scores
+        answering = [i for i, read in enumerate(reads) if not read.calls]
+        if not answering:
+            return scores
+        position = {i: k for k, i in enumerate(answering)}
+        size = self.group_size
+        groups = [
+            [position[i] for i in range(start, start + size)]
+            for start in range(0, len(reads), size)
+            if size > 1 and all(i in position for i in range(start, start + size))
+        ]
+        texts = [env.assistant_prefix + reads[i].content for i in answering]
+        samples = [self._samples[i] for i in answering]
+        for i, score in zip(answering, env.reward.score_batch(texts, samples, groups=groups),
+                            strict=True):  # fmt: skip
+            scores[i] = score
+        return scores
 
     def _run_tools(self, reads: Sequence[Any]) -> list[list[Any]]:
         """Every sub-env's tool calls, sub-envs concurrently (each one's calls in order):
@@ -324,10 +354,10 @@ def _call(function: Callable[[], Any]) -> Any:
     return function()
 
 
-def _indexed(i: int, function: Callable[..., Any], *args: Any) -> Any:
+def _indexed(i: int, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     # A sub-env's error names the sub-env.
     try:
-        return function(*args)
+        return function(*args, **kwargs)
     except (TypeError, ValueError, KeyError) as err:
         raise type(err)(f"actions[{i}]: {err}") from err
 
