@@ -104,8 +104,12 @@ def test_a_slow_judge_times_out_and_a_failing_one_is_retried(judge_model):
     assert flaky.batches == [1, 1] and "rubric_errors" not in score.info
     assert score.info["judge_reply"].startswith("Score:")
     down = Judge(Counting(policy, fail_first=5), tokenizer, retries=1)
-    score = Rubric([Part("judge", down)])("It is 5.", ITEM)
+    score = Rubric([Part("judge", down)], errors="zero")("It is 5.", ITEM)
     assert "ConnectionError" in score.info["rubric_errors"]["judge"] and down.stats.errors == 1
+    with pytest.raises(ConnectionError, match="dropped the connection"):  # errors="raise"
+        Rubric([Part("judge", Judge(Counting(policy, fail_first=5), tokenizer, retries=0))])(
+            "It is 5.", ITEM
+        )
 
 
 def test_a_group_judge_ranks_the_groups_responses(smollm2_tokenizer):
@@ -163,8 +167,7 @@ def test_bad_judges_name_what_is_wrong(judge_model, kwargs, error, match):
         Judge(arguments.pop("sampler"), arguments.pop("tokenizer"), **arguments)
 
 
-def test_an_item_without_the_question_field_is_that_responses_error(judge_model):
+def test_an_item_without_the_question_field_is_an_error_naming_it(judge_model):
     policy, tokenizer = judge_model
-    score = Rubric([Part("judge", Judge(policy, tokenizer))])("5", {"question": "2 + 3?"})
-    assert score.reward == 0.0
-    assert "needs the item's 'query'" in score.info["rubric_errors"]["judge"]
+    with pytest.raises(ValueError, match="the judge needs the item's 'query'"):
+        Rubric([Part("judge", Judge(policy, tokenizer))])("5", {"question": "2 + 3?"})

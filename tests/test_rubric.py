@@ -110,14 +110,17 @@ def test_a_rubric_scores_inside_a_running_event_loop():
         (lambda r, i: True, "not a finite number"),
     ],
 )
-def test_a_part_that_fails_on_a_response_scores_zero_with_its_error(fn, error):
-    score = Rubric([Part("right", right), Part("bad", fn)])("4", ITEM)
+def test_a_part_that_fails_raises_or_scores_zero_as_told(fn, error):
+    parts = [Part("right", right), Part("bad", fn)]
+    score = Rubric(parts, errors="zero")("4", ITEM)
     assert score.reward == 1.0 and score.info["bad"] == 0.0
     assert error in score.info["rubric_errors"]["bad"]
+    with pytest.raises((ZeroDivisionError, ValueError), match="division|part 'bad' returned"):
+        Rubric(parts)("4", ITEM)  # errors="raise", the default: the caller sees it
 
 
 def test_a_group_part_with_the_wrong_count_is_each_members_error():
-    rubric = Rubric([Part("rank", lambda rs, items: [1.0], group=True)])
+    rubric = Rubric([Part("rank", lambda rs, items: [1.0], group=True)], errors="zero")
     scores = rubric.score_group(["a", "b"], [ITEM] * 2)
     assert [s.reward for s in scores] == [0.0, 0.0]
     assert "one number per response (2)" in scores[0].info["rubric_errors"]["rank"]
@@ -133,6 +136,7 @@ def test_a_group_part_with_the_wrong_count_is_each_members_error():
         (lambda: Part("a", 3), TypeError, "fn must be callable"),
         (lambda: Part("", right), ValueError, "needs a name"),
         (lambda: Rubric([Part("a", right)], timeout_s=0), ValueError, "timeout_s"),
+        (lambda: Rubric([Part("a", right)], errors="ignore"), ValueError, "errors"),
     ],
 )
 def test_bad_rubrics_name_what_is_wrong(build, error, match):

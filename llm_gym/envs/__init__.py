@@ -12,6 +12,7 @@ from llm_gym.envs.vector import (
     batch_infos,
     make_task_vector_env,
     sharded_env_fns,
+    sharded_vector_env,
     single_env,
 )
 from llm_gym.envs.verifiers import VerifiersChatEnv
@@ -34,5 +35,6 @@ __all__ = [
     "make_task_vector_env",
     "make_textarena_vector_env",
     "sharded_env_fns",
+    "sharded_vector_env",
     "single_env",
 ]

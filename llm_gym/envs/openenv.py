@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
-from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from gymnasium.vector import SyncVectorEnv
 
 from llm_gym.chat.conversation import Conversation, TokenPrefixError
 from llm_gym.chat.history import History
 from llm_gym.checks import check_number, check_str
 from llm_gym.envs.chat import ActionRead, Outcome
 from llm_gym.envs.dataset import DatasetChatEnv
-from llm_gym.envs.vector import sharded_env_fns
+from llm_gym.envs.vector import sharded_vector_env
 from llm_gym.sources import ProceduralSource
 
 if TYPE_CHECKING:
@@ -517,26 +517,9 @@ class OpenEnvChatEnv(DatasetChatEnv):
 def make_openenv_vector_env(num_envs: int = 1, **kwargs: object) -> SyncVectorEnv:
     """The ``vector_entry_point`` of ``LLMChat-OpenEnv-v0``: ``num_envs`` sessions side by
     side, one ``OpenEnvChatEnv`` each (its own client session) on one shard of the stream of
-    episode seeds (so ``repeats=G`` with ``group_repeats=True`` puts each seed in ``G``
-    neighbouring sub-envs), finished ones reset in the same step as
-    ``DatasetChatVectorEnv``'s. The server must admit ``num_envs`` sessions.
+    episode seeds (``sharded_vector_env``: ``repeats=G`` with ``group_repeats=True`` puts
+    each seed in ``G`` neighbouring sub-envs; a sub-env that cannot connect closes the
+    sessions the others opened). The server must admit ``num_envs`` sessions.
 
     ``gym.make_vec("LLMChat-OpenEnv-v0", num_envs=4, base_url=URL, ...)`` calls it."""
-    if kwargs.get("group_repeats") and num_envs % (kwargs.get("repeats") or 1):
-        raise ValueError(
-            f"num_envs must be a multiple of repeats={kwargs['repeats']} with group_repeats=True "
-            f"(each group fills that many sub-envs), got num_envs={num_envs}"
-        )
-    envs: list[gym.Env] = []
-    try:  # a sub-env that cannot connect closes the sessions the others opened
-        envs.extend(make() for make in sharded_env_fns(OPENENV_ID, num_envs, **kwargs))
-    except BaseException:
-        for env in envs:
-            env.close()
-        raise
-    made = [functools.partial(_made, env) for env in envs]
-    return SyncVectorEnv(made, autoreset_mode=AutoresetMode.SAME_STEP)
-
-
-def _made(env: gym.Env) -> gym.Env:
-    return env
+    return sharded_vector_env(OPENENV_ID, num_envs, **kwargs)

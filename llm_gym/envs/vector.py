@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import gymnasium as gym
 import numpy as np
 from gymnasium import error
-from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector import AutoresetMode, SyncVectorEnv, VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
 
 from llm_gym.chat.conversation import Conversation
@@ -34,6 +34,7 @@ __all__ = [
     "batch_infos",
     "make_task_vector_env",
     "sharded_env_fns",
+    "sharded_vector_env",
     "single_env",
 ]
 
@@ -416,6 +417,33 @@ def sharded_env_fns(env_id: str, num_envs: int, **kwargs: object) -> list[Callab
     return [
         functools.partial(gym.make, env_id, shard=(i, num_envs), **kwargs) for i in range(num_envs)
     ]
+
+
+def sharded_vector_env(env_id: str, num_envs: int, **kwargs: object) -> SyncVectorEnv:
+    """``num_envs`` sub-envs of ``env_id`` side by side, each its own instance on one shard of
+    the stream of samples (``sharded_env_fns``), for envs that hold state of their own (a
+    server session, a rollout), finished ones reset in the same step as
+    ``DatasetChatVectorEnv``'s; ``repeats=G`` with ``group_repeats=True`` puts each sample in
+    ``G`` neighbouring sub-envs. The sub-envs are made at once: one that fails to start
+    closes those made before it."""
+    if kwargs.get("group_repeats") and num_envs % (kwargs.get("repeats") or 1):
+        raise ValueError(
+            f"num_envs must be a multiple of repeats={kwargs['repeats']} with group_repeats=True "
+            f"(each group fills that many sub-envs), got num_envs={num_envs}"
+        )
+    envs: list[gym.Env] = []
+    try:
+        envs.extend(make() for make in sharded_env_fns(env_id, num_envs, **kwargs))
+    except BaseException:
+        for env in envs:
+            env.close()
+        raise
+    made = [functools.partial(_made, env) for env in envs]
+    return SyncVectorEnv(made, autoreset_mode=AutoresetMode.SAME_STEP)
+
+
+def _made(env: gym.Env) -> gym.Env:
+    return env
 
 
 def make_task_vector_env(num_envs: int = 1, **kwargs: object) -> DatasetChatVectorEnv:

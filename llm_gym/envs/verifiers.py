@@ -21,14 +21,14 @@ from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
-from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from gymnasium.vector import SyncVectorEnv
 
 from llm_gym.chat.conversation import Conversation
 from llm_gym.chat.history import History
 from llm_gym.checks import check_choice, check_number, check_str
 from llm_gym.envs.chat import ActionRead, Outcome
 from llm_gym.envs.dataset import DatasetChatEnv
-from llm_gym.envs.vector import sharded_env_fns
+from llm_gym.envs.vector import sharded_vector_env
 from llm_gym.tools.calls import CALL_FORMATS, parse_tool_calls, tools_system_prompt
 
 if TYPE_CHECKING:
@@ -426,14 +426,8 @@ def make_verifiers_vector_env(
     ``group_repeats=True``: each row in ``G`` neighbouring sub-envs), the environment loaded
     once and shared, finished ones reset in the same step as ``DatasetChatVectorEnv``'s.
     ``gym.make_vec("LLMChat-Verifiers-v0", num_envs=4, environment=...)`` calls it."""
-    if kwargs.get("group_repeats") and num_envs % (kwargs.get("repeats") or 1):
-        raise ValueError(
-            f"num_envs must be a multiple of repeats={kwargs['repeats']} with group_repeats=True "
-            f"(each group fills that many sub-envs), got num_envs={num_envs}"
-        )
     shared = _environment(environment, env_args)
-    fns = sharded_env_fns(VERIFIERS_ID, num_envs, environment=shared, **kwargs)
-    return SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP)
+    return sharded_vector_env(VERIFIERS_ID, num_envs, environment=shared, **kwargs)
 
 
 def _query(prompt: Sequence[object]) -> str:

@@ -14,8 +14,9 @@ The rubric's reward is ``Σ weight · value`` over the reward parts when every g
 0.0; each part's value goes into ``info`` under its name. A ``Rubric`` is a ``TaskReward``:
 a ``Task`` or a ``DatasetChatEnv`` takes it wherever it takes a reward.
 
-Model output is hostile input: a part that raises scores 0.0 for that response, with the
-error in ``info["rubric_errors"]``, and an async part is bounded by ``timeout_s``.
+An async part is bounded by ``timeout_s`` (past it, 0.0 with the reason in
+``info["rubric_errors"]``); a part that raises fails the step (``errors="raise"``, the
+default, as any reward) or scores 0.0 with its error (``errors="zero"``).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ PartFn = Callable[[str, Mapping[str, Any]], Any]
 #: ``part(responses, items)``: one number per response of the group; may be async.
 GroupPartFn = Callable[[Sequence[str], Sequence[Mapping[str, Any]]], Any]
 
-_Value = tuple[float, dict[str, Any], bool, str | None]  # value, info, answered, error
+_Value = tuple[float, dict[str, Any], bool, Exception | None]  # value, info, answered, error
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,11 @@ class Rubric:
         parts: the ``Part``s, in the order ``info`` lists them (names unique).
         timeout_s: how long an async part may take for one response (or one group) before
             it scores 0.0 with a time-out error (None: no bound).
+        errors: what a part that raises does: ``"raise"`` (the default: the step raises
+            and, as any reward's error, changes nothing; a part that rejects its item's data
+            or has a bug is the caller's to see) or ``"zero"`` (that part scores 0.0 for that
+            response, the error in ``info["rubric_errors"]``: for parts that may fail on
+            what a model writes, or on a flaky judge server). A time-out is always a 0.0.
 
     >>> def correct(response, item):
     ...     return float(response.strip() == item["answer"])
@@ -99,7 +105,9 @@ class Rubric:
     [1.5, 1.0, 0.5]
     """
 
-    def __init__(self, parts: Sequence[Part], *, timeout_s: float | None = None) -> None:
+    def __init__(
+        self, parts: Sequence[Part], *, timeout_s: float | None = None, errors: str = "raise"
+    ) -> None:
         parts = tuple(parts)
         if not parts or not all(isinstance(p, Part) for p in parts):
             got = [type(p).__name__ for p in parts]
@@ -109,6 +117,7 @@ class Rubric:
             raise ValueError(f"part names must be unique, got {names}")
         self.parts = parts
         self.timeout_s = check_number("timeout_s", timeout_s, 0, strict=True, optional=True)
+        self.errors = check_choice("errors", errors, ("raise", "zero"))
 
     def __repr__(self) -> str:
         shown = ", ".join(f"{p.name}:{p.role}{'' if p.role != 'reward' else f'×{p.weight:g}'}"
@@ -212,7 +221,7 @@ class Rubric:
                     return TimeoutError(f"part {part.name!r} took longer than {limit}")
                 result = task.result()
             return result
-        except Exception as error:  # hostile output: the response scores 0, not the run
+        except Exception as error:  # kept: _combine raises it or scores 0 (errors=)
             return error
 
     def _combine(self, found: Mapping[str, _Value]) -> TaskScore:
@@ -223,10 +232,14 @@ class Rubric:
             if part.name not in found:  # a group part outside score_group
                 continue
             value, part_info, part_answered, error = found[part.name]
+            if error is not None:
+                if self.errors == "raise" and not isinstance(error, TimeoutError):
+                    if isinstance(error, ValueError) and "not a finite number" in str(error):
+                        raise ValueError(f"rubric part {part.name!r} {error}")
+                    raise error  # the part's own exception (a bug, or data it rejects)
+                errors[part.name] = f"{type(error).__name__}: {error}"[:500]
             info.update(part_info)
             info[part.name] = value
-            if error is not None:
-                errors[part.name] = error
             answered = answered and part_answered
             if part.role == "gate":
                 gates = gates and value > 0
@@ -249,7 +262,7 @@ def _sync_call(part: Part, args: tuple) -> Any:
     try:
         result = part.fn(*args)
         return _run(_awaited(result)) if inspect.isawaitable(result) else result
-    except Exception as error:  # hostile output: the response scores 0, not the run
+    except Exception as error:  # kept: _combine raises it or scores 0 (errors=)
         return error
 
 
@@ -284,8 +297,8 @@ def _put_group(name: str, members: list[int], values: list[dict[str, _Value]], r
 def _value(result: Any) -> _Value:
     """A part's result as (value, info, answered, error): a number, a ``TaskScore`` or a
     ``(reward, info)`` pair; anything else (or a non-finite number) is an error worth 0."""
-    if isinstance(result, BaseException):
-        return 0.0, {}, True, f"{type(result).__name__}: {result}"[:500]
+    if isinstance(result, Exception):
+        return 0.0, {}, True, result
     info: dict[str, Any] = {}
     answered = True
     if isinstance(result, tuple) and len(result) in (2, 3) and isinstance(result[1], Mapping):
@@ -296,7 +309,8 @@ def _value(result: Any) -> _Value:
         or not isinstance(result, (int, float))
         or not math.isfinite(result)
     ):
-        return 0.0, info, answered, f"not a finite number: {result!r:.80}"
+        error = ValueError(f"returned {result!r:.80}, not a finite number")
+        return 0.0, info, answered, error
     return float(result), info, answered, None
 
 
