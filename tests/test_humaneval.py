@@ -67,7 +67,7 @@ HOSTILE = {
     "loops": ("    while True:\n        pass\n", False),
     "forks": ("    import os\n    while True:\n        os.fork()\n", True),
     "fills memory": ("    x = bytearray(10 ** 11)\n    return x\n", True),
-    "prints megabytes": ("    print('x' * 10 ** 8)\n    return True\n", False),
+    "prints megabytes": ("    print('x' * 10 ** 8)\n    return True\n", True),
     "reads a hidden host file": ("    return open('/root/.bashrc').read()\n", True),
     "fakes the verdict": ("    print('\\n' + 'f' * 32, 7)\n    __import__('os')._exit(0)\n", False),
 }

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from llm_gym.checks import check_reward, check_str
@@ -21,6 +21,7 @@ __all__ = [
     "AnswerFormat",
     "AnswerReward",
     "AnswerScore",
+    "Ungraded",
     "check_answer_format",
     "completion_text",
     "extract_answer",
@@ -177,33 +178,46 @@ def extract_answer(text: str, mode: str = "tags", *, numeric: bool = True) -> st
 class AnswerScore:
     """TorchRL's reward parts: ``reward_answer`` / ``reward_think`` are 1.0 when a non-blank
     answer / ``<think>`` was found, ``reward`` equals ``reward_right``, ``success`` is
-    correctness."""
+    correctness. ``reason``: why the answer was not graded (``Ungraded``), else None."""
 
     reward_answer: float
     reward_think: float
     reward_right: float
     reward: float
     success: bool
+    reason: str | None = None
 
-    def as_dict(self) -> dict[str, float | bool]:
-        """The parts as a plain dict, in TorchRL's key order."""
-        return asdict(self)
+    def as_dict(self) -> dict[str, float | bool | str]:
+        """The parts as a plain dict, in TorchRL's key order (``reason`` last, when set)."""
+        return self.info()
 
-    def info(self) -> dict[str, float | bool]:
-        """``as_dict`` without the deep copy (4x faster): what an env puts in ``info``."""
-        return {
+    def info(self) -> dict[str, float | bool | str]:
+        """The parts as a dict: what an env puts in ``info``."""
+        parts: dict[str, float | bool | str] = {
             "reward_answer": self.reward_answer,
             "reward_think": self.reward_think,
             "reward_right": self.reward_right,
             "reward": self.reward,
             "success": self.success,
         }
+        if self.reason is not None:
+            parts["reason"] = self.reason
+        return parts
+
+
+@dataclass(frozen=True)
+class Ungraded:
+    """What a grade returns for an answer it would not or could not check (refused unread,
+    too large to evaluate, out of time): it scores 0, not the format reward, and ``reason``
+    goes to ``AnswerScore.reason``."""
+
+    reason: str
 
 
 def score_answer(
     response: str,
     mode: str,
-    grade: Callable[[str], float | bool],
+    grade: Callable[[str], float | bool | Ungraded],
     *,
     correct_reward: float = 1.0,
     format_reward: float = 0.1,
@@ -211,14 +225,20 @@ def score_answer(
 ) -> AnswerScore:
     """Extract the answer in ``mode`` and grade it: TorchRL's 1.0 / 0.1 / 0.0 shape.
 
-    ``grade(answer)`` says how right an extracted answer is, from 0 (wrong) to 1 (right).
-    The reward is ``correct_reward`` for a right answer, ``max(format_reward, grade ·
-    correct_reward)`` for any other answer given, 0.0 when none was; ``success`` is
-    ``grade >= 1``.
+    ``grade(answer)`` says how right an extracted answer is, from 0 (wrong) to 1 (right),
+    or returns ``Ungraded(reason)``. The reward is ``correct_reward`` for a right answer,
+    ``max(format_reward, grade · correct_reward)`` for any other answer given, 0.0 when none
+    was or it was ungraded; ``success`` is ``grade >= 1``.
+
+    >>> score = score_answer("<answer>9^9^9</answer>", "tags", lambda a: Ungraded("too big"))
+    >>> score.reward_answer, score.reward, score.reason
+    (1.0, 0.0, 'too big')
     """
     predicted = extract_answer(response, mode, numeric=numeric)
-    grade_value = 0.0 if predicted is None else float(grade(predicted))
-    if predicted is None:
+    graded = 0.0 if predicted is None else grade(predicted)
+    reason = graded.reason if isinstance(graded, Ungraded) else None
+    grade_value = 0.0 if reason is not None else float(graded)
+    if predicted is None or reason is not None:
         right = 0.0
     elif grade_value >= 1.0:
         right = correct_reward
@@ -230,6 +250,7 @@ def score_answer(
         reward_right=float(right),
         reward=float(right),
         success=grade_value >= 1.0,
+        reason=reason,
     )
 
 
@@ -269,7 +290,11 @@ class AnswerReward:
         check_reward("format_reward", self.format_reward)
 
     def score(
-        self, response: str, grade: Callable[[str], float | bool], *, numeric: bool = True
+        self,
+        response: str,
+        grade: Callable[[str], float | bool | Ungraded],
+        *,
+        numeric: bool = True,
     ) -> AnswerScore:
         """``score_answer`` of ``response`` with these settings."""
         check_str("response", response)

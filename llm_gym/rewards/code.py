@@ -1,22 +1,30 @@
-"""Code graded by its unit tests in llm_gym's sandbox (``PythonInterpreter``): HumanEval's
-``check(candidate)`` split into its top-level asserts, each counted on its own.
+"""Code graded by its unit tests: HumanEval's ``check(candidate)`` split into its top-level
+asserts, each counted on its own.
 
-Model output is hostile input: the program runs in a fresh sandboxed interpreter with its
-limits (time, memory, processes, file size, no network, no host files under bubblewrap); the
-verdict is the last line the harness prints after the tests, marked with a nonce drawn per
-run, so a completion that prints or exits early scores 0. The host never ``exec``s it.
+Model output is hostile input, so the program under test decides nothing. It runs in a
+fresh sandboxed interpreter (``PythonInterpreter``: time, memory, processes, file size, no
+network, no host files under bubblewrap) and only answers calls: each call's arguments go in
+and its return value comes out as plain data (None, bool, int, float, complex, str, bytes,
+and lists, tuples, sets and dicts of them), rebuilt with exact types in the grader's
+process. There the test's own code (the dataset's, trusted) runs the asserts, EvalPlus-style.
+An object whose ``__eq__`` always says True, patched builtins, a printed verdict or an early
+exit change nothing outside the program; the test and its expected values never enter the
+sandbox; the host never ``exec``s the program.
 """
 
 from __future__ import annotations
 
 import ast
+import builtins
 import json
+import random
 import re
-import secrets
+import types
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from llm_gym.tools.interpreter import PythonInterpreter
+from llm_gym.tools.interpreter import Channel, PythonInterpreter
 
 __all__ = ["CODE_FORMATS", "CodeScore", "extract_code", "grade", "split_check"]
 
@@ -24,29 +32,104 @@ CODE_FORMATS = ("code_block", "function")  # a fenced ```python block, or the ba
 _FENCE = re.compile(r"```(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL)
 MAX_CODE_CHARS = 20_000  # a longer "function" is no answer; refusing it bounds the work
 
-# Runs the candidate, then each top-level statement of check's body: an assert (or a block
-# holding one) is a test, counted alone; other statements set up the rest.
-_HARNESS = """
-def __llm_gym_tests(candidate):
-    import json as __json
-    passed = 0
-    __scope = dict(globals(), candidate=candidate)
-    for __code, __is_test in {statements!r}:
+# Plain data as JSON, tagged with exact types; run both here and in the sandbox (after the
+# program, so it may be tampered with there: the grader decodes what comes out strictly).
+_CODEC = """
+def _llm_gym_encode(value, depth=0):
+    if depth > 100:
+        raise ValueError("data nested more than 100 deep")
+    kind = type(value)
+    if value is None:
+        return ["None"]
+    if kind is bool or kind is str:
+        return [kind.__name__, value]
+    if kind is int:
+        return ["int", hex(value)]  # hex: no str-to-int digit limit, linear time
+    if kind is float:
+        return ["float", value.hex()]  # exact, inf and nan included
+    if kind is complex:
+        return ["complex", value.real.hex(), value.imag.hex()]
+    if kind is bytes:
+        return ["bytes", value.hex()]
+    if kind in (list, tuple, set, frozenset):
+        return [kind.__name__, [_llm_gym_encode(item, depth + 1) for item in value]]
+    if kind is dict:
+        pairs = [[_llm_gym_encode(k, depth + 1), _llm_gym_encode(v, depth + 1)]
+                 for k, v in value.items()]
+        return ["dict", pairs]
+    if kind.__module__ == "numpy" and callable(getattr(value, "item", None)):
+        return _llm_gym_encode(value.item(), depth + 1)  # a numpy scalar: its Python value
+    raise TypeError(f"a {kind.__name__} is not plain data")
+
+
+def _llm_gym_decode(node, depth=0):
+    if depth > 100 or type(node) is not list or not node or type(node[0]) is not str:
+        raise ValueError(f"not an encoded value: {str(node)[:80]}")
+    tag, args = node[0], node[1:]
+    kinds = [type(arg) for arg in args]
+    if tag == "None" and not args:
+        return None
+    if tag == "bool" and kinds == [bool]:
+        return args[0]
+    if tag == "str" and kinds == [str]:
+        return args[0]
+    if tag == "int" and kinds == [str]:
+        return int(args[0], 16)
+    if tag == "float" and kinds == [str]:
+        return float.fromhex(args[0])
+    if tag == "complex" and kinds == [str, str]:
+        return complex(float.fromhex(args[0]), float.fromhex(args[1]))
+    if tag == "bytes" and kinds == [str]:
+        return bytes.fromhex(args[0])
+    containers = {"list": list, "tuple": tuple, "set": set, "frozenset": frozenset}
+    if tag in containers and kinds == [list]:
+        return containers[tag](_llm_gym_decode(item, depth + 1) for item in args[0])
+    if tag == "dict" and kinds == [list]:
+        pairs = [pair if type(pair) is list and len(pair) == 2 else [None] for pair in args[0]]
+        return {_llm_gym_decode(k, depth + 1): _llm_gym_decode(v, depth + 1) for k, v in pairs}
+    raise ValueError(f"not an encoded value: {str(node)[:80]}")
+"""
+_CODEC_SCOPE: dict[str, Any] = {}
+exec(compile(_CODEC, "<llm_gym codec>", "exec"), _CODEC_SCOPE)
+_encode, _decode = _CODEC_SCOPE["_llm_gym_encode"], _CODEC_SCOPE["_llm_gym_decode"]
+
+# Appended to the program in the sandbox: answer "[]" (loaded?) with ["ready"], and each
+# [name, args, kwargs] with ["ok", value] or ["raised", exception name, message].
+_SERVER = """
+def __llm_gym_serve():
+    import json, os, sys
+    scope, replies = globals(), int(sys.argv[2])
+
+    def send(reply):
+        data = (json.dumps(reply) + "\\n").encode()
+        while data:
+            data = data[os.write(replies, data):]
+
+    for line in os.fdopen(int(sys.argv[1]), "rb"):
+        request = json.loads(line)
+        if not request:
+            send(["ready"])
+            continue
+        name, args, kwargs = request
         try:
-            exec(__code, __scope)
-            passed += __is_test
-        except BaseException:
-            if not __is_test:
-                break
-    print("\\n{nonce}", __json.dumps(passed))
-__llm_gym_tests({entry_point})
+            args = [_llm_gym_decode(arg) for arg in args]
+            kwargs = {key: _llm_gym_decode(value) for key, value in kwargs.items()}
+            reply = ["ok", _llm_gym_encode(scope[name](*args, **kwargs))]
+        except BaseException as error:
+            try:
+                reply = ["raised", type(error).__name__, str(error)[:200]]
+            except BaseException:
+                reply = ["raised", "Exception", ""]
+        send(reply)
+__llm_gym_serve()
 """
 
 
 @dataclass(frozen=True)
 class CodeScore:
     """A program's verdict: ``passed`` of ``total`` tests; ``reward`` their fraction,
-    ``success`` all of them; ``error``: why none ran (None when the harness reported)."""
+    ``success`` all of them; ``error``: why the program stopped answering (its last output
+    line), None when it answered every call."""
 
     passed: int
     total: int
@@ -107,21 +190,151 @@ def extract_code(response: str, prompt: str, entry_point: str, code_format: str)
     return prompt + code
 
 
+class _ProgramGone(Exception):
+    """The program stopped answering: ended, ran out of time, or sent a reply too long."""
+
+
+def _returned(reply: bytes) -> Any:
+    """A call's value from the program's reply; the program's exception raised here (as the
+    builtin of that name where there is one) when it raised; ValueError when the reply is
+    not one."""
+    try:
+        status, *rest = json.loads(reply)
+        if status == "ok" and len(rest) == 1:
+            return _decode(rest[0])
+        name, message = rest
+    except (ValueError, TypeError, RecursionError, MemoryError) as error:
+        raise ValueError(f"the program's reply is not plain data: {error}") from None
+    kind = getattr(builtins, name, None) if status == "raised" and type(name) is str else None
+    if isinstance(kind, type) and issubclass(kind, Exception):
+        try:
+            error = kind(message)
+        except Exception:  # an exception class that takes other arguments
+            error = RuntimeError(f"{name}: {message}")
+        raise error
+    raise RuntimeError(f"the program raised {str(name)[:80]}: {str(message)[:200]}")
+
+
+def _remote(channel: Channel, name: str) -> Callable[..., Any]:
+    """The program's function ``name``, called across the channel."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            request = json.dumps([name, [_encode(a) for a in args],
+                                  {k: _encode(v) for k, v in kwargs.items()}])  # fmt: skip
+        except (TypeError, ValueError) as error:
+            raise TypeError(f"{name}'s arguments must be plain data: {error}") from None
+        reply = channel.request(request.encode())
+        if reply is None:
+            raise _ProgramGone(channel.error)
+        return _returned(reply)
+
+    call.__name__ = call.__qualname__ = name
+    return call
+
+
+def _private_random() -> types.ModuleType:
+    """A ``random`` module with its own generator: a check's draws (``randint``, ``seed``)
+    leave the grader process's global one alone."""
+    module = types.ModuleType("random")
+    generator = random.Random()
+    for name in random.__all__:
+        value = getattr(random, name)
+        shared = getattr(value, "__self__", None) is getattr(random, "_inst", None)
+        setattr(module, name, getattr(generator, name) if shared else value)
+    return module
+
+
+def _stubs(prompt: str) -> set[str]:
+    """The functions a prompt declares without a body (docstring, ``pass`` or ``...``): what
+    the program is to write."""
+    try:
+        tree = ast.parse(prompt)
+    except SyntaxError:
+        return set()
+
+    def empty(statement: ast.stmt) -> bool:
+        constant = isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant)
+        return constant or isinstance(statement, ast.Pass)
+
+    functions = [node for node in tree.body if isinstance(node, ast.FunctionDef)]
+    return {node.name for node in functions if all(map(empty, node.body))}
+
+
+def _check_scope(channel: Channel, prompt: str, test: str, entry_point: str) -> dict[str, Any]:
+    """The globals the check's statements run in, here: the prompt's helpers (the dataset's,
+    trusted), the test's code around ``check``, and the program's functions as remote calls
+    (``candidate``, the entry point, and any other name the test uses and nobody defines)."""
+    private_random = _private_random()
+
+    def import_(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name == "random" and not kwargs.get("level", args[3] if len(args) > 3 else 0):
+            return private_random
+        return builtins.__import__(name, *args, **kwargs)
+
+    scope_builtins = dict(vars(builtins), __import__=import_, print=lambda *a, **k: None)
+    scope: dict[str, Any] = {"__name__": "__llm_gym_check__", "__builtins__": scope_builtins}
+    if prompt:
+        try:
+            exec(compile(prompt, "<prompt>", "exec"), scope)
+        except Exception:  # the prompt's helpers then come from the program, as the rest
+            pass
+    used = {n.id for n in ast.walk(ast.parse(test)) if isinstance(n, ast.Name)}
+    remote = {entry_point, *_stubs(prompt)} | {n for n in used if n not in scope}
+    for name in remote - set(scope_builtins) | {entry_point}:
+        scope[name] = _remote(channel, name)
+    scope["candidate"] = scope[entry_point]
+    return scope
+
+
 def grade(
-    program: str | None, test: str, entry_point: str, interpreter: PythonInterpreter
+    program: str | None,
+    test: str,
+    entry_point: str,
+    interpreter: PythonInterpreter,
+    *,
+    prompt: str = "",
 ) -> CodeScore:
-    """Run ``program`` and then ``test``'s ``check`` statements in ``interpreter``'s sandbox;
-    never raises for anything the program does."""
+    """Run ``program`` in ``interpreter``'s sandbox and ``test``'s ``check`` statements here,
+    each call of the program's functions answered by the sandbox; never raises for anything
+    the program does. ``prompt``: the problem's prompt, whose complete functions (helpers
+    such as HumanEval's ``poly``) the check then uses as written, not as the program may
+    have redefined them.
+
+    A test passes when its statement runs without error while the program still answers;
+    a statement that is not a test (setup) and fails stops the check.
+    """
     preamble, statements = split_check(test)
     total = sum(is_test for _, is_test in statements)
     if program is None:
         return CodeScore(0, total, "no code in the response")
-    nonce = secrets.token_hex(16)
-    harness = _HARNESS.format(statements=statements, nonce=nonce, entry_point=entry_point)
-    result = interpreter.run(f"{program}\n\n{preamble}\n{harness}")
-    lines = [line for line in result.output.splitlines() if line.startswith(nonce + " ")]
-    if not result.ok or not lines:
-        last = result.output.strip().splitlines()[-1:] or ["no output"]
-        return CodeScore(0, total, last[0][:200])
-    passed: Any = json.loads(lines[-1].split(" ", 1)[1])
-    return CodeScore(min(int(passed), total), total)
+
+    def run_check(channel: Channel) -> tuple[int, str | None]:
+        if channel.request(b"[]") != b'["ready"]':  # the program never got to its calls
+            return 0, channel.error or "the program did not start answering"
+        scope = _check_scope(channel, prompt, test, entry_point)
+        try:
+            exec(compile(preamble, "<test>", "exec"), scope)
+        except Exception as error:  # the dataset's code: no test can run
+            return 0, f"the test's code around check failed: {error!r:.160}"
+        passed = 0
+        for source, is_test in statements:
+            try:
+                exec(compile(source, "<check>", "exec"), scope)
+                ok = True
+            except Exception:  # a failed assert, an error, or the program gone
+                ok = False
+            ok = ok and channel.error is None  # nothing counts once the program is gone
+            passed += ok and is_test
+            if not ok and not is_test:
+                break
+        return passed, channel.error
+
+    code = f"{program}\n\n{_CODEC}\n{_SERVER}"
+    (passed, why), result = interpreter.serve(code, run_check)
+    if why is None:
+        return CodeScore(min(passed, total), total)
+    # Why the program stopped answering is best told by its last words (a traceback's last
+    # line, the time-out); the channel's reason where it printed none.
+    last = [] if why.startswith("the test's") else result.output.strip().splitlines()[-1:]
+    return CodeScore(min(passed, total), total, (last or [why])[0][:200])

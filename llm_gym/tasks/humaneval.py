@@ -43,7 +43,7 @@ def _score(
     interpreter: PythonInterpreter, code_format: str, response: str, item: Mapping[str, Any]
 ) -> TaskScore:
     program = extract_code(response, item["prompt"], item["entry_point"], code_format)
-    score = grade(program, item["test"], item["entry_point"], interpreter)
+    score = grade(program, item["test"], item["entry_point"], interpreter, prompt=item["prompt"])
     info = {
         "success": score.success,
         "tests_passed": score.passed,
@@ -67,15 +67,18 @@ def humaneval_task(
 
     Each episode asks for one of HumanEval's 164 functions (its signature and docstring). The
     response's code runs in llm_gym's sandbox (``PythonInterpreter``: time, memory, process
-    and file-size limits; no network and no host files under bubblewrap) followed by the
-    problem's ``check``, each of whose top-level asserts is one test. A vector env grades its
+    and file-size limits; no network, no home folders and no root-only files under
+    bubblewrap) and only answers calls: the problem's ``check`` runs in the grader's process,
+    each of its top-level asserts one test, on the return values shipped out as plain data
+    (so an always-equal object or a patched builtin fools nothing). A vector env grades its
     sub-envs at once (``Task.concurrent_reward``).
 
     ## Rewards
 
-    The fraction of tests that pass (0.0 with no code, or when the program does not get to
-    the tests); ``info``: ``success`` (all passed), ``tests_passed``, ``tests``, ``task_id``
-    and, when nothing ran, ``error`` (the last line of the output).
+    The fraction of tests that pass while the program still answers (0.0 with no code, or
+    when the program does not get to the tests); ``info``: ``success`` (all passed),
+    ``tests_passed``, ``tests``, ``task_id`` and, when the program stopped answering,
+    ``error`` (the last line of its output).
 
     ## Arguments
 

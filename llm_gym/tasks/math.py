@@ -73,8 +73,10 @@ def math_task(
     ## Rewards
 
     ``correct_reward`` (1.0) for an equivalent answer, ``format_reward`` (0.1) for another
-    answer, 0.0 for none. ``info``: TorchRL's parts and ``answer`` (the boxed ground truth);
-    at reset, the row's other fields (``solution``, ``level``/``type`` where present).
+    answer, 0.0 for none, and 0.0 for an answer refused (over 512 characters, or a number
+    too large to compute such as ``9^{9^{9}}``) or whose check ran past 5 s, with
+    ``info["reason"]`` saying why. ``info``: TorchRL's parts and ``answer`` (the boxed ground
+    truth); at reset, the row's other fields (``solution``, ``level``/``type`` where present).
 
     ## Arguments
 
