@@ -7,6 +7,7 @@ from llm_gym.rewards.answers import (
     MODES,
     AnswerReward,
     AnswerScore,
+    Ungraded,
     extract_answer,
     extract_tags,
     score_answer,
@@ -26,7 +27,14 @@ from llm_gym.rewards.gsm8k import (
     normalize_number,
     score_gsm8k,
 )
-from llm_gym.rewards.math import MATHReward, boxed_answer, math_equal, math_reward_func
+from llm_gym.rewards.math import (
+    MATHReward,
+    MathVerdict,
+    boxed_answer,
+    check_math,
+    math_equal,
+    math_reward_func,
+)
 
 __all__ = [
     "ANSWER_FORMATS",
@@ -37,7 +45,10 @@ __all__ = [
     "GSM8KReward",
     "GSM8KScore",
     "MATHReward",
+    "MathVerdict",
+    "Ungraded",
     "boxed_answer",
+    "check_math",
     "countdown_reward_func",
     "evaluate_expression",
     "extract_answer",
