@@ -238,3 +238,39 @@ def test_cli_resume_restores_the_saved_run_and_names_a_conflicting_flag(tiny_dir
     args = ["train", "--out", out, "--resume", "--iterations", "3", "--eval-episodes", "0"]
     assert main([*args, "--no-progress"]) == 0
     assert "greedy success" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "expected"),
+    [
+        ("iteration", "abc", "an int >= 0"),
+        ("positions", 5, "a list of ints or nulls"),
+        ("level", 1.5, "an int or null"),
+    ],
+)
+def test_a_wrong_field_in_trainer_state_is_named_with_its_file(
+    tiny_dir, tmp_path, field, value, expected
+):
+    GRPOTrainer(config(tiny_dir, tmp_path, iterations=1, save_every=1)).train()
+    path = tmp_path / "checkpoint-1" / "trainer_state.json"
+    state = json.loads(path.read_text())
+    path.write_text(json.dumps({**state, field: value}))
+    with pytest.raises(ValueError) as caught:
+        GRPOTrainer(GRPOConfig.resumed(tmp_path, iterations=2))
+    message = str(caught.value)
+    assert message.startswith(
+        f"checkpoint file {path}: field {field!r} must be {expected}, got {value!r}; delete"
+    )
+    assert "\n" not in message
+
+
+def test_resume_refuses_when_the_metrics_file_is_gone(tiny_dir, tmp_path):
+    GRPOTrainer(config(tiny_dir, tmp_path, iterations=1, save_every=1)).train()
+    (tmp_path / "metrics.jsonl").unlink()
+    with pytest.raises(FileNotFoundError) as caught:
+        GRPOTrainer(GRPOConfig.resumed(tmp_path, iterations=2))
+    message = str(caught.value)
+    assert message.startswith(f"--resume: {tmp_path / 'metrics.jsonl'} is missing")
+    assert "the rows of the iterations before checkpoint-1 (0 to 0)" in message
+    assert not (tmp_path / "metrics.jsonl").exists()  # nothing changed: the user may restore it
+    assert latest_checkpoint(tmp_path).name == "checkpoint-1"

@@ -71,7 +71,11 @@ def _add_rollout(commands: Any) -> None:
     add("--ref-model", default=None, help="reference model for the KL penalty ('default' or a "
         "folder; default: %(default)s, no KL charged)")  # fmt: skip
     parser.set_defaults(config=RolloutConfig, job=_prepare_rollout, run=_rollout,
-                        kept="finished episodes are in {out}/episodes.jsonl")  # fmt: skip
+                        kept=_episodes_kept)  # fmt: skip
+
+
+def _episodes_kept(out: str) -> str:
+    return f"finished episodes are in {out}/episodes.jsonl"
 
 
 def _prepare_rollout(config: RolloutConfig) -> Any:
@@ -124,8 +128,14 @@ def _add_train(commands: Any) -> None:
         "on it (default: %(default)s; 0: no overlap)")  # fmt: skip
     add("--resume", action="store_true", help="continue from the checkpoint in --out")
     parser.set_defaults(config=GRPOConfig, job=_prepare_train, run=_train,
-                        kept="finished iterations are in {out}/metrics.jsonl "
-                        "(--resume continues from the last checkpoint)")  # fmt: skip
+                        kept=_iterations_kept)  # fmt: skip
+
+
+def _iterations_kept(out: str) -> str:
+    # Read from the folder: --resume is offered only where a checkpoint is there to resume.
+    from llm_gym.train.run_folder import resume_hint
+
+    return resume_hint(out)
 
 
 def _add_serve(commands: Any) -> None:
@@ -254,17 +264,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     try:  # the run, prepared: models loaded, envs made, folder claimed
         prepared = args.job(config)
-    # Setup errors (bad ids, paths, data, values) are the user's to fix: one line, exit 2.
+    # Setup errors (bad ids, paths, data, values, a folder in use) are the user's to fix: one
+    # line, exit 2.
     except (ValueError, TypeError, OSError, ImportError, gym.error.Error) as error:
         return _usage_error(error)
     except SamplerError as error:  # the backend's server did not come up
         return _usage_error(error, code=1)
+    except KeyboardInterrupt:
+        print(f"llm-gym: interrupted while setting up; {args.kept(config.out)}", file=sys.stderr)
+        return 130
     try:
         return args.run(prepared)
     except SamplerError as error:  # the server died or failed: what finished is on disk
-        return _usage_error(f"{error}; {args.kept.format(out=prepared.out)}", code=1)
+        return _usage_error(f"{error}; {args.kept(prepared.out)}", code=1)
+    except OSError as error:  # a full disk, a read-only or vanished folder: one line
+        return _usage_error(f"{error}; {args.kept(prepared.out)}", code=1)
     except KeyboardInterrupt:  # what the run finished is on disk: say where; exit 130
-        print(f"llm-gym: interrupted; {args.kept.format(out=prepared.out)}", file=sys.stderr)
+        print(f"llm-gym: interrupted; {args.kept(prepared.out)}", file=sys.stderr)
         return 130
 
 

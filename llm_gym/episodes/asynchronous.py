@@ -13,10 +13,12 @@ and with greedy sampling the same seed gives the same episodes in any finishing 
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any
 
 import gymnasium as gym
@@ -30,6 +32,70 @@ from llm_gym.spaces import INPUT_MODES
 __all__ = ["AsyncEpisodes", "AsyncRollouts"]
 
 
+class DaemonThreads:
+    """``ThreadPoolExecutor``'s ``submit`` and ``shutdown`` on daemon threads: a call that
+    never returns (a tool asleep, a hung server) cannot keep the interpreter from exiting,
+    where ThreadPoolExecutor joins its threads at exit even after ``shutdown(wait=False)``.
+    Threads start as calls need them, up to ``max_workers``."""
+
+    def __init__(self, max_workers: int, name: str) -> None:
+        self.max_workers, self.name = max_workers, name
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._idle = threading.Semaphore(0)  # threads waiting for a call
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._shut = False
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        """Run ``fn(*args)`` on a thread; its future."""
+        with self._lock:
+            if self._shut:
+                raise RuntimeError(f"{self.name}: cannot run a call after shutdown")
+            future: Future = Future()
+            self._calls.put((future, fn, args))
+            if not self._idle.acquire(blocking=False) and len(self._threads) < self.max_workers:
+                thread = threading.Thread(
+                    target=self._work, name=f"{self.name}_{len(self._threads)}", daemon=True
+                )
+                thread.start()
+                self._threads.append(thread)
+        return future
+
+    def _work(self) -> None:
+        while (call := self._calls.get()) is not None:
+            _run_call(*call)
+            del call  # no reference to a call's arguments kept while idle
+            self._idle.release()
+
+    def shutdown(self, wait: bool = False, cancel_futures: bool = True) -> None:
+        """No more calls; cancel those not started (``cancel_futures``), let the threads end
+        after their current call, and with ``wait`` wait for them."""
+        with self._lock:
+            self._shut = True
+        while cancel_futures:
+            try:
+                call = self._calls.get_nowait()
+            except queue.Empty:
+                break
+            if call is not None:
+                call[0].cancel()
+        for _ in self._threads:
+            self._calls.put(None)
+        if wait:
+            for thread in self._threads:
+                thread.join()
+
+
+def _run_call(future: Future, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    if future.set_running_or_notify_cancel():
+        try:
+            result = fn(*args)
+        except BaseException as error:  # handed to whoever waits on the future
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+
 class _ThreadWorkers:
     """The env workers in this process, their calls run on a thread per slot."""
 
@@ -38,7 +104,7 @@ class _ThreadWorkers:
     def __init__(self, env_fn: Callable[[], gym.Env], groups: Sequence[Sequence[int]]) -> None:
         self.workers = [EnvWorker(env_fn, group) for group in groups]
         self.nodes = ["local"] * len(groups)
-        self.pool = ThreadPoolExecutor(sum(map(len, groups)), thread_name_prefix="llm_gym-env")
+        self.pool = DaemonThreads(sum(map(len, groups)), "llm_gym-env")
 
     def call(self, w: int, method: str, *args: Any) -> Future:
         return self.pool.submit(getattr(self.workers[w], method), *args)
@@ -150,7 +216,8 @@ class AsyncEpisodes:
             self.workers = RayEnvWorkers(
                 env_fn, self.groups, address=ray_address, placement=placement, options=ray_options
             )
-        self.sampling = ThreadPoolExecutor(self.sampler_calls, thread_name_prefix="llm_gym-sample")
+        self.sampling = DaemonThreads(self.sampler_calls, "llm_gym-sample")
+        self._abandoned = 0  # calls left running by a timeout (they may still touch sub-envs)
 
     @property
     def restarts(self) -> int:
@@ -181,10 +248,19 @@ class AsyncEpisodes:
         synchronous ``Episodes``' record, with ``sample_index``). Samples drawn but not
         finished when the caller stops early are played first next time."""
         check_int("count", count, 1)
+        if self._abandoned:
+            raise RuntimeError(
+                f"an earlier episodes() call timed out with {self._abandoned} calls running, "
+                "which may still step its sub-envs: close() this driver and make another"
+            )
         run = _Run(self)
         try:
             yield from run.play(count)
         except KeyboardInterrupt:  # Ctrl-C: leave at once (close() stops the workers)
+            run.stop(wait_calls=False)
+            raise
+        except TimeoutError:  # nothing answered for `timeout`: no second wait for them
+            self._abandoned = len(run.pending)
             run.stop(wait_calls=False)
             raise
         finally:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llm_gym.checks import check_choice, check_int, check_number
+from llm_gym.run.budget import MAX_ENVS, check_count
 
 __all__ = ["BACKENDS", "DTYPE_NAMES", "RolloutConfig", "RunConfig"]
 
@@ -20,6 +21,7 @@ DTYPE_NAMES = ("bfloat16", "float16", "float32")
 # What generates: transformers' generate in this process, a vLLM server llm_gym starts, or an
 # OpenAI-compatible server the user runs (docs/policies.md, "Generation backends").
 BACKENDS = ("transformers", "vllm", "openai")
+_AT_ONCE = "sub-envs a run steps at once"
 
 
 @dataclass
@@ -112,4 +114,5 @@ class RolloutConfig(RunConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_int("num_envs", self.num_envs, 1)
+        check_count("num_envs", "--num-envs", self.num_envs, MAX_ENVS, _AT_ONCE)
         check_int("episodes", self.episodes, 1, optional=True)

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from llm_gym.run.files import write_file
+
 __all__ = [
     "Group",
     "episode_groups",
@@ -200,6 +202,9 @@ def plot_training(
 
 
 def _save(fig: Any, path: Path) -> None:
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    _pyplot().close(fig)
+    # Written aside and renamed: a full disk leaves no half a PNG (write_file).
+    try:
+        fig.tight_layout()
+        write_file(path, lambda aside: fig.savefig(aside, dpi=100))
+    finally:
+        _pyplot().close(fig)

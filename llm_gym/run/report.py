@@ -8,6 +8,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from llm_gym.run.files import write_text
+
 __all__ = ["REPORT_FILE", "write_report"]
 
 REPORT_FILE = "report.md"
@@ -31,7 +33,7 @@ def write_report(
 ) -> Path:
     """Write ``out/report.md``: ``title``, the ``summary_rows`` (name → value) as a table,
     each of ``notes`` as a line, then each of ``images`` embedded by its path relative to
-    ``out`` (so the folder can be moved); its path.
+    ``out`` (so the folder can be moved), whole or not at all (``write_text``); its path.
 
     >>> import tempfile
     >>> path = write_report(tempfile.mkdtemp(), "run", {"success": 0.25}, [])
@@ -53,6 +55,4 @@ def write_report(
     for image in images:
         relative = Path(os.path.relpath(Path(image), folder)).as_posix()
         lines += [f"![{Path(image).stem}]({relative})", ""]
-    path = folder / REPORT_FILE
-    path.write_text("\n".join(lines), encoding="utf-8")
-    return path
+    return write_text(folder / REPORT_FILE, "\n".join(lines))

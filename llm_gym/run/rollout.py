@@ -20,8 +20,11 @@ from llm_gym.envs import single_env
 from llm_gym.episodes import ARRAYS, AsyncEpisodes, Episodes
 from llm_gym.lm.loading import load_model
 from llm_gym.rewards.answers import ANSWER_FORMATS
+from llm_gym.run.budget import check_run
 from llm_gym.run.config import RolloutConfig
 from llm_gym.run.describe import describe_run, run_rows, run_title
+from llm_gym.run.files import LineFile, RunWriteError, told, write_text
+from llm_gym.run.lock import FolderLock
 from llm_gym.run.plots import plot_rollout
 from llm_gym.run.report import REPORT_FILE, write_report
 from llm_gym.run.setup import (
@@ -130,11 +133,22 @@ def prepare_out(out: Path) -> Path:
 
 
 class Rollout:
-    """A prepared run (models, envs, run folder; any input error raised here); ``run()`` runs it."""
+    """A prepared run (models, envs, run folder; any input error raised here); ``run()`` runs it.
+    The run folder is this run's alone (``FolderLock``) from here to the end of ``run()``."""
 
     def __init__(self, config: RolloutConfig) -> None:
         self.config = config
         self.out = Path(config.out)
+        self.policy: Any = None
+        self.lock = FolderLock(self.out)  # before the folder is looked at
+        try:
+            self._prepare(config)
+        except BaseException:  # no server is left running after a setup error
+            self.close()
+            self.lock.release()
+            raise
+
+    def _prepare(self, config: RolloutConfig) -> None:
         episodes = self.out / EPISODES_FILE  # two runs' episodes never mix in one file
         if episodes.exists() and not config.overwrite:
             done = sum(1 for line in episodes.read_text(encoding="utf-8").splitlines() if line)
@@ -143,6 +157,13 @@ class Rollout:
                 "--out, or --overwrite to start over"
             )
         device, dtype = resolve_device(config.device), resolve_dtype(config.dtype)
+        # Sizes checked before anything is allocated: a sub-env per conversation.
+        turns = config.max_tool_calls + 1 if config.tools else 1
+        tokens = config.max_new_tokens * turns + 1
+        local = config.backend == "transformers"  # else a server generates, in its memory
+        batches = [("--num-envs", config.num_envs, tokens, False)] if local else []
+        records = None if config.episodes is None else ("--episodes", config.episodes)
+        check_run(config, device, batches, records)
         model, tokenizer = load_model(config.model, device=device, dtype=dtype)
         context = getattr(model.config, "max_position_embeddings", None)
         if context is not None and config.max_new_tokens >= context:
@@ -151,11 +172,7 @@ class Rollout:
                 f"model's context of {context} tokens"
             )
         self.policy = make_policy(model, tokenizer, config)
-        try:
-            self._set_up(config, tokenizer)
-        except BaseException:  # no server is left running after a setup error
-            self.close()
-            raise
+        self._set_up(config, tokenizer)
 
     def _set_up(self, config: RolloutConfig, tokenizer: Any) -> None:
         envs = task_envs(
@@ -186,20 +203,38 @@ class Rollout:
 
     def run(self) -> Summary:
         """Run the episodes; write episodes (as they finish), then summary, plot and report,
-        also on Ctrl-C (``KeyboardInterrupt``) or a failed sampler (``SamplerError``), both
-        re-raised, for the episodes finished so far."""
+        also on Ctrl-C (``KeyboardInterrupt``), a failed sampler (``SamplerError``) or a file
+        the disk cannot take (``RunWriteError``, one line naming it), each re-raised, for the
+        episodes finished so far; the run folder is let go at the end."""
+        try:
+            return self._run()
+        finally:
+            self.lock.release()
+
+    def _run(self) -> Summary:
         torch.manual_seed(self.config.seed)
         items: list[dict[str, Any]] = []
         start = time.perf_counter()
         try:
             self._collect(items, start)
-        except (KeyboardInterrupt, SamplerError):
-            self.write(items, time.perf_counter() - start, interrupted=True)
+        except (KeyboardInterrupt, SamplerError, RunWriteError) as error:
+            self._stopped(items, start, error)
             raise
         finally:
             self.envs.close()
             self.close()
-        return self.write(items, time.perf_counter() - start)
+        try:
+            return self.write(items, time.perf_counter() - start)
+        except RunWriteError as error:
+            self._stopped(items, start, error)
+            raise
+
+    def _stopped(self, items: list[dict[str, Any]], start: float, error: BaseException) -> None:
+        # The summary, marked interrupted, as far as the disk takes it; a RunWriteError then
+        # says in its one line whether the summary was written.
+        self.write(items, time.perf_counter() - start, interrupted=True, stopped_by=error)
+        if isinstance(error, RunWriteError):
+            error.strerror = f"{error.strerror}; {told(self.out / SUMMARY_FILE, self.unwritten)}"
 
     def close(self) -> None:
         """Stop the sampler's server and the reference's Ray actor, if any (also done when
@@ -210,10 +245,16 @@ class Rollout:
                 close()
 
     def write(
-        self, items: list[dict[str, Any]], seconds: float, interrupted: bool = False
+        self,
+        items: list[dict[str, Any]],
+        seconds: float,
+        interrupted: bool = False,
+        stopped_by: BaseException | None = None,
     ) -> Summary:
-        """Write ``summary.json``, the plot and ``report.md`` for finished episodes ``items``;
-        their ``Summary``."""
+        """Write ``summary.json``, the plot and ``report.md`` for finished episodes ``items``,
+        each whole or not at all; their ``Summary``. A finished run raises the first file the
+        disk cannot take (``RunWriteError``); an ``interrupted`` one writes what the disk takes
+        (``unwritten``: the others' errors)."""
         config = self.config
         summary = summarize(items, seconds)
         hint = format_hint(items, self.answer_format, config.max_new_tokens)
@@ -230,16 +271,30 @@ class Rollout:
             "summary": asdict(summary),
             "config": asdict(config),
         }
-        (self.out / SUMMARY_FILE).write_text(json.dumps(record, indent=2) + "\n")
+        self.unwritten: list[RunWriteError] = []  # an interrupted run's files not written
+
+        def attempt(write: Any, *args: Any) -> bool:
+            try:
+                write(*args)
+            except RunWriteError as error:
+                if not interrupted:
+                    raise
+                self.unwritten.append(error)
+                return False
+            return True
+
+        attempt(write_text, self.out / SUMMARY_FILE, json.dumps(record, indent=2) + "\n")
         title = run_title(run)
         if interrupted:
             title += " (interrupted)"
-        plot_rollout(items, self.out / ROLLOUT_PLOT_FILE, title)
+        plotted = attempt(plot_rollout, items, self.out / ROLLOUT_PLOT_FILE, title)
         rows = [*run_rows(run), *summary.rows()]
         notes = [hint] if hint else []
         if interrupted:
-            notes.insert(0, f"Interrupted after {len(items)} of {config.episodes} episodes.")
-        write_report(self.out, f"Rollout: {title}", rows, [self.out / ROLLOUT_PLOT_FILE], notes)
+            why = f": {stopped_by}" if isinstance(stopped_by, RunWriteError) else ""
+            notes.insert(0, f"Interrupted after {len(items)} of {config.episodes} episodes{why}.")
+        images = [self.out / ROLLOUT_PLOT_FILE] if plotted else []
+        attempt(write_report, self.out, f"Rollout: {title}", rows, images, notes)
         return summary
 
     def _collect(self, items: list[dict[str, Any]], start: float) -> None:
@@ -250,12 +305,12 @@ class Rollout:
         bar = tqdm(
             total=config.episodes, unit="ep", disable=not config.progress, dynamic_ncols=True
         )
-        with bar, self.episodes_path.open("a", encoding="utf-8") as f:
+        with bar, LineFile(self.episodes_path) as f:
             for record in records:
                 kept = {key: value for key, value in record.items() if key not in ARRAYS}
                 record = {"episode": len(items), **kept}
-                f.write(json.dumps(record, ensure_ascii=False) + "\n")
-                f.flush()  # a line per finished episode, readable after Ctrl-C
+                # A line per finished episode, whole, readable after Ctrl-C.
+                f.write(json.dumps(record, ensure_ascii=False))
                 items.append(record)
                 generated += record["num_tokens"]
                 correct += bool(record.get("success", False))

@@ -47,6 +47,13 @@ class ReasoningGymGenerator:
             raise ValueError(
                 f"task must be a reasoning-gym task, one of {sorted(datasets)}; got {task!r}"
             )
+        if task_config is not None and not isinstance(task_config, Mapping):
+            # dict() of a str fails as "dictionary update sequence element #0"
+            raise ValueError(
+                f"task_config must be a dict of the config fields of {task!r} (a JSON object, e.g. "
+                f"--env-arg task_config='{{\"max_terms\": 3}}'), got {task_config!r} "
+                f"({type(task_config).__name__})"
+            )
         config = dict(task_config or {})
         fields = [
             f.name for f in dataclasses.fields(datasets[task][1]) if f.name not in ("seed", "size")

@@ -5,7 +5,8 @@ trainer's state beside the weights.
 A checkpoint is written aside (``checkpoint-<iteration>.partial/``), flushed to disk and
 renamed into place, and only then are the oldest beyond ``keep`` deleted: a crash or Ctrl-C at
 any moment of a save leaves the previous checkpoint whole, and a folder named
-``checkpoint-<iteration>`` is always complete.
+``checkpoint-<iteration>`` is always complete. A save the disk cannot take (full, read-only,
+the folder gone) removes its ``.partial`` folder and raises a one-line ``RunWriteError``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from llm_gym.run.files import Recorder, write_failure
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -29,12 +32,15 @@ __all__ = [
     "checkpoints",
     "latest_checkpoint",
     "load_checkpoint",
+    "run_checkpoints",
     "save_checkpoint",
 ]
 
 TRAINER_STATE = "trainer_state.json"  # iteration, evaluation, curriculum, stream, KL coef
 OPTIMIZER_STATE = "optimizer.pt"  # the optimizer's state and the RNG states (tensors)
 _NAME = re.compile(r"checkpoint-(\d+)")
+_OURS = (TRAINER_STATE, OPTIMIZER_STATE)  # files no one but a save writes
+_ASIDE = re.compile(r"checkpoint-\d+\.(partial|deleting)")  # a save's or a deletion's, unfinished
 
 
 def checkpoints(out: str | Path) -> list[Path]:
@@ -53,6 +59,16 @@ def latest_checkpoint(out: str | Path) -> Path | None:
     return found[-1] if found else None
 
 
+def run_checkpoints(out: str | Path) -> list[Path]:
+    """What saves wrote into ``out``, for a new run to delete: ``checkpoint-<N>`` folders
+    holding the trainer's files, and the ``.partial``/``.deleting`` folders of unfinished
+    saves; never a folder of the user's (``checkpoint-backup/``, a ``checkpoint-3/`` of
+    notes)."""
+    out = Path(out)
+    ours = [p for p in checkpoints(out) if any((p / n).exists() for n in _OURS)]
+    return ours + sorted(p for p in out.glob("checkpoint-*") if _ASIDE.fullmatch(p.name))
+
+
 def save_checkpoint(
     out: str | Path,
     iteration: int,
@@ -67,22 +83,44 @@ def save_checkpoint(
     then delete all but the newest ``keep`` checkpoints. The checkpoint's folder."""
     out = Path(out)
     final, partial = out / f"checkpoint-{iteration}", out / f"checkpoint-{iteration}.partial"
-    for stale in [partial, *out.glob("checkpoint-*.deleting")]:  # of saves interrupted
-        shutil.rmtree(stale, ignore_errors=True)
-    model.save_pretrained(partial, safe_serialization=True)
-    tokenizer.save_pretrained(partial)
-    torch.save(tensors, partial / OPTIMIZER_STATE)
-    (partial / TRAINER_STATE).write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
-    for path in partial.iterdir():  # on disk before the rename makes the checkpoint count
-        _fsync(path)
-    _fsync(partial)
+    stale = [p for p in out.glob("checkpoint-*") if _ASIDE.fullmatch(p.name)]
+    for path in stale:  # of saves interrupted
+        shutil.rmtree(path, ignore_errors=True)
+    try:
+        partial.mkdir()  # not parents=True: a run folder that vanished is not made again
+        _write(partial, model, tokenizer, state, tensors)
+    except Exception as error:
+        shutil.rmtree(partial, ignore_errors=True)  # no half-written checkpoint stays
+        failure = write_failure(partial, error)
+        if failure is None:
+            raise
+        raise failure from error
     if final.exists():  # this iteration's checkpoint of an earlier run in the folder
         _discard(final)
     os.replace(partial, final)
     _fsync(out)
-    for old in checkpoints(out)[:-keep]:
+    for old in [p for p in run_checkpoints(out) if _NAME.fullmatch(p.name)][:-keep]:
         _discard(old)
     return final
+
+
+def _write(
+    partial: Path, model: Any, tokenizer: Any, state: dict[str, Any], tensors: dict[str, Any]
+) -> None:
+    model.save_pretrained(partial, safe_serialization=True)
+    tokenizer.save_pretrained(partial)
+    with open(partial / OPTIMIZER_STATE, "wb") as f:
+        recorder = Recorder(f)
+        try:
+            torch.save(tensors, recorder)
+        except RuntimeError as error:  # torch's for a failed write: the OSError says why
+            if recorder.error is None:
+                raise
+            raise recorder.error from error
+    (partial / TRAINER_STATE).write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
+    for path in partial.iterdir():  # on disk before the rename makes the checkpoint count
+        _fsync(path)
+    _fsync(partial)
 
 
 def load_checkpoint(folder: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -103,6 +141,7 @@ def load_checkpoint(folder: str | Path) -> tuple[dict[str, Any], dict[str, Any]]
             f"checkpoint file {folder / TRAINER_STATE} is truncated or corrupt ({error}); "
             f"{_older(folder)}"
         ) from None
+    _check_state(state, folder / TRAINER_STATE)
     try:
         tensors = torch.load(folder / OPTIMIZER_STATE, map_location="cpu", weights_only=True)
     except (RuntimeError, EOFError, ValueError) as error:
@@ -112,6 +151,47 @@ def load_checkpoint(folder: str | Path) -> tuple[dict[str, Any], dict[str, Any]]
             f"{_older(folder)}"
         ) from None
     return state, tensors
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# What each field of trainer_state.json must hold (resume reads every one of them).
+_STATE = {
+    "iteration": ("an int >= 0", lambda v: _is_int(v) and v >= 0),
+    "before": ("an object or null", lambda v: v is None or isinstance(v, dict)),
+    "kl_coef": (
+        "a number or null",
+        lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)),
+    ),
+    "level": ("an int or null", lambda v: v is None or _is_int(v)),
+    "drawn_level": ("an int or null", lambda v: v is None or _is_int(v)),
+    "successes": ("a list or null", lambda v: v is None or isinstance(v, list)),
+    "positions": (
+        "a list of ints or nulls",
+        lambda v: isinstance(v, list) and all(p is None or _is_int(p) for p in v),
+    ),
+}
+
+
+def _check_state(state: Any, path: Path) -> None:
+    # A field of the wrong type would fail deep in the resume, without the file's name.
+    if not isinstance(state, dict):
+        raise ValueError(
+            f"checkpoint file {path} must hold a JSON object, got {type(state).__name__}; "
+            f"{_older(path.parent)}"
+        )
+    for name, (expected, valid) in _STATE.items():
+        if name not in state:
+            raise ValueError(
+                f"checkpoint file {path} lacks the field {name!r}; {_older(path.parent)}"
+            )
+        if not valid(state[name]):
+            raise ValueError(
+                f"checkpoint file {path}: field {name!r} must be {expected}, got "
+                f"{state[name]!r}; {_older(path.parent)}"
+            )
 
 
 def _check_safetensors(path: Path, folder: Path) -> None:

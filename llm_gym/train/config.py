@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llm_gym.checks import check_int, check_number
+from llm_gym.run.budget import MAX_ENVS
 from llm_gym.run.config import RunConfig
+from llm_gym.run.files import write_text
 
 __all__ = [
     "CONFIG_FILE",
@@ -73,6 +75,12 @@ class GRPOConfig(RunConfig):
         check_int("group_size", self.group_size, 2)  # one response has no group to compare
         check_int("eval_episodes", self.eval_episodes, 0)
         check_int("max_staleness", self.max_staleness, 0)
+        if self.groups * self.group_size > MAX_ENVS:  # a sub-env per response
+            raise ValueError(
+                f"groups × group_size = {self.groups} × {self.group_size} = "
+                f"{self.groups * self.group_size} (--groups, --group-size) is more than the "
+                f"{MAX_ENVS} sub-envs a run steps at once"
+            )
         for name in ("learning_rate", "clip_coef", "max_grad_norm", "temperature"):
             check_number(name, getattr(self, name), 0, strict=True)
         super().__post_init__()
@@ -109,9 +117,8 @@ class GRPOConfig(RunConfig):
 
     def save(self) -> Path:
         """Write this config as JSON into its run folder ``out``; the file's path."""
-        path = Path(self.out) / CONFIG_FILE
-        path.write_text(json.dumps(dataclasses.asdict(self), indent=2) + "\n", encoding="utf-8")
-        return path
+        text = json.dumps(dataclasses.asdict(self), indent=2) + "\n"
+        return write_text(Path(self.out) / CONFIG_FILE, text)
 
 
 def load_config(out: str | Path) -> GRPOConfig:

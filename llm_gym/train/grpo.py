@@ -19,7 +19,10 @@ from llm_gym.envs import single_env
 from llm_gym.episodes import multi_turn, play_episodes
 from llm_gym.lm.loading import load_model
 from llm_gym.policies import TransformersPolicy
+from llm_gym.run.budget import check_run
 from llm_gym.run.describe import describe_run
+from llm_gym.run.files import LineFile, RunWriteError, told, write_text
+from llm_gym.run.lock import FolderLock
 from llm_gym.run.rollout import summarize
 from llm_gym.run.setup import (
     async_episodes,
@@ -38,6 +41,7 @@ from llm_gym.train.pipeline import AsyncBatches, staleness
 from llm_gym.train.run_folder import (
     METRICS_FILE,
     SERVED_FOLDER,
+    SUMMARY_FILE,
     TRAINING_PLOT_FILE,
     claim_out,
     clear_out,
@@ -69,7 +73,17 @@ class GRPOTrainer:
     def __init__(self, config: GRPOConfig) -> None:
         self.config = config
         self.out = Path(config.out)
+        # Before the folder is looked at: one run at a time in it, until train() ends.
+        self.lock = FolderLock(self.out)
+        try:
+            self._prepare(config)
+        except BaseException:
+            self.lock.release()
+            raise
+
+    def _prepare(self, config: GRPOConfig) -> None:
         self.device, self.dtype = resolve_device(config.device), resolve_dtype(config.dtype)
+        self._check_sizes(config)  # before anything is allocated
         checkpoint = claim_out(config)  # on --resume the newest one, checked whole
         state, tensors = load_checkpoint(checkpoint) if checkpoint else (None, None)
         torch.manual_seed(config.seed)
@@ -96,6 +110,20 @@ class GRPOTrainer:
         except BaseException:  # no server is left running after a setup error
             self.close()
             raise
+
+    def _check_sizes(self, config: GRPOConfig) -> None:
+        # A sub-env per response, each generating up to max_new_tokens a turn.
+        turns = config.max_tool_calls + 1 if config.tools else 1
+        tokens, batch = config.max_new_tokens * turns + 1, config.groups * config.group_size
+        batches = [("--minibatch-size", min(config.minibatch_size, batch), tokens, True)]
+        if config.backend == "transformers":  # else a server generates, in its own memory
+            batches.append(("--groups × --group-size", batch, tokens, False))
+        if config.eval_episodes:
+            batches.append(("--eval-episodes", min(32, config.eval_episodes), tokens, False))
+        copy = config.asynchronous and config.backend == "transformers"  # samples meanwhile
+        copies = 1 + (config.kl_coef > 0) + copy
+        records = ("--eval-episodes", config.eval_episodes) if config.eval_episodes else None
+        check_run(config, self.device, batches, records, copies=copies, train=True)
 
     def _set_up(self, config: GRPOConfig, state: Any, tensors: Any) -> None:
         self._publish(write=False)
@@ -135,37 +163,64 @@ class GRPOTrainer:
     # -- the loop ---------------------------------------------------------------------------
 
     def train(self) -> dict[str, Any]:
-        """Run the iterations; write metrics, plot, checkpoints and ``summary.json``."""
+        """Run the iterations; write metrics, plot, checkpoints and ``summary.json``. Ctrl-C
+        or a file the disk cannot take (``RunWriteError``, one line naming it) stops the run
+        with its summary marked interrupted; the run folder is let go at the end."""
+        try:
+            return self._train()
+        finally:
+            self.lock.release()
+
+    def _train(self) -> dict[str, Any]:
         config, started = self.config, time.perf_counter()
-        if self.before is None and config.eval_episodes:
-            self.before = self.evaluate()
         rows = earlier_rows(self.out, self.start)
         bar = tqdm(
             total=config.iterations, initial=self.start, unit="it",
             disable=not config.progress, dynamic_ncols=True,
         )  # fmt: skip
-        obs = self._reset()
         try:
-            with (self.out / METRICS_FILE).open("w", encoding="utf-8") as f:
-                f.writelines(json.dumps(row) + "\n" for row in rows)
+            if self.before is None and config.eval_episodes:
+                self.before = self.evaluate()
+            obs = self._reset()
+            # The earlier rows are written aside first: a full disk cannot cost them.
+            write_text(self.out / METRICS_FILE, "".join(json.dumps(row) + "\n" for row in rows))
+            with LineFile(self.out / METRICS_FILE) as f:
                 for iteration in range(self.start, config.iterations):
                     obs, row = self.iteration(obs, iteration)
                     rows.append(row)
-                    f.write(json.dumps(row) + "\n")
-                    f.flush()  # a line per iteration, readable after Ctrl-C
+                    f.write(json.dumps(row))  # a line per iteration, readable after Ctrl-C
                     bar.update(1)
                     bar.set_postfix(reward=f"{row['reward']:.3f}", success=f"{row['success']:.2f}")
                     done = iteration + 1
                     if done % config.save_every == 0 or done == config.iterations:
                         self.save(done)
-        except KeyboardInterrupt:  # what finished is reported; the checkpoint resumes it
-            self.write(rows, None, time.perf_counter() - started, interrupted=True)
+        except (KeyboardInterrupt, RunWriteError) as error:  # what finished is reported
+            self._stopped(rows, started, error)
             raise
         finally:
             bar.close()
             self.close()
         after = self.evaluate() if config.eval_episodes else None
-        return self.write(rows, after, time.perf_counter() - started)
+        try:
+            return self.write(rows, after, time.perf_counter() - started)
+        except RunWriteError as error:
+            self._stopped(rows, started, error, after)
+            raise
+
+    def _stopped(
+        self,
+        rows: list[dict[str, Any]],
+        started: float,
+        error: BaseException,
+        after: dict[str, float] | None = None,
+    ) -> None:
+        # The summary, marked interrupted, as far as the disk takes it; a RunWriteError then
+        # says in its one line whether the summary was written.
+        seconds = time.perf_counter() - started
+        note = [f"Stopped: {error}"] if isinstance(error, RunWriteError) else []
+        self.write(rows, after, seconds, interrupted=True, notes=note)
+        if isinstance(error, RunWriteError):
+            error.strerror = f"{error.strerror}; {told(self.out / SUMMARY_FILE, self.unwritten)}"
 
     def write(
         self,
@@ -173,9 +228,11 @@ class GRPOTrainer:
         after: dict[str, float] | None,
         seconds: float,
         interrupted: bool = False,
+        notes: list[str] = (),
     ) -> dict[str, Any]:
-        """Write ``summary.json``, the plot and ``report.md`` of the metrics ``rows`` and the
-        evaluation ``after`` (with ``before``); the summary."""
+        """Write ``summary.json``, the plot and ``report.md`` (with ``notes``) of the metrics
+        ``rows`` and the evaluation ``after`` (with ``before``); the summary. An
+        ``interrupted`` run writes what the disk takes (``unwritten``: the others' errors)."""
         levels = {row["level"] for row in rows if row.get("level") is not None}
         config, names = self.config, self.task_names
         run = describe_run(config, self.answer_format, names, levels, config.backend)
@@ -183,7 +240,7 @@ class GRPOTrainer:
         summary.update(iterations=len(rows), minutes_this_run=seconds / 60)
         restarts = self.driver.restarts if self.driver and config.ray_address else None
         summary.update(device=str(self.device), worker_restarts=restarts, config=asdict(config))
-        write_summary(self.out, summary, rows)
+        self.unwritten = write_summary(self.out, summary, rows, list(notes))
         return summary
 
     def iteration(self, obs: dict[str, Any] | None, iteration: int) -> tuple[dict[str, Any], dict]:

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
 from llm_gym.run.describe import run_rows, run_title
+from llm_gym.run.files import RunWriteError, write_text
 from llm_gym.run.plots import plot_training
-from llm_gym.run.report import write_report
-from llm_gym.train.checkpoints import latest_checkpoint
+from llm_gym.run.report import REPORT_FILE, write_report
+from llm_gym.train.checkpoints import latest_checkpoint, run_checkpoints
 from llm_gym.train.config import CONFIG_FILE, GRPOConfig, check_resumable
 
 __all__ = [
@@ -22,11 +24,12 @@ __all__ = [
     "claim_out",
     "clear_out",
     "earlier_rows",
+    "resume_hint",
     "write_summary",
 ]
 
 # What a run leaves in its folder (the files --resume reads among them).
-METRICS_FILE = "metrics.jsonl"  # a line per iteration, flushed as it ends
+METRICS_FILE = "metrics.jsonl"  # a line per iteration, written as it ends
 TRAINING_PLOT_FILE = "training.png"
 SUMMARY_FILE = "summary.json"
 SERVED_FOLDER = "served-model"  # --backend vllm: the weights the server samples with
@@ -45,6 +48,7 @@ def claim_out(config: GRPOConfig) -> Path | None:
                 f"--resume needs a checkpoint of the run in {out}, but there is no "
                 f"{out}/checkpoint-<iteration>/ (one is written every --save-every iterations)"
             )
+        _check_rows(out, checkpoint)
         return checkpoint
     if ((out / METRICS_FILE).exists() or (out / CONFIG_FILE).exists()) and not config.overwrite:
         raise FileExistsError(
@@ -54,13 +58,53 @@ def claim_out(config: GRPOConfig) -> Path | None:
     return None
 
 
+def _check_rows(out: Path, checkpoint: Path) -> None:
+    # The resumed run rewrites metrics.jsonl from the rows before its checkpoint: without the
+    # file they would be lost for good, so refuse; a file short of rows is said in one line.
+    done = int(checkpoint.name.rsplit("-", 1)[1])
+    path = out / METRICS_FILE
+    if not done:
+        return
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"--resume: {path} is missing, and with it the rows of the iterations before "
+            f"{checkpoint.name} (0 to {done - 1}); restore the file, or start over with "
+            "--overwrite"
+        )
+    kept = {row["iteration"] for row in earlier_rows(out, done)}
+    if len(kept) < done:
+        print(
+            f"llm-gym: {path} holds the rows of {len(kept)} of the {done} iterations "
+            f"{checkpoint.name} holds; the resumed run's metrics and plot lack the others",
+            file=sys.stderr,
+        )
+
+
 def clear_out(out: Path) -> None:
-    """``--overwrite``: the earlier run's files and checkpoints go."""
-    for name in (METRICS_FILE, TRAINING_PLOT_FILE, SUMMARY_FILE, CONFIG_FILE):
+    """``--overwrite``: the earlier run's files and checkpoints go, and nothing else (a
+    folder of the user's named ``checkpoint-backup`` stays)."""
+    for name in (METRICS_FILE, TRAINING_PLOT_FILE, SUMMARY_FILE, CONFIG_FILE, REPORT_FILE):
         (out / name).unlink(missing_ok=True)
-    for path in out.glob("checkpoint-*"):
+    for path in run_checkpoints(out):
         shutil.rmtree(path)
     out.mkdir(parents=True, exist_ok=True)
+
+
+def resume_hint(out: str | Path) -> str:
+    """What a stopped training run left in ``out`` and how to go on: ``--resume`` from its
+    newest checkpoint, or, with none yet, that there is nothing to resume."""
+    out = Path(out)
+    checkpoint, metrics = latest_checkpoint(out), out / METRICS_FILE
+    finished = metrics.is_file() and metrics.stat().st_size > 0
+    rows = f"finished iterations are in {metrics}" if finished else "no iteration finished"
+    if checkpoint is not None:
+        return f"{rows}; --resume continues from {checkpoint}"
+    if finished or (out / CONFIG_FILE).exists():
+        return (
+            f"{rows} and no checkpoint was written yet (--save-every), so there is nothing "
+            "to resume: start over with --overwrite"
+        )
+    return f"nothing was written to {out}: run the command again"
 
 
 def earlier_rows(out: Path, start: int) -> list[dict[str, Any]]:
@@ -78,14 +122,30 @@ def earlier_rows(out: Path, start: int) -> list[dict[str, Any]]:
     return rows
 
 
-def write_summary(out: Path, summary: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+def write_summary(
+    out: Path, summary: dict[str, Any], rows: list[dict[str, Any]], notes: list[str] = ()
+) -> list[RunWriteError]:
     """Write a run's ``summary.json`` (``summary``: ``describe_run``'s fields, ``before`` and
     ``after`` evaluations, ``interrupted``), its plot of the metrics ``rows`` and
-    ``report.md``."""
-    (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+    ``report.md`` (with ``notes``). Each is written whole or not at all: a finished run raises
+    the first ``RunWriteError``; a stopped one (``summary["interrupted"]``) writes what the
+    disk takes and returns the errors of the others (their ``filename``: the path)."""
+    unwritten: list[RunWriteError] = []
+
+    def attempt(write: Any, *args: Any) -> bool:
+        try:
+            write(*args)
+        except RunWriteError as error:
+            if not summary["interrupted"]:
+                raise
+            unwritten.append(error)
+            return False
+        return True
+
+    attempt(write_text, out / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
     before, after = summary["before"], summary["after"]
     title = run_title(summary) + (" (interrupted)" if summary["interrupted"] else "")
-    plot_training(rows, before, after, out / TRAINING_PLOT_FILE, title)
+    plotted = attempt(plot_training, rows, before, after, out / TRAINING_PLOT_FILE, title)
     numbers = [("iterations", len(rows))]
     for name, evaluation in (("before", before), ("after", after)):
         if evaluation is not None:
@@ -93,4 +153,6 @@ def write_summary(out: Path, summary: dict[str, Any], rows: list[dict[str, Any]]
     if rows:
         numbers.append(("sampled success, last iteration", rows[-1]["success"]))
     rows_ = [*run_rows(summary), *numbers]
-    write_report(out, f"Training: {title}", rows_, [out / TRAINING_PLOT_FILE])
+    images = [out / TRAINING_PLOT_FILE] if plotted else []
+    attempt(write_report, out, f"Training: {title}", rows_, images, notes)
+    return unwritten
