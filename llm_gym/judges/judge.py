@@ -149,11 +149,32 @@ class _Judging:
     """What ``Judge`` and ``GroupJudge`` share: prompts to replies through the sampler,
     batched, cached, bounded and retried."""
 
+    TEMPLATE: str  # the default prompt
+    FIELDS: tuple[str, ...]  # the placeholders a prompt must hold
+    MAX_RESPONSE_CHARS: int  # the default cut of each response
+
     def __init__(
-        self, sampler: Sampler, tokenizer: Any, *, low: float, high: float, timeout_s: float,
-        retries: int, cache: bool, max_response_chars: int, field_names: tuple[str, str],
-        reply_prefix: str,
-    ) -> None:  # fmt: skip
+        self,
+        sampler: Sampler,
+        tokenizer: Any,
+        *,
+        template: str | None = None,
+        low: float = 0,
+        high: float = 10,
+        query_field: str = "query",
+        reference_field: str | None = None,
+        timeout_s: float = 120.0,
+        retries: int = 2,
+        cache: bool = True,
+        max_response_chars: int | None = None,
+        reply_prefix: str = "",
+    ) -> None:
+        self.template = check_str("template", self.TEMPLATE if template is None else template)
+        for name in self.FIELDS:
+            if name not in self.template:
+                raise ValueError(f"template must hold {name}, got {self.template[:80]!r}...")
+        if max_response_chars is None:
+            max_response_chars = self.MAX_RESPONSE_CHARS
         if not callable(getattr(sampler, "sample", None)):
             raise TypeError(
                 "sampler must have sample(prompts) -> list[Sample] (llm_gym.samplers: a "
@@ -172,7 +193,7 @@ class _Judging:
         self.timeout_s = check_number("timeout_s", timeout_s, 0, strict=True)
         self.retries = check_int("retries", retries, 0)
         self.max_response_chars = check_int("max_response_chars", max_response_chars, 1)
-        self.query_field, self.reference_field = field_names
+        self.query_field, self.reference_field = query_field, reference_field
         self.reply_prefix = check_str("reply_prefix", reply_prefix)
         self.stats = JudgeStats()
         self._cache: dict[str, str] | None = {} if cache else None
@@ -303,15 +324,17 @@ class Judge(_Judging):
     Args:
         sampler: the judge model (any ``Sampler``: its own settings, e.g. greedy, apply).
         tokenizer: the judge model's tokenizer (its chat template builds the prompt).
-        template: the prompt, with ``{question}``, ``{response}``, ``{reference_block}``,
-            ``{low}`` and ``{high}``; the reply must end with ``Score: <number>``.
+        template: the prompt (None: ``JUDGE_TEMPLATE``), with ``{question}``,
+            ``{response}``, ``{reference_block}``, ``{low}`` and ``{high}``; the reply must
+            end with ``Score: <number>``.
         low, high: the score's range; the part's value is the score scaled to [0, 1].
         query_field: the item's field with the question (``"query"``, the env's).
         reference_field: the item's field with a reference answer (None: no reference).
         timeout_s: how long one batch of judging may take; retries: how many times a failed
             call is tried again.
         cache: judge a repeated (question, response) once.
-        max_response_chars: the response is cut to this many characters for the judge.
+        max_response_chars: the response is cut to this many characters for the judge
+            (None: 4000).
         reply_prefix: the start of the judge's reply, given to the model (a prefill such as
             ``"Score:"``, which holds a small judge to the format); the parsed reply has it.
 
@@ -319,31 +342,9 @@ class Judge(_Judging):
     ``info["judge_error"]`` why a reply scored 0.0 (no score in range).
     """
 
-    def __init__(
-        self,
-        sampler: Sampler,
-        tokenizer: Any,
-        *,
-        template: str = JUDGE_TEMPLATE,
-        low: float = 0,
-        high: float = 10,
-        query_field: str = "query",
-        reference_field: str | None = None,
-        timeout_s: float = 120.0,
-        retries: int = 2,
-        cache: bool = True,
-        max_response_chars: int = 4000,
-        reply_prefix: str = "",
-    ) -> None:
-        self.template = check_str("template", template)
-        for name in ("{question}", "{response}"):
-            if name not in template:
-                raise ValueError(f"template must hold {name}, got {template[:80]!r}...")
-        super().__init__(
-            sampler, tokenizer, low=low, high=high, timeout_s=timeout_s, retries=retries,
-            cache=cache, max_response_chars=max_response_chars,
-            field_names=(query_field, reference_field), reply_prefix=reply_prefix,
-        )  # fmt: skip
+    TEMPLATE = JUDGE_TEMPLATE
+    FIELDS = ("{question}", "{response}")
+    MAX_RESPONSE_CHARS = 4000
 
     def prompt(self, response: str, item: Mapping[str, Any]) -> str:
         """The text the judge model is asked."""
@@ -370,35 +371,14 @@ class GroupJudge(_Judging):
     numbered; its reply gives each a score (``Response k: N``), scaled to [0, 1] from
     [``low``, ``high``]. A reply that misses a response or goes out of range scores the whole
     group 0.0 (the reason, and the reply, in each response's ``info``). Arguments as
-    ``Judge``'s; ``template`` has ``{count}``, ``{question}``, ``{reference_block}``,
-    ``{responses}``, ``{low}`` and ``{high}``.
+    ``Judge``'s; ``template`` (None: ``GROUP_TEMPLATE``) has ``{count}``, ``{question}``,
+    ``{reference_block}``, ``{responses}``, ``{low}`` and ``{high}``; each response is cut
+    to ``max_response_chars`` (None: 2000).
     """
 
-    def __init__(
-        self,
-        sampler: Sampler,
-        tokenizer: Any,
-        *,
-        template: str = GROUP_TEMPLATE,
-        low: float = 0,
-        high: float = 10,
-        query_field: str = "query",
-        reference_field: str | None = None,
-        timeout_s: float = 120.0,
-        retries: int = 2,
-        cache: bool = True,
-        max_response_chars: int = 2000,
-        reply_prefix: str = "",
-    ) -> None:
-        self.template = check_str("template", template)
-        for name in ("{question}", "{responses}"):
-            if name not in template:
-                raise ValueError(f"template must hold {name}, got {template[:80]!r}...")
-        super().__init__(
-            sampler, tokenizer, low=low, high=high, timeout_s=timeout_s, retries=retries,
-            cache=cache, max_response_chars=max_response_chars,
-            field_names=(query_field, reference_field), reply_prefix=reply_prefix,
-        )  # fmt: skip
+    TEMPLATE = GROUP_TEMPLATE
+    FIELDS = ("{question}", "{responses}")
+    MAX_RESPONSE_CHARS = 2000
 
     def prompt(self, responses: Sequence[str], items: Sequence[Mapping[str, Any]]) -> str:
         """The text the judge model is asked about the group."""
