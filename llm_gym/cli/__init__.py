@@ -228,6 +228,12 @@ def _train(trainer: Any) -> int:
     line = eval_line(summary["before"], summary["after"])
     if line is not None:
         print(line)
+    if summary.get("parts"):
+        means = ", ".join(f"{name} {mean:.3f}" for name, mean in summary["parts"].items())
+        print(f"rubric parts (means, last iteration): {means}")
+    for name, cost in (summary.get("judges") or {}).items():
+        print(f"{name}: {cost['calls']} calls, {cost['tokens']} tokens, {cost['seconds']:.1f} s, "
+              f"{cost['cache_hits']} cache hits, {cost['errors']} errors")  # fmt: skip
     print(f"wrote {trainer.out}/{METRICS_FILE}, {TRAINING_PLOT_FILE}, checkpoint-*/, summary.json")
     return 0
 

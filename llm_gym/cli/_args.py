@@ -199,6 +199,17 @@ def add_run_options(parser: argparse.ArgumentParser, config: type) -> tuple[Call
     add("--tool-format", choices=CALL_FORMATS, default=defaults.tool_format,
         help="how the model calls tools: 'hermes' (<tool_call> JSON) or 'markdown' "
         "(```python blocks run by the python tool); default: %(default)s")  # fmt: skip
+    add("--rubric", default=defaults.rubric, metavar="PARTS",
+        help="the reward's parts, comma-separated PART[=WEIGHT]: 'task' (the task's own "
+        "reward), 'judge' (an LLM judge of each response, in [0, 1]), 'group-judge' (train: "
+        "an LLM judge ranks each group's responses); weight 1 unless given, 0 reports a part "
+        "without paying it; the task's parts are reported even when not paid")  # fmt: skip
+    add("--judge", default=None, metavar="MODEL|URL",
+        help="the LLM judge of --rubric's judge parts: 'default', a model folder, or an "
+        "OpenAI-compatible server's URL (default: %(default)s, none)")  # fmt: skip
+    add("--judge-tokenizer", default=None, metavar="MODEL",
+        help="--judge URL: the model whose chat template builds the judge's prompts "
+        "(default: %(default)s, --model's)")  # fmt: skip
     add("--out", default=defaults.out, help="run folder (default: %(default)s)")
     add("--overwrite", action="store_true", help="replace an earlier run in --out")
     add("--no-progress", action="store_true", help="no progress bar")
@@ -251,7 +262,8 @@ def given_options(parser: argparse.ArgumentParser, argv: Sequence[str]) -> set[s
 
 # -- checks of flag combinations ----------------------------------------------------
 
-MODEL_FLAGS = {"model": "--model", "ref_model": "--ref-model"}
+MODEL_FLAGS = {"model": "--model", "ref_model": "--ref-model", "judge": "--judge",
+               "judge_tokenizer": "--judge-tokenizer"}  # fmt: skip
 DATASET_FLAGS = {"split": "--split", "data_dir": "--data-dir"}
 
 
@@ -278,6 +290,11 @@ def check_flags(args: argparse.Namespace, given: set[str]) -> None:
         raise ValueError(
             f"--answer-format applies to tasks that ask for an answer format; {args.env} "
             "reads answers in a format of its own (code, a game's moves)"
+        )
+    if {"rubric", "judge"} & given and task_function(args.env) is None:
+        raise ValueError(
+            f"--rubric and --judge apply to task envs (DatasetChatEnv's: llm-gym envs lists "
+            f"their task); {args.env} scores its episodes its own way"
         )
     # rollout charges the KL against --ref-model only; train's kl_coef is its own penalty.
     if "kl_coef" in given and "ref_model" in vars(args) and args.ref_model is None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from llm_gym.chat.history import History
@@ -13,6 +13,7 @@ from llm_gym.checks import check_bool, check_int
 from llm_gym.envs.chat import ChatEnv
 from llm_gym.sources import IndexedSource, IterableSource, Shard, Source
 from llm_gym.sources.datasets import is_iterable_dataset, load_records
+from llm_gym.tasks.rubric import Part, extend_reward
 from llm_gym.tasks.task import FieldMap, Task, TaskReward, TaskScore
 
 if TYPE_CHECKING:
@@ -48,7 +49,9 @@ class DatasetChatEnv(ChatEnv):
     ## Rewards
 
     ``reward(response_text, sample)``'s reward, its info merged into the step's ``info``;
-    ``0.0`` and an empty ``info`` without a ``reward``.
+    ``0.0`` and an empty ``info`` without a ``reward``. With ``reward_parts`` the reward is
+    ``llm_gym.tasks.extend_reward(reward, reward_parts, task_weight=...)``: a ``Rubric`` of
+    the task's parts and these (an LLM judge, a metric), each part's value in ``info``.
 
     ## Starting State
 
@@ -83,6 +86,9 @@ class DatasetChatEnv(ChatEnv):
     - ``field_map``, ``reward``, ``required_fields``, ``answer_format``,
       ``concurrent_reward``: the task's, as ``llm_gym.tasks.Task`` says; the fields are
       checked on the first sample, so a dataset without them fails here.
+    - ``reward_parts``: ``llm_gym.tasks.Part``s added to the task's reward (default: none);
+      ``task_weight``: what the task's own parts pay then (default 1.0; 0: reported as
+      metrics, not paid).
     - ``system_prompt``, ``max_turns``: as ``ChatEnv`` (``max_turns`` defaults to 1).
     - ``**chat_options``: ``ChatEnv``'s other arguments (``input_mode``, ``tokenizer``, ...).
 
@@ -130,6 +136,8 @@ class DatasetChatEnv(ChatEnv):
         answer_format: str | None = None,
         system_prompt: str | None = None,
         max_turns: int | None = 1,
+        reward_parts: Sequence[Part] = (),
+        task_weight: float = 1.0,
         **chat_options: object,
     ) -> None:
         # Cheap checks first, so that bad arguments fail before any data is loaded.
@@ -150,6 +158,12 @@ class DatasetChatEnv(ChatEnv):
             )
         if "query" in chat_options:
             raise TypeError("DatasetChatEnv takes its queries from the dataset, got query=")
+        reward_parts = tuple(reward_parts)
+        if not all(isinstance(part, Part) for part in reward_parts):
+            got = [type(part).__name__ for part in reward_parts]
+            raise TypeError(f"reward_parts must be llm_gym.tasks.Part objects, got {got}")
+        if reward_parts or task_weight != 1.0:
+            reward = extend_reward(reward, reward_parts, task_weight=task_weight)
         super().__init__(system_prompt=system_prompt, max_turns=max_turns, **chat_options)
         self.reward = reward
         self.required_fields = tuple(required_fields)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -34,9 +34,11 @@ from llm_gym.run.setup import (
     reference_scorer,
     resolve_device,
     resolve_dtype,
+    run_rubric,
     task_envs,
 )
 from llm_gym.samplers import SamplerError
+from llm_gym.tasks import Rubric
 
 __all__ = [
     "ARRAYS",
@@ -48,6 +50,7 @@ __all__ = [
     "Summary",
     "format_hint",
     "prepare_out",
+    "rubric_part_names",
     "summarize",
 ]
 
@@ -81,6 +84,10 @@ class Summary:
     # Games: the share of episodes won, drawn, lost and cut by max_turns (None: no games).
     outcomes: dict[str, float] | None = None
     pass_rate: float | None = None  # code: episodes whose every test passed (None: no code)
+    # A Rubric reward's parts: each one's mean over the episodes that have it (as paid or
+    # reported: a gate's share held, a metric's mean), by name; and each judge's costs.
+    parts: dict[str, float] | None = None
+    judges: dict[str, dict[str, float]] | None = None
 
     def table(self) -> str:
         """The summary as aligned ``name  value`` lines, then the hint, if any."""
@@ -117,6 +124,19 @@ class Summary:
                 ("tool calls / episode", f"{self.tool_calls_per_episode:.2f}"),
                 ("failed tool calls", "n/a (no calls)" if failed is None else f"{failed:.3f}"),
             ]
+        for name, mean in (self.parts or {}).items():
+            rows.append((f"part {name} (mean)", f"{mean:.4f}"))
+        for name, cost in (self.judges or {}).items():
+            per = cost["seconds"] / cost["calls"] if cost["calls"] else 0.0
+            rows.append(
+                (
+                    f"{name}: calls / tokens / s",
+                    f"{cost['calls']:.0f} / "
+                    f"{cost['tokens']:.0f} / {cost['seconds']:.1f} ({per:.2f} s a call)",
+                )
+            )
+            rows.append((f"{name}: cache hits / errors",
+                         f"{cost['cache_hits']:.0f} / {cost['errors']:.0f}"))  # fmt: skip
         rows.append(("tokens/s", f"{self.tokens_per_second:.1f}"))
         if self.worker_restarts is not None:
             rows.append(("env worker restarts", f"{self.worker_restarts}"))
@@ -175,9 +195,11 @@ class Rollout:
         self._set_up(config, tokenizer)
 
     def _set_up(self, config: RolloutConfig, tokenizer: Any) -> None:
-        envs = task_envs(
-            config, tokenizer, config.num_envs, split=config.split, data_dir=config.data_dir
-        )
+        self.rubric = run_rubric(config, tokenizer)
+        options = {"split": config.split, "data_dir": config.data_dir}
+        options.update(self.rubric.env_options())
+        envs = task_envs(config, tokenizer, config.num_envs, **options)
+        self.part_names = rubric_part_names(envs)
         if config.episodes is None:
             epoch = getattr(envs.unwrapped, "epoch_size", None)
             self.config = config = replace(config, episodes=epoch or PROCEDURAL_EPISODES)
@@ -193,8 +215,9 @@ class Rollout:
             if config.ref_model is not None:
                 self.ref = reference_scorer(config, config.ref_model)
             self.driver = async_episodes(
-                config, tokenizer, self.policy, config.num_envs, ref=self.ref
-            )
+                config, tokenizer, self.policy, config.num_envs, ref=self.ref,
+                **self.rubric.env_options(),
+            )  # fmt: skip
             envs = self.driver
         elif config.ref_model is not None:
             envs = charge_kl(envs, config, config.ref_model)
@@ -239,7 +262,7 @@ class Rollout:
     def close(self) -> None:
         """Stop the sampler's server and the reference's Ray actor, if any (also done when
         ``run()`` ends)."""
-        for part in (self.policy, getattr(self, "ref", None)):
+        for part in (self.policy, getattr(self, "ref", None), getattr(self, "rubric", None)):
             close = getattr(part, "close", None)
             if close is not None:
                 close()
@@ -256,7 +279,8 @@ class Rollout:
         disk cannot take (``RunWriteError``); an ``interrupted`` one writes what the disk takes
         (``unwritten``: the others' errors)."""
         config = self.config
-        summary = summarize(items, seconds)
+        summary = summarize(items, seconds, self.part_names)
+        summary = replace(summary, judges=self.rubric.stats())
         hint = format_hint(items, self.answer_format, config.max_new_tokens)
         restarts = self.driver.restarts if self.driver and config.ray_address else None
         summary = replace(summary, hint=hint, worker_restarts=restarts)
@@ -375,8 +399,17 @@ def format_hint(
     return line
 
 
-def summarize(items: list[dict[str, Any]], seconds: float) -> Summary:
-    """The ``Summary`` of finished episodes' records, ``seconds`` after the start."""
+def rubric_part_names(envs: Any) -> list[str]:
+    """The part names of ``envs``' reward where it is a ``Rubric`` (the info keys that hold
+    their values); none otherwise."""
+    reward = getattr(single_env(envs), "reward", None)
+    return [part.name for part in reward.parts] if isinstance(reward, Rubric) else []
+
+
+def summarize(items: list[dict[str, Any]], seconds: float, parts: Sequence[str] = ()) -> Summary:
+    """The ``Summary`` of finished episodes' records, ``seconds`` after the start; with the
+    mean of each of a rubric's ``parts`` (``rubric_part_names``) over the episodes that have
+    it."""
     n = len(items)
     kls = [r["kl_mean"] for r in items if r.get("kl_mean") is not None]
     tokens = sum(r["num_tokens"] for r in items)
@@ -392,6 +425,13 @@ def summarize(items: list[dict[str, Any]], seconds: float) -> Summary:
         }
     if n and all("tests" in r for r in items):  # code graded by its tests
         extra["pass_rate"] = sum(bool(r.get("success")) for r in items) / n
+    means = {}
+    for name in parts:
+        values = [float(r[name]) for r in items if isinstance(r.get(name), (int, float))]
+        if values:
+            means[name] = float(np.mean(values))
+    if means:
+        extra["parts"] = means
     ends = [r.get("outcome") for r in items]
     if n and any(end is not None for end in ends):
         extra["outcomes"] = {name: ends.count(name) / n for name in OUTCOMES}

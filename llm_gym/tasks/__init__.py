@@ -12,7 +12,7 @@ from llm_gym.tasks.ifeval import IFEVAL_LEVELS, ifeval_prompt, ifeval_task
 from llm_gym.tasks.math import load_math, math_task
 from llm_gym.tasks.products import PRODUCTS_CODE_REQUEST, products_task
 from llm_gym.tasks.reasoning_gym import reasoning_gym_task
-from llm_gym.tasks.rubric import Part, Rubric, answer_rubric
+from llm_gym.tasks.rubric import TASK_PART, Part, Rubric, answer_rubric, extend_reward
 from llm_gym.tasks.task import Task, TaskReward, TaskScore
 
 __all__ = [
@@ -21,12 +21,14 @@ __all__ = [
     "GSM8K_SYSTEM_PROMPT",
     "IFEVAL_LEVELS",
     "PRODUCTS_CODE_REQUEST",
+    "TASK_PART",
     "Part",
     "Rubric",
     "Task",
     "TaskReward",
     "TaskScore",
     "answer_rubric",
+    "extend_reward",
     "countdown_task",
     "gsm8k_task",
     "ifeval_prompt",

@@ -22,6 +22,7 @@ default, as any reward) or scores 0.0 with its error (``errors="zero"``).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import inspect
 import math
@@ -34,9 +35,13 @@ from llm_gym.checks import check_choice, check_number, check_str
 from llm_gym.rewards.answers import check_answer_format, extract_answer
 from llm_gym.tasks.task import TaskScore
 
-__all__ = ["GroupPartFn", "Part", "PartFn", "ROLES", "Rubric", "answer_rubric"]
+__all__ = [
+    "TASK_PART", "GroupPartFn", "Part", "PartFn", "ROLES", "Rubric", "answer_rubric",
+    "extend_reward",
+]  # fmt: skip
 
 ROLES = ("reward", "metric", "gate")
+TASK_PART = "task_score"  # the part a task's plain reward function becomes in extend_reward
 
 #: ``part(response, item)``: a number, a ``TaskScore`` or ``(reward, info)``; may be async.
 PartFn = Callable[[str, Mapping[str, Any]], Any]
@@ -349,3 +354,41 @@ def answer_rubric(score: PartFn, answer_format: str, *, numeric: bool = True) ->
         return float(extract_answer(response, answer_format, numeric=numeric) is not None)
 
     return Rubric([Part("format", answered, role="gate"), Part("right", score)])
+
+
+def extend_reward(
+    reward: Callable[[str, Mapping[str, Any]], Any] | None,
+    parts: Sequence[Part],
+    *,
+    task_weight: float = 1.0,
+) -> Rubric:
+    """A task's ``reward`` with more ``parts`` (a judge, a length metric) as one ``Rubric``.
+
+    The task's own parts come first: a ``Rubric``'s parts as they are, a plain reward
+    function as the part ``TASK_PART`` (None: no part). ``task_weight`` scales what they pay;
+    at 0 they are all reported as metrics (gates included), so that only ``parts`` pay and
+    the task's score is still seen. The task's ``timeout_s`` and ``errors`` are kept.
+
+    >>> task = Rubric([Part("format", lambda r, i: float(r.isdigit()), role="gate"),
+    ...                Part("right", lambda r, i: float(r == i["answer"]))])
+    >>> brief = Part("brief", lambda r, i: float(len(r) < 3), weight=0.5)
+    >>> extend_reward(task, [brief])
+    Rubric(format:gate, right:reward×1, brief:reward×0.5)
+    >>> extend_reward(task, [brief], task_weight=0)("5", {"answer": "4"}).reward
+    0.5
+    >>> extend_reward(lambda r, i: 1.0, [brief], task_weight=2)
+    Rubric(task_score:reward×2, brief:reward×0.5)
+    """
+    task_weight = check_number("task_weight", task_weight, 0)
+    if isinstance(reward, Rubric):
+        own, options = reward.parts, {"timeout_s": reward.timeout_s, "errors": reward.errors}
+    else:
+        own, options = (() if reward is None else (Part(TASK_PART, reward),)), {}
+    scaled = []
+    for part in own:
+        if task_weight == 0 and part.role != "metric":
+            part = dataclasses.replace(part, role="metric")
+        elif part.role == "reward":
+            part = dataclasses.replace(part, weight=part.weight * task_weight)
+        scaled.append(part)
+    return Rubric([*scaled, *parts], **options)

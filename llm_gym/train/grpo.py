@@ -23,13 +23,14 @@ from llm_gym.run.budget import check_run
 from llm_gym.run.describe import describe_run
 from llm_gym.run.files import LineFile, RunWriteError, told, write_text
 from llm_gym.run.lock import FolderLock
-from llm_gym.run.rollout import summarize
+from llm_gym.run.rollout import rubric_part_names, summarize
 from llm_gym.run.setup import (
     async_episodes,
     charge_kl,
     make_policy,
     resolve_device,
     resolve_dtype,
+    run_rubric,
     task_envs,
 )
 from llm_gym.samplers.weights import export_model, write_weights
@@ -127,10 +128,14 @@ class GRPOTrainer:
 
     def _set_up(self, config: GRPOConfig, state: Any, tensors: Any) -> None:
         self._publish(write=False)
+        # The judges of --rubric, if any: their parts score each step's answers (a group
+        # judge each group's), not the evaluation, which reads the task's success.
+        self.rubric = run_rubric(config, self.tokenizer, config.group_size)
         self.envs = task_envs(
             config, self.tokenizer, config.groups * config.group_size,
-            repeats=config.group_size, group_repeats=True,
+            repeats=config.group_size, group_repeats=True, **self.rubric.env_options(),
         )  # fmt: skip
+        self.part_names = rubric_part_names(self.envs)
         self.curriculum = self.envs if config.curriculum else None  # before KL wraps it
         self.multi_turn = multi_turn(self.envs)  # tools, games: iterations reseed themselves
         if config.kl_coef > 0:
@@ -146,7 +151,7 @@ class GRPOTrainer:
         if config.asynchronous:  # the vector env above only tells what the task is
             self.driver = async_episodes(
                 config, self.tokenizer, self._sample, config.groups * config.group_size,
-                repeats=config.group_size,
+                repeats=config.group_size, **self.rubric.env_options(),
             )  # fmt: skip
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.learning_rate)
         self.start, self.before, self._resumed = 0, None, state
@@ -240,6 +245,11 @@ class GRPOTrainer:
         summary.update(iterations=len(rows), minutes_this_run=seconds / 60)
         restarts = self.driver.restarts if self.driver and config.ray_address else None
         summary.update(device=str(self.device), worker_restarts=restarts, config=asdict(config))
+        if rows and rows[-1].get("parts"):  # a rubric's parts, as the last iteration paid them
+            summary["parts"] = rows[-1]["parts"]
+        rubric = getattr(self, "rubric", None)
+        if rubric is not None and rubric.judges:  # what the judges cost this run
+            summary["judges"] = rubric.stats()
         self.unwritten = write_summary(self.out, summary, rows, list(notes))
         return summary
 
@@ -260,7 +270,7 @@ class GRPOTrainer:
             self._drawn_level = getattr(self.envs.unwrapped, "level", None)
             records, seconds, next_obs = play_episodes(self.envs, self._sample, obs)
         self.task_names.update(str(r["task"]) for r in records if r.get("task") is not None)
-        summary = summarize(records, seconds)
+        summary = summarize(records, seconds, self.part_names)
         rewards = torch.tensor([r["reward"] for r in records], device=self.device)
         masks = [record["policy_mask"] for record in records]
         behaviour = [r["sampled_log_probs"] for r in records] if self.batches else None
@@ -288,6 +298,8 @@ class GRPOTrainer:
             row["staleness"] = lag
         if config.backend != "transformers":  # writing and loading the new weights
             row["sync_seconds"] = self.sync_seconds
+        if summary.parts:  # a rubric's parts, each one's mean over the iteration's episodes
+            row["parts"] = summary.parts
         if config.tools:
             row["tool_calls_per_episode"] = summary.tool_calls_per_episode
             row["failed_tool_share"] = summary.failed_tool_share
@@ -375,9 +387,10 @@ class GRPOTrainer:
         for part in (getattr(self, "envs", None), self.driver):
             if part is not None:
                 part.close()
-        close = getattr(self.policy, "close", None)
-        if close is not None:
-            close()
+        for part in (self.policy, getattr(self, "rubric", None)):
+            close = getattr(part, "close", None)
+            if close is not None:
+                close()
 
     def evaluate(self, policy: Policy | None = None) -> dict[str, float]:
         """``llm_gym.train.evaluate_greedy`` of the model on ``eval_episodes`` held-out
