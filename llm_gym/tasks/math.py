@@ -1,5 +1,6 @@
 """MATH (``LLMChat-MATH-v0``): competition problems, answers checked by ``math-verify``,
-TorchRL's prompt."""
+TorchRL's prompt; the reward is a ``Rubric`` (``answer_rubric``: the gate ``format`` and the
+reward ``right``, ``MATHReward``'s 1.0 / 0.1 / 0.0)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from llm_gym.rewards.answers import system_prompt
 from llm_gym.rewards.math import MATHReward, boxed_answer
 from llm_gym.sources.datasets import load_split, task_data
+from llm_gym.tasks.rubric import answer_rubric
 from llm_gym.tasks.task import Task, TaskScore
 
 if TYPE_CHECKING:
@@ -75,8 +77,10 @@ def math_task(
     ``correct_reward`` (1.0) for an equivalent answer, ``format_reward`` (0.1) for another
     answer, 0.0 for none, and 0.0 for an answer refused (over 512 characters, or a number
     too large to compute such as ``9^{9^{9}}``) or whose check ran past 5 s, with
-    ``info["reason"]`` saying why. ``info``: TorchRL's parts and ``answer`` (the boxed ground
-    truth); at reset, the row's other fields (``solution``, ``level``/``type`` where present).
+    ``info["reason"]`` saying why. The reward is a ``Rubric`` (``answer_rubric``): the gate
+    ``format`` (an answer in ``answer_format``) and the reward ``right`` (the value above).
+    ``info``: the parts' values, TorchRL's parts and ``answer`` (the boxed ground truth); at
+    reset, the row's other fields (``solution``, ``level``/``type`` where present).
 
     ## Arguments
 
@@ -108,7 +112,8 @@ def math_task(
     return Task(
         source=source,
         prompt=prompt,
-        reward=functools.partial(_score, reward),
+        # numeric=False: MATHReward reads a "hash" answer as the rest of its line.
+        reward=answer_rubric(functools.partial(_score, reward), answer_format, numeric=False),
         answer_format=answer_format,
         field_map={"problem": "query"},
         required_fields=("solution",),

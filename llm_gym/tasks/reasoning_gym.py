@@ -1,5 +1,6 @@
 """reasoning-gym (``LLMChat-ReasoningGym-v0``): any of its 100+ generated tasks, scored by
-the task's own verifier, with its curriculum as levels (the ``reasoning`` extra)."""
+the task's own verifier, with its curriculum as levels (the ``reasoning`` extra). The reward
+is a ``Rubric`` (``answer_rubric``: the gate ``format`` and the reward ``right``)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 from llm_gym.checks import check_reward
 from llm_gym.rewards.answers import score_answer, system_prompt
 from llm_gym.sources.procedural import ProceduralSource
+from llm_gym.tasks.rubric import answer_rubric
 from llm_gym.tasks.task import Task, TaskScore
 
 __all__ = ["ReasoningGymGenerator", "reasoning_gym_task"]
@@ -159,9 +161,11 @@ def reasoning_gym_task(
     ## Rewards
 
     The task's score of the answer, in [0, 1] (1.0 is ``success``); ``format_reward`` (0.0)
-    is the floor for a response that gives an answer, 0.0 without one. ``info``: TorchRL's
-    parts, ``score`` (the task's), ``answer`` (the ground truth, a str), ``task`` and
-    ``metadata``; the reset ``info`` holds the last three.
+    is the floor for a response that gives an answer, 0.0 without one. The reward is a
+    ``Rubric`` (``answer_rubric``): the gate ``format`` (an answer in ``answer_format``) and
+    the reward ``right`` (the value above). ``info``: the parts' values, TorchRL's parts,
+    ``score`` (the task's), ``answer`` (the ground truth, a str), ``task`` and ``metadata``;
+    the reset ``info`` holds the last three.
 
     ## Arguments
 
@@ -207,6 +211,10 @@ def reasoning_gym_task(
     return Task(
         source=ProceduralSource(generate, num_levels=num_levels, level=level or 0),
         prompt=prompt,
-        reward=functools.partial(_score, generator, answer_format, format_reward),
+        reward=answer_rubric(
+            functools.partial(_score, generator, answer_format, format_reward),
+            answer_format,
+            numeric=False,  # as _score reads the answer
+        ),
         answer_format=answer_format,
     )

@@ -22,6 +22,7 @@ default, as any reward) or scores 0.0 with its error (``errors="zero"``).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import functools
 import inspect
@@ -37,7 +38,7 @@ from llm_gym.tasks.task import TaskScore
 
 __all__ = [
     "TASK_PART", "GroupPartFn", "Part", "PartFn", "ROLES", "Rubric", "answer_rubric",
-    "extend_reward",
+    "extend_reward", "in_thread",
 ]  # fmt: skip
 
 ROLES = ("reward", "metric", "gate")
@@ -349,11 +350,31 @@ def answer_rubric(score: PartFn, answer_format: str, *, numeric: bool = True) ->
     ``TaskScore`` info (TorchRL's parts) the rubric's info keeps. The values are the task's
     own: without an answer its score is 0.0 already."""
     check_answer_format(answer_format, "answer_format")
-
-    def answered(response: str, item: Mapping[str, Any]) -> float:
-        return float(extract_answer(response, answer_format, numeric=numeric) is not None)
-
+    answered = functools.partial(_answered, answer_format, numeric)  # picklable, unlike a closure
     return Rubric([Part("format", answered, role="gate"), Part("right", score)])
+
+
+def _answered(answer_format: str, numeric: bool, response: str, item: Mapping[str, Any]) -> float:
+    return float(extract_answer(response, answer_format, numeric=numeric) is not None)
+
+
+def in_thread(fn: Callable[..., Any], *args: Any) -> asyncio.Future:
+    """``fn(*args)`` on a daemon thread of its own, as an awaitable: the body of an async
+    part that blocks (a sandboxed program, a model's generate). Not a pool's thread: the
+    calls of one ``score_batch`` all run at once, and a call that outlives its time-out is
+    left to finish without holding up the event loop's shutdown or the interpreter's exit."""
+    future: concurrent.futures.Future = concurrent.futures.Future()
+
+    def target() -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            future.set_result(fn(*args))
+        except BaseException as error:  # handed to the awaiting coroutine
+            future.set_exception(error)
+
+    threading.Thread(target=target, name="llm_gym-part", daemon=True).start()
+    return asyncio.wrap_future(future)
 
 
 def extend_reward(
