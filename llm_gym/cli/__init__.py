@@ -112,6 +112,14 @@ def _add_train(commands: Any) -> None:
         help="passes over an iteration's responses")  # fmt: skip
     add("--minibatch-size", type=number(int, 1), default=defaults.minibatch_size,
         help="responses per forward in the update (memory, not the math)")  # fmt: skip
+    add("--max-tokens-per-microbatch", type=number(int, 1),
+        default=defaults.max_tokens_per_microbatch,
+        help="padded tokens per forward in the update, at most (memory, not the math: a "
+        "batch is split into micro-batches, shortest first, their gradients summed)")  # fmt: skip
+    add("--gradient-checkpointing", action=argparse.BooleanOptionalAction,
+        default=defaults.gradient_checkpointing,
+        help="keep only each layer's input in the update and recompute the rest in the "
+        "backward (less memory, about a third more time)")  # fmt: skip
     add("--clip-coef", type=number(float, 0.0, False), default=defaults.clip_coef,
         help="the surrogate's ratio clip: 1 +- this")  # fmt: skip
     add("--kl-target", type=number(float, 0.0, False), default=None,

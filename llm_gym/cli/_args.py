@@ -335,7 +335,8 @@ def resumed_config(args: argparse.Namespace, given: set[str]) -> GRPOConfig:
                 f"--{dest.replace('_', '-')} {value!r} differs from the resumed run's "
                 f"{getattr(saved, name)!r} ({Path(args.out) / CONFIG_FILE}); with --resume only "
                 "--iterations, --save-every, --keep-checkpoints, --eval-episodes, --device, "
-                "--threads, --no-progress and the --backend options may change (or start over "
-                "with --overwrite)"
+                "--threads, --no-progress, the update's memory (--minibatch-size, "
+                "--max-tokens-per-microbatch, --gradient-checkpointing) and the --backend "
+                "options may change (or start over with --overwrite)"
             )
     return GRPOConfig.resumed(args.out, **changes)

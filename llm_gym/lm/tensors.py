@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CompiledLogProbs",
+    "LinearLogProbs",
     "first_eos_lengths",
     "first_id",
     "forward_logits",
@@ -34,6 +35,7 @@ __all__ = [
     "log_probs_of",
     "next_token_log_probs",
     "position_ids",
+    "selected_log_probs",
     "token_log_probs",
 ]
 
@@ -244,6 +246,114 @@ def token_log_probs(
             span = gather_log_probs(logits[row, first - 1 : end - 1], ids[row, first:end])
             log_probs[row, first:end] = span
     return log_probs.masked_fill(~scored, 0.0)
+
+
+# Config fields of models whose logits are more than the output layer's product (Gemma's
+# soft-capping, Cohere's and Granite's scales): their log-probs come from the logits.
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+
+
+def selected_log_probs(
+    model: torch.nn.Module,
+    ids: torch.Tensor,
+    attention: torch.Tensor,
+    selected: torch.Tensor,
+    *,
+    chunk_rows: int | None = None,
+) -> torch.Tensor:
+    """``(B, T)`` float32 log π(ids[t] | ids[:t]) at the ``selected`` positions of a padded
+    batch, 0 elsewhere, with autograd: the same values as ``token_log_probs`` of the whole
+    logits, without ever holding them.
+
+    The model's last hidden states at the positions that predict a selected token go through
+    its output layer ``chunk_rows`` rows at a time, forward and backward (``LinearLogProbs``):
+    a response's tokens pay for the vocabulary, the prompt and the padding do not, and one
+    chunk's ``(rows, V)`` logits are the most that exists at once (the fused linear
+    cross-entropy of Liger-Kernel, in torch alone). A model whose logits are more than the
+    output layer's product (soft-capped, scaled) takes the whole-logits path.
+    """
+    selected = selected & has_prefix(attention)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    base = getattr(model, getattr(model, "base_model_prefix", ""), None)
+    config = getattr(model, "config", None)
+    transformed = any(getattr(config, name, None) not in (None, 1.0) for name in _LOGIT_TRANSFORMS)
+    rows, positions = selected.nonzero(as_tuple=True)
+    out = torch.zeros(ids.shape, dtype=torch.float32, device=ids.device)
+    if not isinstance(head, torch.nn.Linear) or base is None or transformed:
+        logits = forward_logits(model, ids, attention)
+        picked = log_probs_of(logits[rows, positions - 1], ids[rows, positions])
+        return out.index_put((rows, positions), picked)
+    hidden = base(
+        input_ids=ids,
+        attention_mask=attention.long(),
+        position_ids=position_ids(attention),
+        use_cache=False,
+    ).last_hidden_state
+    if chunk_rows is None:
+        budget = _CHUNK_ELEMENTS if ids.device.type == "cpu" else _DEVICE_CHUNK_ELEMENTS
+        chunk_rows = max(1, budget // head.weight.shape[0])
+    picked = LinearLogProbs.apply(
+        hidden[rows, positions - 1], head.weight, head.bias, ids[rows, positions], chunk_rows
+    )
+    return out.index_put((rows, positions), picked)
+
+
+class LinearLogProbs(torch.autograd.Function):
+    """``log_softmax(hidden @ weight.T + bias)[i, targets[i]]`` in float32 for ``hidden``
+    ``(N, H)``, ``weight`` ``(V, H)``, ``targets`` ``(N,)``, ``rows`` rows of logits at a
+    time; the backward recomputes each chunk's logits rather than keeping them (one more
+    matrix product, for memory that does not grow with N · V).
+
+    >>> h, w = torch.randn(5, 3, requires_grad=True), torch.randn(7, 3, requires_grad=True)
+    >>> t = torch.tensor([0, 6, 2, 2, 1])
+    >>> fused = LinearLogProbs.apply(h, w, None, t, 2)
+    >>> full = torch.log_softmax(h @ w.T, -1).gather(-1, t[:, None]).squeeze(-1)
+    >>> torch.allclose(fused, full), [torch.allclose(a, b, atol=1e-6) for a, b in zip(
+    ...     torch.autograd.grad(fused.sum(), (h, w)), torch.autograd.grad(full.sum(), (h, w)))]
+    (True, [True, True])
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        targets: torch.Tensor,
+        rows: int,
+    ) -> torch.Tensor:
+        out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+        for start in range(0, hidden.shape[0], rows):
+            stop = start + rows
+            logits = F.linear(hidden[start:stop], weight, bias).float()
+            out[start:stop] = _picked_minus_logsumexp(logits, targets[start:stop])
+        ctx.save_for_backward(hidden, weight, bias, targets)
+        ctx.rows = rows
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        hidden, weight, bias, targets = ctx.saved_tensors
+        needs_hidden, needs_weight, needs_bias = ctx.needs_input_grad[:3]
+        grad_hidden = torch.empty_like(hidden) if needs_hidden else None
+        grad_weight = torch.zeros_like(weight) if needs_weight else None
+        grad_bias = torch.zeros_like(bias) if bias is not None and needs_bias else None
+        for start in range(0, hidden.shape[0], ctx.rows):
+            stop = start + ctx.rows
+            chunk = hidden[start:stop]
+            logits = F.linear(chunk, weight, bias).float()
+            # d log_softmax(z)[t] / dz = onehot(t) - softmax(z), times the incoming gradient.
+            g = grad_out[start:stop, None].float()
+            dlogits = torch.softmax(logits, dim=-1).mul_(-g)
+            dlogits.scatter_add_(-1, targets[start:stop, None], g)
+            dlogits = dlogits.to(weight.dtype)
+            if grad_hidden is not None:
+                grad_hidden[start:stop] = dlogits @ weight
+            if grad_weight is not None:
+                grad_weight.addmm_(dlogits.T, chunk)
+            if grad_bias is not None:
+                grad_bias += dlogits.sum(0)
+        return grad_hidden, grad_weight, grad_bias, None, None
 
 
 def next_token_log_probs(

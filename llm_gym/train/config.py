@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from llm_gym.checks import check_int, check_number
+from llm_gym.checks import check_bool, check_int, check_number
 from llm_gym.run.budget import MAX_ENVS
 from llm_gym.run.config import RunConfig
 from llm_gym.run.files import write_text
@@ -34,6 +34,8 @@ CONFIG_FILE = "run_config.json"  # the run's GRPOConfig, written when the run st
 RESUMABLE = (
     "iterations", "save_every", "keep_checkpoints", "eval_episodes", "progress", "device",
     "out", "resume", "overwrite",
+    # the update's memory, not its math
+    "minibatch_size", "max_tokens_per_microbatch", "gradient_checkpointing",
     # how the samples are drawn, not what is learned from them
     "backend", "base_url", "served_model", "backend_args", "vllm_python",
     "ray_address", "workers",  # where the env workers run
@@ -56,7 +58,10 @@ class GRPOConfig(RunConfig):
     group_size: int = 8  # responses per question
     learning_rate: float = 5e-5
     update_epochs: int = 1
-    minibatch_size: int = 8
+    minibatch_size: int = 8  # responses per forward in the update, at most
+    # The update's memory: padded tokens per forward at most, and activation checkpointing.
+    max_tokens_per_microbatch: int = 4096
+    gradient_checkpointing: bool = True
     clip_coef: float = 0.2
     max_grad_norm: float = 1.0
     kl_target: float | None = None  # adaptive controller's target KL; None: constant coef
@@ -69,9 +74,13 @@ class GRPOConfig(RunConfig):
     max_staleness: int = 1  # --async: updates a batch may be sampled ahead of its own
 
     def __post_init__(self) -> None:
-        positive = ("iterations", "groups", "update_epochs", "minibatch_size", "save_every")
+        positive = (
+            "iterations", "groups", "update_epochs", "minibatch_size", "save_every",
+            "max_tokens_per_microbatch",
+        )  # fmt: skip
         for name in (*positive, "kl_horizon", "keep_checkpoints"):
             check_int(name, getattr(self, name), 1)
+        check_bool("gradient_checkpointing", self.gradient_checkpointing)
         check_int("group_size", self.group_size, 2)  # one response has no group to compare
         check_int("eval_episodes", self.eval_episodes, 0)
         check_int("max_staleness", self.max_staleness, 0)

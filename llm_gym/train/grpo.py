@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 from llm_gym.envs import single_env
 from llm_gym.episodes import multi_turn, play_episodes
 from llm_gym.lm.loading import load_model
+from llm_gym.lm.tensors import has_prefix, left_pad, selected_log_probs
 from llm_gym.policies import TransformersPolicy
 from llm_gym.run.budget import check_run
 from llm_gym.run.describe import describe_run
@@ -37,7 +38,7 @@ from llm_gym.samplers.weights import export_model, write_weights
 from llm_gym.train.checkpoints import load_checkpoint, save_checkpoint
 from llm_gym.train.config import GRPOConfig
 from llm_gym.train.evaluation import evaluate_greedy
-from llm_gym.train.loss import group_advantages, grpo_loss, sampled
+from llm_gym.train.loss import group_advantages, grpo_loss, microbatches, sampled
 from llm_gym.train.pipeline import AsyncBatches, staleness
 from llm_gym.train.run_folder import (
     METRICS_FILE,
@@ -94,6 +95,12 @@ class GRPOTrainer:
         self.scorer = TransformersPolicy(
             self.model, self.tokenizer, input_mode="tokens", generate=False
         )  # the model being trained
+        self.pad_id = self.scorer.pad_token_id
+        if config.gradient_checkpointing:  # the layers' inputs kept, the rest recomputed
+            enable = getattr(self.model, "activation_checkpointing_enable", None)  # transformers 5
+            if enable is None:
+                enable = self.model.gradient_checkpointing_enable
+            enable({"use_reentrant": False})
         self.version = (int(state["iteration"]) * config.update_epochs) if state else 0
         self.sync_seconds = 0.0  # the last weight sync's
         served = None
@@ -321,14 +328,15 @@ class GRPOTrainer:
         # The optimizer steps over conversations `tokens`, the loss on each one's `masks`;
         # `behaviour`: the log-probs each token was sampled with (asynchronous batches).
         config, n = self.config, len(tokens)
-        batches = [
-            range(i, min(i + config.minibatch_size, n)) for i in range(0, n, config.minibatch_size)
-        ]
+        batches = microbatches(
+            [len(t) for t in tokens], config.max_tokens_per_microbatch, config.minibatch_size
+        )
 
-        def scored(rows: range) -> tuple[torch.Tensor, torch.Tensor]:
-            part = {"tokens": tuple(tokens[i] for i in rows)}
-            dist, ids = self.scorer.get_dist(part, mask=[masks[i] for i in rows])
-            return dist.log_prob(ids).float(), dist.mask
+        def scored(rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+            ids, attention = left_pad([tokens[i] for i in rows], self.pad_id, self.device)
+            selected = left_pad([masks[i] for i in rows], False, self.device)[0].bool()
+            selected &= has_prefix(attention)
+            return selected_log_probs(self.model, ids, attention, selected), selected
 
         # The old policy, through the very forward the update uses. With one epoch the first
         # forward is the old policy itself (ratio 1, as TRL does): no second forward.
@@ -337,22 +345,30 @@ class GRPOTrainer:
             with torch.no_grad():
                 old = [scored(rows)[0] for rows in batches]
         total = 0.0
-        for _ in range(config.update_epochs):
-            self.optimizer.zero_grad(set_to_none=True)
-            total = 0.0
-            for rows, old_log_probs in zip(batches, old, strict=True):
-                log_probs, mask = scored(rows)
-                if behaviour is not None:  # the ratio to the version that sampled each token
-                    old_log_probs = sampled(mask, [behaviour[i] for i in rows])
-                elif old_log_probs is None:
-                    old_log_probs = log_probs.detach()
-                adv = advantages[rows.start : rows.stop]
-                loss = grpo_loss(log_probs, old_log_probs, mask, adv, config.clip_coef)
-                (loss * len(rows) / n).backward()
-                total += loss.item() * len(rows) / n
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.max_grad_norm)
-            self.optimizer.step()
-            self.version += 1
+        # Train mode for the update: transformers checkpoints activations only in it (the
+        # sampler, on this model with the transformers backend, generates in eval mode).
+        self.model.train(config.gradient_checkpointing)
+        try:
+            for _ in range(config.update_epochs):
+                self.optimizer.zero_grad(set_to_none=True)
+                total = 0.0
+                for rows, old_log_probs in zip(batches, old, strict=True):
+                    log_probs, mask = scored(rows)
+                    if behaviour is not None:  # the ratio to the version that sampled each token
+                        old_log_probs = sampled(mask, [behaviour[i] for i in rows])
+                    elif old_log_probs is None:
+                        old_log_probs = log_probs.detach()
+                    adv = advantages[rows]
+                    loss = grpo_loss(log_probs, old_log_probs, mask, adv, config.clip_coef)
+                    # Each response weighs 1/n whatever its micro-batch: the same loss and
+                    # gradient for any split of the batch.
+                    (loss * len(rows) / n).backward()
+                    total += loss.item() * len(rows) / n
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.max_grad_norm)
+                self.optimizer.step()
+                self.version += 1
+        finally:
+            self.model.eval()
         self._publish()
         return total
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["group_advantages", "grpo_loss", "sampled"]
+__all__ = ["group_advantages", "grpo_loss", "microbatches", "sampled"]
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-4) -> torch.Tensor:
@@ -64,3 +64,26 @@ def sampled(mask: torch.Tensor, log_probs: Sequence[Any]) -> torch.Tensor:
     rows = [torch.as_tensor(row, dtype=torch.float32) for row in log_probs]
     old[mask] = torch.cat(rows).to(mask.device)
     return old
+
+
+def microbatches(lengths: Sequence[int], max_tokens: int, max_rows: int) -> list[list[int]]:
+    """The indices of sequences of ``lengths``, shortest first, in micro-batches of at most
+    ``max_rows`` sequences whose padded size (rows × the longest) is at most ``max_tokens``
+    (a longer sequence goes alone): an update's memory is then bounded by the token budget,
+    not by the batch. Sorting by length keeps the padding small; the loss is the same for
+    any split (each response weighs 1/n).
+
+    >>> microbatches([700, 20, 30, 650, 25], max_tokens=1400, max_rows=8)
+    [[1, 4, 2], [3, 0]]
+    >>> microbatches([5, 5, 5], max_tokens=100, max_rows=2)
+    [[0, 1], [2]]
+    """
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for i in order:  # ascending: the newest sequence is the longest of its batch
+        if current and (len(current) == max_rows or (len(current) + 1) * lengths[i] > max_tokens):
+            batches.append(current)
+            current = []
+        current.append(i)
+    return batches + [current] if current else batches

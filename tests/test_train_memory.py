@@ -1,0 +1,174 @@
+"""The memory-lean update (issue 42, item 1): the taken tokens' log-probs through the output
+layer in chunks (``selected_log_probs``, ``LinearLogProbs``), micro-batches by a token
+budget, activation checkpointing, each equal to the whole-logits path it replaces."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from llm_gym.lm.tensors import (
+    LinearLogProbs,
+    has_prefix,
+    left_pad,
+    selected_log_probs,
+    token_log_probs,
+)
+from llm_gym.policies import TransformersPolicy
+from llm_gym.train import GRPOConfig, GRPOTrainer, grpo_loss
+from llm_gym.train.loss import microbatches
+
+
+@pytest.fixture(autouse=True)
+def _keep_torch_threads():
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def batch(lengths, prompt=6, seed=0, vocab=49152):
+    rng = np.random.default_rng(seed)
+    tokens = [rng.integers(0, vocab, size=n) for n in lengths]
+    masks = [np.arange(n) >= prompt for n in lengths]
+    return tokens, masks
+
+
+def padded(tokens, masks, pad_id):
+    ids, attention = left_pad(tokens, pad_id, torch.device("cpu"))
+    selected = left_pad(masks, False, torch.device("cpu"))[0].bool() & has_prefix(attention)
+    return ids, attention, selected
+
+
+def grads(model):
+    return {name: p.grad.detach().clone() for name, p in model.named_parameters()}
+
+
+def close(a, b, rel=1e-5):
+    """Gradients equal to ``rel`` of the largest entry (summation order differs)."""
+    scale = max(x.abs().max().item() for x in a.values())
+    return max((a[k] - b[k]).abs().max().item() for k in a) <= rel * scale
+
+
+def test_linear_log_probs_equal_the_log_softmax_of_the_whole_logits_and_its_gradients():
+    torch.manual_seed(0)
+    hidden = torch.randn(37, 16, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(101, 16, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(101, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 101, (37,))
+    upstream = torch.randn(37, dtype=torch.float64)
+    full = torch.log_softmax(hidden @ weight.T + bias, -1).gather(-1, targets[:, None])[:, 0]
+    expected = torch.autograd.grad((full * upstream).sum(), (hidden, weight, bias))
+    for rows in (1, 5, 37, 100):  # chunk sizes that do and do not divide the rows
+        fused = LinearLogProbs.apply(hidden, weight, bias, targets, rows)
+        assert fused.dtype == torch.float32
+        assert torch.allclose(fused.double(), full, atol=1e-5)
+        got = torch.autograd.grad((fused.double() * upstream).sum(), (hidden, weight, bias))
+        for g, e in zip(got, expected, strict=True):
+            assert torch.allclose(g, e, atol=1e-5), rows
+
+
+def test_selected_log_probs_equal_get_dist_s_and_so_do_the_gradients(default_model):
+    model, tokenizer = default_model
+    tokens, masks = batch([40, 25, 33])
+    scorer = TransformersPolicy(model, tokenizer, input_mode="tokens", generate=False)
+    model.zero_grad()
+    dist, ids = scorer.get_dist({"tokens": tuple(tokens)}, mask=masks)
+    reference = dist.log_prob(ids).float() * dist.mask
+    reference.sum().backward()
+    expected = grads(model)
+    model.zero_grad()
+    ids, attention, selected = padded(tokens, masks, tokenizer.pad_token_id)
+    assert torch.equal(selected, dist.mask)
+    got = selected_log_probs(model, ids, attention, selected)
+    assert got.shape == (3, 40) and got.dtype == torch.float32
+    assert torch.allclose(got, reference, atol=1e-5)
+    assert (got[~selected] == 0).all() and (got[selected] < 0).all()
+    got.sum().backward()
+    assert close(grads(model), expected)
+    model.zero_grad()
+
+
+def test_a_model_with_transformed_logits_takes_the_whole_logits_path(tiny):
+    model, tokenizer = tiny
+    tokens, masks = batch([12, 9], prompt=3, vocab=len(tokenizer))
+    ids, attention, selected = padded(tokens, masks, tokenizer.pad_token_id)
+    fused = selected_log_probs(model, ids, attention, selected)
+    scaled = copy.deepcopy(model)
+    scaled.config.final_logit_softcapping = 30.0  # llama ignores it: the logits are the same
+    whole = selected_log_probs(scaled, ids, attention, selected)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=attention.long()).logits
+    assert torch.allclose(fused, whole, atol=1e-5)
+    expected = token_log_probs(logits, ids, attention).masked_fill(~selected, 0.0)
+    assert torch.allclose(whole, expected, atol=1e-4)
+
+
+def test_microbatches_hold_the_token_budget_and_every_sequence_once():
+    lengths = [700, 20, 30, 650, 25, 700, 5, 300]
+    for budget, rows in [(1400, 8), (700, 8), (100, 2), (10_000, 3)]:
+        split = microbatches(lengths, budget, rows)
+        assert sorted(i for part in split for i in part) == list(range(len(lengths)))
+        for part in split:
+            longest = max(lengths[i] for i in part)
+            assert len(part) <= rows
+            assert len(part) == 1 or len(part) * longest <= budget
+    assert microbatches([], 10, 2) == []
+
+
+def trainer(tiny_dir, tmp_path, name, **options):
+    config = GRPOConfig(
+        model=tiny_dir, out=str(tmp_path / name), env_args={"task": "chain_sum"},
+        groups=2, group_size=2, max_new_tokens=4, eval_episodes=0, learning_rate=1e-3,
+        progress=False, **options,
+    )  # fmt: skip
+    return GRPOTrainer(config)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"max_tokens_per_microbatch": 40, "gradient_checkpointing": True},
+        {"max_tokens_per_microbatch": 100_000, "minibatch_size": 1},
+        {"update_epochs": 2, "max_tokens_per_microbatch": 60},
+    ],
+)
+def test_an_update_is_the_same_whatever_the_split_and_the_checkpointing(
+    tiny_dir, tmp_path, options
+):
+    tokens, masks = batch([30, 12, 25, 18, 7, 40], prompt=5, vocab=256)
+    advantages = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, -2.0])
+    epochs = options.get("update_epochs", 1)
+    reference = trainer(
+        tiny_dir, tmp_path, "whole", gradient_checkpointing=False,
+        max_tokens_per_microbatch=100_000, minibatch_size=64, update_epochs=epochs,
+    )  # fmt: skip
+    lean = trainer(tiny_dir, tmp_path, "lean", **options)
+    assert lean.model.is_activation_checkpointing == lean.config.gradient_checkpointing
+    for run in (reference, lean):  # the gradients compared, not AdamW's steps (which
+        run.optimizer.step = lambda: None  # turn a 1e-9 gradient's rounding into lr)
+    loss = reference._optimize(tokens, masks, advantages)
+    lean_loss = lean._optimize(tokens, masks, advantages)
+    assert lean_loss == pytest.approx(loss, abs=1e-6)
+    assert close(grads(lean.model), grads(reference.model))
+    assert not lean.model.training  # back in eval mode for sampling
+
+
+def test_the_update_s_loss_is_today_s_get_dist_loss(tiny_dir, tmp_path):
+    # Today's path, written out: one get_dist forward over the whole batch, the same loss.
+    tokens, masks = batch([22, 14, 30, 9], prompt=4, vocab=256)
+    advantages = torch.tensor([1.0, -1.0, 0.3, -0.3])
+    lean = trainer(tiny_dir, tmp_path, "lean", max_tokens_per_microbatch=50)
+    old = copy.deepcopy(lean.model)
+    scorer = TransformersPolicy(old, lean.tokenizer, input_mode="tokens", generate=False)
+    dist, ids = scorer.get_dist({"tokens": tuple(tokens)}, mask=masks)
+    log_probs = dist.log_prob(ids).float()
+    loss = grpo_loss(log_probs, log_probs.detach(), dist.mask, advantages, 0.2)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(list(old.parameters()), lean.config.max_grad_norm)  # as it does
+    lean.optimizer.step = lambda: None  # keep the gradients to compare, not the step
+    lean_loss = lean._optimize(tokens, masks, advantages)
+    assert lean_loss == pytest.approx(loss.item(), abs=1e-6)
+    got = {name: p.grad for name, p in lean.model.named_parameters()}
+    expected = {name: p.grad for name, p in old.named_parameters()}
+    assert close(got, expected)
