@@ -45,7 +45,8 @@ def metrics(out):
 def test_a_resumed_run_equals_an_uninterrupted_one(tiny_dir, tmp_path):
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     GRPOTrainer(config(tiny_dir, whole)).train()
-    GRPOTrainer(config(tiny_dir, parts, iterations=2)).train()
+    # A run's last checkpoint keeps the optimizer's state only when asked: this one goes on.
+    GRPOTrainer(config(tiny_dir, parts, iterations=2, save_optimizer=True)).train()
     resumed = GRPOTrainer(GRPOConfig.resumed(parts, iterations=4))
     assert resumed.start == 2 and resumed.config.kl_target == 0.01  # the saved run's config
     resumed.train()
@@ -90,7 +91,47 @@ def test_checkpoints_rotate_and_load_as_models(tiny_dir, tmp_path, smollm2_token
     assert model.num_parameters() == tiny_model(smollm2_tokenizer, seed=0).num_parameters()
     state, tensors = load_checkpoint(folder)
     assert state["iteration"] == 3 and len(state["positions"]) == 4
-    assert set(tensors) == {"optimizer", "torch_rng", "cuda_rng"}
+    # The run's last checkpoint holds the weights alone; the one before, what a resume needs.
+    assert set(tensors) == {"torch_rng", "cuda_rng"}
+    assert set(load_checkpoint(checkpoints(tmp_path)[0])[1]) == {
+        "optimizer",
+        "torch_rng",
+        "cuda_rng",
+    }
+
+
+def test_lean_checkpoints_save_the_last_weights_in_the_save_dtype(tiny_dir, tmp_path, capsys):
+    GRPOTrainer(
+        config(tiny_dir, tmp_path, iterations=2, save_every=1, save_dtype="bfloat16")
+    ).train()
+    first, last = checkpoints(tmp_path)
+    sizes = [(path / "model.safetensors").stat().st_size for path in (first, last)]
+    assert sizes[1] < 0.51 * sizes[0]  # bfloat16 weights beside float32's
+    assert (last / "optimizer.pt").stat().st_size < 0.01 * (first / "optimizer.pt").stat().st_size
+    model = load_model(last)[0]  # loads in float32, as --model does
+    trained = load_model(tiny_dir)[0]
+    assert model.dtype == torch.float32
+    for name, value in model.state_dict().items():  # bfloat16-rounded, exactly
+        assert torch.equal(value, value.to(torch.bfloat16).float()), name
+    assert any(
+        not torch.equal(a, b)
+        for a, b in zip(model.state_dict().values(), trained.state_dict().values(), strict=True)
+    )
+    # Training on from it: AdamW starts afresh, and the run says so.
+    GRPOTrainer(GRPOConfig.resumed(tmp_path, iterations=3)).train()
+    assert "holds no optimizer state" in capsys.readouterr().err
+    assert [path.name for path in checkpoints(tmp_path)] == ["checkpoint-2", "checkpoint-3"]
+
+
+def test_no_save_optimizer_leaves_it_out_of_every_checkpoint(tiny_dir, tmp_path):
+    GRPOTrainer(
+        config(tiny_dir, tmp_path, iterations=2, save_every=1, save_optimizer=False)
+    ).train()
+    assert all(
+        set(load_checkpoint(p)[1]) == {"torch_rng", "cuda_rng"} for p in checkpoints(tmp_path)
+    )
+    with pytest.raises(ValueError, match="save_dtype must be one of"):
+        config(tiny_dir, tmp_path, save_dtype="int8")
 
 
 @pytest.mark.parametrize(

@@ -26,7 +26,7 @@ from llm_gym.cli._args import (
     resumed_config,
 )
 from llm_gym.cli._envs import envs_table
-from llm_gym.run.config import RolloutConfig
+from llm_gym.run.config import DTYPE_NAMES, RolloutConfig
 from llm_gym.train.config import GRPOConfig
 
 # Nothing above imports torch: each command imports what it runs (``--help`` and ``envs``
@@ -134,6 +134,13 @@ def _add_train(commands: Any) -> None:
     add("--max-staleness", type=number(int, 0), default=defaults.max_staleness,
         help="--async/--ray: updates a batch may be sampled ahead of the update that trains "
         "on it (default: %(default)s; 0: no overlap)")  # fmt: skip
+    add("--save-optimizer", action=argparse.BooleanOptionalAction, default=None,
+        help="the optimizer's state in checkpoints, what an exact --resume needs (twice the "
+        "weights with AdamW; default: %(default)s, in all but the run's last, which holds "
+        "the weights alone)")  # fmt: skip
+    add("--save-dtype", choices=DTYPE_NAMES, default=None,
+        help="the dtype of weights saved without the optimizer's state (default: "
+        "%(default)s, --dtype)")  # fmt: skip
     add("--resume", action="store_true", help="continue from the checkpoint in --out")
     parser.set_defaults(config=GRPOConfig, job=_prepare_train, run=_train,
                         kept=_iterations_kept)  # fmt: skip

@@ -37,7 +37,8 @@ __all__ = [
 ]
 
 TRAINER_STATE = "trainer_state.json"  # iteration, evaluation, curriculum, stream, KL coef
-OPTIMIZER_STATE = "optimizer.pt"  # the optimizer's state and the RNG states (tensors)
+# The RNG states and, in a checkpoint a run resumes from exactly, the optimizer's state.
+OPTIMIZER_STATE = "optimizer.pt"
 _NAME = re.compile(r"checkpoint-(\d+)")
 _OURS = (TRAINER_STATE, OPTIMIZER_STATE)  # files no one but a save writes
 _ASIDE = re.compile(r"checkpoint-\d+\.(partial|deleting)")  # a save's or a deletion's, unfinished
@@ -77,10 +78,12 @@ def save_checkpoint(
     state: dict[str, Any],
     tensors: dict[str, Any],
     keep: int,
+    dtype: torch.dtype | None = None,
 ) -> Path:
     """Write ``checkpoint-<iteration>`` into ``out``: ``model`` and ``tokenizer`` as
-    ``save_pretrained`` writes them, ``state`` (JSON) and ``tensors`` (``torch.save``) beside;
-    then delete all but the newest ``keep`` checkpoints. The checkpoint's folder."""
+    ``save_pretrained`` writes them (the weights in ``dtype``; None: the model's),
+    ``state`` (JSON) and ``tensors`` (``torch.save``) beside; then delete all but the newest
+    ``keep`` checkpoints. The checkpoint's folder."""
     out = Path(out)
     final, partial = out / f"checkpoint-{iteration}", out / f"checkpoint-{iteration}.partial"
     stale = [p for p in out.glob("checkpoint-*") if _ASIDE.fullmatch(p.name)]
@@ -88,7 +91,7 @@ def save_checkpoint(
         shutil.rmtree(path, ignore_errors=True)
     try:
         partial.mkdir()  # not parents=True: a run folder that vanished is not made again
-        _write(partial, model, tokenizer, state, tensors)
+        _write(partial, model, tokenizer, state, tensors, dtype)
     except Exception as error:
         shutil.rmtree(partial, ignore_errors=True)  # no half-written checkpoint stays
         failure = write_failure(partial, error)
@@ -105,9 +108,22 @@ def save_checkpoint(
 
 
 def _write(
-    partial: Path, model: Any, tokenizer: Any, state: dict[str, Any], tensors: dict[str, Any]
+    partial: Path,
+    model: Any,
+    tokenizer: Any,
+    state: dict[str, Any],
+    tensors: dict[str, Any],
+    dtype: torch.dtype | None,
 ) -> None:
-    model.save_pretrained(partial, safe_serialization=True)
+    if dtype is None or dtype == model.dtype:
+        model.save_pretrained(partial, safe_serialization=True)
+    else:  # a cast copy of each tensor once, so that tied weights stay one tensor
+        cast: dict[int, torch.Tensor] = {}
+        weights = {
+            name: cast.setdefault(id(tensor), tensor.detach().to(dtype))
+            for name, tensor in model.state_dict(keep_vars=True).items()
+        }
+        model.save_pretrained(partial, state_dict=weights, safe_serialization=True)
     tokenizer.save_pretrained(partial)
     with open(partial / OPTIMIZER_STATE, "wb") as f:
         recorder = Recorder(f)

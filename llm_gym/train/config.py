@@ -14,9 +14,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from llm_gym.checks import check_bool, check_int, check_number
+from llm_gym.checks import check_bool, check_choice, check_int, check_number
 from llm_gym.run.budget import MAX_ENVS
-from llm_gym.run.config import RunConfig
+from llm_gym.run.config import DTYPE_NAMES, RunConfig
 from llm_gym.run.files import write_text
 
 __all__ = [
@@ -36,6 +36,7 @@ RESUMABLE = (
     "out", "resume", "overwrite",
     # the update's memory, not its math
     "minibatch_size", "max_tokens_per_microbatch", "gradient_checkpointing",
+    "save_optimizer", "save_dtype",  # what a checkpoint holds
     # how the samples are drawn, not what is learned from them
     "backend", "base_url", "served_model", "backend_args", "vllm_python",
     "ray_address", "workers",  # where the env workers run
@@ -70,6 +71,10 @@ class GRPOConfig(RunConfig):
     eval_seed: int = 1_000_003  # held out: the training stream's seed is `seed`
     save_every: int = 10
     keep_checkpoints: int = 2  # the newest ones; older are deleted once a new one is complete
+    # The optimizer's state in checkpoints (None: in all but the run's last, which holds the
+    # weights alone), and the dtype of weights saved alone (None: the training dtype).
+    save_optimizer: bool | None = None
+    save_dtype: str | None = None
     resume: bool = False
     max_staleness: int = 1  # --async: updates a batch may be sampled ahead of its own
 
@@ -81,6 +86,10 @@ class GRPOConfig(RunConfig):
         for name in (*positive, "kl_horizon", "keep_checkpoints"):
             check_int(name, getattr(self, name), 1)
         check_bool("gradient_checkpointing", self.gradient_checkpointing)
+        if self.save_optimizer is not None:
+            check_bool("save_optimizer", self.save_optimizer)
+        if self.save_dtype is not None:
+            check_choice("save_dtype", self.save_dtype, DTYPE_NAMES)
         check_int("group_size", self.group_size, 2)  # one response has no group to compare
         check_int("eval_episodes", self.eval_episodes, 0)
         check_int("max_staleness", self.max_staleness, 0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import sys
 import threading
 import time
 from dataclasses import asdict
@@ -35,7 +36,7 @@ from llm_gym.run.setup import (
     task_envs,
 )
 from llm_gym.samplers.weights import export_model, write_weights
-from llm_gym.train.checkpoints import load_checkpoint, save_checkpoint
+from llm_gym.train.checkpoints import latest_checkpoint, load_checkpoint, save_checkpoint
 from llm_gym.train.config import GRPOConfig
 from llm_gym.train.evaluation import evaluate_greedy
 from llm_gym.train.loss import group_advantages, grpo_loss, microbatches, sampled
@@ -434,13 +435,23 @@ class GRPOTrainer:
             "positions": [getattr(source, "position", None) for source in sources],
         }
         tensors = {
-            "optimizer": self.optimizer.state_dict(),
             "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
         }
+        # The optimizer's state (twice the weights, in AdamW) where a run may resume exactly:
+        # every checkpoint but the run's last by default. A checkpoint without it holds the
+        # weights alone, in --save-dtype.
+        keep_optimizer = self.config.save_optimizer
+        if keep_optimizer is None:
+            keep_optimizer = iteration < self.config.iterations
+        dtype = None
+        if keep_optimizer:
+            tensors["optimizer"] = self.optimizer.state_dict()
+        elif self.config.save_dtype is not None:
+            dtype = resolve_dtype(self.config.save_dtype)
         return save_checkpoint(
             self.out, iteration, self.model, self.tokenizer, state, tensors,
-            self.config.keep_checkpoints,
+            self.config.keep_checkpoints, dtype,
         )  # fmt: skip
 
     def _restore(self, state: dict[str, Any], tensors: dict[str, Any]) -> None:
@@ -450,7 +461,14 @@ class GRPOTrainer:
                 f"the run in {self.out} has done {self.start} iterations; pass --iterations "
                 f"above {self.start} to train on"
             )
-        self.optimizer.load_state_dict(tensors["optimizer"])
+        if "optimizer" in tensors:
+            self.optimizer.load_state_dict(tensors["optimizer"])
+        else:  # the run's last checkpoint, saved without it (--save-optimizer keeps it)
+            print(
+                f"llm-gym: note: {latest_checkpoint(self.out)} holds no optimizer state (a "
+                "finished run's last checkpoint): AdamW starts afresh from its weights",
+                file=sys.stderr,
+            )
         if state["kl_coef"] is not None and self.config.kl_coef > 0:
             self.envs.kl_controller.coef = state["kl_coef"]
         if state["level"] is not None:
