@@ -76,3 +76,39 @@ def test_train_with_vllm_from_the_command_line_resumes(tmp_path):
     for name, tensor in final.items():
         assert np.array_equal(tensor.numpy(), served[name].numpy()), name
     assert not all(np.array_equal(t.numpy(), initial[n].numpy()) for n, t in final.items())
+
+
+def test_a_lora_run_serves_its_merged_weights_and_its_checkpoint_serves_too(tmp_path, smol):
+    _, tokenizer = smol
+    config = GRPOConfig(
+        **{**SMALL, "learning_rate": 2e-2}, iterations=1, out=str(tmp_path / "train"),
+        progress=False, lora_rank=8, lora_target_modules="all-linear",
+    )  # fmt: skip
+    trainer = GRPOTrainer(config)
+    sampler = trainer.policy.sampler
+    initial = TransformersPolicy(smol[0], tokenizer, input_mode="tokens", generate=False)
+    prompts = prompts_for(tokenizer)
+    try:
+        trainer.update({"tokens": prompts}, sampler.sample(prompts), torch.tensor([1.0, -1, 1]))
+        samples = sampler.sample(prompts)
+        assert {s.version for s in samples} == {1}
+        tokens = [s.tokens for s in samples]
+        trained, old = trainer.scorer.score(prompts, tokens), initial.score(prompts, tokens)
+        for s, new in zip(samples, trained, strict=True):  # the adapter, merged, is served
+            assert np.abs(s.log_probs - new).max() < FP32_TOLERANCE
+        moved = max(np.abs(s.log_probs - o).max() for s, o in zip(samples, old, strict=True))
+        assert moved > 20 * FP32_TOLERANCE
+        checkpoint = trainer.save(1)
+    finally:
+        trainer.close()
+    assert (checkpoint / "adapter_model.safetensors").is_file()
+    out = tmp_path / "rollout"
+    argv = [
+        "rollout", "--backend", "vllm", "--model", str(checkpoint), "--env-arg",
+        "task=chain_sum", "--episodes", "2", "--num-envs", "2", "--max-new-tokens", "8",
+        "--temperature", "0", "--out", str(out), "--no-progress",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    assert (out / SERVED_FOLDER / "model.safetensors").is_file()  # merged for vLLM
+    records = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
+    assert len(records) == 2 and all(r["num_tokens"] > 0 for r in records)

@@ -134,6 +134,18 @@ def _add_train(commands: Any) -> None:
     add("--max-staleness", type=number(int, 0), default=defaults.max_staleness,
         help="--async/--ray: updates a batch may be sampled ahead of the update that trains "
         "on it (default: %(default)s; 0: no overlap)")  # fmt: skip
+    add("--lora-rank", type=number(int, 0), default=defaults.lora_rank,
+        help="train LoRA adapters of this rank (peft) instead of every weight; the KL's "
+        "reference is the model with its adapter disabled, checkpoints hold the adapter "
+        "(default: %(default)s, no LoRA)")  # fmt: skip
+    add("--lora-alpha", type=number(float, 0.0, False), default=None,
+        help="LoRA's alpha (default: %(default)s, 2 x --lora-rank)")  # fmt: skip
+    add("--lora-dropout", type=number(float, 0.0), default=defaults.lora_dropout,
+        help="dropout on LoRA's input (default: %(default)s)")  # fmt: skip
+    add("--lora-target-modules", type=_names, default=None, metavar="NAMES",
+        help="comma-separated module names the adapters wrap, or 'all-linear' (default: "
+        "%(default)s, peft's for the model's family: q_proj,v_proj for Llama, "
+        "Qwen2)")  # fmt: skip
     add("--save-optimizer", action=argparse.BooleanOptionalAction, default=None,
         help="the optimizer's state in checkpoints, what an exact --resume needs (twice the "
         "weights with AdamW; default: %(default)s, in all but the run's last, which holds "
@@ -144,6 +156,18 @@ def _add_train(commands: Any) -> None:
     add("--resume", action="store_true", help="continue from the checkpoint in --out")
     parser.set_defaults(config=GRPOConfig, job=_prepare_train, run=_train,
                         kept=_iterations_kept)  # fmt: skip
+
+
+def _names(text: str) -> list[str] | str:
+    """``--lora-target-modules``: ``all-linear`` or comma-separated module names."""
+    if text.strip() == "all-linear":
+        return "all-linear"
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names or not all(name.replace("_", "").replace(".", "").isalnum() for name in names):
+        raise argparse.ArgumentTypeError(
+            f"expected 'all-linear' or comma-separated module names, got {text!r}"
+        )
+    return names
 
 
 def _iterations_kept(out: str) -> str:

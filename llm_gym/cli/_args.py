@@ -306,10 +306,13 @@ def check_flags(args: argparse.Namespace, given: set[str]) -> None:
     for dest, flag in MODEL_FLAGS.items():
         value = vars(args).get(dest)
         folder = Path(value).expanduser() if value not in (None, "default") else None
-        if folder is not None and folder.exists() and not (folder / "config.json").is_file():
+        # config.json: a model's; adapter_config.json: peft's, a LoRA run's checkpoint.
+        made = ("config.json", "adapter_config.json")
+        if folder is not None and folder.exists() and not any((folder / n).is_file() for n in made):
             raise ValueError(
-                f"{flag} {value}: not a model folder (no config.json); expected 'default' or "
-                "a folder saved with save_pretrained (model and tokenizer)"
+                f"{flag} {value}: not a model folder (no config.json); expected 'default', "
+                "a folder saved with save_pretrained (model and tokenizer) or a LoRA run's "
+                "checkpoint"
             )
 
 

@@ -29,6 +29,7 @@ from transformers import (
 
 from llm_gym.chat.templates import CHATML_TEMPLATE
 from llm_gym.checks import check_choice
+from llm_gym.lm.lora import adapter_base, is_adapter_folder, load_lora
 
 __all__ = [
     "DEFAULT_MODEL_NAME",
@@ -188,7 +189,8 @@ def load_model(
     device: str | torch.device | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """``"default"`` -> ``load_default_model``; a local HF folder -> its model and tokenizer."""
+    """``"default"`` -> ``load_default_model``; a local HF folder -> its model and tokenizer;
+    a LoRA adapter folder (a LoRA run's checkpoint) -> its base model with the adapter merged."""
     if str(path_or_name) in ("default", DEFAULT_MODEL_NAME):
         return load_default_model(cache_dir=cache_dir, device=device, dtype=dtype)
     folder = Path(path_or_name).expanduser()
@@ -197,6 +199,11 @@ def load_model(
             f"Model path {str(folder)!r} is not a readable folder. Pass 'default' or a local "
             "folder saved with save_pretrained (Hugging Face Hub downloads are unavailable)."
         )
+    if is_adapter_folder(folder):  # a LoRA run's checkpoint: its base, the adapter merged
+        model, _ = load_model(adapter_base(folder), cache_dir=cache_dir, device=device, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        _set_pad_token(model, tokenizer)
+        return load_lora(model, folder, trainable=False).eval(), tokenizer
     return _load(folder, device, dtype, _set_pad_token)
 
 

@@ -273,6 +273,8 @@ def selected_log_probs(
     output layer's product (soft-capped, scaled) takes the whole-logits path.
     """
     selected = selected & has_prefix(attention)
+    if hasattr(model, "peft_config") and hasattr(model, "get_base_model"):
+        model = model.get_base_model()  # a LoRA model: its layers hold the adapters in place
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     base = getattr(model, getattr(model, "base_model_prefix", ""), None)
     config = getattr(model, "config", None)

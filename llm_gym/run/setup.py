@@ -14,10 +14,12 @@ from llm_gym.checks import check_choice
 from llm_gym.episodes import AsyncEpisodes
 from llm_gym.judges import GroupJudge, Judge
 from llm_gym.lm.loading import load_model
+from llm_gym.lm.lora import is_adapter_folder
 from llm_gym.policies import SamplerPolicy, TransformersPolicy
 from llm_gym.run.config import DTYPE_NAMES, RunConfig, is_url, rubric_weights
 from llm_gym.run.describe import answer_format_of
 from llm_gym.samplers import OpenAISampler, VLLMSampler
+from llm_gym.samplers.weights import export_model
 from llm_gym.tasks import Part
 from llm_gym.wrappers import kl as single_wrappers
 from llm_gym.wrappers import vector as vector_wrappers
@@ -126,6 +128,8 @@ def make_policy(
     else:
         engine = dict(config.backend_args)
         device = resolve_device(config.device)
+        if served is None and is_adapter_folder(config.model):  # vLLM loads whole models
+            served = export_model(model, tokenizer, Path(config.out) / "served-model")
         sampler = VLLMSampler(
             served or config.model, dtype=engine.pop("dtype", config.dtype),
             device=str(device), engine_args=engine, python=config.vllm_python,
@@ -182,11 +186,13 @@ def charge_kl(
     *,
     gen: Scorer | None = None,
     controller: KLController | None = None,
+    ref: Scorer | None = None,
 ) -> gym.vector.VectorEnv:
     """``envs`` in the vector ``RetrieveKL``: ``config.kl_coef`` · KL (``config.estimator``)
-    against the frozen ``reference`` ('default' or a folder), one forward a step; the policy's
-    side from ``gen`` (None: the Responses' log-probs)."""
-    ref = reference_scorer(config, reference)
+    against the frozen ``reference`` ('default' or a folder; or the scorer ``ref``), one
+    forward a step; the policy's side from ``gen`` (None: the Responses' log-probs)."""
+    if ref is None:
+        ref = reference_scorer(config, reference)
     return vector_wrappers.RetrieveKL(
         envs, gen, ref, coef=config.kl_coef, estimator=config.estimator, kl_controller=controller
     )

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 import torch
 from safetensors.torch import save_file
 
+from llm_gym.lm.lora import is_lora, merged_weights, unwrapped
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -28,7 +30,15 @@ WEIGHTS_FILE = "model.safetensors"
 
 def _tensors(model: PreTrainedModel) -> dict[str, torch.Tensor]:
     # Own storage for every tensor (safetensors refuses shared ones), on the CPU, the output
-    # embedding included even when the model ties it to the input one.
+    # embedding included even when the model ties it to the input one; a LoRA model's
+    # adapters merged (what the server samples with is the model being trained).
+    if is_lora(model):
+        tensors = merged_weights(model)
+        model = unwrapped(model)
+        head = model.get_output_embeddings()
+        name = next(n for n, m in model.named_modules() if m is head) + ".weight"
+        tensors.setdefault(name, head.weight.detach().to("cpu", copy=True))
+        return {k: v.contiguous() for k, v in tensors.items()}
     tensors = {
         name: tensor.detach().to("cpu", copy=True).contiguous()
         for name, tensor in model.state_dict().items()
@@ -57,11 +67,11 @@ def export_model(
     untied, its weights and ``tokenizer``; the folder."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    config = model.config.to_dict()
+    config = unwrapped(model).config.to_dict()
     config["tie_word_embeddings"] = False
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-    if getattr(model, "generation_config", None) is not None:
-        model.generation_config.save_pretrained(folder)
+    if getattr(unwrapped(model), "generation_config", None) is not None:
+        unwrapped(model).generation_config.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     write_weights(model, folder)
     return folder

@@ -1,6 +1,7 @@
 """A training run's checkpoints: ``checkpoint-<iteration>/`` folders that ``--model PATH``,
 ``transformers`` and vLLM load as they are (safetensors weights, config, tokenizer), with the
-trainer's state beside the weights.
+trainer's state beside the weights; a LoRA run's hold its adapter (peft's files, which
+``--model PATH`` loads onto their base and merges).
 
 A checkpoint is written aside (``checkpoint-<iteration>.partial/``), flushed to disk and
 renamed into place, and only then are the oldest beyond ``keep`` deleted: a crash or Ctrl-C at
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from llm_gym.lm.lora import ADAPTER_CONFIG, is_lora
 from llm_gym.run.files import Recorder, write_failure
 
 if TYPE_CHECKING:
@@ -115,7 +117,7 @@ def _write(
     tensors: dict[str, Any],
     dtype: torch.dtype | None,
 ) -> None:
-    if dtype is None or dtype == model.dtype:
+    if dtype is None or dtype == model.dtype or is_lora(model):  # an adapter: small anyway
         model.save_pretrained(partial, safe_serialization=True)
     else:  # a cast copy of each tensor once, so that tied weights stay one tensor
         cast: dict[int, torch.Tensor] = {}
@@ -144,7 +146,8 @@ def load_checkpoint(folder: str | Path) -> tuple[dict[str, Any], dict[str, Any]]
     every file is there and whole; a one-line error naming the first file that is not."""
     folder = Path(folder)
     weights = sorted(folder.glob("*.safetensors"))
-    names = ["config.json", TRAINER_STATE, OPTIMIZER_STATE]
+    config = ADAPTER_CONFIG if (folder / ADAPTER_CONFIG).is_file() else "config.json"
+    names = [config, TRAINER_STATE, OPTIMIZER_STATE]
     for path in [folder / name for name in names] + (weights or [folder / "model.safetensors"]):
         if not path.is_file():
             raise FileNotFoundError(f"checkpoint file {path} is missing; {_older(folder)}")

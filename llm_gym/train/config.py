@@ -75,6 +75,12 @@ class GRPOConfig(RunConfig):
     # weights alone), and the dtype of weights saved alone (None: the training dtype).
     save_optimizer: bool | None = None
     save_dtype: str | None = None
+    # LoRA (peft): the adapters' rank (0: every weight trains), alpha (None: 2 · rank),
+    # dropout, and the modules they wrap (None: peft's for the model's family).
+    lora_rank: int = 0
+    lora_alpha: float | None = None
+    lora_dropout: float = 0.0
+    lora_target_modules: list[str] | str | None = None
     resume: bool = False
     max_staleness: int = 1  # --async: updates a batch may be sampled ahead of its own
 
@@ -86,6 +92,17 @@ class GRPOConfig(RunConfig):
         for name in (*positive, "kl_horizon", "keep_checkpoints"):
             check_int(name, getattr(self, name), 1)
         check_bool("gradient_checkpointing", self.gradient_checkpointing)
+        check_int("lora_rank", self.lora_rank, 0)
+        check_number("lora_alpha", self.lora_alpha, 0, strict=True, optional=True)
+        check_number("lora_dropout", self.lora_dropout, 0)
+        if self.lora_dropout >= 1:
+            raise ValueError(f"lora_dropout must be below 1, got {self.lora_dropout}")
+        lora_given = (self.lora_alpha, self.lora_dropout or None, self.lora_target_modules)
+        if not self.lora_rank and any(value is not None for value in lora_given):
+            raise ValueError(
+                "lora_alpha, lora_dropout and lora_target_modules (--lora-*) shape LoRA's "
+                "adapters: pass lora_rank (--lora-rank) > 0"
+            )
         if self.save_optimizer is not None:
             check_bool("save_optimizer", self.save_optimizer)
         if self.save_dtype is not None:

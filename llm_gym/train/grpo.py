@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 from llm_gym.envs import single_env
 from llm_gym.episodes import multi_turn, play_episodes
 from llm_gym.lm.loading import load_model
+from llm_gym.lm.lora import AdapterDisabled, load_lora, unwrapped, with_lora
 from llm_gym.lm.tensors import has_prefix, left_pad, selected_log_probs
 from llm_gym.policies import TransformersPolicy
 from llm_gym.run.budget import check_run
@@ -90,17 +91,30 @@ class GRPOTrainer:
         checkpoint = claim_out(config)  # on --resume the newest one, checked whole
         state, tensors = load_checkpoint(checkpoint) if checkpoint else (None, None)
         torch.manual_seed(config.seed)
-        self.model, self.tokenizer = load_model(
-            checkpoint or config.model, device=self.device, dtype=self.dtype
-        )
+        if config.lora_rank:  # the base model, frozen, with adapters that train
+            base, self.tokenizer = load_model(config.model, device=self.device, dtype=self.dtype)
+            if checkpoint:
+                self.model = load_lora(base, checkpoint, trainable=True)
+            else:
+                self.model = with_lora(
+                    base, config.lora_rank, alpha=config.lora_alpha,
+                    dropout=config.lora_dropout, target_modules=config.lora_target_modules,
+                )  # fmt: skip
+            # What the adapter checkpoints name as their base: --model, not its cache folder.
+            self.model.peft_config["default"].base_model_name_or_path = config.model
+        else:
+            self.model, self.tokenizer = load_model(
+                checkpoint or config.model, device=self.device, dtype=self.dtype
+            )
         self.scorer = TransformersPolicy(
             self.model, self.tokenizer, input_mode="tokens", generate=False
         )  # the model being trained
         self.pad_id = self.scorer.pad_token_id
         if config.gradient_checkpointing:  # the layers' inputs kept, the rest recomputed
-            enable = getattr(self.model, "activation_checkpointing_enable", None)  # transformers 5
+            model = unwrapped(self.model)
+            enable = getattr(model, "activation_checkpointing_enable", None)  # transformers 5
             if enable is None:
-                enable = self.model.gradient_checkpointing_enable
+                enable = model.gradient_checkpointing_enable
             enable({"use_reentrant": False})
         self.version = (int(state["iteration"]) * config.update_epochs) if state else 0
         self.sync_seconds = 0.0  # the last weight sync's
@@ -155,13 +169,18 @@ class GRPOTrainer:
             served_dtype = config.backend_args.get("dtype", config.dtype)
             exact = config.dtype == served_dtype == "float32"
             gen = None if exact else self.scorer
-            self.envs = charge_kl(self.envs, config, config.model, gen=gen, controller=controller)
+            # With LoRA the reference is the model itself, its adapter disabled: no copy.
+            ref = AdapterDisabled(self.scorer) if config.lora_rank else None
+            self.envs = charge_kl(
+                self.envs, config, config.model, gen=gen, controller=controller, ref=ref
+            )
         if config.asynchronous:  # the vector env above only tells what the task is
             self.driver = async_episodes(
                 config, self.tokenizer, self._sample, config.groups * config.group_size,
                 repeats=config.group_size, **self.rubric.env_options(),
             )  # fmt: skip
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.learning_rate)
+        trained = [p for p in self.model.parameters() if p.requires_grad]  # LoRA: adapters
+        self.optimizer = torch.optim.AdamW(trained, lr=config.learning_rate)
         self.start, self.before, self._resumed = 0, None, state
         self._drawn_level = getattr(self.envs.unwrapped, "level", None)
         # What the env plays, for the summary: its answer format and the tasks it names.
