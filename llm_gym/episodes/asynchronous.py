@@ -13,6 +13,7 @@ and with greedy sampling the same seed gives the same episodes in any finishing 
 
 from __future__ import annotations
 
+import math
 import queue
 import threading
 import time
@@ -135,7 +136,9 @@ class AsyncEpisodes:
             time, right for a model in this process; a server batches concurrent requests
             itself, so give it ``num_envs``).
         batch_wait: seconds ready turns wait for env steps sent less than this long ago, so
-            that the turns of steps without a slow tool share one batch (0: send at once).
+            that the turns of steps without a slow tool share one batch (0: send at once;
+            ``math.inf``: until no env step is in flight, so that the batches, and with them
+            the samples, do not depend on timing: a trainer's, to resume exactly).
         ray_address: None runs the sub-envs here, on threads; else env workers are Ray actors
             (``ray.init(address=...)`` unless Ray runs already: ``"auto"``, ``"local"``, a
             ``"ray://"`` address).
@@ -144,6 +147,19 @@ class AsyncEpisodes:
         ray_options: more ``ray.remote`` options for the workers (``num_cpus``, ``resources``).
         timeout: seconds to wait for any answer before a one-line ``TimeoutError``.
         max_restarts: dead workers replaced before the run gives up.
+        curriculum: a ``LevelSchedule`` (``llm_gym.wrappers``) every sub-env shares: each
+            finished episode's success counts toward it in the order episodes finish, and
+            the samples drawn next are drawn at its level (each record's ``level`` is the one
+            its sample was drawn at).
+        kl_controller: the ``KLController`` the sub-envs' KL wrappers share (they must hold
+            it: threads only, not Ray's actors); updated with each finished episode's KL
+            reward (``-kl_coef · kl_sum``, the coefficient it was charged under) in the order
+            episodes finish.
+        shared_updates: when the curriculum and the KL controller count finished episodes:
+            ``"episode"``, each as it finishes; ``"batch"``, all of one ``episodes`` call when
+            it ends, in stream order: the level and coefficient then hold still within a
+            batch, so a run is the same whatever the threads' timing (a trainer's, which
+            resumes exactly).
 
     Attributes:
         restarts: workers replaced so far; ``nodes``: each worker's Ray node id.
@@ -174,6 +190,9 @@ class AsyncEpisodes:
         ray_options: Mapping[str, Any] | None = None,
         timeout: float = 600.0,
         max_restarts: int = 3,
+        curriculum: Any = None,
+        kl_controller: Any = None,
+        shared_updates: str = "episode",
     ) -> None:
         if not callable(env_fn):
             raise TypeError(f"env_fn must make a sub-env, got {type(env_fn).__name__}")
@@ -187,7 +206,9 @@ class AsyncEpisodes:
         if ray_address is None and workers != 1:
             raise ValueError(f"workers={workers} needs ray_address (workers are Ray actors)")
         self.timeout = check_number("timeout", timeout, 0, strict=True)
-        self.batch_wait = check_number("batch_wait", batch_wait, 0)
+        self.batch_wait = batch_wait  # math.inf: until no env step is in flight
+        if batch_wait != math.inf:
+            check_number("batch_wait", batch_wait, 0)
         self.max_restarts = check_int("max_restarts", max_restarts, 0)
         template = env_fn()
         base = template.unwrapped
@@ -204,6 +225,16 @@ class AsyncEpisodes:
         self.repeats = base.repeats
         self.stream = base.source.fork(Shard(0, 1, base.repeats))
         template.close()
+        if kl_controller is not None and ray_address is not None:
+            raise ValueError(
+                "kl_controller is shared by sub-envs in this process: Ray's env workers "
+                "(ray_address) each hold their own; charge a constant coefficient there"
+            )
+        self.curriculum, self.kl_controller = curriculum, kl_controller
+        self.shared_updates = check_choice("shared_updates", shared_updates, ("episode", "batch"))
+        self._counted: list[dict[str, Any]] = []  # "batch": this call's finished episodes
+        if curriculum is not None:
+            self.set_level(curriculum.level)
         self.reset(seed)
         # Slot s lives in worker s % workers: each worker holds every workers-th slot.
         self.groups = [list(range(w, num_envs, workers)) for w in range(workers)]
@@ -233,15 +264,59 @@ class AsyncEpisodes:
         """Start the stream again from the order ``seed`` defines (None: a fresh order)."""
         self.stream.reseed(seed)
         self.position, self.replay = 0, deque()
+        self.drawn: dict[int, int | None] = {}  # stream position: the level it was drawn at
 
     def seek(self, position: int) -> None:
         """Serve the stream from ``position`` next (how a resumed run goes on)."""
         self.stream.seek(check_int("position", position, 0))
-        self.position, self.replay = position, deque()
+        self.position, self.replay, self.drawn = position, deque(), {}
 
     def set_level(self, level: int) -> None:
         """Draw the next samples at ``level`` (a procedural task's difficulty)."""
         self.stream.set_level(level)
+
+    def snapshot(self) -> dict[str, Any]:
+        """What the shared curriculum and KL coefficient are now (what a checkpoint taken
+        between two batches holds): ``level``, ``successes``, ``kl_coef``."""
+        curriculum, controller = self.curriculum, self.kl_controller
+        return {
+            "level": None if curriculum is None else curriculum.level,
+            "successes": None if curriculum is None else list(curriculum.successes),
+            "kl_coef": None if controller is None else float(controller.coef),
+        }
+
+    def restore(self, snapshot: Mapping[str, Any]) -> None:
+        """Put the curriculum and KL coefficient back as ``snapshot`` holds them."""
+        if self.curriculum is not None and snapshot.get("level") is not None:
+            self.curriculum.level = int(snapshot["level"])
+            self.curriculum.successes = list(snapshot.get("successes") or [])
+            self.set_level(self.curriculum.level)
+        if self.kl_controller is not None and snapshot.get("kl_coef") is not None:
+            self.kl_controller.coef = float(snapshot["kl_coef"])
+
+    def _finished(self, position: int, record: dict[str, Any]) -> dict[str, Any]:
+        # A finished episode: the level its sample was drawn at, and its count toward the
+        # shared curriculum and KL coefficient (now, or when the batch ends).
+        level = self.drawn.pop(position, None)
+        if level is not None:
+            record["level"] = level
+        if self.shared_updates == "batch":
+            self._counted.append(record)
+        else:
+            self._count([record])
+        return record
+
+    def _count(self, records: Sequence[Mapping[str, Any]]) -> None:
+        if self.curriculum is not None:
+            if self.curriculum.record(bool(r.get("success")) for r in records):
+                self.set_level(self.curriculum.level)
+        rewards = [
+            -float(r["kl_coef"]) * float(r["kl_sum"])
+            for r in records
+            if r.get("kl_coef") is not None and r.get("kl_sum") is not None
+        ]
+        if self.kl_controller is not None and rewards:
+            self.kl_controller.update(rewards)
 
     def episodes(self, count: int) -> Iterator[dict[str, Any]]:
         """Run ``count`` more episodes of the stream; yield each record as it finishes (the
@@ -254,8 +329,11 @@ class AsyncEpisodes:
                 "which may still step its sub-envs: close() this driver and make another"
             )
         run = _Run(self)
+        self._counted = []
         try:
             yield from run.play(count)
+            if self._counted:  # "batch": this call's episodes, in stream order
+                self._count(sorted(self._counted, key=lambda r: r["sample_index"]))
         except KeyboardInterrupt:  # Ctrl-C: leave at once (close() stops the workers)
             run.stop(wait_calls=False)
             raise
@@ -323,15 +401,19 @@ class _Run:
                 position, sample = driver.replay.popleft()
             else:
                 position, sample = driver.position, driver.stream.next_record()
+                driver.drawn[position] = getattr(driver.stream, "level", None)
                 driver.position += 1
                 unstarted -= 1
             slot = self.free.popleft()
             self.samples[slot] = (position, sample)
             self._call("start", slot, sample)
         young = [t for kind, _, _, t in self.pending.values() if kind != "sample"]
-        wait_left = max(young, default=-1e9) + driver.batch_wait - time.monotonic()
+        wait_left = max(young) + driver.batch_wait - time.monotonic() if young else 0.0
         if self.ready and wait_left > 0 and self.sampling < driver.sampler_calls:
             return wait_left  # a tool-less step takes milliseconds: batch its turn too
+        # By slot: a batch's rows, and so its samples, do not depend on which step came back
+        # first (a row's numerics can depend on its place in the batch).
+        self.ready.sort()
         while self.ready and self.sampling < driver.sampler_calls:
             calls = driver.sampler_calls - self.sampling
             # With room for several calls, split the ready turns among them.
@@ -385,7 +467,7 @@ class _Run:
         del self.traces[slot], self.obs[slot]
         self.free.append(slot)
         seed = getattr(self.driver.stream, "seed", None)  # with sample_index: its sample
-        return [{"sample_index": position, "seed": seed, **record}]
+        return [self.driver._finished(position, {"sample_index": position, "seed": seed, **record})]
 
     def _failed(self, slot: int, error: BaseException) -> list[dict[str, Any]]:
         driver, w = self.driver, self.driver.worker_of[slot]

@@ -130,11 +130,6 @@ class RunConfig:
             raise ValueError(
                 f"workers={self.workers} (--workers) are Ray actors: pass ray_address (--ray)"
             )
-        if self.asynchronous and self.curriculum:
-            raise ValueError(
-                "curriculum (--curriculum) is not supported with the asynchronous driver "
-                "(--async, --ray) yet: drop one"
-            )
         self._check_rubric()
         if self.backend_args and self.backend != "vllm":
             raise ValueError(

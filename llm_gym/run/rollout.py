@@ -214,9 +214,10 @@ class Rollout:
             envs.close()
             if config.ref_model is not None:
                 self.ref = reference_scorer(config, config.ref_model)
+            schedule = envs.schedule if config.curriculum else None  # shared by every sub-env
             self.driver = async_episodes(
                 config, tokenizer, self.policy, config.num_envs, ref=self.ref,
-                **self.rubric.env_options(),
+                curriculum=schedule, **self.rubric.env_options(),
             )  # fmt: skip
             envs = self.driver
         elif config.ref_model is not None:

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from llm_gym.policies.base import Policy
     from llm_gym.samplers import Scorer
     from llm_gym.wrappers.controllers import KLController
+    from llm_gym.wrappers.curriculum import LevelSchedule
 
 __all__ = [
     "DTYPES",
@@ -140,21 +141,28 @@ def make_policy(
 
 def async_episodes(
     config: RunConfig, tokenizer: PreTrainedTokenizerBase, policy: Policy, num_envs: int, *,
-    ref: Scorer | None = None, **options: object,
+    ref: Scorer | None = None, controller: KLController | None = None,
+    curriculum: LevelSchedule | None = None, batch_wait: float = 0.05,
+    shared_updates: str = "episode", **options: object,
 ) -> AsyncEpisodes:  # fmt: skip
     """``AsyncEpisodes`` of ``config``'s task (``env_kwargs`` with ``options``) from
     ``config.seed``, its env workers in Ray actors with ``config.ray_address``; with a scorer
-    ``ref``, each sub-env charges ``config.kl_coef`` · KL against it.
-    A server backend gets a request per ready turn, transformers one batch at a time."""
+    ``ref``, each sub-env charges ``config.kl_coef`` · KL against it (the coefficient of the
+    shared ``controller``, when given); ``curriculum``: the level schedule every sub-env shares.
+    A server backend gets a request per ready turn, transformers one batch at a time (ready
+    turns wait ``batch_wait`` for the env steps in flight; ``shared_updates``: when the
+    curriculum and the controller count episodes, see ``AsyncEpisodes``)."""
     env_fn = functools.partial(gym.make, config.env, **env_kwargs(config, tokenizer, **options))
     if ref is not None:
         env_fn = functools.partial(
-            _with_kl, env_fn, ref, coef=config.kl_coef, estimator=config.estimator
-        )
+            _with_kl, env_fn, ref, coef=config.kl_coef, estimator=config.estimator,
+            kl_controller=controller,
+        )  # fmt: skip
     calls = 1 if config.backend == "transformers" else num_envs
     return AsyncEpisodes(
         env_fn, num_envs, policy, seed=config.seed, input_mode="tokens", sampler_calls=calls,
-        ray_address=config.ray_address, workers=config.workers,
+        ray_address=config.ray_address, workers=config.workers, curriculum=curriculum,
+        kl_controller=controller, batch_wait=batch_wait, shared_updates=shared_updates,
     )  # fmt: skip
 
 

@@ -127,10 +127,17 @@ class GRPOConfig(RunConfig):
                 "tools with kl_coef > 0 is not supported yet: the KL wrappers charge each turn "
                 "separately; train tool episodes with kl_coef=0"
             )
-        if self.asynchronous and self.kl_coef > 0:
+        if self.ray_address is not None and self.kl_target is not None:
             raise ValueError(
-                "kl_coef > 0 is not supported with --async/--ray training yet (the KL "
-                "controller is the vector env's); train asynchronously with kl_coef=0"
+                "kl_target (--kl-target: an adaptive coefficient every sub-env shares) is not "
+                "supported with Ray's env workers (--ray), which each hold their own: charge a "
+                "constant --kl-coef there"
+            )
+        if self.asynchronous and self.kl_coef > 0 and self.lora_rank:
+            raise ValueError(
+                "kl_coef > 0 with lora_rank under --async is not supported yet: the reference "
+                "(the model with its adapter disabled) would be scored while the same model "
+                "samples or trains; drop one"
             )
         if self.resume and self.overwrite:
             raise ValueError("resume and overwrite contradict each other: pass one")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import sys
 import threading
 import time
@@ -31,6 +32,7 @@ from llm_gym.run.setup import (
     async_episodes,
     charge_kl,
     make_policy,
+    reference_scorer,
     resolve_device,
     resolve_dtype,
     run_rubric,
@@ -160,24 +162,38 @@ class GRPOTrainer:
         self.part_names = rubric_part_names(self.envs)
         self.curriculum = self.envs if config.curriculum else None  # before KL wraps it
         self.multi_turn = multi_turn(self.envs)  # tools, games: iterations reseed themselves
+        self.kl_controller, kl_ref = None, None
         if config.kl_coef > 0:
-            controller, target = None, config.kl_target  # no target: a constant coefficient
+            target = config.kl_target  # none: a constant coefficient
             if target is not None:
-                controller = AdaptiveKLController(config.kl_coef, target, config.kl_horizon)
-            # Below float32, generation's log-probs are mostly rounding noise against a
-            # forward's: re-score the responses in the same forward path as the reference.
-            served_dtype = config.backend_args.get("dtype", config.dtype)
-            exact = config.dtype == served_dtype == "float32"
-            gen = None if exact else self.scorer
-            # With LoRA the reference is the model itself, its adapter disabled: no copy.
-            ref = AdapterDisabled(self.scorer) if config.lora_rank else None
-            self.envs = charge_kl(
-                self.envs, config, config.model, gen=gen, controller=controller, ref=ref
-            )
+                self.kl_controller = AdaptiveKLController(config.kl_coef, target, config.kl_horizon)
+            if config.asynchronous:  # each sub-env charges its own; the controller is shared
+                kl_ref = reference_scorer(config, config.model)
+            else:
+                # Below float32, generation's log-probs are mostly rounding noise against a
+                # forward's: re-score the responses in the same forward path as the reference.
+                served_dtype = config.backend_args.get("dtype", config.dtype)
+                exact = config.dtype == served_dtype == "float32"
+                gen = None if exact else self.scorer
+                # With LoRA the reference is the model itself, its adapter disabled: no copy.
+                ref = AdapterDisabled(self.scorer) if config.lora_rank else None
+                self.envs = charge_kl(
+                    self.envs, config, config.model, gen=gen, controller=self.kl_controller,
+                    ref=ref,
+                )  # fmt: skip
         if config.asynchronous:  # the vector env above only tells what the task is
+            # One curriculum and one KL coefficient for every sub-env, moved by episodes in
+            # the order they finish.
+            # In this process one generate runs at a time: each waits for every env step in
+            # flight, so that the batches (and the samples) do not depend on timing; the
+            # curriculum and the KL coefficient move between batches, by stream order.
+            schedule = self.curriculum.schedule if self.curriculum is not None else None
+            wait = math.inf if config.backend == "transformers" else 0.05
             self.driver = async_episodes(
                 config, self.tokenizer, self._sample, config.groups * config.group_size,
-                repeats=config.group_size, **self.rubric.env_options(),
+                repeats=config.group_size, ref=kl_ref, controller=self.kl_controller,
+                curriculum=schedule, batch_wait=wait, shared_updates="batch",
+                **self.rubric.env_options(),
             )  # fmt: skip
         trained = [p for p in self.model.parameters() if p.requires_grad]  # LoRA: adapters
         self.optimizer = torch.optim.AdamW(trained, lr=config.learning_rate)
@@ -226,6 +242,8 @@ class GRPOTrainer:
                     done = iteration + 1
                     if done % config.save_every == 0 or done == config.iterations:
                         self.save(done)
+                    if self.batches is not None:  # after the save: its RNG state is this one's
+                        self.batches.publish(iteration)
         except (KeyboardInterrupt, RunWriteError) as error:  # what finished is reported
             self._stopped(rows, started, error)
             raise
@@ -305,18 +323,22 @@ class GRPOTrainer:
             [record["conversation_ids"] for record in records], masks,
             group_advantages(rewards, config.group_size), behaviour,
         )  # fmt: skip
-        if self.batches is not None:
-            self.batches.publish(iteration)
+        if self.batches is not None:  # the shared curriculum and KL as this batch left them
+            level, kl_coef = self.batches.snapshot["level"], self.batches.snapshot["kl_coef"]
+            kl_coef = config.kl_coef if kl_coef is None else kl_coef
+        else:
+            level = getattr(self.envs.unwrapped, "level", None)
+            kl_coef = float(self.envs.coef) if kl else None
         row = {
             "iteration": iteration,
             "reward": summary.mean_reward,
             "task_reward": float(np.mean([record["reward_task"] or 0.0 for record in records])),
             "success": summary.accuracy,
             "kl": float(np.mean(np.concatenate([r["token_kl"] for r in records]))) if kl else None,
-            "kl_coef": float(self.envs.coef) if kl else None,
+            "kl_coef": kl_coef if kl else None,
             "loss": loss,
             "response_tokens": float(np.mean([mask.sum() for mask in masks])),
-            "level": getattr(self.envs.unwrapped, "level", None),
+            "level": level if level is not None else getattr(self.envs.unwrapped, "level", None),
             "tokens_per_second": summary.tokens_per_second,
             # the policy versions that sampled the episodes: the last update's, never older
             "versions": sorted({v for r in records for v in r["versions"] if v is not None}),
@@ -330,7 +352,7 @@ class GRPOTrainer:
         if config.tools:
             row["tool_calls_per_episode"] = summary.tool_calls_per_episode
             row["failed_tool_share"] = summary.failed_tool_share
-        if kl:
+        if kl and self.batches is None:  # the asynchronous driver updates it per episode
             self.envs.update_kl_coef()
         row["seconds"] = time.perf_counter() - start
         return next_obs, row
@@ -447,12 +469,18 @@ class GRPOTrainer:
         state = {
             "iteration": iteration,
             "before": self.before,
-            "kl_coef": float(self.envs.coef) if self.config.kl_coef > 0 else None,
+            "kl_coef": None,  # below: the KL wrapper's, or the asynchronous driver's
             "level": getattr(base, "level", None),
             "drawn_level": self._drawn_level,  # the current questions' level
             "successes": None if schedule is None else schedule.successes,
             "positions": [getattr(source, "position", None) for source in sources],
         }
+        if self.batches is not None:  # as the last trained batch left them, not the next's
+            snapshot = self.batches.snapshot
+            state.update(level=snapshot["level"], successes=snapshot["successes"])
+            state["kl_coef"] = snapshot["kl_coef"]
+        elif self.config.kl_coef > 0:
+            state["kl_coef"] = float(self.envs.coef)
         tensors = {
             "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
@@ -488,7 +516,9 @@ class GRPOTrainer:
                 "finished run's last checkpoint): AdamW starts afresh from its weights",
                 file=sys.stderr,
             )
-        if state["kl_coef"] is not None and self.config.kl_coef > 0:
+        if self.driver is not None:  # the shared curriculum and KL coefficient
+            self.driver.restore(state)
+        elif state["kl_coef"] is not None and self.config.kl_coef > 0:
             self.envs.kl_controller.coef = state["kl_coef"]
         if state["level"] is not None:
             self.envs.unwrapped.set_level(state["level"])

@@ -76,16 +76,18 @@ class AsyncBatches:
                 start = time.perf_counter()
                 records = list(self.driver.episodes(self.batch_size))
                 records.sort(key=lambda record: record["sample_index"])
-                self._ready.put((iteration, records, time.perf_counter() - start))
+                seconds = time.perf_counter() - start
+                self._ready.put((iteration, records, seconds, self.driver.snapshot()))
                 iteration += 1
         except BaseException as error:  # handed to the trainer's thread
-            self._ready.put((None, error, 0.0))
+            self._ready.put((None, error, 0.0, None))
 
     def next(self, iteration: int) -> tuple[list[dict[str, Any]], float]:
-        """Batch ``iteration``'s records and the seconds its sampling took; raises what the
+        """Batch ``iteration``'s records and the seconds its sampling took (``snapshot``: the
+        driver's curriculum and KL coefficient as the batch left them); raises what the
         sampling thread raised."""
         try:
-            got, records, seconds = self._ready.get(timeout=self.timeout)
+            got, records, seconds, snapshot = self._ready.get(timeout=self.timeout)
         except queue.Empty:
             raise TimeoutError(
                 f"no batch of episodes within {self.timeout:g} s (the sampling thread is stuck)"
@@ -93,6 +95,7 @@ class AsyncBatches:
         if got is None:
             raise records
         assert got == iteration, f"batch {got} came for iteration {iteration}"
+        self.snapshot = snapshot  # the shared curriculum and KL coefficient after this batch
         return records, seconds
 
     def publish(self, iteration: int) -> None:

@@ -325,7 +325,8 @@ class KLCharge:
         self, env: gym.Env | VectorEnv, actions: Action | Sequence[Action], batched: bool
     ) -> Step:
         """Step ``env`` and charge each response's KL: ``info`` gets the generator's
-        log-probs, the per-token KL, ``kl_penalty`` and ``token_rewards``."""
+        log-probs, the per-token KL, ``kl_penalty``, the ``kl_coef`` it was charged under and
+        ``token_rewards``."""
         actions = as_batch(env, actions, batched)
         # The log-probs the actions carry, unless an inner wrapper supplies them; checked
         # before the env steps, so a missing one changes nothing.
@@ -385,6 +386,7 @@ class KLCharge:
                     self.gen_key: gen,
                     self.kl_key: kl,
                     "kl_penalty": float(coef * kl.sum(dtype=np.float64)),
+                    "kl_coef": float(coef),  # what this response was charged under
                     "token_rewards": token_rewards,
                 }
             )
