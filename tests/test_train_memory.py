@@ -144,7 +144,7 @@ def test_an_update_is_the_same_whatever_the_split_and_the_checkpointing(
         max_tokens_per_microbatch=100_000, minibatch_size=64, update_epochs=epochs,
     )  # fmt: skip
     lean = trainer(tiny_dir, tmp_path, "lean", **options)
-    assert lean.model.is_activation_checkpointing == lean.config.gradient_checkpointing
+    assert lean.model.is_activation_checkpointing  # enabled unless --no-gradient-checkpointing
     for run in (reference, lean):  # the gradients compared, not AdamW's steps (which
         run.optimizer.step = lambda: None  # turn a 1e-9 gradient's rounding into lr)
     loss = reference._optimize(tokens, masks, advantages)
@@ -172,3 +172,17 @@ def test_the_update_s_loss_is_today_s_get_dist_loss(tiny_dir, tmp_path):
     got = {name: p.grad for name, p in lean.model.named_parameters()}
     expected = {name: p.grad for name, p in old.named_parameters()}
     assert close(got, expected)
+
+
+def test_checkpointing_by_default_only_where_a_micro_batch_is_large(tiny_dir, tmp_path):
+    lean = trainer(tiny_dir, tmp_path, "auto")
+    assert lean.config.gradient_checkpointing is None
+    modes = []
+    base = lean.model.model  # what selected_log_probs runs (the output layer aside)
+    base.register_forward_pre_hook(lambda module, args: modes.append(module.training))
+    lean.optimizer.step = lambda: None
+    small = batch([30, 20], prompt=5, vocab=256)
+    lean._optimize(*small, torch.tensor([1.0, -1.0]))
+    large = batch([600, 600, 600, 600], prompt=5, vocab=256)  # 2400 padded tokens
+    lean._optimize(*large, torch.tensor([1.0, -1.0, 0.5, -0.5]))
+    assert modes == [False, True] and not lean.model.training

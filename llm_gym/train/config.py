@@ -20,6 +20,7 @@ from llm_gym.run.config import DTYPE_NAMES, RunConfig
 from llm_gym.run.files import write_text
 
 __all__ = [
+    "CHECKPOINT_TOKENS",
     "CONFIG_FILE",
     "RESUMABLE",
     "GRPOConfig",
@@ -28,7 +29,10 @@ __all__ = [
     "resume_conflicts",
 ]
 
-CONFIG_FILE = "run_config.json"  # the run's GRPOConfig, written when the run starts
+CONFIG_FILE = "run_config.json"
+# Padded tokens of a micro-batch from which activation checkpointing is on by default: below,
+# the activations are small and recomputing them costs a third more time for little.
+CHECKPOINT_TOKENS = 2048  # the run's GRPOConfig, written when the run starts
 # What a resumed run may change: how long it goes on, how it saves and reports, where it
 # runs. Everything else (task, model, GRPO's settings, seed) would make it another run.
 RESUMABLE = (
@@ -60,9 +64,10 @@ class GRPOConfig(RunConfig):
     learning_rate: float = 5e-5
     update_epochs: int = 1
     minibatch_size: int = 8  # responses per forward in the update, at most
-    # The update's memory: padded tokens per forward at most, and activation checkpointing.
+    # The update's memory: padded tokens per forward at most, and activation checkpointing
+    # (None: for micro-batches of CHECKPOINT_TOKENS padded tokens or more, where it pays).
     max_tokens_per_microbatch: int = 4096
-    gradient_checkpointing: bool = True
+    gradient_checkpointing: bool | None = None
     clip_coef: float = 0.2
     max_grad_norm: float = 1.0
     kl_target: float | None = None  # adaptive controller's target KL; None: constant coef
@@ -91,7 +96,8 @@ class GRPOConfig(RunConfig):
         )  # fmt: skip
         for name in (*positive, "kl_horizon", "keep_checkpoints"):
             check_int(name, getattr(self, name), 1)
-        check_bool("gradient_checkpointing", self.gradient_checkpointing)
+        if self.gradient_checkpointing is not None:
+            check_bool("gradient_checkpointing", self.gradient_checkpointing)
         check_int("lora_rank", self.lora_rank, 0)
         check_number("lora_alpha", self.lora_alpha, 0, strict=True, optional=True)
         check_number("lora_dropout", self.lora_dropout, 0)

@@ -40,7 +40,7 @@ from llm_gym.run.setup import (
 )
 from llm_gym.samplers.weights import export_model, write_weights
 from llm_gym.train.checkpoints import latest_checkpoint, load_checkpoint, save_checkpoint
-from llm_gym.train.config import GRPOConfig
+from llm_gym.train.config import CHECKPOINT_TOKENS, GRPOConfig
 from llm_gym.train.evaluation import evaluate_greedy
 from llm_gym.train.loss import group_advantages, grpo_loss, microbatches, sampled
 from llm_gym.train.pipeline import AsyncBatches, staleness
@@ -112,7 +112,7 @@ class GRPOTrainer:
             self.model, self.tokenizer, input_mode="tokens", generate=False
         )  # the model being trained
         self.pad_id = self.scorer.pad_token_id
-        if config.gradient_checkpointing:  # the layers' inputs kept, the rest recomputed
+        if config.gradient_checkpointing is not False:  # layers' inputs kept, rest recomputed
             model = unwrapped(self.model)
             enable = getattr(model, "activation_checkpointing_enable", None)  # transformers 5
             if enable is None:
@@ -387,14 +387,20 @@ class GRPOTrainer:
             with torch.no_grad():
                 old = [scored(rows)[0] for rows in batches]
         total = 0.0
-        # Train mode for the update: transformers checkpoints activations only in it (the
-        # sampler, on this model with the transformers backend, generates in eval mode).
-        self.model.train(config.gradient_checkpointing)
+
+        def checkpointing(rows: list[int]) -> bool:
+            if config.gradient_checkpointing is not None:
+                return config.gradient_checkpointing
+            return len(rows) * max(len(tokens[i]) for i in rows) >= CHECKPOINT_TOKENS
+
         try:
             for _ in range(config.update_epochs):
                 self.optimizer.zero_grad(set_to_none=True)
                 total = 0.0
                 for rows, old_log_probs in zip(batches, old, strict=True):
+                    # Train mode checkpoints (transformers does only in it); the sampler, on
+                    # this model with the transformers backend, generates in eval mode.
+                    self.model.train(checkpointing(rows))
                     log_probs, mask = scored(rows)
                     if behaviour is not None:  # the ratio to the version that sampled each token
                         old_log_probs = sampled(mask, [behaviour[i] for i in rows])
