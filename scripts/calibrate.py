@@ -7,10 +7,14 @@ answer-format rate and mean reward. README's calibration table is its output.
     python scripts/calibrate.py --episodes 64 --max-new-tokens 128
     python scripts/calibrate.py --games --episodes 8 --max-new-tokens 48 --max-turns 8
     python scripts/calibrate.py --humaneval --episodes 164 --max-new-tokens 256
+    python scripts/calibrate.py --ifeval --episodes 32 --max-new-tokens 128 --level 0 --level 1
 
 ``--games`` plays TextArena's single-player games instead (win rate, mean reward, turns per
 episode, games lost to an invalid move); ``--humaneval`` HumanEval, greedy and with the python
-tool (pass rate, mean share of tests passed, turns).
+tool (pass rate, mean share of tests passed, turns); ``--ifeval`` IFEval's levels (all six, or
+each ``--level``): prompt-level accuracy (all constraints followed) and instruction-level
+accuracy (the share followed; strictly, the mean reward), strict and loose, and the share of
+responses cut at ``--max-new-tokens``.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from pathlib import Path
 import torch
 
 from llm_gym.run import Rollout, RolloutConfig
+from llm_gym.tasks.ifeval import IFEVAL_LEVELS
 
 # (label, env id, env arguments, answer format); level None is the task's default.
 CASES = [
@@ -102,6 +107,21 @@ def humaneval(args: argparse.Namespace) -> None:
               f"{summary.turns_per_episode:.2f} | {seconds:.0f} |", flush=True)  # fmt: skip
 
 
+def ifeval(args: argparse.Namespace) -> None:
+    """IFEval, one row per level (``--level``, or all of ``IFEVAL_LEVELS``)."""
+    levels = args.level or range(len(IFEVAL_LEVELS))
+    print("| IFEval level | prompt-level strict (success) | prompt-level loose | instruction-level "
+          "strict (mean reward) | instruction-level loose | cut | seconds |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    for level in levels:
+        summary, records, seconds = _rollout(args, "LLMChat-IFEval-v0", {"level": level})
+        loose = sum(bool(r["loose"]) for r in records) / len(records)
+        loose_fraction = sum(r["loose_fraction"] for r in records) / len(records)
+        cut = sum(r["num_tokens"] >= args.max_new_tokens for r in records) / len(records)
+        print(f"| {level} | {summary.accuracy:.3f} | {loose:.3f} | {summary.mean_reward:.3f} | "
+              f"{loose_fraction:.3f} | {cut:.2f} | {seconds:.0f} |", flush=True)  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="default")
@@ -115,12 +135,18 @@ def main() -> None:
     )
     parser.add_argument("--games", action="store_true", help="TextArena's games instead")
     parser.add_argument("--humaneval", action="store_true", help="HumanEval instead")
+    parser.add_argument("--ifeval", action="store_true", help="IFEval's levels instead")
+    parser.add_argument(
+        "--level", action="append", type=int, default=[], help="IFEval: this level (0-5)"
+    )
     parser.add_argument("--max-turns", type=int, default=8, help="moves per game, tool turns")
     args = parser.parse_args()
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads; greedy, "
         f"{args.episodes} episodes, {args.max_new_tokens} new tokens at most\n"
     )
+    if args.ifeval:
+        return ifeval(args)
     if args.games or args.humaneval:
         return games(args) if args.games else humaneval(args)
     cases = list(CASES)
