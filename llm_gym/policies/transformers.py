@@ -23,7 +23,7 @@ from llm_gym.lm.tensors import (
     forward_logits,
     has_prefix,
     left_pad,
-    token_log_probs,
+    selected_log_probs,
 )
 from llm_gym.policies.distributions import MaskedCategorical
 from llm_gym.samplers import LogProbOutput, Sample, check_token_batch, check_token_ids
@@ -545,13 +545,16 @@ class TransformersPolicy:
         responses = split_responses(responses, len(values), batched)
         return [self._encoder.scored(v, r) for v, r in zip(values, responses, strict=True)]
 
-    def _forward(self, ids: torch.Tensor, attention: torch.Tensor, keep: int = 0) -> torch.Tensor:
+    def _check_length(self, ids: torch.Tensor) -> None:
         max_positions = getattr(self.model.config, "max_position_embeddings", None)
         if max_positions is not None and ids.shape[1] > max_positions:
             raise ValueError(
                 f"a conversation has {ids.shape[1]} tokens, more than the model's "
                 f"max_position_embeddings ({max_positions})"
             )
+
+    def _forward(self, ids: torch.Tensor, attention: torch.Tensor, keep: int = 0) -> torch.Tensor:
+        self._check_length(ids)
         # keep > 0: logits of the last `keep` positions only (left padding puts every
         # response at the end).
         return forward_logits(self.model, ids, attention, keep)
@@ -560,7 +563,13 @@ class TransformersPolicy:
         """``(B, keep or T)`` log-probs of the left-padded ``sequences``' last ``keep`` tokens
         (all with ``keep=0``)."""
         ids, attention = left_pad(sequences, self.pad_token_id, self.device)
+        self._check_length(ids)
+        # The window's tokens through the output layer a chunk of rows at a time: a scorer of
+        # long responses (a KL wrapper's reference) never holds their (B, keep, V) logits.
+        selected = attention.clone()
+        if keep:
+            selected[:, :-keep] = False
+        window = slice(-keep, None) if keep else slice(None)
         with torch.inference_mode():
-            logits = self._forward(ids, attention, keep)
-            window = slice(-keep, None) if keep else slice(None)
-            return token_log_probs(logits, ids[:, window], attention[:, window]).cpu().numpy()
+            log_probs = selected_log_probs(self.model, ids, attention, selected)
+            return log_probs[:, window].cpu().numpy()
