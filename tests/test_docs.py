@@ -83,7 +83,8 @@ def test_readme_is_a_first_read():
     first_screen = "\n".join(text.splitlines()[:40])
     assert (
         "bash scripts/setup.sh && .venv/bin/llm-gym train --env-arg task=chain_sum "
-        "--iterations 12 --out runs/demo --overwrite" in first_screen
+        "--iterations 12 --save-every 12 --save-dtype bfloat16 --out runs/demo --overwrite"
+        in first_screen
     )
     assert (
         "bash scripts/setup.sh && bash scripts/setup_vllm.sh && .venv/bin/python -m pytest -q"
