@@ -76,7 +76,11 @@ def test_rollout_writes_episodes_summary_and_plot(model_dirs, tmp_path):
     assert (out / "rollout.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for name in ("episodes", "accuracy", "format rate", "mean reward", "mean KL", "tokens/s"):
         assert name in result.stdout
-    assert "episodes         3" in result.stdout.replace("\t", " ")
+    assert re.search(r"^episodes +3$", result.stdout, re.MULTILINE)
+    # GSM8K's rubric: each part's mean over the episodes, a row each.
+    for name in ("format", "right"):
+        mean = np.mean([e[name] for e in episodes])
+        assert re.search(rf"^part {name} \(mean\) +{mean:.4f}$", result.stdout, re.MULTILINE)
 
 
 def test_default_episodes_cover_the_split_exactly_once(model_dirs, tmp_path):

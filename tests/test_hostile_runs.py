@@ -259,7 +259,7 @@ def test_a_full_disk_while_training_stops_in_one_line_with_an_interrupted_summar
 ):
     # A checkpoint of the tiny model is about 80 MB: the disk takes the first, not the second.
     out = (request.getfixturevalue("small_disk") if full == "tmpfs" else tmp_path) / "run"
-    assert main(train_args(tiny_dir, out)) == 0
+    assert main(train_args(tiny_dir, out, "--save-optimizer")) == 0  # resumed exactly below
     limit = file_size_limit(10_000_000) if full == "file size limit" else as_from_a_terminal
     resumed = spawn("train", "--out", str(out), "--resume", "--iterations", "2",
                     preexec_fn=limit)  # fmt: skip
