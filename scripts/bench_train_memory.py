@@ -18,8 +18,10 @@ batch, four ways side by side (issue 42, item 6):
   ``gradient_checkpointing=True``, CPU, no bf16) on the same batch, without generating: its
   ``compute_loss(model, inputs)`` on ``inputs`` in the format ``_generate_and_score_completions``
   returns, ``accelerator.backward``, ``clip_grad_norm_`` to ``max_grad_norm`` and the optimizer
-  of ``trainer.create_optimizer()`` (AdamW), as ``Trainer.train`` would for one step with
-  ``per_device_train_batch_size`` = the batch and no gradient accumulation.
+  of ``trainer.create_optimizer()`` (AdamW, fused: transformers' default ``optim``), as
+  ``Trainer.train`` would for one step with ``per_device_train_batch_size`` = the batch.
+  ``trl-<rows>`` (e.g. ``trl-4``): ``rows`` sequences a forward and gradient accumulation over
+  the batch, as ``_prepare_inputs`` slices a generation batch (still one optimizer step).
 
 The batch: ``--sequences`` (16) sequences of ``--seq-len`` (700) tokens, ``--prompt-len`` (100)
 prompt + the rest response, random token ids within the vocabulary from ``--seed``;
@@ -27,12 +29,14 @@ advantages alternate +1, -1. The model: SmolLM2-135M-Instruct (``load_default_mo
 float32, CPU, learning rate 5e-5, gradient clipping at 1.0, clip coefficient 0.2.
 
 Each case runs in its own Python process, so that its peak RSS (``ru_maxrss``) is its alone:
-the model and optimizer are set up first (timed apart: ``setup s``), the RSS is read, then
-exactly one update is timed (``update s``). ``own GB`` is the peak RSS minus the RSS before the
-update: what the update itself adds (gradients and AdamW's moments included, as they are
-allocated by the first update). The gradient norm before clipping (what ``clip_grad_norm_``
-returns) is recorded in every case: equal norms say the three implementations compute the
-same gradient; at ratio 1 the loss value itself is ``-mean(advantages)`` (0 here).
+the model and optimizer are set up first (timed apart: ``setup s``), every weight is read once
+(they load memory-mapped, and would otherwise become resident only during the update), the
+RSS is read, then exactly one update is timed (``update s``). ``own GB`` is the peak RSS
+minus the RSS before the update: what the update itself adds (gradients and AdamW's moments
+included, as they are allocated by the first update). The gradient norm before clipping
+(what ``clip_grad_norm_`` returns) is recorded in every case: equal norms say the three
+implementations compute the same gradient; at ratio 1 the loss value itself is
+``-mean(advantages)`` (0 here).
 
 Run (offline; 15-30 minutes on 2 shared cores; ``today`` peaks near 16 GB, ``trl`` near 8)::
 
@@ -41,6 +45,14 @@ Run (offline; 15-30 minutes on 2 shared cores; ``today`` peaks near 16 GB, ``trl
 
 On a CPU that other work shares, ``--threads 1`` gives steadier seconds: with 2 threads a
 descheduled thread leaves the other spinning, and wall and CPU time both grow with the load.
+RSS counts what glibc's allocator keeps of freed tensors: ``MALLOC_MMAP_THRESHOLD_=65536`` in
+the environment (the cases inherit it) returns them, which shows how much of a peak that is.
+
+Last run (2 shared cores, ``--threads 1``, torch 2.13, transformers 5.24, TRL 1.16; peak GB,
+update CPU s): today 16.27, 139; new 3.83, 140 (floor 2.39: 1.60x); new-2048 (micro-batches
+under CHECKPOINT_TOKENS, so not checkpointed) 4.72, 120; new-2048-ckpt 3.00, 140; new-8192
+3.95, 149; trl 8.05, 165; trl-4 6.47, 158. With MALLOC_MMAP_THRESHOLD_=65536: new 2.84 (1.19x
+the floor), trl 6.49, trl-4 4.96, each about 20% slower.
 """
 
 from __future__ import annotations
@@ -533,8 +545,11 @@ def print_loss_check(by_case: dict[str, dict], args: argparse.Namespace) -> None
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated of {CASES}")
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    parser.add_argument(
+        "--cases", default=",".join(CASES),
+        help=f"comma-separated, of {CASES}, new-<budget>[-ckpt|-nockpt], trl-<rows>",
+    )  # fmt: skip
     parser.add_argument("--seq-len", type=int, default=700, help="tokens per sequence")
     parser.add_argument("--prompt-len", type=int, default=100, help="of which prompt")
     parser.add_argument("--sequences", type=int, default=16, help="sequences in the batch")
