@@ -529,7 +529,8 @@ class TransformersPolicy:
         encoded = self._encode(values, responses, batched)
         ids, attention = left_pad([e.ids for e in encoded], self.pad_token_id, self.device)
         selected = dist_mask(mask, encoded, attention) & has_prefix(attention)
-        logits = self._forward(ids, attention)
+        self._check_length(ids)
+        logits = forward_logits(self.model, ids, attention)
         # Line the logits up with the tokens they predict; position 0 predicts nothing.
         aligned = F.pad(logits[:, :-1], (0, 0, 1, 0))
         return MaskedCategorical(aligned, selected), ids
@@ -552,12 +553,6 @@ class TransformersPolicy:
                 f"a conversation has {ids.shape[1]} tokens, more than the model's "
                 f"max_position_embeddings ({max_positions})"
             )
-
-    def _forward(self, ids: torch.Tensor, attention: torch.Tensor, keep: int = 0) -> torch.Tensor:
-        self._check_length(ids)
-        # keep > 0: logits of the last `keep` positions only (left padding puts every
-        # response at the end).
-        return forward_logits(self.model, ids, attention, keep)
 
     def _log_probs(self, sequences: list[np.ndarray], keep: int) -> np.ndarray:
         """``(B, keep or T)`` log-probs of the left-padded ``sequences``' last ``keep`` tokens
