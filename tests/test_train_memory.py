@@ -186,3 +186,15 @@ def test_checkpointing_by_default_only_where_a_micro_batch_is_large(tiny_dir, tm
     large = batch([600, 600, 600, 600], prompt=5, vocab=256)  # 2400 padded tokens
     lean._optimize(*large, torch.tensor([1.0, -1.0, 0.5, -0.5]))
     assert modes == [False, True] and not lean.model.training
+    # A budget of 2048 fills micro-batches of two 700-token sequences (1400 padded tokens):
+    # large for that budget, so checkpointed, though under CHECKPOINT_TOKENS.
+    tight = trainer(tiny_dir, tmp_path, "tight", max_tokens_per_microbatch=2048)
+    modes.clear()
+    tight.model.model.register_forward_pre_hook(lambda module, args: modes.append(module.training))
+    tight.optimizer.step = lambda: None
+    long = batch([700, 700, 700, 700], prompt=5, vocab=256)
+    tight._optimize(*long, torch.tensor([1.0, -1.0, 0.5, -0.5]))
+    assert modes == [True, True]
+    modes.clear()
+    tight._optimize(*small, torch.tensor([1.0, -1.0]))  # 60 tokens: small for any budget
+    assert modes == [False]

@@ -120,7 +120,7 @@ def _add_train(commands: Any) -> None:
         default=defaults.gradient_checkpointing,
         help="keep only each layer's input in the update and recompute the rest in the "
         "backward (less memory, about a third more time; default: %(default)s, on for "
-        "micro-batches of 2048 padded tokens or more)")  # fmt: skip
+        "micro-batches of 2048 padded tokens or half the budget, if less, or more)")  # fmt: skip
     add("--clip-coef", type=number(float, 0.0, False), default=defaults.clip_coef,
         help="the surrogate's ratio clip: 1 +- this")  # fmt: skip
     add("--kl-target", type=number(float, 0.0, False), default=None,

@@ -30,8 +30,9 @@ __all__ = [
 ]
 
 CONFIG_FILE = "run_config.json"
-# Padded tokens of a micro-batch from which activation checkpointing is on by default: below,
-# the activations are small and recomputing them costs a third more time for little.
+# Padded tokens of a micro-batch from which activation checkpointing is on by default (or
+# half the run's token budget, if less): below, the activations are small and recomputing them
+# costs a third more time for little.
 CHECKPOINT_TOKENS = 2048  # the run's GRPOConfig, written when the run starts
 # What a resumed run may change: how long it goes on, how it saves and reports, where it
 # runs. Everything else (task, model, GRPO's settings, seed) would make it another run.
@@ -65,7 +66,8 @@ class GRPOConfig(RunConfig):
     update_epochs: int = 1
     minibatch_size: int = 8  # responses per forward in the update, at most
     # The update's memory: padded tokens per forward at most, and activation checkpointing
-    # (None: for micro-batches of CHECKPOINT_TOKENS padded tokens or more, where it pays).
+    # (None: for micro-batches of min(CHECKPOINT_TOKENS, half the budget) padded tokens or
+    # more, where it pays).
     max_tokens_per_microbatch: int = 4096
     gradient_checkpointing: bool | None = None
     clip_coef: float = 0.2

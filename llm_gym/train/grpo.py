@@ -391,7 +391,10 @@ class GRPOTrainer:
         def checkpointing(rows: list[int]) -> bool:
             if config.gradient_checkpointing is not None:
                 return config.gradient_checkpointing
-            return len(rows) * max(len(tokens[i]) for i in rows) >= CHECKPOINT_TOKENS
+            # Large for the run's budget, not only in absolute terms: a budget of 2048 fills
+            # micro-batches of 1400 tokens of long sequences, whose activations are its peak.
+            threshold = min(CHECKPOINT_TOKENS, config.max_tokens_per_microbatch // 2)
+            return len(rows) * max(len(tokens[i]) for i in rows) >= threshold
 
         try:
             for _ in range(config.update_epochs):
