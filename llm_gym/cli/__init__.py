@@ -26,7 +26,7 @@ from llm_gym.cli._args import (
     resumed_config,
 )
 from llm_gym.cli._envs import envs_table
-from llm_gym.run.config import DTYPE_NAMES, RolloutConfig
+from llm_gym.run.config import BACKENDS, DTYPE_NAMES, RolloutConfig
 from llm_gym.train.config import GRPOConfig
 
 # Nothing above imports torch: each command imports what it runs (``--help`` and ``envs``
@@ -42,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_rollout(commands)
     _add_train(commands)
     _add_serve(commands)
+    _add_gateway(commands)
     commands.add_parser(
         "envs",
         help="list the registered environments: task, spaces, where the data comes from",
@@ -154,6 +155,16 @@ def _add_train(commands: Any) -> None:
     add("--save-dtype", choices=DTYPE_NAMES, default=None,
         help="the dtype of weights saved without the optimizer's state (default: "
         "%(default)s, --dtype)")  # fmt: skip
+    add("--agent", default=None, metavar="MODULE:FUNCTION",
+        help="train an agent program: FUNCTION(base_url, api_key, item) -> answer (in MODULE "
+        "or a file.py), which calls the model through llm_gym's OpenAI-compatible gateway; "
+        "each call is recorded token for token and the task's reward scores the answer "
+        "(docs/agents.md; default: %(default)s, the env's own turns)")  # fmt: skip
+    add("--num-agents", type=number(int, 1), default=defaults.num_agents,
+        help="--agent: runs at once (default: %(default)s)")  # fmt: skip
+    add("--agent-timeout", type=number(float, 0.0, False), default=defaults.agent_timeout,
+        metavar="SECONDS", help="--agent: seconds a run may take; past it the run scores 0 "
+        "with its error (default: %(default)s)")  # fmt: skip
     add("--resume", action="store_true", help="continue from the checkpoint in --out")
     parser.set_defaults(config=GRPOConfig, job=_prepare_train, run=_train,
                         kept=_iterations_kept)  # fmt: skip
@@ -244,6 +255,87 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_gateway(commands: Any) -> None:
+    parser = commands.add_parser(
+        "gateway",
+        help="serve a model over the OpenAI API, recording each episode's calls token for token",
+        description="An OpenAI-compatible server (/v1/models, /v1/chat/completions, "
+        "/v1/completions; streaming, n, temperature, max_tokens, stop, seed, logprobs, tools) "
+        "in front of a model and backend. A request names its episode with the X-Episode-Id "
+        "header or its API key; GET /v1/episodes/NAME returns the episode's calls: prompt "
+        "and sampled token ids, log-probs, policy version (docs/agents.md).",
+    )
+    add, defaults = parser.add_argument, RolloutConfig()
+    add("--model", default=defaults.model, help="'default' (SmolLM2-135M-Instruct) or a folder")
+    add("--model-name", default="policy",
+        help="the model's name in the API, which requests name (default: %(default)s)")  # fmt: skip
+    add("--max-new-tokens", type=number(int, 1), default=defaults.max_new_tokens,
+        help="tokens per reply unless a request says (default: %(default)s)")  # fmt: skip
+    add("--temperature", type=number(float, 0.0), default=1.0,
+        help="sampling temperature when a request gives none (default: %(default)s)")  # fmt: skip
+    add("--backend", choices=BACKENDS, default=defaults.backend,
+        help="what generates: transformers here, a vLLM server llm_gym starts, or an "
+        "OpenAI-compatible server at --base-url that returns token ids")  # fmt: skip
+    add("--base-url", default=None, metavar="URL", help="--backend openai: the server")
+    add("--served-model", default=None, metavar="NAME",
+        help="--backend openai: the model's name there (default: its only one)")  # fmt: skip
+    add("--backend-arg", action="append", default=[], type=env_arg, metavar="KEY=VALUE",
+        help="--backend vllm: a vLLM engine option, repeatable")  # fmt: skip
+    add("--vllm-python", default=None, metavar="PATH",
+        help="--backend vllm: the vLLM environment's python")  # fmt: skip
+    add("--device", default=defaults.device, help="'auto', 'cpu', 'cuda' or 'cuda:N'")
+    add("--dtype", choices=DTYPE_NAMES, default=defaults.dtype,
+        help="the model's dtype (default: %(default)s)")  # fmt: skip
+    add("--seed", type=number(int, 0), default=defaults.seed, help="seeds the sampling")
+    add("--threads", type=number(int, 1), default=None, help="torch CPU threads")
+    add("--host", default="127.0.0.1", help="the address to bind (default: %(default)s)")
+    add("--port", type=number(int, 0), default=8000,
+        help="the port (default: %(default)s; 0: a free one)")  # fmt: skip
+    add("--out", default="runs/gateway", help="where a vLLM server's log goes")
+
+
+def _gateway(args: argparse.Namespace) -> int:
+    try:
+        config = RolloutConfig(
+            model=args.model, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+            backend=args.backend, base_url=args.base_url, served_model=args.served_model,
+            backend_args=dict(args.backend_arg), vllm_python=args.vllm_python,
+            device=args.device, dtype=args.dtype, seed=args.seed, out=args.out,
+        )  # fmt: skip
+    except (ValueError, TypeError) as error:
+        return _usage_error(error)
+    import torch
+
+    from llm_gym.agents import Gateway
+    from llm_gym.lm.loading import load_model
+    from llm_gym.run.setup import make_policy, resolve_device, resolve_dtype
+    from llm_gym.samplers import SamplerError
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    try:
+        device, dtype = resolve_device(config.device), resolve_dtype(config.dtype)
+        model, tokenizer = load_model(config.model, device=device, dtype=dtype)
+        policy = make_policy(model, tokenizer, config)
+        sampler = getattr(policy, "sampler", policy)
+        gateway = Gateway(sampler, tokenizer, model_name=args.model_name)
+        url = gateway.serve(args.host, args.port)
+    except (ValueError, TypeError, OSError, ImportError, SamplerError) as error:
+        return _usage_error(error)
+    print(f"serving {args.model_name!r} at {url}/v1 (OpenAI API; episodes: {url}/v1/episodes/"
+          "NAME)", flush=True)  # fmt: skip
+    try:
+        gateway.wait()
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        gateway.close()
+        close = getattr(sampler, "close", None)
+        if close is not None:
+            close()
+    return 0
+
+
 def _prepare_train(config: GRPOConfig) -> Any:
     from llm_gym.train.grpo import GRPOTrainer
 
@@ -288,6 +380,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "serve":
         return _serve(args)
+    if args.command == "gateway":
+        return _gateway(args)
     try:  # flags and values checked before anything heavy loads
         check_task_env(args.env, args.command)
         given = given_options(parser, argv)

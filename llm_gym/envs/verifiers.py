@@ -17,7 +17,6 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
@@ -29,45 +28,20 @@ from llm_gym.checks import check_choice, check_number, check_str
 from llm_gym.envs.chat import ActionRead, Outcome
 from llm_gym.envs.dataset import DatasetChatEnv
 from llm_gym.envs.vector import sharded_vector_env
-from llm_gym.tools.calls import CALL_FORMATS, parse_tool_calls, tools_system_prompt
+from llm_gym.tools.calls import CALL_FORMATS, chat_messages, parse_tool_calls, with_tools_prompt
 
 if TYPE_CHECKING:
     from verifiers import Environment
 
     from llm_gym.tools.toolbox import ToolRecord
 
-__all__ = ["VERIFIERS_ID", "VerifiersChatEnv", "chat_messages", "make_verifiers_vector_env"]
+__all__ = ["VERIFIERS_ID", "VerifiersChatEnv", "make_verifiers_vector_env"]
 
 VERIFIERS_ID = "LLMChat-Verifiers-v0"
 
 # The rollout's ends that are a cut rather than the episode's own end; "max_turns_reached"
 # too when the environment has more than one turn (ChatEnv's rule: one turn is the task).
 _CUTS = frozenset({"timeout_reached", "prompt_too_long", "max_total_completion_tokens_reached"})
-
-
-def chat_messages(messages: Sequence[object]) -> list[dict[str, str]]:
-    """verifiers' messages (pydantic models or dicts) as ``{"role", "content"}`` dicts:
-    text parts joined, an assistant's tool calls written as hermes ``<tool_call>`` blocks
-    (the text a policy would have written for them).
-
-    >>> chat_messages([{"role": "user", "content": [{"type": "text", "text": "hi"}]}])
-    [{'role': 'user', 'content': 'hi'}]
-    """
-    out = []
-    for message in messages:
-        data = message.model_dump() if hasattr(message, "model_dump") else dict(message)
-        content = data.get("content")
-        if isinstance(content, list):  # content parts: the text ones
-            content = "".join(part.get("text", "") for part in content if isinstance(part, Mapping))
-        text = content if isinstance(content, str) else ""
-        for call in data.get("tool_calls") or ():
-            arguments = call.get("arguments")
-            with suppress(TypeError, ValueError):
-                arguments = json.loads(arguments)
-            body = json.dumps({"name": call.get("name"), "arguments": arguments})
-            text += f"<tool_call>{body}</tool_call>"
-        out.append({"role": str(data.get("role")), "content": text})
-    return out
 
 
 @functools.cache
@@ -285,15 +259,10 @@ class VerifiersChatEnv(DatasetChatEnv):
             return "error", TimeoutError(f"{message}{self.turn_timeout_s:g}"), None
 
     def _call_prompt(self, prompt: object, tools: Sequence[object]) -> list[dict[str, str]]:
-        messages = chat_messages(prompt)
         self._tools = bool(tools)
-        if tools:  # the rollout's tools, listed as llm_gym's tool envs list them
-            block = tools_system_prompt([_tool_schema(t) for t in tools], self.tool_format)
-            if messages and messages[0]["role"] == self.system_role:
-                messages[0] = {**messages[0], "content": f"{messages[0]['content']}\n\n{block}"}
-            else:
-                messages.insert(0, {"role": self.system_role, "content": block})
-        return messages
+        # The rollout's tools, listed as llm_gym's tool envs list them.
+        schemas = [_tool_schema(t) for t in tools]
+        return with_tools_prompt(chat_messages(prompt), schemas, self.tool_format, self.system_role)
 
     # -- StepHooks ------------------------------------------------------------------------
 

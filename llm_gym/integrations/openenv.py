@@ -33,8 +33,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import threading
-import urllib.request
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -54,6 +52,7 @@ except ImportError as error:  # openenv is an optional dependency (the "serve" e
 
 from llm_gym.checks import check_int, check_number, check_str
 from llm_gym.episodes.records import json_value
+from llm_gym.servers import ThreadedServer
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -282,9 +281,10 @@ async def _refuse(send: Send, limit: int, length: int) -> None:
     await send({"type": "http.response.body", "body": body.encode()})
 
 
-class Server:
+class Server(ThreadedServer):
     """``llm-gym serve``: uvicorn running ``make_app``'s app on ``host:port``; ``start()``
-    returns once ``/health`` answers (``url`` is then set), ``stop()`` shuts it down.
+    returns once ``/health`` answers (``url`` is then set), ``stop()`` shuts it down (open
+    sessions are closed, their envs with them).
 
     Args:
         env_id, env_args, max_sessions, session_timeout, max_message_bytes, web: as
@@ -309,56 +309,13 @@ class Server:
         ping_interval: float = 10.0,
         web: bool = False,
     ) -> None:
-        import socket
-
-        import uvicorn
-
         check_number("ping_interval", ping_interval, low=0, strict=True)
-        port = check_int("port", port, 0, 65535)
+        check_int("port", port, 0, 65535)
         app = make_app(
             env_id, env_args, max_sessions=max_sessions, session_timeout=session_timeout,
             max_message_bytes=max_message_bytes, web=web,
         )  # fmt: skip
-        self.socket = socket.create_server((host, port))  # bound now: a busy port fails here
-        self.host, self.port = host, self.socket.getsockname()[1]
-        config = uvicorn.Config(
-            app, log_level="warning", ws_max_size=max_message_bytes,
+        super().__init__(
+            app, host=host, port=port, ws_max_size=max_message_bytes,
             ws_ping_interval=ping_interval, ws_ping_timeout=ping_interval,
         )  # fmt: skip
-        self._server = uvicorn.Server(config)
-        self._thread: threading.Thread | None = None
-        self.url: str | None = None
-
-    def start(self, timeout: float = 30.0) -> str:
-        """Serve in a thread; the URL once ``/health`` answers."""
-        self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [self.socket]}, daemon=True
-        )
-        self._thread.start()
-        url = f"http://{self.host}:{self.port}"
-        wait = 0.02
-        for _ in range(int(timeout / wait)):
-            if not self._thread.is_alive():
-                raise RuntimeError(f"the server for {url} stopped while starting")
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=1) as reply:
-                    if reply.status == 200:
-                        self.url = url
-                        return url
-            except OSError:
-                pass
-            threading.Event().wait(wait)
-        self.stop()
-        raise TimeoutError(f"{url}/health did not answer within {timeout:g} s")
-
-    def wait(self) -> None:
-        """Block until the server stops (Ctrl-C stops it)."""
-        if self._thread is not None:
-            self._thread.join()
-
-    def stop(self) -> None:
-        """Shut the server down (open sessions are closed, their envs with them)."""
-        self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-        self.socket.close()

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import gymnasium as gym
 
 from llm_gym.checks import check_int
-from llm_gym.envs.verifiers import chat_messages
+from llm_gym.tools.calls import chat_messages
 
 if TYPE_CHECKING:
     from verifiers import MultiTurnEnv

@@ -12,13 +12,22 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
 
 from llm_gym.checks import check_choice
 
-__all__ = ["CALL_FORMATS", "MAX_JSON_DEPTH", "ToolCall", "parse_tool_calls", "tools_system_prompt"]
+__all__ = [
+    "CALL_FORMATS",
+    "MAX_JSON_DEPTH",
+    "ToolCall",
+    "chat_messages",
+    "parse_tool_calls",
+    "tools_system_prompt",
+    "with_tools_prompt",
+]
 
 CALL_FORMATS = ("hermes", "markdown")
 # Arrays and objects a call may nest. json.loads recurses once per level (``"[" * 100000``
@@ -130,3 +139,61 @@ def tools_system_prompt(schemas: Sequence[dict[str, Any]], call_format: str = "h
         "<tool_call></tool_call> XML tags:\n<tool_call>\n"
         '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
     )
+
+
+def chat_messages(messages: Sequence[object]) -> list[dict[str, str]]:
+    """OpenAI-style messages (dicts or pydantic models, as the OpenAI API, verifiers and agent
+    SDKs send them) as ``{"role", "content"}`` dicts: text parts joined, an assistant's tool
+    calls written as hermes ``<tool_call>`` blocks (the text a policy would have written for
+    them); a call is ``{"name", "arguments"}`` or OpenAI's ``{"function": {...}}``, its
+    arguments an object or its JSON text.
+
+    >>> chat_messages([{"role": "user", "content": [{"type": "text", "text": "hi"}]}])
+    [{'role': 'user', 'content': 'hi'}]
+    >>> call = {"id": "c1", "type": "function",
+    ...         "function": {"name": "add", "arguments": '{"a": 1}'}}
+    >>> chat_messages([{"role": "assistant", "content": None, "tool_calls": [call]}])[0]["content"]
+    '<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>'
+    """
+    out = []
+    for message in messages:
+        data = message.model_dump() if hasattr(message, "model_dump") else dict(message)
+        content = data.get("content")
+        if isinstance(content, list):  # content parts: the text ones
+            content = "".join(part.get("text", "") for part in content if isinstance(part, Mapping))
+        text = content if isinstance(content, str) else ""
+        for call in data.get("tool_calls") or ():
+            call = call.model_dump() if hasattr(call, "model_dump") else call
+            if isinstance(call.get("function"), Mapping):
+                call = call["function"]
+            arguments = call.get("arguments")
+            with suppress(TypeError, ValueError):
+                arguments = json.loads(arguments)
+            body = json.dumps({"name": call.get("name"), "arguments": arguments})
+            text += f"<tool_call>{body}</tool_call>"
+        out.append({"role": str(data.get("role")), "content": text})
+    return out
+
+
+def with_tools_prompt(
+    messages: list[dict[str, str]],
+    schemas: Sequence[dict[str, Any]],
+    call_format: str = "hermes",
+    system_role: str = "system",
+) -> list[dict[str, str]]:
+    """``messages`` with ``tools_system_prompt(schemas)`` at the end of the system message
+    (a system message first if there is none), as llm_gym's tool envs list their tools;
+    ``messages`` unchanged without schemas.
+
+    >>> with_tools_prompt([{"role": "user", "content": "hi"}], [], "hermes")
+    [{'role': 'user', 'content': 'hi'}]
+    """
+    if not schemas:
+        return messages
+    block = tools_system_prompt(schemas, call_format)
+    messages = list(messages)
+    if messages and messages[0]["role"] == system_role:
+        messages[0] = {**messages[0], "content": f"{messages[0]['content']}\n\n{block}"}
+    else:
+        messages.insert(0, {"role": system_role, "content": block})
+    return messages

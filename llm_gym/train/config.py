@@ -43,6 +43,7 @@ RESUMABLE = (
     "minibatch_size", "max_tokens_per_microbatch", "gradient_checkpointing",
     "save_optimizer", "save_dtype",  # what a checkpoint holds
     # how the samples are drawn, not what is learned from them
+    "num_agents", "agent_timeout",
     "backend", "base_url", "served_model", "backend_args", "vllm_python",
     "ray_address", "workers",  # where the env workers run
 )  # fmt: skip
@@ -90,6 +91,11 @@ class GRPOConfig(RunConfig):
     lora_target_modules: list[str] | str | None = None
     resume: bool = False
     max_staleness: int = 1  # --async: updates a batch may be sampled ahead of its own
+    # An agent program (module:function) that plays each item through llm_gym's gateway
+    # (llm_gym.agents): runs at once, and seconds a run may take.
+    agent: str | None = None
+    num_agents: int = 16
+    agent_timeout: float = 300.0
 
     def __post_init__(self) -> None:
         positive = (
@@ -147,6 +153,24 @@ class GRPOConfig(RunConfig):
                 "(the model with its adapter disabled) would be scored while the same model "
                 "samples or trains; drop one"
             )
+        check_int("num_agents", self.num_agents, 1)
+        check_number("agent_timeout", self.agent_timeout, 0, strict=True)
+        if self.agent is not None:
+            if not isinstance(self.agent, str) or self.agent.count(":") != 1:
+                raise ValueError(
+                    f"agent must be 'module:function' or 'file.py:function', got {self.agent!r}"
+                )
+            given = [name for name, on in (
+                ("--async", self.asynchronous), ("--ray", self.ray_address is not None),
+                ("--tools", bool(self.tools)), ("--kl-coef", self.kl_coef > 0),
+                ("--curriculum", bool(self.curriculum)), ("--judge", self.judge is not None),
+            ) if on]  # fmt: skip
+            if given:
+                raise ValueError(
+                    f"agent (--agent) is not supported with {', '.join(given)} yet: the agent "
+                    "runs its own turns and tools through the gateway, and its episodes are "
+                    "scored by the task's reward alone"
+                )
         if self.resume and self.overwrite:
             raise ValueError("resume and overwrite contradict each other: pass one")
         if self.backend == "openai":

@@ -13,10 +13,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import gymnasium as gym
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from llm_gym.agents import AgentRollouts, load_agent
 from llm_gym.envs import single_env
 from llm_gym.episodes import multi_turn, play_episodes
 from llm_gym.lm.loading import load_model
@@ -31,6 +33,7 @@ from llm_gym.run.rollout import rubric_part_names, summarize
 from llm_gym.run.setup import (
     async_episodes,
     charge_kl,
+    env_kwargs,
     make_policy,
     reference_scorer,
     resolve_device,
@@ -195,6 +198,9 @@ class GRPOTrainer:
                 curriculum=schedule, batch_wait=wait, shared_updates="batch",
                 **self.rubric.env_options(),
             )  # fmt: skip
+        self.agents: AgentRollouts | None = None
+        if config.agent is not None:  # an agent program plays each item through a gateway
+            self.agents = self._agent_rollouts(self.policy, config.group_size, config.seed)
         trained = [p for p in self.model.parameters() if p.requires_grad]  # LoRA: adapters
         self.optimizer = torch.optim.AdamW(trained, lr=config.learning_rate)
         self.start, self.before, self._resumed = 0, None, state
@@ -207,6 +213,15 @@ class GRPOTrainer:
         else:  # set up without error: only now does an earlier run (--overwrite) go
             clear_out(self.out)
             config.save()  # what --resume continues
+
+    def _agent_rollouts(self, policy: Any, group_size: int, seed: int) -> AgentRollouts:
+        config = self.config
+        env = gym.make(config.env, **env_kwargs(config, self.tokenizer)).unwrapped
+        sampler = getattr(policy, "sampler", policy)  # a server's sampler, or the policy
+        return AgentRollouts(
+            load_agent(config.agent), env, sampler, self.tokenizer, group_size=group_size,
+            num_agents=config.num_agents, timeout=config.agent_timeout, seed=seed,
+        )  # fmt: skip
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -308,6 +323,11 @@ class GRPOTrainer:
             next_obs, lag = obs, staleness(records, iteration, config.update_epochs)
             if lag > config.max_staleness:
                 raise RuntimeError(f"iteration {iteration}'s batch is {lag} updates stale")
+        elif self.agents is not None:  # the items of (seed, iteration): a resumed run's too
+            start = time.perf_counter()
+            seed = int(np.random.SeedSequence([config.seed, iteration]).generate_state(1)[0])
+            records = self.agents.episodes(config.groups * config.group_size, seed=seed)
+            seconds, next_obs = time.perf_counter() - start, obs
         else:
             if self.multi_turn:  # a fresh seed restarts each group on one question
                 obs, _ = self.envs.reset(seed=config.seed + 1 + iteration)
@@ -317,12 +337,19 @@ class GRPOTrainer:
         self.task_names.update(str(r["task"]) for r in records if r.get("task") is not None)
         summary = summarize(records, seconds, self.part_names)
         rewards = torch.tensor([r["reward"] for r in records], device=self.device)
-        masks = [record["policy_mask"] for record in records]
-        behaviour = [r["sampled_log_probs"] for r in records] if self.batches else None
-        loss = self._optimize(
-            [record["conversation_ids"] for record in records], masks,
-            group_advantages(rewards, config.group_size), behaviour,
-        )  # fmt: skip
+        advantages = group_advantages(rewards, config.group_size)
+        if self.agents is not None:  # an agent's episode trains on each of its segments
+            rows = [(s, i) for i, r in enumerate(records) for s in r["segments"]]
+            sequences, masks = [s.ids for s, _ in rows], [s.policy_mask for s, _ in rows]
+            index = torch.tensor([i for _, i in rows], dtype=torch.long, device=self.device)
+            loss = self._optimize(sequences, masks, advantages[index]) if rows else 0.0
+        else:
+            masks = [record["policy_mask"] for record in records]
+            behaviour = [r["sampled_log_probs"] for r in records] if self.batches else None
+            loss = self._optimize(
+                [record["conversation_ids"] for record in records], masks, advantages,
+                behaviour,
+            )  # fmt: skip
         if self.batches is not None:  # the shared curriculum and KL as this batch left them
             level, kl_coef = self.batches.snapshot["level"], self.batches.snapshot["kl_coef"]
             kl_coef = config.kl_coef if kl_coef is None else kl_coef
@@ -337,7 +364,9 @@ class GRPOTrainer:
             "kl": float(np.mean(np.concatenate([r["token_kl"] for r in records]))) if kl else None,
             "kl_coef": kl_coef if kl else None,
             "loss": loss,
-            "response_tokens": float(np.mean([mask.sum() for mask in masks])),
+            "response_tokens": float(np.mean([r["num_tokens"] for r in records]))
+            if self.agents is not None
+            else float(np.mean([mask.sum() for mask in masks])),
             "level": level if level is not None else getattr(self.envs.unwrapped, "level", None),
             "tokens_per_second": summary.tokens_per_second,
             # the policy versions that sampled the episodes: the last update's, never older
@@ -349,6 +378,10 @@ class GRPOTrainer:
             row["sync_seconds"] = self.sync_seconds
         if summary.parts:  # a rubric's parts, each one's mean over the iteration's episodes
             row["parts"] = summary.parts
+        if self.agents is not None:  # what the agent did: calls, segments, failures
+            row["calls_per_episode"] = float(np.mean([r["num_calls"] for r in records]))
+            row["segments_per_episode"] = float(np.mean([r["num_segments"] for r in records]))
+            row["agent_errors"] = sum(r["error"] is not None for r in records)
         if config.tools:
             row["tool_calls_per_episode"] = summary.tool_calls_per_episode
             row["failed_tool_share"] = summary.failed_tool_share
@@ -451,7 +484,7 @@ class GRPOTrainer:
         (also done when ``train()`` ends)."""
         if self.batches is not None:
             self.batches.close()
-        for part in (getattr(self, "envs", None), self.driver):
+        for part in (getattr(self, "envs", None), self.driver, getattr(self, "agents", None)):
             if part is not None:
                 part.close()
         for part in (self.policy, getattr(self, "rubric", None)):
@@ -463,6 +496,19 @@ class GRPOTrainer:
         """``llm_gym.train.evaluate_greedy`` of the model on ``eval_episodes`` held-out
         questions."""
         config = self.config
+        if self.agents is not None:  # the agent, its calls greedy unless it asks otherwise
+            kwargs = {"max_new_tokens": config.max_new_tokens, "do_sample": False}
+            greedy = TransformersPolicy(
+                self.model, self.tokenizer, input_mode="tokens", generate_kwargs=kwargs
+            )
+            with self._agent_rollouts(greedy, 1, config.eval_seed) as rollouts:
+                records = rollouts.episodes(config.eval_episodes, seed=config.eval_seed)
+            return {
+                "success": float(np.mean([bool(r.get("success")) for r in records])),
+                "reward": float(np.mean([r["reward"] for r in records])),
+                "response_tokens": float(np.mean([r["num_tokens"] for r in records])),
+                "agent_errors": sum(r["error"] is not None for r in records),
+            }
         return evaluate_greedy(
             self.model, self.tokenizer, config,
             episodes=config.eval_episodes, seed=config.eval_seed, policy=policy,
@@ -542,6 +588,8 @@ class GRPOTrainer:
         # The stream from the seed; a resumed run puts each sub-env back on the question it
         # was at, drawn at the level it was drawn at. (Tool iterations reseed themselves.)
         config, state, base = self.config, self._resumed, self.envs.unwrapped
+        if self.agents is not None:  # each iteration draws its own items
+            return {}
         if self.driver is not None:  # batch j is stream positions [j B, (j + 1) B)
             size = config.groups * config.group_size
             self.driver.seek(self.start * size)

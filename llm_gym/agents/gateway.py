@@ -1,0 +1,757 @@
+"""``Gateway``: an OpenAI-compatible server in front of any llm_gym ``Sampler`` that records
+every call of an episode token for token, so that an agent program written against the
+OpenAI API (the ``openai`` SDK, the OpenAI Agents SDK, LangGraph, a coding harness) trains
+through llm_gym unmodified (docs: agents.md).
+
+Endpoints: ``GET /v1/models``, ``POST /v1/chat/completions`` and ``POST /v1/completions``
+(streamed or not; ``n``, ``temperature``, ``top_p``, ``max_tokens`` /
+``max_completion_tokens``, ``stop``, ``seed``, ``logprobs``; ``tools``, ``tool_choice`` and
+``tool_calls`` in replies, read with llm_gym's hermes format), ``GET /health``, and
+``GET``/``DELETE /v1/episodes/{name}`` (an episode's recorded calls with their token ids).
+
+A request names its episode with the ``X-Episode-Id`` header, else its API key (the bearer
+token; AReaL's and rLLM's way): the calls of a named episode are recorded (``Call``), the
+prompt ids as the chat template gave them, the completion's ids as the sampler returned them
+(never re-tokenized), their log-probs, the policy version and the finish reason. A chat
+request whose messages are an earlier call's messages plus that call's reply continues that
+call's token sequence (``recording``). Requests in flight together are sampled in one batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import queue
+import re
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from llm_gym.agents.recording import Call, Recorder
+from llm_gym.chat.conversation import Conversation, PromptBuilder
+from llm_gym.chat.history import History
+from llm_gym.checks import check_int
+from llm_gym.samplers.base import Sample, Sampler
+from llm_gym.samplers.openai import OpenAISampler
+from llm_gym.servers import ThreadedServer
+from llm_gym.tools.calls import chat_messages, parse_tool_calls, with_tools_prompt
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+__all__ = ["EPISODE_HEADER", "Gateway"]
+
+EPISODE_HEADER = "x-episode-id"
+MAX_N = 64  # choices a request may ask for
+MAX_STOPS = 4  # OpenAI's limit on stop sequences
+
+
+class _BadRequest(Exception):
+    """An OpenAI error body: ``message``, the ``param`` at fault, the HTTP ``status``."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400,
+                 code: str | None = None) -> None:  # fmt: skip
+        super().__init__(message)
+        self.param, self.status, self.code = param, status, code
+
+
+def _error_body(message: str, param: str | None, status: int, code: str | None) -> dict:
+    kinds = {403: "permission_error", 404: "not_found_error", 500: "server_error"}
+    kind = kinds.get(status, "invalid_request_error")
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+@dataclass(frozen=True)
+class _Settings:
+    """A request's sampling settings that differ from the sampler's own (None: the
+    sampler's): requests with equal settings are sampled in one batch."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
+    seed: int | None = None
+
+    def given(self) -> bool:
+        return any(
+            v is not None for v in (self.temperature, self.top_p, self.max_tokens, self.seed)
+        )
+
+
+@dataclass
+class _Job:
+    prompt: np.ndarray
+    n: int
+    settings: _Settings
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+
+
+def _number(body: Mapping, key: str, low: float, high: float) -> float | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise _BadRequest(f"{key} must be a number in [{low:g}, {high:g}], got {value!r:.40}", key)
+    return float(value)
+
+
+def _integer(body: Mapping, key: str, low: int, high: int | None = None) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    bad = isinstance(value, bool) or not isinstance(value, int) or value < low
+    if bad or (high is not None and value > high):
+        bound = f"[{low}, {high}]" if high is not None else f">= {low}"
+        raise _BadRequest(f"{key} must be an integer {bound}, got {value!r:.40}", key)
+    return value
+
+
+def _stops(body: Mapping) -> list[str]:
+    stop = body.get("stop")
+    stops = [stop] if isinstance(stop, str) else stop
+    if stops is None:
+        return []
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise _BadRequest(f"stop must be a string or a list of strings, got {stop!r:.60}", "stop")
+    if len(stops) > MAX_STOPS:
+        raise _BadRequest(f"stop holds at most {MAX_STOPS} sequences, got {len(stops)}", "stop")
+    return [s for s in stops if s]
+
+
+def _flag(body: Mapping, key: str) -> bool:
+    value = body.get(key, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise _BadRequest(f"{key} must be a boolean, got {value!r:.40}", key)
+    return value
+
+
+def _normal(message: Mapping[str, Any]) -> dict[str, Any]:
+    """A chat message as compared when a request repeats an earlier reply: role, text and
+    tool calls (name and decoded arguments; ids and fields SDKs add are left out)."""
+    content = message.get("content")
+    if isinstance(content, list):
+        content = "".join(p.get("text", "") for p in content if isinstance(p, Mapping))
+    calls = []
+    for call in message.get("tool_calls") or ():
+        function = call.get("function") if isinstance(call, Mapping) else None
+        function = function if isinstance(function, Mapping) else call
+        arguments = function.get("arguments") if isinstance(function, Mapping) else None
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except ValueError:
+                pass
+        name = function.get("name") if isinstance(function, Mapping) else None
+        calls.append((name, json.dumps(arguments, sort_keys=True)))
+    normal = {"role": message.get("role"), "content": content or ""}
+    if calls:
+        normal["tool_calls"] = calls
+    if message.get("tool_call_id") is not None:
+        normal["tool_call_id"] = message.get("tool_call_id")
+    return normal
+
+
+def _messages(body: Mapping) -> list[dict[str, Any]]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        got = "an empty list" if messages == [] else type(messages).__name__
+        raise _BadRequest(f"messages must be a non-empty list of messages, got {got}", "messages")
+    for i, message in enumerate(messages):
+        role = message.get("role") if isinstance(message, Mapping) else None
+        if not isinstance(role, str):
+            raise _BadRequest(
+                f"messages[{i}] must be an object with a string 'role', got {message!r:.80}",
+                f"messages[{i}]",
+            )
+        content = message.get("content")
+        if content is not None and not isinstance(content, (str, list)):
+            raise _BadRequest(
+                f"messages[{i}].content must be a string or a list of content parts, got "
+                f"{type(content).__name__}",
+                f"messages[{i}].content",
+            )
+    return messages
+
+
+def _tools(body: Mapping) -> tuple[list[dict], bool]:
+    """The request's function schemas and whether replies are read for tool calls."""
+    tools, choice = body.get("tools") or [], body.get("tool_choice", "auto")
+    if not isinstance(tools, list) or not all(
+        isinstance(t, Mapping) and isinstance(t.get("function"), Mapping)
+        and isinstance(t["function"].get("name"), str) for t in tools
+    ):  # fmt: skip
+        raise _BadRequest(
+            'tools must be a list of {"type": "function", "function": {"name": ..., ...}}',
+            "tools",
+        )
+    named = isinstance(choice, Mapping) and isinstance(choice.get("function"), Mapping)
+    if choice not in (None, "auto", "none", "required") and not named:
+        raise _BadRequest(
+            "tool_choice must be 'auto', 'none', 'required' or "
+            f'{{"type": "function", "function": {{"name": ...}}}}, got {choice!r:.60}',
+            "tool_choice",
+        )
+    if choice == "none":  # the model is told of no tool, and its text is only text
+        return [], False
+    return [dict(t) for t in tools], bool(tools)
+
+
+class Gateway:
+    """An OpenAI-compatible endpoint over ``sampler`` that records each episode's calls.
+
+    Args:
+        sampler: any llm_gym ``Sampler`` (a ``TransformersPolicy``, ``VLLMSampler``,
+            ``OpenAISampler``): the policy the agent's calls sample from. A request's
+            ``temperature``, ``top_p``, ``max_tokens`` and ``seed`` override the sampler's own
+            for ``TransformersPolicy`` and the OpenAI-compatible samplers; another sampler
+            takes requests without them.
+        tokenizer: the model's tokenizer: chat template, tokenizing, decoding.
+        model_name: the name ``/v1/models`` lists and requests must name (404 otherwise).
+        template_kwargs: ``chat_template_name`` / ``chat_template`` (default: the
+            tokenizer's, as ChatEnv chooses).
+        tool_format: how tool calls are written and read (``"hermes"``).
+        max_batch: prompts sampled in one batch at most.
+
+    ``serve(host, port)`` starts the HTTP server in a thread (``url``); ``recorder`` holds
+    the calls (``recorder.pop(name)``: an episode's calls, forgotten by the gateway).
+    """
+
+    def __init__(
+        self,
+        sampler: Sampler,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        model_name: str = "llm-gym",
+        template_kwargs: Mapping[str, Any] | None = None,
+        tool_format: str = "hermes",
+        max_batch: int = 64,
+    ) -> None:
+        if not callable(getattr(sampler, "sample", None)):
+            raise TypeError(
+                "sampler must have sample(prompts) -> list[Sample] (llm_gym.samplers), got "
+                f"{type(sampler).__name__}"
+            )
+        if not isinstance(model_name, str) or not model_name:
+            raise ValueError(f"model_name must be a non-empty string, got {model_name!r}")
+        self.sampler, self.tokenizer, self.model_name = sampler, tokenizer, model_name
+        self.tool_format = tool_format
+        self.max_batch = check_int("max_batch", max_batch, 1)
+        self.builder = PromptBuilder(tokenizer, template_kwargs, need_tokens=True)
+        self.codec = self.builder.codec
+        self.recorder = Recorder()
+        self._configured: dict[_Settings, Sampler] = {}
+        self._jobs: queue.Queue[_Job | None] = queue.Queue()
+        self._worker: threading.Thread | None = None
+        self._server: ThreadedServer | None = None
+        self.url: str | None = None
+        self.app = self._make_app()
+
+    def __repr__(self) -> str:
+        return f"Gateway({self.sampler!r}, model_name={self.model_name!r}, url={self.url!r})"
+
+    # -- serving -----------------------------------------------------------------------------
+
+    def serve(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        """Start the server in a thread (port 0: a free one); its URL (``/v1`` is the API)."""
+        self._server = ThreadedServer(self.app, host=host, port=port)
+        self.url = self._server.start()
+        return self.url
+
+    def wait(self) -> None:
+        """Block until the server stops (Ctrl-C stops it)."""
+        if self._server is not None:
+            self._server.wait()
+
+    def close(self) -> None:
+        """Stop the server and the sampling thread (the sampler is the caller's)."""
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+        if self._worker is not None:
+            self._jobs.put(None)
+            self._worker.join(timeout=30)
+            self._worker = None
+
+    def __enter__(self) -> Gateway:
+        if self.url is None:
+            self.serve()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _make_app(self) -> Any:
+        from starlette.applications import Starlette
+        from starlette.routing import Route
+
+        return Starlette(routes=[
+            Route("/health", self._health, methods=["GET"]),
+            Route("/v1/models", self._models, methods=["GET"]),
+            Route("/v1/chat/completions", self._chat, methods=["POST"]),
+            Route("/v1/completions", self._completions, methods=["POST"]),
+            Route("/v1/episodes/{name}", self._episode, methods=["GET", "DELETE"]),
+        ])  # fmt: skip
+
+    # -- sampling: one thread, requests in flight batched -------------------------------------
+
+    def _sampler_for(self, settings: _Settings) -> Sampler:
+        if not settings.given():
+            return self.sampler
+        configured = self._configured.get(settings)
+        if configured is None:
+            configured = _with_settings(self.sampler, settings)
+            if len(self._configured) >= 64:  # bounded: settings vary from agent to agent
+                self._configured.pop(next(iter(self._configured)))
+            self._configured[settings] = configured
+        configured.version = getattr(self.sampler, "version", None)  # the weights it shares
+        return configured
+
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            jobs, prompts = [job], job.n
+            while prompts < self.max_batch:
+                try:
+                    more = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    self._jobs.put(None)
+                    break
+                jobs.append(more)
+                prompts += more.n
+            groups: dict[_Settings, list[_Job]] = {}
+            for job in jobs:
+                groups.setdefault(job.settings, []).append(job)
+            for settings, group in groups.items():
+                self._sample_group(settings, group)
+
+    def _sample_group(self, settings: _Settings, group: list[_Job]) -> None:
+        try:
+            sampler = self._sampler_for(settings)
+            prompts = [job.prompt for job in group for _ in range(job.n)]
+            if settings.seed is not None and not isinstance(sampler, OpenAISampler):
+                import torch  # a seeded request: its own generator state, the global one kept
+
+                with torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(settings.seed)
+                    samples = sampler.sample(prompts)
+            else:
+                samples = sampler.sample(prompts)
+            if len(samples) != len(prompts):
+                raise RuntimeError(
+                    f"the sampler returned {len(samples)} samples for {len(prompts)} prompts"
+                )
+        except Exception as error:  # each request gets it as a 500
+            for job in group:
+                job.loop.call_soon_threadsafe(_settle, job.future, None, error)
+            return
+        at = 0
+        for job in group:
+            job.loop.call_soon_threadsafe(_settle, job.future, samples[at : at + job.n], None)
+            at += job.n
+
+    async def _sample(self, prompt: np.ndarray, n: int, settings: _Settings) -> list[Sample]:
+        if self._worker is None:
+            self._worker = threading.Thread(target=self._run, name="llm_gym-gateway", daemon=True)
+            self._worker.start()
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._jobs.put(_Job(prompt, n, settings, future, loop))
+        return await future
+
+    # -- endpoints ---------------------------------------------------------------------------
+
+    async def _health(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        return JSONResponse({"status": "ok"})
+
+    async def _models(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        model = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "llm_gym"}
+        return JSONResponse({"object": "list", "data": [model]})
+
+    async def _episode(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        name = request.path_params["name"]
+        if request.method == "DELETE":
+            calls = self.recorder.pop(name)
+        else:
+            calls = self.recorder.calls(name)
+        if not calls:
+            body = _error_body(f"no calls recorded for episode {name!r}", "name", 404, None)
+            return JSONResponse(body, status_code=404)
+        return JSONResponse({"episode": name, "calls": [_call_json(c) for c in calls]})
+
+    async def _chat(self, request: Any) -> Any:
+        return await self._handle(request, chat=True)
+
+    async def _completions(self, request: Any) -> Any:
+        return await self._handle(request, chat=False)
+
+    async def _handle(self, request: Any, chat: bool) -> Any:
+        from starlette.responses import JSONResponse
+
+        try:
+            body = await request.json()
+        except ValueError as error:
+            message = f"the request body must be a JSON object: {error}"
+            return JSONResponse(_error_body(message, None, 400, None), status_code=400)
+        try:
+            if not isinstance(body, dict):
+                raise _BadRequest(
+                    f"the request body must be a JSON object, got {type(body).__name__}"
+                )
+            return await self._reply(request, body, chat)
+        except _BadRequest as error:
+            body = _error_body(str(error), error.param, error.status, error.code)
+            return JSONResponse(body, status_code=error.status)
+        except Exception as error:  # the sampler's failure: the server's error, not the agent's
+            message = f"sampling failed: {type(error).__name__}: {error}"
+            return JSONResponse(_error_body(message, None, 500, None), status_code=500)
+
+    def _common(self, body: Mapping, chat: bool) -> tuple[_Settings, int, list[str], bool]:
+        model = body.get("model")
+        if model != self.model_name:
+            raise _BadRequest(
+                f"The model {model!r} does not exist: this gateway serves {self.model_name!r}",
+                "model", 404, "model_not_found",
+            )  # fmt: skip
+        max_tokens = _integer(body, "max_completion_tokens", 1) if chat else None
+        if max_tokens is None:
+            max_tokens = _integer(body, "max_tokens", 1)
+        if max_tokens is None and not chat:
+            max_tokens = 16  # OpenAI's default for completions
+        settings = _Settings(
+            temperature=_number(body, "temperature", 0.0, 2.0),
+            top_p=_number(body, "top_p", 0.0, 1.0),
+            max_tokens=max_tokens,
+            seed=_integer(body, "seed", 0, 2**63 - 1),
+        )
+        n = _integer(body, "n", 1, MAX_N) or 1
+        if n > 1 and settings.temperature == 0.0:
+            raise _BadRequest(f"n={n} needs temperature > 0: greedy choices are all the same", "n")
+        return settings, n, _stops(body), _flag(body, "stream")
+
+    async def _reply(self, request: Any, body: dict, chat: bool) -> Any:
+        from starlette.responses import JSONResponse, StreamingResponse
+
+        settings, n, stops, stream = self._common(body, chat)
+        if settings.given() and not _configurable(self.sampler):
+            raise _BadRequest(
+                f"this gateway's sampler ({type(self.sampler).__name__}) samples with its own "
+                "settings: leave out temperature, top_p, max_tokens and seed",
+                "temperature",
+            )
+        episode = request.headers.get(EPISODE_HEADER) or _bearer(request)
+        if episode and self.recorder.is_closed(episode):
+            raise _BadRequest(
+                f"episode {episode!r} is over (its run ended or ran past its time limit)",
+                None, 403, "episode_closed",
+            )  # fmt: skip
+        if chat:
+            want_log_probs = _flag(body, "logprobs")
+            top = _integer(body, "top_logprobs", 0, 20) or 0
+            messages = _messages(body)
+            schemas, read_calls = _tools(body)
+            prompt, parent, conversation = self._chat_prompt(episode, messages, schemas)
+        else:
+            logprobs = _integer(body, "logprobs", 0, 5)
+            want_log_probs, top = logprobs is not None, logprobs or 0
+            if _flag(body, "echo"):
+                raise _BadRequest("echo is not supported: the prompt is not scored here", "echo")
+            prompt, parent, conversation = self._text_prompt(episode, body.get("prompt"))
+            read_calls = False
+        if top:
+            param = "top_logprobs" if chat else "logprobs"
+            raise _BadRequest(
+                f"{param} > 0 is not supported: the sampled token's own log-prob is returned "
+                "(logprobs true, top_logprobs 0)",
+                param,
+            )
+        started = time.perf_counter()
+        samples = await self._sample(prompt.tokens, n, settings)
+        choices = [self._choice(s, stops, read_calls) for s in samples]
+        first = self.recorder.reserve(episode, len(choices)) if episode else 0
+        reply_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        for i, choice in enumerate(choices):
+            choice["index"] = i
+            if episode:
+                call = Call(
+                    first + i, prompt.tokens, prompt.mask, parent, choice["tokens"],
+                    choice["log_probs"], choice["version"], choice["finish_reason"],
+                    choice["content"] or "", "chat" if chat else "completions",
+                )  # fmt: skip
+                turn = None
+                if chat:  # what a later request may continue: the prompt and what was said
+                    state = (conversation, choice["said"])
+                    turn = ([_normal(m) for m in messages], _normal(choice["message"]), state)
+                self.recorder.add(episode, call, turn)
+        usage = {
+            "prompt_tokens": len(prompt.tokens),
+            "completion_tokens": sum(len(c["tokens"]) for c in choices),
+        }
+        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+        head = {"id": reply_id, "created": int(time.time()), "model": self.model_name}
+        seconds = time.perf_counter() - started
+        headers = {"x-policy-version": str(samples[0].version)} if samples else {}
+        headers["x-sampling-seconds"] = f"{seconds:.6f}"
+        extra = {"return_token_ids": _flag(body, "return_token_ids"), "prompt": prompt.tokens}
+        if stream:
+            include = isinstance(body.get("stream_options"), Mapping) and bool(
+                body["stream_options"].get("include_usage")
+            )
+            events = self._chunks(head, choices, chat, want_log_probs, usage if include else None)
+            return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+        payload = self._completion(head, choices, chat, want_log_probs, usage, extra)
+        return JSONResponse(payload, headers=headers)
+
+    # -- prompts -----------------------------------------------------------------------------
+
+    def _chat_prompt(
+        self, episode: str | None, messages: list, schemas: list[dict]
+    ) -> tuple[_Prompt, int | None, Conversation]:
+        """The prompt of a chat request: the continuation of the episode's call whose messages
+        and reply ``messages`` repeat (token-in, token-out), else the template's rendering."""
+        found = self.recorder.extends(episode, [_normal(m) for m in messages]) if episode else None
+        if found is not None:
+            call, (conversation, said), covered = found
+            added = chat_messages(messages[covered:])  # tool results, the user's next turn
+            extended, _ = self.builder.extend(conversation, said, call.tokens, added)
+            if extended.policy_mask is not None:  # else the template rewrote earlier turns
+                return _Prompt(extended.tokens, extended.policy_mask), call.index, extended
+        converted = with_tools_prompt(chat_messages(messages), schemas, self.tool_format)
+        (conversation,) = self.builder.start([History(converted)])
+        return _Prompt(conversation.tokens, conversation.policy_mask), None, conversation
+
+    def _text_prompt(self, episode: str | None, prompt: object) -> tuple[_Prompt, int | None, None]:
+        """The prompt of a completions request: its token ids as given, or its text's."""
+        if isinstance(prompt, str) and prompt:
+            ids = self.codec.encode(prompt)
+        elif isinstance(prompt, list) and prompt and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt
+        ):  # fmt: skip
+            ids = np.asarray(prompt, dtype=np.int64)
+            bad = ids[(ids < 0) | (ids >= self.codec.vocab_size)]
+            if len(bad):
+                raise _BadRequest(
+                    f"prompt token ids must lie in [0, {self.codec.vocab_size}), got {int(bad[0])}",
+                    "prompt",
+                )
+        else:
+            raise _BadRequest(
+                "prompt must be a non-empty string or a non-empty list of token ids, got "
+                f"{prompt!r:.60}",
+                "prompt",
+            )
+        found = self.recorder.extends_tokens(episode, ids) if episode else None
+        if found is not None:
+            call, mask = found
+            return _Prompt(ids, mask), call.index, None
+        return _Prompt(ids, np.zeros(len(ids), np.bool_)), None, None
+
+    # -- replies -----------------------------------------------------------------------------
+
+    def _choice(self, sample: Sample, stops: list[str], read_calls: bool) -> dict[str, Any]:
+        """A sample as a reply: its text (less the end-of-turn token, cut before a stop
+        string), tool calls, and the tokens kept for the record."""
+        tokens, log_probs = sample.tokens, sample.log_probs
+        (text,) = self.codec.decode_many([tokens], skip_special_tokens=False)
+        end = self.codec.end_of_turn(tokens)
+        said = text[: -len(end)] if end and text.endswith(end) else text
+        content, finish = said, sample.finish_reason
+        hits = [at for at in (said.find(stop) for stop in stops) if at >= 0]
+        if hits:
+            content, finish = said[: min(hits)], "stop"
+            keep = self._tokens_to(tokens, stops)
+            tokens = tokens[:keep]
+            log_probs = None if log_probs is None else log_probs[:keep]
+            (said,) = self.codec.decode_many([tokens], skip_special_tokens=False)
+        calls = []
+        if read_calls:
+            parsed = parse_tool_calls(content, self.tool_format)
+            calls = [
+                {
+                    "id": f"call_{uuid.uuid4().hex[:24]}",
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
+                }
+                for c in parsed
+                if c.error is None
+            ]
+            if calls:  # the text around the calls is the message's content
+                content = _CALL_BLOCK.sub("", content).strip()
+                finish = "tool_calls"
+        message: dict[str, Any] = {"role": "assistant", "content": content or None}
+        if calls:
+            message["tool_calls"] = calls
+        else:
+            message["content"] = content
+        return {
+            "tokens": tokens, "log_probs": log_probs, "version": sample.version,
+            "finish_reason": finish, "content": content, "said": said, "message": message,
+        }  # fmt: skip
+
+    def _tokens_to(self, tokens: np.ndarray, stops: list[str]) -> int:
+        """The fewest leading tokens whose text holds a stop string."""
+        low, high = 1, len(tokens)
+        while low < high:
+            middle = (low + high) // 2
+            (text,) = self.codec.decode_many([tokens[:middle]], skip_special_tokens=False)
+            if any(stop in text for stop in stops):
+                high = middle
+            else:
+                low = middle + 1
+        return low
+
+    def _log_probs_json(self, choice: dict, chat: bool) -> dict[str, Any] | None:
+        tokens, values = choice["tokens"], choice["log_probs"]
+        if values is None:
+            raise RuntimeError("the sampler returns no log-probs (return_log_probs=False)")
+        pieces = self.codec.decode_many([[t] for t in tokens], skip_special_tokens=False)
+        if chat:
+            content = [
+                {"token": piece, "logprob": float(v), "bytes": list(piece.encode()),
+                 "top_logprobs": []}
+                for piece, v in zip(pieces, values, strict=True)
+            ]  # fmt: skip
+            return {"content": content, "refusal": None}
+        offsets = np.cumsum([0] + [len(p) for p in pieces[:-1]]).tolist() if pieces else []
+        return {
+            "tokens": pieces, "token_logprobs": [float(v) for v in values],
+            "top_logprobs": None, "text_offset": offsets,
+        }  # fmt: skip
+
+    def _completion(
+        self, head: dict, choices: list[dict], chat: bool, log_probs: bool, usage: dict,
+        extra: dict,
+    ) -> dict[str, Any]:  # fmt: skip
+        out = []
+        for choice in choices:
+            item: dict[str, Any] = {"index": choice["index"]}
+            if chat:
+                item["message"] = choice["message"]
+            else:
+                item["text"] = choice["content"]
+            item["logprobs"] = self._log_probs_json(choice, chat) if log_probs else None
+            item["finish_reason"] = choice["finish_reason"]
+            if extra["return_token_ids"]:  # vLLM's: the ids as sampled
+                item["token_ids"] = choice["tokens"].tolist()
+            out.append(item)
+        payload = {**head, "object": "chat.completion" if chat else "text_completion"}
+        payload.update(choices=out, usage=usage)
+        if extra["return_token_ids"]:
+            payload["prompt_token_ids"] = extra["prompt"].tolist()
+        return payload
+
+    async def _chunks(
+        self, head: dict, choices: list[dict], chat: bool, log_probs: bool, usage: dict | None
+    ) -> Any:
+        kind = "chat.completion.chunk" if chat else "text_completion"
+
+        def event(choice_rows: list[dict], **more: Any) -> str:
+            return (
+                f"data: {json.dumps({**head, 'object': kind, 'choices': choice_rows, **more})}\n\n"
+            )
+
+        for choice in choices:
+            i = choice["index"]
+            lp = self._log_probs_json(choice, chat) if log_probs else None
+            if chat:
+                yield event([{"index": i, "delta": {"role": "assistant", "content": ""},
+                              "logprobs": None, "finish_reason": None}])  # fmt: skip
+                message = choice["message"]
+                if message.get("content"):
+                    yield event([{"index": i, "delta": {"content": message["content"]},
+                                  "logprobs": lp, "finish_reason": None}])  # fmt: skip
+                    lp = None
+                for j, call in enumerate(message.get("tool_calls") or ()):
+                    yield event([{"index": i, "delta": {"tool_calls": [{"index": j, **call}]},
+                                  "logprobs": lp, "finish_reason": None}])  # fmt: skip
+                    lp = None
+                yield event([{"index": i, "delta": {}, "logprobs": lp,
+                              "finish_reason": choice["finish_reason"]}])  # fmt: skip
+            else:
+                yield event([{"index": i, "text": choice["content"], "logprobs": lp,
+                              "finish_reason": choice["finish_reason"]}])  # fmt: skip
+        if usage is not None:
+            yield event([], usage=usage)
+        yield "data: [DONE]\n\n"
+
+
+_CALL_BLOCK = re.compile(r"<tool_call>.*?</tool_call>", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class _Prompt:
+    tokens: np.ndarray
+    mask: np.ndarray
+
+
+def _settle(future: asyncio.Future, result: object, error: BaseException | None) -> None:
+    if future.done():  # the client went away
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+def _bearer(request: Any) -> str | None:
+    value = request.headers.get("authorization", "")
+    token = value[7:].strip() if value.lower().startswith("bearer ") else ""
+    return token or None
+
+
+def _configurable(sampler: object) -> bool:
+    return isinstance(sampler, OpenAISampler) or callable(getattr(sampler, "get_new_version", None))
+
+
+def _with_settings(sampler: Sampler, settings: _Settings) -> Sampler:
+    """A sampler like ``sampler`` (sharing its model or server) with ``settings``."""
+    if isinstance(sampler, OpenAISampler):
+        configured = copy.copy(sampler)
+        if settings.temperature is not None:
+            configured.temperature = settings.temperature
+        if settings.top_p is not None:
+            configured.top_p = settings.top_p
+        if settings.max_tokens is not None:
+            configured.max_new_tokens = settings.max_tokens
+        if settings.seed is not None:  # reproducible: the same draws for the same seed
+            configured.seed, configured._calls = settings.seed, 0
+        return configured
+    kwargs = dict(sampler._user_generate_kwargs)
+    if settings.temperature == 0.0:
+        kwargs["do_sample"] = False
+        kwargs.pop("temperature", None)
+    elif settings.temperature is not None:
+        kwargs.update(do_sample=True, temperature=settings.temperature)
+    if settings.top_p is not None:
+        kwargs["top_p"] = settings.top_p
+    if settings.max_tokens is not None:
+        kwargs.pop("max_length", None)
+        kwargs["max_new_tokens"] = settings.max_tokens
+    return sampler.get_new_version(generate_kwargs=kwargs, num_samples=None)
+
+
+def _call_json(call: Call) -> dict[str, Any]:
+    return {
+        "index": call.index, "parent": call.parent, "endpoint": call.endpoint,
+        "prompt_ids": call.prompt_ids.tolist(), "prompt_mask": call.prompt_mask.tolist(),
+        "token_ids": call.tokens.tolist(),
+        "log_probs": None if call.log_probs is None else call.log_probs.tolist(),
+        "version": call.version, "finish_reason": call.finish_reason, "text": call.text,
+    }  # fmt: skip
