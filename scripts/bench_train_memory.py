@@ -490,6 +490,10 @@ def print_goals(by_case: dict[str, dict], floors: dict[int, dict]) -> None:
         if DEFAULT_BUDGET in floors:
             ratio = new["peak"] / floors[DEFAULT_BUDGET]["total"]
             rows.append(("new peak / floor", ratio, "<= 1.50", ratio <= 1.5, ""))
+            # The floor counts tensors; the RSS also holds torch's own code and buffers (the
+            # process's RSS before anything is set up), which no update can shed.
+            ratio = (new["peak"] - new["rss_start"]) / floors[DEFAULT_BUDGET]["total"]
+            rows.append(("new (peak - runtime) / floor", ratio, "<= 1.50", ratio <= 1.5, ""))
         for case, trl in trls.items():
             name = "TRL" if case == "trl" else case
             if not ok(trl):

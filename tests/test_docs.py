@@ -83,7 +83,7 @@ def test_readme_is_a_first_read():
     first_screen = "\n".join(text.splitlines()[:40])
     assert (
         "bash scripts/setup.sh && .venv/bin/llm-gym train --env-arg task=chain_sum "
-        "--iterations 12 --save-every 12 --save-dtype bfloat16 --out runs/demo --overwrite"
+        "--eval-episodes 128 --save-every 20 --save-dtype bfloat16 --out runs/demo --overwrite"
         in first_screen
     )
     assert (

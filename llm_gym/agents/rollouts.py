@@ -219,6 +219,8 @@ class AgentRollouts:
             "sampled_log_probs": last.log_probs if last else None,
             "token_kl": None,
             "segments": parts,
+            "calls": calls,
+            "sample": {k: v for k, v in item.items() if k != "messages"},
         }
 
     def _play(self, key: str, item: dict[str, Any]) -> tuple[str, str | None]:
