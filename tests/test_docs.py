@@ -90,7 +90,7 @@ def test_readme_is_a_first_read():
         "bash scripts/setup.sh && bash scripts/setup_vllm.sh && .venv/bin/python -m pytest -q"
         in first_screen
     )
-    assert len(python_blocks(README)) == 3  # the Quick look
+    assert len(python_blocks(README)) == 4  # the Quick look and the agent
 
 
 def test_readme_links_to_pages_that_exist():

@@ -36,7 +36,7 @@ import numpy as np
 from llm_gym.agents.recording import Call, Recorder
 from llm_gym.chat.conversation import Conversation, PromptBuilder
 from llm_gym.chat.history import History
-from llm_gym.checks import check_int
+from llm_gym.checks import check_int, check_number
 from llm_gym.samplers.base import Sample, Sampler
 from llm_gym.samplers.openai import OpenAISampler
 from llm_gym.servers import ThreadedServer
@@ -90,6 +90,7 @@ class _Job:
     settings: _Settings
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
+    queued: float  # perf_counter when it was queued
 
 
 def _number(body: Mapping, key: str, low: float, high: float) -> float | None:
@@ -219,6 +220,9 @@ class Gateway:
             tokenizer's, as ChatEnv chooses).
         tool_format: how tool calls are written and read (``"hermes"``).
         max_batch: prompts sampled in one batch at most.
+        batch_wait: seconds the sampling thread waits for one more call while fewer calls
+            than its last batch had are in (0: it never waits: a batch is whatever calls are
+            in when the sampler is free).
 
     ``serve(host, port)`` starts the HTTP server in a thread (``url``); ``recorder`` holds
     the calls (``recorder.pop(name)``: an episode's calls, forgotten by the gateway).
@@ -233,6 +237,7 @@ class Gateway:
         template_kwargs: Mapping[str, Any] | None = None,
         tool_format: str = "hermes",
         max_batch: int = 64,
+        batch_wait: float = 0.02,
     ) -> None:
         if not callable(getattr(sampler, "sample", None)):
             raise TypeError(
@@ -244,6 +249,8 @@ class Gateway:
         self.sampler, self.tokenizer, self.model_name = sampler, tokenizer, model_name
         self.tool_format = tool_format
         self.max_batch = check_int("max_batch", max_batch, 1)
+        self.batch_wait = check_number("batch_wait", batch_wait, 0)
+        self._last_batch = 1
         self.builder = PromptBuilder(tokenizer, template_kwargs, need_tokens=True)
         self.codec = self.builder.codec
         self.recorder = Recorder()
@@ -320,9 +327,17 @@ class Gateway:
             if job is None:
                 return
             jobs, prompts = [job], job.n
+            # Agents that move together (a group's runs, a batch of episodes) call again at
+            # about the same time: until as many calls as the last batch had have come, each
+            # new one is waited for up to batch_wait, so that they share one batch. A lone
+            # agent (last batch: 1) never waits.
+            expected = min(self._last_batch, self.max_batch)
             while prompts < self.max_batch:
                 try:
-                    more = self._jobs.get_nowait()
+                    if len(jobs) < expected:
+                        more = self._jobs.get(timeout=self.batch_wait)
+                    else:
+                        more = self._jobs.get_nowait()
                 except queue.Empty:
                     break
                 if more is None:
@@ -330,6 +345,7 @@ class Gateway:
                     break
                 jobs.append(more)
                 prompts += more.n
+            self._last_batch = len(jobs)
             groups: dict[_Settings, list[_Job]] = {}
             for job in jobs:
                 groups.setdefault(job.settings, []).append(job)
@@ -337,6 +353,7 @@ class Gateway:
                 self._sample_group(settings, group)
 
     def _sample_group(self, settings: _Settings, group: list[_Job]) -> None:
+        start = time.perf_counter()
         try:
             sampler = self._sampler_for(settings)
             prompts = [job.prompt for job in group for _ in range(job.n)]
@@ -356,18 +373,21 @@ class Gateway:
             for job in group:
                 job.loop.call_soon_threadsafe(_settle, job.future, None, error)
             return
-        at = 0
-        for job in group:
-            job.loop.call_soon_threadsafe(_settle, job.future, samples[at : at + job.n], None)
+        seconds, at = time.perf_counter() - start, 0
+        for job in group:  # the samples, the wait for the sampler and its call's seconds
+            result = (samples[at : at + job.n], start - job.queued, seconds)
+            job.loop.call_soon_threadsafe(_settle, job.future, result, None)
             at += job.n
 
-    async def _sample(self, prompt: np.ndarray, n: int, settings: _Settings) -> list[Sample]:
+    async def _sample(
+        self, prompt: np.ndarray, n: int, settings: _Settings
+    ) -> tuple[list[Sample], float, float]:
         if self._worker is None:
             self._worker = threading.Thread(target=self._run, name="llm_gym-gateway", daemon=True)
             self._worker.start()
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self._jobs.put(_Job(prompt, n, settings, future, loop))
+        self._jobs.put(_Job(prompt, n, settings, future, loop, time.perf_counter()))
         return await future
 
     # -- endpoints ---------------------------------------------------------------------------
@@ -405,6 +425,7 @@ class Gateway:
     async def _handle(self, request: Any, chat: bool) -> Any:
         from starlette.responses import JSONResponse
 
+        request.state.received = time.perf_counter()
         try:
             body = await request.json()
         except ValueError as error:
@@ -482,8 +503,7 @@ class Gateway:
                 "(logprobs true, top_logprobs 0)",
                 param,
             )
-        started = time.perf_counter()
-        samples = await self._sample(prompt.tokens, n, settings)
+        samples, queued, sampling = await self._sample(prompt.tokens, n, settings)
         choices = [self._choice(s, stops, read_calls) for s in samples]
         first = self.recorder.reserve(episode, len(choices)) if episode else 0
         reply_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
@@ -506,18 +526,24 @@ class Gateway:
         }
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
         head = {"id": reply_id, "created": int(time.time()), "model": self.model_name}
-        seconds = time.perf_counter() - started
-        headers = {"x-policy-version": str(samples[0].version)} if samples else {}
-        headers["x-sampling-seconds"] = f"{seconds:.6f}"
+        # What the call waited for the sampler (a batch before it) and what its batch's
+        # sampling took: the rest of its latency is the gateway's own.
+        headers = {"x-policy-version": str(samples[0].version)}
+        headers["x-queue-seconds"], headers["x-sampling-seconds"] = (
+            f"{queued:.6f}",
+            f"{sampling:.6f}",
+        )
         extra = {"return_token_ids": _flag(body, "return_token_ids"), "prompt": prompt.tokens}
-        if stream:
-            include = isinstance(body.get("stream_options"), Mapping) and bool(
-                body["stream_options"].get("include_usage")
-            )
-            events = self._chunks(head, choices, chat, want_log_probs, usage if include else None)
-            return StreamingResponse(events, media_type="text/event-stream", headers=headers)
-        payload = self._completion(head, choices, chat, want_log_probs, usage, extra)
-        return JSONResponse(payload, headers=headers)
+        if not stream:  # the gateway's own time: all but the wait and the sampling
+            payload = self._completion(head, choices, chat, want_log_probs, usage, extra)
+            own = time.perf_counter() - request.state.received - queued - sampling
+            headers["x-gateway-seconds"] = f"{own:.6f}"
+            return JSONResponse(payload, headers=headers)
+        include = isinstance(body.get("stream_options"), Mapping) and bool(
+            body["stream_options"].get("include_usage")
+        )
+        events = self._chunks(head, choices, chat, want_log_probs, usage if include else None)
+        return StreamingResponse(events, media_type="text/event-stream", headers=headers)
 
     # -- prompts -----------------------------------------------------------------------------
 
