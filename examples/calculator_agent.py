@@ -20,9 +20,13 @@ def solve(base_url: str, api_key: str, item: dict) -> str:
     client = OpenAI(base_url=base_url, api_key=api_key)
     messages = list(item["messages"])
     for _ in range(4):
-        reply = client.chat.completions.create(
-            model="policy", messages=messages, tools=TOOLS, max_tokens=96
-        ).choices[0].message
+        reply = (
+            client.chat.completions.create(
+                model="policy", messages=messages, tools=TOOLS, max_tokens=96
+            )
+            .choices[0]
+            .message
+        )
         messages.append(reply)
         if not reply.tool_calls:
             return reply.content or ""

@@ -134,7 +134,8 @@ def test_failures_are_recorded_and_the_others_go_on(policy, smol, env, tmp_path)
         hangs: "the agent ran past its time limit (1 s)",
     }
     for agent, error in expected.items():
-        with AgentRollouts(agent, env, policy, smol[1], timeout=1) as rollouts:
+        timeout = 1 if agent is hangs else 120
+        with AgentRollouts(agent, env, policy, smol[1], timeout=timeout) as rollouts:
             (record,) = rollouts.episodes(1)
         assert (record["error"], record["reward"], record["success"]) == (error, 0.0, False)
         assert rollouts.gateway.recorder.names() == []
@@ -217,3 +218,37 @@ def test_train_refuses_agents_with_what_they_cannot_take(capsys):
     code = main(["train", "--agent", AGENT, "--async", "--out", "/tmp/never"])
     assert code == 2
     assert "--agent) is not supported with --async" in capsys.readouterr().err
+
+
+def agents_sdk_agent(base_url, api_key, item):
+    """An agent of the OpenAI Agents SDK (``openai-agents``), unmodified but for its model:
+    chat completions at the gateway."""
+    from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool
+
+    @function_tool
+    def add(a: int, b: int) -> int:
+        """The sum of two integers."""
+        return a + b
+
+    client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    agent = Agent(
+        name="adder", instructions=item["messages"][0]["content"], tools=[add],
+        model=OpenAIChatCompletionsModel(model="policy", openai_client=client),
+    )  # fmt: skip
+    result = Runner.run_sync(agent, item["query"], max_turns=3)
+    return str(result.final_output)
+
+
+def test_an_openai_agents_sdk_agent_plays_through_the_gateway(policy, smol, env):
+    from agents import set_tracing_disabled
+
+    set_tracing_disabled(True)  # no trace export: offline
+    with AgentRollouts(agents_sdk_agent, env, policy, smol[1], num_agents=2) as rollouts:
+        records = rollouts.episodes(2)
+    for record in records:
+        assert record["error"] is None, record["error"]
+        assert record["num_calls"] >= 1 and record["num_tokens"] == record["policy_mask"].sum()
+        first = record["calls"][0]
+        prompt = smol[1].decode(first.prompt_ids)
+        assert '"name": "add"' in prompt and record["sample"]["query"] in prompt
+        assert record["response"] == record["calls"][-1].text

@@ -319,6 +319,8 @@ class Gateway:
                 self._configured.pop(next(iter(self._configured)))
             self._configured[settings] = configured
         configured.version = getattr(self.sampler, "version", None)  # the weights it shares
+        if settings.seed is not None and isinstance(configured, OpenAISampler):
+            configured._calls = 0  # its requests' seeds come from (seed, 0): the same draws
         return configured
 
     def _run(self) -> None:

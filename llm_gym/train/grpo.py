@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 import sys
 import threading
 import time
@@ -23,7 +24,12 @@ from llm_gym.envs import single_env
 from llm_gym.episodes import multi_turn, play_episodes
 from llm_gym.lm.loading import load_model
 from llm_gym.lm.lora import AdapterDisabled, load_lora, unwrapped, with_lora
-from llm_gym.lm.tensors import has_prefix, left_pad, selected_log_probs
+from llm_gym.lm.tensors import (
+    has_prefix,
+    left_pad,
+    return_freed_host_memory,
+    selected_log_probs,
+)
 from llm_gym.policies import TransformersPolicy
 from llm_gym.run.budget import check_run
 from llm_gym.run.describe import describe_run
@@ -92,6 +98,10 @@ class GRPOTrainer:
 
     def _prepare(self, config: GRPOConfig) -> None:
         self.device, self.dtype = resolve_device(config.device), resolve_dtype(config.dtype)
+        # On CPU the update's peak is the process's memory: freed activations go back to the
+        # system (unless the environment sets glibc's threshold itself).
+        if self.device.type == "cpu" and "MALLOC_MMAP_THRESHOLD_" not in os.environ:
+            return_freed_host_memory()
         self._check_sizes(config)  # before anything is allocated
         checkpoint = claim_out(config)  # on --resume the newest one, checked whole
         state, tensors = load_checkpoint(checkpoint) if checkpoint else (None, None)

@@ -1,0 +1,80 @@
+"""The gateway over vLLM (issue 40, item 4): the OpenAI-SDK agent's calls go through the
+gateway to a real vLLM server (fp32 on the CPU, the default model), and every recorded call
+holds exactly the ids and log-probs vLLM returned for that prompt. Deselect with
+``-m "not vllm"``; CI runs them."""
+
+import copy
+
+import gymnasium as gym
+import numpy as np
+import openai
+import pytest
+from backend_fixture import server_processes, wait_gone
+
+import llm_gym  # noqa: F401  (registers the envs)
+from llm_gym.agents import AgentRollouts, Gateway
+from llm_gym.samplers import VLLMSampler
+
+pytestmark = pytest.mark.vllm
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, smollm2_tokenizer):
+    log = tmp_path_factory.mktemp("vllm") / "server.log"
+    before = set(server_processes())
+    sampler = VLLMSampler(
+        "default", dtype="float32", engine_args={"max_model_len": 2048}, log_path=log,
+        max_new_tokens=16, temperature=1.0, seed=0, vocab_size=len(smollm2_tokenizer),
+    )  # fmt: skip
+    yield sampler
+    sampler.close()
+    assert wait_gone(set(server_processes()) - before) == {}
+
+
+def check_agent(base_url, api_key, item):
+    """examples/check_agent.py's loop, greedy: two calls of one conversation."""
+    client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    messages = list(item["messages"])
+    for _ in range(2):
+        reply = client.chat.completions.create(model="policy", messages=messages, temperature=0)
+        messages += [reply.choices[0].message, {"role": "user", "content": "Check it."}]
+    return reply.choices[0].message.content
+
+
+def test_the_agent_through_the_gateway_records_what_vllm_returned(served, smollm2_tokenizer):
+    env = gym.make(
+        "LLMChat-ReasoningGym-v0", task="chain_sum", answer_format="last_number"
+    ).unwrapped
+    with AgentRollouts(
+        check_agent, env, served, smollm2_tokenizer, group_size=2, num_agents=4
+    ) as rollouts:
+        records = rollouts.episodes(4)
+    greedy = copy.copy(served)
+    greedy.temperature, greedy.seed = 0.0, None
+    for record in records:
+        assert record["error"] is None and record["num_segments"] == 1
+        first, second = record["calls"]
+        assert second.parent == first.index
+        # What vLLM returns for the same prompts, asked directly: the same ids, log-probs
+        # within the fp32 tolerance of two forwards.
+        direct = greedy.sample([first.prompt_ids, second.prompt_ids])
+        for call, sample in zip((first, second), direct, strict=True):
+            assert np.array_equal(call.tokens, sample.tokens)
+            np.testing.assert_allclose(call.log_probs, sample.log_probs, atol=1e-3)
+        mask = record["policy_mask"]
+        assert record["conversation_ids"][mask].tolist() == [
+            *first.tokens.tolist(), *second.tokens.tolist(),
+        ]  # fmt: skip
+    assert records[0]["calls"][0].tokens.tolist() == records[1]["calls"][0].tokens.tolist()
+
+
+def test_a_request_seed_and_n_reach_vllm(served, smollm2_tokenizer):
+    with Gateway(served, smollm2_tokenizer, model_name="policy") as gateway:
+        client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="seeded", max_retries=0)
+        messages = [{"role": "user", "content": "Name a colour."}]
+        one = client.chat.completions.create(model="policy", messages=messages, n=3, seed=11)
+        two = client.chat.completions.create(model="policy", messages=messages, n=3, seed=11)
+        assert [c.message.content for c in one.choices] == [c.message.content for c in two.choices]
+        assert len({c.message.content for c in one.choices}) > 1  # three draws, not one
+        calls = gateway.recorder.calls("seeded")
+        assert len(calls) == 6 and all(c.version == 0 for c in calls)
