@@ -2,7 +2,8 @@
 (the official ``openai`` SDK over HTTP on loopback) against the same calls made on the
 sampler directly, at 1 and at 64 agents at once.
 
-Each agent plays ``--turns`` calls of one conversation: the question, then "Go on." after
+Each agent, in a process of its own apart from the gateway's (all agents share one), plays
+``--turns`` calls of one conversation: the question, then "Go on." after
 each reply (so every call after the first continues the one before, token for token). Every
 reply is exactly ``--tokens`` tokens (``min_new_tokens`` = ``max_new_tokens``), so both ways
 generate the same number of tokens and their seconds compare directly.
@@ -10,8 +11,9 @@ generate the same number of tokens and their seconds compare directly.
 - ``direct``: what a hand-written loop does without a server: ``PromptBuilder`` starts and
   extends the conversations (token-in, token-out) and ``sampler.sample`` takes every agent's
   prompt of a turn in one batch.
-- ``gateway``: one thread per agent, each calling ``/v1/chat/completions`` with the SDK; the
-  gateway batches the calls in flight and records each one.
+- ``gateway``: one thread per agent in the agents' process, each calling
+  ``/v1/chat/completions`` with the SDK; the gateway batches the calls in flight and records
+  each one.
 
 Reported: tokens/s both ways and their ratio; per call, the gateway's own latency: the
 client's seconds less the wait for the sampler (a batch before its own, ``x-queue-seconds``)
@@ -27,7 +29,10 @@ Run (offline; about 3 minutes on 2 cores)::
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -69,12 +74,14 @@ def direct(policy: TransformersPolicy, tokenizer, agents: int, turns: int) -> di
     return {"seconds": time.perf_counter() - start, "tokens": tokens}
 
 
-def through_gateway(gateway: Gateway, agents: int, turns: int) -> dict:
+def agents_process(url: str, agents: int, turns: int) -> dict:
+    """The agents, in a process of their own (as agent programs are): their calls' seconds
+    and the gateway's headers, as JSON on stdout."""
     latencies, added, server, tokens, errors = [], [], [], [0], []
     lock = threading.Lock()
 
     def agent(i: int, question: str) -> None:
-        client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=f"bench-{i}", max_retries=0)
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key=f"bench-{i}", max_retries=0)
         messages = [{"role": "user", "content": question}]
         try:
             for _ in range(turns):
@@ -84,14 +91,11 @@ def through_gateway(gateway: Gateway, agents: int, turns: int) -> dict:
                 )
                 seconds = time.perf_counter() - sent
                 reply = raw.parse()
-                own = (
-                    seconds
-                    - float(raw.headers["x-queue-seconds"])
-                    - float(raw.headers["x-sampling-seconds"])
-                )
+                waited = float(raw.headers["x-queue-seconds"])
+                sampling = float(raw.headers["x-sampling-seconds"])
                 with lock:
                     latencies.append(seconds)
-                    added.append(own)
+                    added.append(seconds - waited - sampling)
                     server.append(float(raw.headers["x-gateway-seconds"]))
                     tokens[0] += reply.usage.completion_tokens
                 messages += [reply.choices[0].message, FOLLOW_UP]
@@ -104,29 +108,39 @@ def through_gateway(gateway: Gateway, agents: int, turns: int) -> dict:
         thread.start()
     for thread in threads:
         thread.join()
-    seconds = time.perf_counter() - start
-    joined = sum(
-        1
-        for i in range(agents)
-        for c in gateway.recorder.calls(f"bench-{i}")
-        if c.parent is not None
-    )
-    for i in range(agents):
-        gateway.recorder.pop(f"bench-{i}")
     return {
-        "seconds": seconds, "tokens": tokens[0], "latencies": latencies, "added": added,
-        "server": server,
-        "errors": errors, "continued": joined,
+        "seconds": time.perf_counter() - start, "tokens": tokens[0], "latencies": latencies,
+        "added": added, "server": server, "errors": errors,
     }  # fmt: skip
+
+
+def through_gateway(gateway: Gateway, agents: int, turns: int) -> dict:
+    command = [
+        sys.executable, __file__, "--client", gateway.url, "--agents", str(agents),
+        "--turns", str(turns),
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    names = [f"bench-{i}" for i in range(agents)]
+    result["continued"] = sum(
+        1 for name in names for call in gateway.recorder.calls(name) if call.parent is not None
+    )
+    for name in names:
+        gateway.recorder.pop(name)
+    return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--agents", default="1,64", help="comma-separated agent counts")
-    parser.add_argument("--turns", type=int, default=4, help="calls per agent")
+    parser.add_argument("--turns", type=int, default=6, help="calls per agent")
     parser.add_argument("--tokens", type=int, default=16, help="tokens per reply")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's)")
+    parser.add_argument("--client", help=argparse.SUPPRESS)  # the agents' process: the URL
     args = parser.parse_args()
+    if args.client:
+        print(json.dumps(agents_process(args.client, int(args.agents), args.turns)))
+        return
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tokenizer = load_default_model()
@@ -143,7 +157,10 @@ def main() -> None:
     rows = []
     with Gateway(policy, tokenizer, model_name="policy") as gateway:
         for agents in [int(a) for a in args.agents.split(",")]:
-            direct(policy, tokenizer, agents, 1)  # warm-up: the first batch of this size
+            # Warm-up both ways: the first batch of this size, the gateway's sampling thread
+            # and its batch size.
+            direct(policy, tokenizer, agents, 1)
+            through_gateway(gateway, agents, 1)
             base = direct(policy, tokenizer, agents, args.turns)
             served = through_gateway(gateway, agents, args.turns)
             rows.append((agents, base, served))
