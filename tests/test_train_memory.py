@@ -176,7 +176,15 @@ def test_the_update_s_loss_is_today_s_get_dist_loss(tiny_dir, tmp_path):
     assert close(got, expected)
 
 
-def test_checkpointing_by_default_only_where_a_micro_batch_is_large(tiny_dir, tmp_path):
+def test_checkpointing_by_default_only_where_a_micro_batch_is_large(
+    tiny_dir, tmp_path, monkeypatch
+):
+    from llm_gym.lm.tensors import HEAP_MMAP_THRESHOLD, LEAN_MMAP_THRESHOLD
+    from llm_gym.train import grpo
+
+    thresholds = []  # glibc's mmap threshold: lowered for a large update only, then restored
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    monkeypatch.setattr(grpo, "set_host_mmap_threshold", thresholds.append)
     lean = trainer(tiny_dir, tmp_path, "auto")
     assert lean.config.gradient_checkpointing is None
     modes = []
@@ -188,6 +196,7 @@ def test_checkpointing_by_default_only_where_a_micro_batch_is_large(tiny_dir, tm
     large = batch([600, 600, 600, 600], prompt=5, vocab=256)  # 2400 padded tokens
     lean._optimize(*large, torch.tensor([1.0, -1.0, 0.5, -0.5]))
     assert modes == [False, True] and not lean.model.training
+    assert thresholds == [LEAN_MMAP_THRESHOLD, HEAP_MMAP_THRESHOLD]
     # A budget of 2048 fills micro-batches of two 700-token sequences (1400 padded tokens):
     # large for that budget, so checkpointed, though under CHECKPOINT_TOKENS.
     tight = trainer(tiny_dir, tmp_path, "tight", max_tokens_per_microbatch=2048)
@@ -206,10 +215,10 @@ def test_freed_tensors_go_back_to_the_system_on_cpu():
     # A fresh process: malloc reuses what a heap already holds before it maps anything.
     code = (
         "import torch, sys\n"
-        "from llm_gym.lm.tensors import return_freed_host_memory\n"
+        "from llm_gym.lm.tensors import LEAN_MMAP_THRESHOLD, set_host_mmap_threshold\n"
         "def rss():\n"
         "    return int(open('/proc/self/statm').read().split()[1]) * 4096\n"
-        "if sys.argv[1] == 'set': assert return_freed_host_memory() is True\n"
+        "if sys.argv[1] == 'set': assert set_host_mmap_threshold(LEAN_MMAP_THRESHOLD) is True\n"
         "pinned = []\n"
         "for size in (5 << 20, 4 << 20):  # freeing 20 MB raises glibc's own threshold\n"
         "    before, tensors = rss(), []\n"

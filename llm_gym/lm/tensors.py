@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     pass
 
 __all__ = [
+    "HEAP_MMAP_THRESHOLD",
+    "LEAN_MMAP_THRESHOLD",
     "CompiledLogProbs",
     "LinearLogProbs",
     "first_eos_lengths",
@@ -35,7 +37,7 @@ __all__ = [
     "log_probs_of",
     "next_token_log_probs",
     "position_ids",
-    "return_freed_host_memory",
+    "set_host_mmap_threshold",
     "selected_log_probs",
     "token_log_probs",
 ]
@@ -400,20 +402,25 @@ def first_eos_lengths(tokens: torch.Tensor, eos_token_ids: list[int]) -> torch.T
 
 # glibc's mallopt parameter: blocks of at least this many bytes are mmapped, not heap.
 _M_MMAP_THRESHOLD = -3
-HOST_MMAP_THRESHOLD = 1 << 20
+# What an update on CPU sets (freed tensors from 1 MiB up go back at once), and glibc's own
+# ceiling for its moving threshold (32 MiB on 64-bit), which sampling runs best at.
+LEAN_MMAP_THRESHOLD = 1 << 20
+HEAP_MMAP_THRESHOLD = 32 << 20
 
 
-def return_freed_host_memory(threshold: int = HOST_MMAP_THRESHOLD) -> bool:
-    """Have glibc give freed tensors of ``threshold`` bytes or more back to the system at
-    once; True where it took the setting (glibc), False elsewhere (nothing changes).
+def set_host_mmap_threshold(threshold: int) -> bool:
+    """Have glibc map blocks of ``threshold`` bytes or more on their own, given back to the
+    system as soon as they are freed; True where it took the setting (glibc), False
+    elsewhere (nothing changes).
 
-    glibc keeps a freed block below its mmap threshold for reuse and raises that threshold
-    (up to 32 MB) as large blocks are freed, so on CPU an update's activations, freed layer by
+    glibc keeps a freed block below its threshold for reuse and raises the threshold (up to
+    32 MiB) as large blocks are freed, so on CPU an update's activations, freed layer by
     layer in the backward, stay in the process's memory in pieces the next sizes do not fit:
-    measured on one GRPO update of 16 × 700 tokens, 4.2 GB peak RSS where 2.8 GB is enough
-    (``scripts/bench_train_memory.py``), for about a fifth more time in the update (each large
-    tensor's pages are mapped afresh). The setting is the process's (``MALLOC_MMAP_THRESHOLD_``
-    in the environment sets the same at start); a CUDA run does not need it.
+    one GRPO update of 16 × 700 tokens peaked at 4.2 GB RSS where 2.8 GB is enough with
+    ``LEAN_MMAP_THRESHOLD`` (``scripts/bench_train_memory.py``), for about a fifth more time
+    (each large tensor's pages are mapped afresh). Generation, which allocates and frees
+    tensors of a few MiB every token, is a fifth slower with it too: set
+    ``HEAP_MMAP_THRESHOLD`` back after the update. The setting is the process's.
     """
     import ctypes
     import ctypes.util

@@ -25,10 +25,12 @@ from llm_gym.episodes import multi_turn, play_episodes
 from llm_gym.lm.loading import load_model
 from llm_gym.lm.lora import AdapterDisabled, load_lora, unwrapped, with_lora
 from llm_gym.lm.tensors import (
+    HEAP_MMAP_THRESHOLD,
+    LEAN_MMAP_THRESHOLD,
     has_prefix,
     left_pad,
-    return_freed_host_memory,
     selected_log_probs,
+    set_host_mmap_threshold,
 )
 from llm_gym.policies import TransformersPolicy
 from llm_gym.run.budget import check_run
@@ -98,10 +100,6 @@ class GRPOTrainer:
 
     def _prepare(self, config: GRPOConfig) -> None:
         self.device, self.dtype = resolve_device(config.device), resolve_dtype(config.dtype)
-        # On CPU the update's peak is the process's memory: freed activations go back to the
-        # system (unless the environment sets glibc's threshold itself).
-        if self.device.type == "cpu" and "MALLOC_MMAP_THRESHOLD_" not in os.environ:
-            return_freed_host_memory()
         self._check_sizes(config)  # before anything is allocated
         checkpoint = claim_out(config)  # on --resume the newest one, checked whole
         state, tensors = load_checkpoint(checkpoint) if checkpoint else (None, None)
@@ -431,14 +429,26 @@ class GRPOTrainer:
                 old = [scored(rows)[0] for rows in batches]
         total = 0.0
 
-        def checkpointing(rows: list[int]) -> bool:
-            if config.gradient_checkpointing is not None:
-                return config.gradient_checkpointing
+        def large(rows: list[int]) -> bool:
             # Large for the run's budget, not only in absolute terms: a budget of 2048 fills
             # micro-batches of 1400 tokens of long sequences, whose activations are its peak.
             threshold = min(CHECKPOINT_TOKENS, config.max_tokens_per_microbatch // 2)
             return len(rows) * max(len(tokens[i]) for i in rows) >= threshold
 
+        def checkpointing(rows: list[int]) -> bool:
+            if config.gradient_checkpointing is not None:
+                return config.gradient_checkpointing
+            return large(rows)
+
+        # On CPU a large update's peak is the process's memory: its freed activations go back
+        # to the system at once, and sampling gets glibc's usual threshold back after it
+        # (unless the environment sets the threshold itself).
+        lean = (
+            self.device.type == "cpu" and "MALLOC_MMAP_THRESHOLD_" not in os.environ
+            and any(large(rows) for rows in batches)
+        )  # fmt: skip
+        if lean:
+            set_host_mmap_threshold(LEAN_MMAP_THRESHOLD)
         try:
             for _ in range(config.update_epochs):
                 self.optimizer.zero_grad(set_to_none=True)
@@ -463,6 +473,8 @@ class GRPOTrainer:
                 self.version += 1
         finally:
             self.model.eval()
+            if lean:
+                set_host_mmap_threshold(HEAP_MMAP_THRESHOLD)
         self._publish()
         return total
 
