@@ -325,3 +325,36 @@ def test_seeded_requests_keep_the_global_generator(gateway):
         model="policy", messages=QUESTION, seed=5, max_tokens=2
     )
     assert torch.equal(torch.rand(1), expected)
+
+
+def test_the_gateway_command_serves_the_model_until_interrupted():
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "llm_gym", "gateway", "--port", "0", "--max-new-tokens", "4",
+         "--threads", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        line = process.stdout.readline()
+        found = re.search(r"serving 'policy' at (http://127\.0\.0\.1:\d+)/v1", line)
+        assert found, (line, process.stderr.read() if process.poll() is not None else "")
+        url = found.group(1)
+        chat = openai.OpenAI(base_url=f"{url}/v1", api_key="cli", max_retries=0).chat
+        reply = chat.completions.create(model="policy", messages=QUESTION)
+        assert reply.usage.completion_tokens <= 4  # --max-new-tokens, no max_tokens given
+        calls = httpx.get(f"{url}/v1/episodes/cli").json()["calls"]
+        assert len(calls) == 1 and len(calls[0]["token_ids"]) == reply.usage.completion_tokens
+    finally:
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) == 130
+
+
+def test_the_gateway_command_refuses_bad_flags(capsys):
+    from llm_gym.cli import main
+
+    assert main(["gateway", "--backend", "openai"]) == 2
+    assert "base_url" in capsys.readouterr().err
