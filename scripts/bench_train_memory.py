@@ -8,9 +8,9 @@ batch, four ways side by side (issue 42, item 6):
 - ``new``: llm_gym's update now, ``GRPOTrainer._optimize`` of a trainer built from
   ``GRPOConfig(model="default", ...)``: micro-batches by ``max_tokens_per_microbatch`` (4096;
   ``new-2048``, ``new-8192`` run the same with that budget), activation checkpointing as
-  GRPOConfig decides by default (for micro-batches of ``CHECKPOINT_TOKENS`` padded tokens or
-  more; ``new-<budget>-ckpt`` / ``-nockpt`` force it on / off), ``selected_log_probs`` (the
-  taken tokens' log-probs through the output layer in chunks).
+  GRPOConfig decides by default (for micro-batches of ``CHECKPOINT_TOKENS`` padded tokens, or
+  half the budget if less, or more; ``new-<budget>-ckpt`` / ``-nockpt`` force it on / off),
+  ``selected_log_probs`` (the taken tokens' log-probs through the output layer in chunks).
 - ``floor`` (computed, not measured): fp32 weights + gradients + AdamW's two moments, 4 ×
   params × 4 bytes, plus the checkpointed activations of one micro-batch, num_hidden_layers ×
   its padded tokens × hidden_size × 4 bytes.
@@ -45,14 +45,16 @@ Run (offline; 15-30 minutes on 2 shared cores; ``today`` peaks near 16 GB, ``trl
 
 On a CPU that other work shares, ``--threads 1`` gives steadier seconds: with 2 threads a
 descheduled thread leaves the other spinning, and wall and CPU time both grow with the load.
-RSS counts what glibc's allocator keeps of freed tensors: ``MALLOC_MMAP_THRESHOLD_=65536`` in
-the environment (the cases inherit it) returns them, which shows how much of a peak that is.
+RSS counts what glibc's allocator keeps of freed tensors: the trainer (the ``new`` cases) sets
+its mmap threshold to 1 MiB around a large update; ``MALLOC_MMAP_THRESHOLD_`` in the
+environment (the cases inherit it) sets it for every case, TRL's too.
 
-Last run (2 shared cores, ``--threads 1``, torch 2.13, transformers 5.24, TRL 1.16; peak GB,
-update CPU s): today 16.27, 139; new 3.83, 140 (floor 2.39: 1.60x); new-2048 (micro-batches
-under CHECKPOINT_TOKENS, so not checkpointed) 4.72, 120; new-2048-ckpt 3.00, 140; new-8192
-3.95, 149; trl 8.05, 165; trl-4 6.47, 158. With MALLOC_MMAP_THRESHOLD_=65536: new 2.84 (1.19x
-the floor), trl 6.49, trl-4 4.96, each about 20% slower.
+Last run (idle 2-core CPU, ``--cases new,new-2048,trl --threads 1``, torch 2.13,
+transformers 5.24, TRL 1.16; peak GB, update s): new 2.84, 173 (floor 2.39: 1.19x; without
+the interpreter's own RSS 1.09x); new-2048 2.84, 185; trl 8.15, 168 (new/TRL: 0.35x the
+peak, 1.03x the time). The trainer lowers glibc's mmap threshold around a large update on
+CPU (``set_host_mmap_threshold``); before it: new 3.83-4.20, 136-140; new-2048 (then not
+checkpointed) 4.72, 120; today 16.27, 139; trl-4 6.47, 158.
 """
 
 from __future__ import annotations
