@@ -9,11 +9,10 @@ import gymnasium as gym
 import numpy as np
 import openai
 import pytest
-from backend_fixture import server_processes, wait_gone
+from backend_fixture import served_default
 
 import llm_gym  # noqa: F401  (registers the envs)
 from llm_gym.agents import AgentRollouts, Gateway
-from llm_gym.samplers import VLLMSampler
 
 pytestmark = pytest.mark.vllm
 
@@ -21,14 +20,9 @@ pytestmark = pytest.mark.vllm
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, smollm2_tokenizer):
     log = tmp_path_factory.mktemp("vllm") / "server.log"
-    before = set(server_processes())
-    sampler = VLLMSampler(
-        "default", dtype="float32", engine_args={"max_model_len": 2048}, log_path=log,
-        max_new_tokens=16, temperature=1.0, seed=0, vocab_size=len(smollm2_tokenizer),
-    )  # fmt: skip
-    yield sampler
-    sampler.close()
-    assert wait_gone(set(server_processes()) - before) == {}
+    sampling = {"max_new_tokens": 16, "temperature": 1.0, "seed": 0}
+    with served_default(log, smollm2_tokenizer, **sampling) as sampler:
+        yield sampler
 
 
 def check_agent(base_url, api_key, item):

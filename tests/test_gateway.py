@@ -358,3 +358,13 @@ def test_the_gateway_command_refuses_bad_flags(capsys):
 
     assert main(["gateway", "--backend", "openai"]) == 2
     assert "base_url" in capsys.readouterr().err
+
+
+def test_the_developer_role_is_the_system_role(gateway, smol):
+    messages = [{"role": "developer", "content": "Be brief."}, *QUESTION]
+    client(gateway, "developer").chat.completions.create(
+        model="policy", messages=messages, max_tokens=2
+    )
+    (call,) = gateway.recorder.calls("developer")
+    system = [{"role": "system", "content": "Be brief."}, *QUESTION]
+    assert np.array_equal(call.prompt_ids, template_ids(smol[1], system))

@@ -7,11 +7,10 @@ Deselect with ``-m "not vllm"``; CI runs them."""
 import copy
 
 import pytest
-from backend_fixture import server_processes, wait_gone
+from backend_fixture import served_default
 
 from llm_gym.judges import GROUP_TEMPLATE, GroupJudge, Judge, parse_group_scores, parse_score
 from llm_gym.policies import TransformersPolicy
-from llm_gym.samplers import VLLMSampler
 from llm_gym.tasks import Part, Rubric
 
 pytestmark = pytest.mark.vllm
@@ -45,14 +44,10 @@ EXAMPLE_TEMPLATE = (
 def served(tmp_path_factory, smollm2_tokenizer):
     """The judge model behind a vLLM server: greedy, ``REPLY_TOKENS`` tokens a reply."""
     log = tmp_path_factory.mktemp("vllm") / "server.log"
-    before = set(server_processes())
-    sampler = VLLMSampler(
-        "default", dtype="float32", engine_args={"max_model_len": 2048}, log_path=log,
-        max_new_tokens=REPLY_TOKENS, temperature=0.0, vocab_size=len(smollm2_tokenizer),
-    )  # fmt: skip
-    yield sampler
-    sampler.close()
-    assert wait_gone(set(server_processes()) - before) == {}  # no server process left
+    with served_default(
+        log, smollm2_tokenizer, max_new_tokens=REPLY_TOKENS, temperature=0.0
+    ) as sampler:
+        yield sampler
 
 
 def longer(sampler, max_new_tokens):

@@ -490,7 +490,14 @@ class Gateway:
             top = _integer(body, "top_logprobs", 0, 20) or 0
             messages = _messages(body)
             schemas, read_calls = _tools(body)
-            prompt, parent, conversation = self._chat_prompt(episode, messages, schemas)
+            try:
+                prompt, parent, conversation = self._chat_prompt(episode, messages, schemas)
+            except Exception as error:  # the template's own refusal (a role it has no turn for)
+                raise _BadRequest(
+                    "messages cannot be rendered with the model's chat template: "
+                    f"{type(error).__name__}: {error}",
+                    "messages",
+                ) from None
         else:
             logprobs = _integer(body, "logprobs", 0, 5)
             want_log_probs, top = logprobs is not None, logprobs or 0
@@ -561,7 +568,11 @@ class Gateway:
             extended, _ = self.builder.extend(conversation, said, call.tokens, added)
             if extended.policy_mask is not None:  # else the template rewrote earlier turns
                 return _Prompt(extended.tokens, extended.policy_mask), call.index, extended
-        converted = with_tools_prompt(chat_messages(messages), schemas, self.tool_format)
+        converted = [  # OpenAI's "developer" role is its system role for newer models
+            {**m, "role": "system"} if m["role"] == "developer" else m
+            for m in chat_messages(messages)
+        ]
+        converted = with_tools_prompt(converted, schemas, self.tool_format)
         (conversation,) = self.builder.start([History(converted)])
         return _Prompt(conversation.tokens, conversation.policy_mask), None, conversation
 
