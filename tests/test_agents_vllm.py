@@ -72,3 +72,26 @@ def test_a_request_seed_and_n_reach_vllm(served, smollm2_tokenizer):
         assert len({c.message.content for c in one.choices}) > 1  # three draws, not one
         calls = gateway.recorder.calls("seeded")
         assert len(calls) == 6 and all(c.version == 0 for c in calls)
+
+
+def test_llm_gym_train_trains_the_agent_through_vllm(tmp_path, monkeypatch, capsys):
+    import json
+    from pathlib import Path
+
+    from llm_gym.cli import main
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    out = tmp_path / "agent-vllm"
+    code = main([
+        "train", "--agent", "examples/check_agent.py:solve", "--backend", "vllm",
+        "--backend-arg", "max_model_len=2048", "--env-arg", "task=chain_sum",
+        "--iterations", "2", "--groups", "1", "--group-size", "2", "--max-new-tokens", "16",
+        "--eval-episodes", "0", "--out", str(out), "--no-progress",
+    ])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    # The calls of iteration k were sampled by the server holding update k's weights.
+    assert [row["versions"] for row in rows] == [[0], [1]]
+    assert all(row["agent_errors"] == 0 and row["calls_per_episode"] == 2 for row in rows)
+    assert all(row["segments_per_episode"] == 1.0 for row in rows)
+    assert rows[1]["sync_seconds"] > 0  # the update was loaded into the server
