@@ -22,6 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import gymnasium as gym
 import pytest
 from conftest import GSM8K_PATH
 
@@ -140,9 +141,14 @@ def test_block_runs(page, line, code, monkeypatch):
     monkeypatch.setenv("LLM_GYM_GSM8K_PATH", str(GSM8K_PATH))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     before = set(os.listdir(ROOT))
+    registered = set(gym.registry)
     name = f"{page}:{line}"
     linecache.cache[name] = (len(code), None, code.splitlines(True), name)  # for tracebacks
-    exec(compile(code, name, "exec"), {"__name__": "__docs__"})
+    try:
+        exec(compile(code, name, "exec"), {"__name__": "__docs__"})
+    finally:  # an id a block registers (docs/envs/chat.md's) is the block's, not the suite's
+        for env_id in set(gym.registry) - registered:
+            del gym.registry[env_id]
     assert set(os.listdir(ROOT)) - before == set(), "the blocks write into a temporary folder"
 
 
