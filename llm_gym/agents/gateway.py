@@ -33,6 +33,19 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from llm_gym.agents._wire import (
+    BadRequest,
+    Settings,
+    chunks,
+    completion,
+    error_body,
+    flag,
+    integer,
+    messages_of,
+    normal_message,
+    read_request,
+    tools_of,
+)
 from llm_gym.agents.recording import Call, Recorder
 from llm_gym.chat.conversation import Conversation, PromptBuilder
 from llm_gym.chat.history import History
@@ -48,161 +61,16 @@ if TYPE_CHECKING:
 __all__ = ["EPISODE_HEADER", "Gateway"]
 
 EPISODE_HEADER = "x-episode-id"
-MAX_N = 64  # choices a request may ask for
-MAX_STOPS = 4  # OpenAI's limit on stop sequences
-
-
-class _BadRequest(Exception):
-    """An OpenAI error body: ``message``, the ``param`` at fault, the HTTP ``status``."""
-
-    def __init__(self, message: str, param: str | None = None, status: int = 400,
-                 code: str | None = None) -> None:  # fmt: skip
-        super().__init__(message)
-        self.param, self.status, self.code = param, status, code
-
-
-def _error_body(message: str, param: str | None, status: int, code: str | None) -> dict:
-    kinds = {403: "permission_error", 404: "not_found_error", 500: "server_error"}
-    kind = kinds.get(status, "invalid_request_error")
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
-
-
-@dataclass(frozen=True)
-class _Settings:
-    """A request's sampling settings that differ from the sampler's own (None: the
-    sampler's): requests with equal settings are sampled in one batch."""
-
-    temperature: float | None = None
-    top_p: float | None = None
-    max_tokens: int | None = None
-    seed: int | None = None
-
-    def given(self) -> bool:
-        return any(
-            v is not None for v in (self.temperature, self.top_p, self.max_tokens, self.seed)
-        )
 
 
 @dataclass
 class _Job:
     prompt: np.ndarray
     n: int
-    settings: _Settings
+    settings: Settings
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
     queued: float  # perf_counter when it was queued
-
-
-def _number(body: Mapping, key: str, low: float, high: float) -> float | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-        raise _BadRequest(f"{key} must be a number in [{low:g}, {high:g}], got {value!r:.40}", key)
-    return float(value)
-
-
-def _integer(body: Mapping, key: str, low: int, high: int | None = None) -> int | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    bad = isinstance(value, bool) or not isinstance(value, int) or value < low
-    if bad or (high is not None and value > high):
-        bound = f"[{low}, {high}]" if high is not None else f">= {low}"
-        raise _BadRequest(f"{key} must be an integer {bound}, got {value!r:.40}", key)
-    return value
-
-
-def _stops(body: Mapping) -> list[str]:
-    stop = body.get("stop")
-    stops = [stop] if isinstance(stop, str) else stop
-    if stops is None:
-        return []
-    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-        raise _BadRequest(f"stop must be a string or a list of strings, got {stop!r:.60}", "stop")
-    if len(stops) > MAX_STOPS:
-        raise _BadRequest(f"stop holds at most {MAX_STOPS} sequences, got {len(stops)}", "stop")
-    return [s for s in stops if s]
-
-
-def _flag(body: Mapping, key: str) -> bool:
-    value = body.get(key, False)
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise _BadRequest(f"{key} must be a boolean, got {value!r:.40}", key)
-    return value
-
-
-def _normal(message: Mapping[str, Any]) -> dict[str, Any]:
-    """A chat message as compared when a request repeats an earlier reply: role, text and
-    tool calls (name and decoded arguments; ids and fields SDKs add are left out)."""
-    content = message.get("content")
-    if isinstance(content, list):
-        content = "".join(p.get("text", "") for p in content if isinstance(p, Mapping))
-    calls = []
-    for call in message.get("tool_calls") or ():
-        function = call.get("function") if isinstance(call, Mapping) else None
-        function = function if isinstance(function, Mapping) else call
-        arguments = function.get("arguments") if isinstance(function, Mapping) else None
-        if isinstance(arguments, str):
-            try:
-                arguments = json.loads(arguments)
-            except ValueError:
-                pass
-        name = function.get("name") if isinstance(function, Mapping) else None
-        calls.append((name, json.dumps(arguments, sort_keys=True)))
-    normal = {"role": message.get("role"), "content": content or ""}
-    if calls:
-        normal["tool_calls"] = calls
-    if message.get("tool_call_id") is not None:
-        normal["tool_call_id"] = message.get("tool_call_id")
-    return normal
-
-
-def _messages(body: Mapping) -> list[dict[str, Any]]:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        got = "an empty list" if messages == [] else type(messages).__name__
-        raise _BadRequest(f"messages must be a non-empty list of messages, got {got}", "messages")
-    for i, message in enumerate(messages):
-        role = message.get("role") if isinstance(message, Mapping) else None
-        if not isinstance(role, str):
-            raise _BadRequest(
-                f"messages[{i}] must be an object with a string 'role', got {message!r:.80}",
-                f"messages[{i}]",
-            )
-        content = message.get("content")
-        if content is not None and not isinstance(content, (str, list)):
-            raise _BadRequest(
-                f"messages[{i}].content must be a string or a list of content parts, got "
-                f"{type(content).__name__}",
-                f"messages[{i}].content",
-            )
-    return messages
-
-
-def _tools(body: Mapping) -> tuple[list[dict], bool]:
-    """The request's function schemas and whether replies are read for tool calls."""
-    tools, choice = body.get("tools") or [], body.get("tool_choice", "auto")
-    if not isinstance(tools, list) or not all(
-        isinstance(t, Mapping) and isinstance(t.get("function"), Mapping)
-        and isinstance(t["function"].get("name"), str) for t in tools
-    ):  # fmt: skip
-        raise _BadRequest(
-            'tools must be a list of {"type": "function", "function": {"name": ..., ...}}',
-            "tools",
-        )
-    named = isinstance(choice, Mapping) and isinstance(choice.get("function"), Mapping)
-    if choice not in (None, "auto", "none", "required") and not named:
-        raise _BadRequest(
-            "tool_choice must be 'auto', 'none', 'required' or "
-            f'{{"type": "function", "function": {{"name": ...}}}}, got {choice!r:.60}',
-            "tool_choice",
-        )
-    if choice == "none":  # the model is told of no tool, and its text is only text
-        return [], False
-    return [dict(t) for t in tools], bool(tools)
 
 
 class Gateway:
@@ -254,7 +122,7 @@ class Gateway:
         self.builder = PromptBuilder(tokenizer, template_kwargs, need_tokens=True)
         self.codec = self.builder.codec
         self.recorder = Recorder()
-        self._configured: dict[_Settings, Sampler] = {}
+        self._configured: dict[Settings, Sampler] = {}
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._worker: threading.Thread | None = None
         self._server: ThreadedServer | None = None
@@ -309,7 +177,7 @@ class Gateway:
 
     # -- sampling: one thread, requests in flight batched -------------------------------------
 
-    def _sampler_for(self, settings: _Settings) -> Sampler:
+    def _sampler_for(self, settings: Settings) -> Sampler:
         if not settings.given():
             return self.sampler
         configured = self._configured.get(settings)
@@ -348,13 +216,13 @@ class Gateway:
                 jobs.append(more)
                 prompts += more.n
             self._last_batch = len(jobs)
-            groups: dict[_Settings, list[_Job]] = {}
+            groups: dict[Settings, list[_Job]] = {}
             for job in jobs:
                 groups.setdefault(job.settings, []).append(job)
             for settings, group in groups.items():
                 self._sample_group(settings, group)
 
-    def _sample_group(self, settings: _Settings, group: list[_Job]) -> None:
+    def _sample_group(self, settings: Settings, group: list[_Job]) -> None:
         start = time.perf_counter()
         try:
             sampler = self._sampler_for(settings)
@@ -382,7 +250,7 @@ class Gateway:
             at += job.n
 
     async def _sample(
-        self, prompt: np.ndarray, n: int, settings: _Settings
+        self, prompt: np.ndarray, n: int, settings: Settings
     ) -> tuple[list[Sample], float, float]:
         if self._worker is None:
             self._worker = threading.Thread(target=self._run, name="llm_gym-gateway", daemon=True)
@@ -414,7 +282,7 @@ class Gateway:
         else:
             calls = self.recorder.calls(name)
         if not calls:
-            body = _error_body(f"no calls recorded for episode {name!r}", "name", 404, None)
+            body = error_body(f"no calls recorded for episode {name!r}", "name", 404, None)
             return JSONResponse(body, status_code=404)
         return JSONResponse({"episode": name, "calls": [_call_json(c) for c in calls]})
 
@@ -432,82 +300,60 @@ class Gateway:
             body = await request.json()
         except ValueError as error:
             message = f"the request body must be a JSON object: {error}"
-            return JSONResponse(_error_body(message, None, 400, None), status_code=400)
+            return JSONResponse(error_body(message, None, 400, None), status_code=400)
         try:
             if not isinstance(body, dict):
-                raise _BadRequest(
+                raise BadRequest(
                     f"the request body must be a JSON object, got {type(body).__name__}"
                 )
             return await self._reply(request, body, chat)
-        except _BadRequest as error:
-            body = _error_body(str(error), error.param, error.status, error.code)
+        except BadRequest as error:
+            body = error_body(str(error), error.param, error.status, error.code)
             return JSONResponse(body, status_code=error.status)
         except Exception as error:  # the sampler's failure: the server's error, not the agent's
             message = f"sampling failed: {type(error).__name__}: {error}"
-            return JSONResponse(_error_body(message, None, 500, None), status_code=500)
-
-    def _common(self, body: Mapping, chat: bool) -> tuple[_Settings, int, list[str], bool]:
-        model = body.get("model")
-        if model != self.model_name:
-            raise _BadRequest(
-                f"The model {model!r} does not exist: this gateway serves {self.model_name!r}",
-                "model", 404, "model_not_found",
-            )  # fmt: skip
-        max_tokens = _integer(body, "max_completion_tokens", 1) if chat else None
-        if max_tokens is None:
-            max_tokens = _integer(body, "max_tokens", 1)
-        if max_tokens is None and not chat:
-            max_tokens = 16  # OpenAI's default for completions
-        settings = _Settings(
-            temperature=_number(body, "temperature", 0.0, 2.0),
-            top_p=_number(body, "top_p", 0.0, 1.0),
-            max_tokens=max_tokens,
-            seed=_integer(body, "seed", 0, 2**63 - 1),
-        )
-        n = _integer(body, "n", 1, MAX_N) or 1
-        if n > 1 and settings.temperature == 0.0:
-            raise _BadRequest(f"n={n} needs temperature > 0: greedy choices are all the same", "n")
-        return settings, n, _stops(body), _flag(body, "stream")
+            return JSONResponse(error_body(message, None, 500, None), status_code=500)
 
     async def _reply(self, request: Any, body: dict, chat: bool) -> Any:
         from starlette.responses import JSONResponse, StreamingResponse
 
-        settings, n, stops, stream = self._common(body, chat)
+        settings, n, stops, stream = read_request(body, self.model_name, chat)
         if settings.given() and not _configurable(self.sampler):
-            raise _BadRequest(
+            raise BadRequest(
                 f"this gateway's sampler ({type(self.sampler).__name__}) samples with its own "
                 "settings: leave out temperature, top_p, max_tokens and seed",
                 "temperature",
             )
         episode = request.headers.get(EPISODE_HEADER) or _bearer(request)
         if episode and self.recorder.is_closed(episode):
-            raise _BadRequest(
+            raise BadRequest(
                 f"episode {episode!r} is over (its run ended or ran past its time limit)",
                 None, 403, "episode_closed",
             )  # fmt: skip
         if chat:
-            want_log_probs = _flag(body, "logprobs")
-            top = _integer(body, "top_logprobs", 0, 20) or 0
-            messages = _messages(body)
-            schemas, read_calls = _tools(body)
+            want_log_probs = flag(body, "logprobs")
+            top = integer(body, "top_logprobs", 0, 20) or 0
+            messages = messages_of(body)
+            normal = [normal_message(m) for m in messages]  # as a later request repeats them
+            schemas, read_calls = tools_of(body)
             try:
-                prompt, parent, conversation = self._chat_prompt(episode, messages, schemas)
+                prompt, parent, conversation = self._chat_prompt(episode, messages, normal, schemas)
             except Exception as error:  # the template's own refusal (a role it has no turn for)
-                raise _BadRequest(
+                raise BadRequest(
                     "messages cannot be rendered with the model's chat template: "
                     f"{type(error).__name__}: {error}",
                     "messages",
                 ) from None
         else:
-            logprobs = _integer(body, "logprobs", 0, 5)
+            logprobs = integer(body, "logprobs", 0, 5)
             want_log_probs, top = logprobs is not None, logprobs or 0
-            if _flag(body, "echo"):
-                raise _BadRequest("echo is not supported: the prompt is not scored here", "echo")
+            if flag(body, "echo"):
+                raise BadRequest("echo is not supported: the prompt is not scored here", "echo")
             prompt, parent, conversation = self._text_prompt(episode, body.get("prompt"))
             read_calls = False
         if top:
             param = "top_logprobs" if chat else "logprobs"
-            raise _BadRequest(
+            raise BadRequest(
                 f"{param} > 0 is not supported: the sampled token's own log-prob is returned "
                 "(logprobs true, top_logprobs 0)",
                 param,
@@ -518,6 +364,7 @@ class Gateway:
         reply_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         for i, choice in enumerate(choices):
             choice["index"] = i
+            choice["logprobs"] = self._log_probs_json(choice, chat) if want_log_probs else None
             if episode:
                 call = Call(
                     first + i, prompt.tokens, prompt.mask, parent, choice["tokens"],
@@ -527,7 +374,7 @@ class Gateway:
                 turn = None
                 if chat:  # what a later request may continue: the prompt and what was said
                     state = (conversation, choice["said"])
-                    turn = ([_normal(m) for m in messages], _normal(choice["message"]), state)
+                    turn = (normal, normal_message(choice["message"]), state)
                 self.recorder.add(episode, call, turn)
         usage = {
             "prompt_tokens": len(prompt.tokens),
@@ -542,26 +389,27 @@ class Gateway:
             f"{queued:.6f}",
             f"{sampling:.6f}",
         )
-        extra = {"return_token_ids": _flag(body, "return_token_ids"), "prompt": prompt.tokens}
+        extra = {"return_token_ids": flag(body, "return_token_ids"), "prompt": prompt.tokens}
         if not stream:  # the gateway's own time: all but the wait and the sampling
-            payload = self._completion(head, choices, chat, want_log_probs, usage, extra)
+            payload = completion(head, choices, chat, usage, extra)
             own = time.perf_counter() - request.state.received - queued - sampling
             headers["x-gateway-seconds"] = f"{own:.6f}"
             return JSONResponse(payload, headers=headers)
         include = isinstance(body.get("stream_options"), Mapping) and bool(
             body["stream_options"].get("include_usage")
         )
-        events = self._chunks(head, choices, chat, want_log_probs, usage if include else None)
+        events = chunks(head, choices, chat, usage if include else None)
         return StreamingResponse(events, media_type="text/event-stream", headers=headers)
 
     # -- prompts -----------------------------------------------------------------------------
 
     def _chat_prompt(
-        self, episode: str | None, messages: list, schemas: list[dict]
+        self, episode: str | None, messages: list, normal: list[dict], schemas: list[dict]
     ) -> tuple[_Prompt, int | None, Conversation]:
         """The prompt of a chat request: the continuation of the episode's call whose messages
-        and reply ``messages`` repeat (token-in, token-out), else the template's rendering."""
-        found = self.recorder.extends(episode, [_normal(m) for m in messages]) if episode else None
+        and reply ``messages`` repeat (``normal``: as compared), token-in, token-out; else the
+        template's rendering."""
+        found = self.recorder.extends(episode, normal) if episode else None
         if found is not None:
             call, (conversation, said), covered = found
             added = chat_messages(messages[covered:])  # tool results, the user's next turn
@@ -586,12 +434,12 @@ class Gateway:
             ids = np.asarray(prompt, dtype=np.int64)
             bad = ids[(ids < 0) | (ids >= self.codec.vocab_size)]
             if len(bad):
-                raise _BadRequest(
+                raise BadRequest(
                     f"prompt token ids must lie in [0, {self.codec.vocab_size}), got {int(bad[0])}",
                     "prompt",
                 )
         else:
-            raise _BadRequest(
+            raise BadRequest(
                 "prompt must be a non-empty string or a non-empty list of token ids, got "
                 f"{prompt!r:.60}",
                 "prompt",
@@ -674,62 +522,6 @@ class Gateway:
             "top_logprobs": None, "text_offset": offsets,
         }  # fmt: skip
 
-    def _completion(
-        self, head: dict, choices: list[dict], chat: bool, log_probs: bool, usage: dict,
-        extra: dict,
-    ) -> dict[str, Any]:  # fmt: skip
-        out = []
-        for choice in choices:
-            item: dict[str, Any] = {"index": choice["index"]}
-            if chat:
-                item["message"] = choice["message"]
-            else:
-                item["text"] = choice["content"]
-            item["logprobs"] = self._log_probs_json(choice, chat) if log_probs else None
-            item["finish_reason"] = choice["finish_reason"]
-            if extra["return_token_ids"]:  # vLLM's: the ids as sampled
-                item["token_ids"] = choice["tokens"].tolist()
-            out.append(item)
-        payload = {**head, "object": "chat.completion" if chat else "text_completion"}
-        payload.update(choices=out, usage=usage)
-        if extra["return_token_ids"]:
-            payload["prompt_token_ids"] = extra["prompt"].tolist()
-        return payload
-
-    async def _chunks(
-        self, head: dict, choices: list[dict], chat: bool, log_probs: bool, usage: dict | None
-    ) -> Any:
-        kind = "chat.completion.chunk" if chat else "text_completion"
-
-        def event(choice_rows: list[dict], **more: Any) -> str:
-            return (
-                f"data: {json.dumps({**head, 'object': kind, 'choices': choice_rows, **more})}\n\n"
-            )
-
-        for choice in choices:
-            i = choice["index"]
-            lp = self._log_probs_json(choice, chat) if log_probs else None
-            if chat:
-                yield event([{"index": i, "delta": {"role": "assistant", "content": ""},
-                              "logprobs": None, "finish_reason": None}])  # fmt: skip
-                message = choice["message"]
-                if message.get("content"):
-                    yield event([{"index": i, "delta": {"content": message["content"]},
-                                  "logprobs": lp, "finish_reason": None}])  # fmt: skip
-                    lp = None
-                for j, call in enumerate(message.get("tool_calls") or ()):
-                    yield event([{"index": i, "delta": {"tool_calls": [{"index": j, **call}]},
-                                  "logprobs": lp, "finish_reason": None}])  # fmt: skip
-                    lp = None
-                yield event([{"index": i, "delta": {}, "logprobs": lp,
-                              "finish_reason": choice["finish_reason"]}])  # fmt: skip
-            else:
-                yield event([{"index": i, "text": choice["content"], "logprobs": lp,
-                              "finish_reason": choice["finish_reason"]}])  # fmt: skip
-        if usage is not None:
-            yield event([], usage=usage)
-        yield "data: [DONE]\n\n"
-
 
 _CALL_BLOCK = re.compile(r"<tool_call>.*?</tool_call>", re.DOTALL)
 
@@ -759,7 +551,7 @@ def _configurable(sampler: object) -> bool:
     return isinstance(sampler, OpenAISampler) or callable(getattr(sampler, "get_new_version", None))
 
 
-def _with_settings(sampler: Sampler, settings: _Settings) -> Sampler:
+def _with_settings(sampler: Sampler, settings: Settings) -> Sampler:
     """A sampler like ``sampler`` (sharing its model or server) with ``settings``."""
     if isinstance(sampler, OpenAISampler):
         configured = copy.copy(sampler)

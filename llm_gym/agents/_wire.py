@@ -1,0 +1,260 @@
+"""OpenAI's wire format as the gateway speaks it: request bodies read (each field checked, a
+``BadRequest``, OpenAI's error body with a 4xx naming the parameter, for any that is wrong;
+messages put in the form two requests are compared in) and replies written (a completion, or
+its server-sent chunks)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "MAX_N",
+    "MAX_STOPS",
+    "BadRequest",
+    "Settings",
+    "chunks",
+    "completion",
+    "error_body",
+    "flag",
+    "integer",
+    "messages_of",
+    "normal_message",
+    "number",
+    "read_request",
+    "stops_of",
+    "tools_of",
+]
+
+MAX_N = 64  # choices a request may ask for
+MAX_STOPS = 4  # OpenAI's limit on stop sequences
+
+
+class BadRequest(Exception):
+    """An OpenAI error body: ``message``, the ``param`` at fault, the HTTP ``status``."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400,
+                 code: str | None = None) -> None:  # fmt: skip
+        super().__init__(message)
+        self.param, self.status, self.code = param, status, code
+
+
+def error_body(message: str, param: str | None, status: int, code: str | None) -> dict:
+    kinds = {403: "permission_error", 404: "not_found_error", 500: "server_error"}
+    kind = kinds.get(status, "invalid_request_error")
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """A request's sampling settings that differ from the sampler's own (None: the
+    sampler's): requests with equal settings are sampled in one batch."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
+    seed: int | None = None
+
+    def given(self) -> bool:
+        return any(
+            v is not None for v in (self.temperature, self.top_p, self.max_tokens, self.seed)
+        )
+
+
+def number(body: Mapping, key: str, low: float, high: float) -> float | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise BadRequest(f"{key} must be a number in [{low:g}, {high:g}], got {value!r:.40}", key)
+    return float(value)
+
+
+def integer(body: Mapping, key: str, low: int, high: int | None = None) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    bad = isinstance(value, bool) or not isinstance(value, int) or value < low
+    if bad or (high is not None and value > high):
+        bound = f"[{low}, {high}]" if high is not None else f">= {low}"
+        raise BadRequest(f"{key} must be an integer {bound}, got {value!r:.40}", key)
+    return value
+
+
+def stops_of(body: Mapping) -> list[str]:
+    stop = body.get("stop")
+    stops = [stop] if isinstance(stop, str) else stop
+    if stops is None:
+        return []
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise BadRequest(f"stop must be a string or a list of strings, got {stop!r:.60}", "stop")
+    if len(stops) > MAX_STOPS:
+        raise BadRequest(f"stop holds at most {MAX_STOPS} sequences, got {len(stops)}", "stop")
+    return [s for s in stops if s]
+
+
+def flag(body: Mapping, key: str) -> bool:
+    value = body.get(key, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise BadRequest(f"{key} must be a boolean, got {value!r:.40}", key)
+    return value
+
+
+def normal_message(message: Mapping[str, Any]) -> dict[str, Any]:
+    """A chat message as compared when a request repeats an earlier reply: role, text and
+    tool calls (name and decoded arguments; ids and fields SDKs add are left out)."""
+    content = message.get("content")
+    if isinstance(content, list):
+        content = "".join(p.get("text", "") for p in content if isinstance(p, Mapping))
+    calls = []
+    for call in message.get("tool_calls") or ():
+        function = call.get("function") if isinstance(call, Mapping) else None
+        function = function if isinstance(function, Mapping) else call
+        arguments = function.get("arguments") if isinstance(function, Mapping) else None
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except ValueError:
+                pass
+        name = function.get("name") if isinstance(function, Mapping) else None
+        calls.append((name, json.dumps(arguments, sort_keys=True)))
+    normal = {"role": message.get("role"), "content": content or ""}
+    if calls:
+        normal["tool_calls"] = calls
+    if message.get("tool_call_id") is not None:
+        normal["tool_call_id"] = message.get("tool_call_id")
+    return normal
+
+
+def messages_of(body: Mapping) -> list[dict[str, Any]]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        got = "an empty list" if messages == [] else type(messages).__name__
+        raise BadRequest(f"messages must be a non-empty list of messages, got {got}", "messages")
+    for i, message in enumerate(messages):
+        role = message.get("role") if isinstance(message, Mapping) else None
+        if not isinstance(role, str):
+            raise BadRequest(
+                f"messages[{i}] must be an object with a string 'role', got {message!r:.80}",
+                f"messages[{i}]",
+            )
+        content = message.get("content")
+        if content is not None and not isinstance(content, (str, list)):
+            raise BadRequest(
+                f"messages[{i}].content must be a string or a list of content parts, got "
+                f"{type(content).__name__}",
+                f"messages[{i}].content",
+            )
+    return messages
+
+
+def tools_of(body: Mapping) -> tuple[list[dict], bool]:
+    """The request's function schemas and whether replies are read for tool calls."""
+    tools, choice = body.get("tools") or [], body.get("tool_choice", "auto")
+    if not isinstance(tools, list) or not all(
+        isinstance(t, Mapping) and isinstance(t.get("function"), Mapping)
+        and isinstance(t["function"].get("name"), str) for t in tools
+    ):  # fmt: skip
+        raise BadRequest(
+            'tools must be a list of {"type": "function", "function": {"name": ..., ...}}',
+            "tools",
+        )
+    named = isinstance(choice, Mapping) and isinstance(choice.get("function"), Mapping)
+    if choice not in (None, "auto", "none", "required") and not named:
+        raise BadRequest(
+            "tool_choice must be 'auto', 'none', 'required' or "
+            f'{{"type": "function", "function": {{"name": ...}}}}, got {choice!r:.60}',
+            "tool_choice",
+        )
+    if choice == "none":  # the model is told of no tool, and its text is only text
+        return [], False
+    return [dict(t) for t in tools], bool(tools)
+
+
+def read_request(
+    body: Mapping, model_name: str, chat: bool
+) -> tuple[Settings, int, list[str], bool]:
+    """What every request of ``model_name`` sets: its sampling ``Settings``, ``n``, its stop
+    strings and whether it streams (completions: ``max_tokens`` 16 unless given, as OpenAI's)."""
+    model = body.get("model")
+    if model != model_name:
+        raise BadRequest(
+            f"The model {model!r} does not exist: this gateway serves {model_name!r}",
+            "model", 404, "model_not_found",
+        )  # fmt: skip
+    max_tokens = integer(body, "max_completion_tokens", 1) if chat else None
+    if max_tokens is None:
+        max_tokens = integer(body, "max_tokens", 1)
+    if max_tokens is None and not chat:
+        max_tokens = 16  # OpenAI's default for completions
+    settings = Settings(
+        temperature=number(body, "temperature", 0.0, 2.0),
+        top_p=number(body, "top_p", 0.0, 1.0),
+        max_tokens=max_tokens,
+        seed=integer(body, "seed", 0, 2**63 - 1),
+    )
+    n = integer(body, "n", 1, MAX_N) or 1
+    if n > 1 and settings.temperature == 0.0:
+        raise BadRequest(f"n={n} needs temperature > 0: greedy choices are all the same", "n")
+    return settings, n, stops_of(body), flag(body, "stream")
+
+
+def completion(
+    head: dict, choices: list[dict], chat: bool, usage: dict, extra: dict
+) -> dict[str, Any]:
+    """The reply of a request that does not stream: OpenAI's ``chat.completion`` or
+    ``text_completion`` of ``choices`` (each with its ``logprobs`` JSON or None)."""
+    out = []
+    for choice in choices:
+        item: dict[str, Any] = {"index": choice["index"]}
+        if chat:
+            item["message"] = choice["message"]
+        else:
+            item["text"] = choice["content"]
+        item["logprobs"] = choice["logprobs"]
+        item["finish_reason"] = choice["finish_reason"]
+        if extra["return_token_ids"]:  # vLLM's: the ids as sampled
+            item["token_ids"] = choice["tokens"].tolist()
+        out.append(item)
+    payload = {**head, "object": "chat.completion" if chat else "text_completion"}
+    payload.update(choices=out, usage=usage)
+    if extra["return_token_ids"]:
+        payload["prompt_token_ids"] = extra["prompt"].tolist()
+    return payload
+
+
+async def chunks(head: dict, choices: list[dict], chat: bool, usage: dict | None) -> Any:
+    """The server-sent events of a streamed reply: each choice's role, content, tool calls
+    and finish as OpenAI's chunks, the usage if asked for, then ``[DONE]``."""
+    kind = "chat.completion.chunk" if chat else "text_completion"
+
+    def event(choice_rows: list[dict], **more: Any) -> str:
+        return f"data: {json.dumps({**head, 'object': kind, 'choices': choice_rows, **more})}\n\n"
+
+    for choice in choices:
+        i = choice["index"]
+        lp = choice["logprobs"]
+        if chat:
+            yield event([{"index": i, "delta": {"role": "assistant", "content": ""},
+                          "logprobs": None, "finish_reason": None}])  # fmt: skip
+            message = choice["message"]
+            if message.get("content"):
+                yield event([{"index": i, "delta": {"content": message["content"]},
+                              "logprobs": lp, "finish_reason": None}])  # fmt: skip
+                lp = None
+            for j, call in enumerate(message.get("tool_calls") or ()):
+                yield event([{"index": i, "delta": {"tool_calls": [{"index": j, **call}]},
+                              "logprobs": lp, "finish_reason": None}])  # fmt: skip
+                lp = None
+            yield event([{"index": i, "delta": {}, "logprobs": lp,
+                          "finish_reason": choice["finish_reason"]}])  # fmt: skip
+        else:
+            yield event([{"index": i, "text": choice["content"], "logprobs": lp,
+                          "finish_reason": choice["finish_reason"]}])  # fmt: skip
+    if usage is not None:
+        yield event([], usage=usage)
+    yield "data: [DONE]\n\n"
