@@ -65,9 +65,9 @@ class CopyDigitEnv(DatasetChatEnv):
     teaches "one digit, then stop" early, and the copy is what lifts the reward to 1.0.
     """
 
-    def _score(self, response: str, sample: Any) -> tuple[float, bool, dict[str, Any]]:
-        # sample: the sub-env's in a vector env, None for this env's own episode
-        answer = (self.sample if sample is None else sample)["answer"]
+    def _score(self, response: str, item: Any) -> tuple[float, bool, dict[str, Any]]:
+        # item: the sub-env's in a vector env, None for this env's own episode
+        answer = (self.item if item is None else item)["answer"]
         response = response.strip()
         success = response == answer
         reward = 1.0 if success else 0.1 if len(response) == 1 and response in DIGITS else 0.0

@@ -87,7 +87,7 @@ def test_recorded_tokens_are_the_samplers_and_the_mask_covers_only_them(policy, 
         log_probs = np.concatenate([first.log_probs, second.log_probs])
         assert np.array_equal(record["sampled_log_probs"], log_probs)
         # The reward is the task's of the agent's final answer.
-        score = TaskScore(*env.reward(record["response"], record["sample"]))
+        score = TaskScore(*env.reward(record["response"], record["item"]))
         assert (record["reward"], record["success"]) == (score.reward, score.info["success"])
         assert record["response"] == second.text
 
@@ -250,5 +250,5 @@ def test_an_openai_agents_sdk_agent_plays_through_the_gateway(policy, smol, env)
         assert record["num_calls"] >= 1 and record["num_tokens"] == record["policy_mask"].sum()
         first = record["calls"][0]
         prompt = smol[1].decode(first.prompt_ids)
-        assert '"name": "add"' in prompt and record["sample"]["query"] in prompt
+        assert '"name": "add"' in prompt and record["item"]["query"] in prompt
         assert record["response"] == record["calls"][-1].text

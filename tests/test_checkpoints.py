@@ -214,9 +214,9 @@ def test_ctrl_c_at_any_moment_of_a_save_leaves_a_checkpoint_that_resumes(tiny_di
 def test_seek_puts_a_source_at_a_stream_position():
     source = ProceduralSource(lambda seed, i, level: {"query": f"{seed}:{i}"}, num_levels=1,
                               level=0, seed=3)  # fmt: skip
-    first = [source.next_record()["query"] for _ in range(5)]
+    first = [source.next_item()["query"] for _ in range(5)]
     source.seek(2)
-    assert [source.next_record()["query"] for _ in range(3)] == first[2:]
+    assert [source.next_item()["query"] for _ in range(3)] == first[2:]
     with pytest.raises(ValueError, match="position must be an int >= 0, got -1"):
         source.seek(-1)
     assert source.position == 5  # the refused seek changed nothing

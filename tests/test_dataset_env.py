@@ -38,7 +38,7 @@ def test_list_of_dicts_with_field_map_and_info():
         {"role": "user", "content": "What is 1+1?"},
     )
     assert info == {"answer": "#### 2", "level": 1}
-    assert env.sample == {"query": "What is 1+1?", "answer": "#### 2", "level": 1}
+    assert env.item == {"query": "What is 1+1?", "answer": "#### 2", "level": 1}
 
 
 def test_field_map_as_function():
@@ -104,10 +104,10 @@ def test_hub_unreachable_fails_fast_with_advice(monkeypatch):
 
 
 @pytest.mark.parametrize("repeats", [1, 3])
-def test_each_epoch_serves_every_sample_exactly_once(repeats):
+def test_each_epoch_serves_every_item_exactly_once(repeats):
     env = DatasetChatEnv(ROWS, seed=7, repeats=repeats)
     env.reset(seed=7)
-    served = [env.sample["id"]] + ids(env, 3 * 10 * repeats - 1)  # three epochs
+    served = [env.item["id"]] + ids(env, 3 * 10 * repeats - 1)  # three epochs
     epochs = [served[i : i + 10 * repeats] for i in range(0, len(served), 10 * repeats)]
     for epoch in epochs:
         assert Counter(epoch) == {i: repeats for i in range(10)}
@@ -156,10 +156,10 @@ def test_reset_dataloader_rewinds_to_the_start():
     assert ids(env, 7) == first
 
 
-def test_options_sample_serves_a_given_record_without_advancing():
+def test_options_item_serves_a_given_item_without_advancing():
     env = DatasetChatEnv(ROWS, seed=0)
     expected = ids(DatasetChatEnv(ROWS, seed=0), 2)
-    assert env.reset(options={"sample": {"query": "mine", "id": -1}})[1] == {"id": -1}
+    assert env.reset(options={"item": {"query": "mine", "id": -1}})[1] == {"id": -1}
     assert ids(env, 2) == expected
 
 
@@ -196,12 +196,12 @@ def test_from_dataloader_torch_dataloader_batches():
     loader = torch.utils.data.DataLoader(ROWS, batch_size=4, shuffle=False)  # dicts of lists
     env = DatasetChatEnv.from_dataloader(loader, repeats=2)
     assert ids(env, 24) == [i for i in list(range(10)) + [0] for _ in range(2)] + [1, 1]
-    assert isinstance(env.sample["id"], int)  # tensors are unbatched into Python values
+    assert isinstance(env.item["id"], int)  # tensors are unbatched into Python values
     env.reset_dataloader()
     assert ids(env, 3) == [0, 0, 1]
 
 
-def test_from_dataloader_single_samples_and_lists():
+def test_from_dataloader_single_items_and_lists():
     env = DatasetChatEnv.from_dataloader([ROWS[:2], ROWS[5]])
     assert ids(env, 4) == [0, 1, 5, 0]
 
@@ -257,7 +257,7 @@ def test_bad_field_map_type():
 @pytest.mark.parametrize(
     "dataset, error, match",
     [
-        ([], ValueError, "at least one sample"),
+        ([], ValueError, "at least one item"),
         ([{"query": "a"}, "b"], TypeError, "must hold dicts, got str at index 1"),
         (42, TypeError, "dataset must be a Hub dataset name.*got int"),
         ("./no/such/file.jsonl", FileNotFoundError, "does not exist"),
@@ -293,9 +293,9 @@ def test_bad_reset_options_change_nothing():
     with pytest.raises(ValueError, match=r"unknown keys \['query'\]"):
         env.reset(options={"query": "x"})
     with pytest.raises(KeyError, match="str 'query' field"):
-        env.reset(seed=99, options={"sample": {"question": "x"}})
-    with pytest.raises(TypeError, match="a sample must be a dict"):
-        env.reset(options={"sample": "x"})
+        env.reset(seed=99, options={"item": {"question": "x"}})
+    with pytest.raises(TypeError, match="an item must be a dict"):
+        env.reset(options={"item": "x"})
     assert env.history.to_chats() == obs["history"]
     assert ids(env, 2) == expected
 

@@ -106,7 +106,7 @@ def test_the_products_env_with_its_python_tool_takes_the_issues_calls():
         obs, reward, terminated, _, info = env.step(f"<tool_call>{body}</tool_call>")
         assert (reward, terminated) == (0.0, False)
         assert DEEP in obs["history"][-1]["content"] and not info["tool_calls"][0]["ok"]
-    _, reward, terminated, *_ = env.step(f"It is {env.unwrapped.sample['answer']}")
+    _, reward, terminated, *_ = env.step(f"It is {env.unwrapped.item['answer']}")
     assert (reward, terminated) == (1.0, True)
 
 
@@ -165,7 +165,7 @@ def test_one_hostile_call_in_a_vector_step_leaves_the_other_sub_envs_alone():
     envs = gym.make_vec("LLMChat-GSM8K-v0", num_envs=3, dataset=ROWS, shuffle=False, tools=[add])
     try:
         envs.reset(seed=0)
-        assert [s["query"] for s in envs.unwrapped.samples] == [r["question"] for r in ROWS]
+        assert [s["query"] for s in envs.unwrapped.items] == [r["question"] for r in ROWS]
         hostile = "<tool_call>" + "[" * 100000 + "</tool_call>"
         actions = [call("add", a=24, b=48), hostile, "<answer>18</answer>"]
         obs, rewards, terminated, truncated, info = envs.step(actions)

@@ -461,7 +461,7 @@ def test_env_reset_and_step_info():
     assert step["success"] == step["strict"] == all(c["strict"] for c in step["constraints"])
     assert step["loose"] == all(c["loose"] for c in step["constraints"])
     step["constraints"][0]["kwargs"]["x"] = 1  # a fresh copy: the sample is untouched
-    assert "x" not in env.unwrapped.sample["constraints"][0]["kwargs"]
+    assert "x" not in env.unwrapped.item["constraints"][0]["kwargs"]
 
 
 def test_env_pays_the_fraction_followed_and_its_options():
@@ -481,7 +481,7 @@ def test_env_pays_the_fraction_followed_and_its_options():
         ({"max_response_chars": 5}, '"Bees hum."', 0.0),
     ]:
         env = make_ifeval_env(seed=0, **kwargs)
-        env.reset(options={"sample": sample})
+        env.reset(options={"item": sample})
         _, reward, *_ = env.step(response)
         assert reward == expected, (kwargs, response)
 

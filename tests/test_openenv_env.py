@@ -135,13 +135,13 @@ def test_the_echo_env_plays_as_a_chat(url):
     assert info["reward"] == 1.5 and info["metadata"]["step"] == 2  # the episode's total
     with pytest.raises(gym.error.ResetNeeded):
         env.step("more")
-    # The stream of episode seeds: a seed replays it, a sample names one.
+    # The stream of episode seeds: a seed replays it, an item names one.
     first = [env.reset(seed=3)[1]["episode_seed"], env.reset()[1]["episode_seed"]]
     again = [env.reset(seed=3)[1]["episode_seed"], env.reset()[1]["episode_seed"]]
     assert again == first and first[0] != first[1]
-    assert env.reset(options={"sample": {"episode_seed": 7}})[1]["episode_seed"] == 7
+    assert env.reset(options={"item": {"episode_seed": 7}})[1]["episode_seed"] == 7
     with pytest.raises(ValueError, match="episode_seed >= 0"):
-        env.reset(options={"sample": {"episode_seed": -1}})
+        env.reset(options={"item": {"episode_seed": -1}})
     assert env.step("hi")[1] == 0.2  # the server's session starts afresh on each reset
     env.close()
 
@@ -311,13 +311,13 @@ def test_a_served_task_starts_with_its_system_prompt_as_in_process(served):
     assert obs["history"] == expected[0]["history"]
     assert (reward, terminated, truncated) == tuple(expected[1:4])
     # A given episode seed: the server's reset(seed=5), the in-process one's.
-    obs, _ = env.reset(options={"sample": {"episode_seed": 5}})
+    obs, _ = env.reset(options={"item": {"episode_seed": 5}})
     _, (twin_obs, _) = served_twin("countdown", 5)
     assert obs["history"] == twin_obs["history"]
     env.close()
     # The client's own system prompt wins over the server's.
     mine = gym.make("LLMChat-OpenEnv-v0", base_url=url, system_prompt="Mine.")
-    obs, _ = mine.reset(options={"sample": {"episode_seed": 5}})
+    obs, _ = mine.reset(options={"item": {"episode_seed": 5}})
     assert obs["history"] == ({"role": "system", "content": "Mine."}, *twin_obs["history"][1:])
     mine.close()
 
@@ -333,7 +333,7 @@ def test_a_step_takes_every_message_the_server_added(served):
     assert obs["history"] == expected[0]["history"]
     assert [m["role"] for m in obs["history"][2:]] == ["assistant", "tool", "tool"]
     assert (reward, terminated, truncated) == (0.0, False, False)
-    answer = f"It is {twin.unwrapped.sample['answer']}"
+    answer = f"It is {twin.unwrapped.item['answer']}"
     obs, reward, terminated, truncated, _ = env.step(answer)
     expected = twin.step(answer)
     assert obs["history"] == expected[0]["history"]

@@ -163,7 +163,7 @@ def test_reasoning_gym_reward_is_a_rubric_with_the_values_it_had(
     task.source.reseed(0)
     rewards = set()
     for _ in range(3):
-        item = task.source.next_record()
+        item = task.source.next_item()
         truth = item["answer"]
         answers = [truth, truth[:-1] or "x", truth + "x", "-" + truth, "{" + truth + "}", "7"]
         for text in [*(wrap(answer_format, a) for a in answers), "no answer", *HOSTILE]:

@@ -128,7 +128,7 @@ def test_countdown_prompt_info_and_exact_rewards():
         ("I give up", 0.0, False),
     ]
     for response, reward, success in cases:
-        env.reset(options={"sample": {"query": "q", "numbers": numbers, "target": target}})
+        env.reset(options={"item": {"query": "q", "numbers": numbers, "target": target}})
         _, got, terminated, _, info = env.step(response)
         assert (got, info["success"], terminated) == (reward, success, True), response
         assert (info["target"], info["numbers"]) == (target, numbers)

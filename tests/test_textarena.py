@@ -58,7 +58,7 @@ def test_the_same_seed_replays_the_same_game_and_another_seed_another():
         assert targets[seed] == guesses  # seed 0 again: the same game
     assert len({tuple(g) for g in targets.values()}) == 3
     _, first = env.reset(seed=5)
-    _, again = env.reset(options={"sample": {"query": GUESS, "game_seed": first["game_seed"]}})
+    _, again = env.reset(options={"item": {"query": GUESS, "game_seed": first["game_seed"]}})
     assert again == first
 
 
@@ -209,7 +209,7 @@ def test_bad_arguments_name_themselves():
     env = TextArenaEnv(GUESS)
     obs, _ = env.reset(seed=3)
     with pytest.raises(ValueError, match="needs an int game_seed >= 0, got 'x'"):
-        env.reset(options={"sample": {"query": GUESS, "game_seed": "x"}})
+        env.reset(options={"item": {"query": GUESS, "game_seed": "x"}})
     _, reward, terminated, _, info = env.step("[12]")  # the game of seed 3 goes on
     assert (reward, terminated, info["game_seed"]) == (1.0, True, 1576890651)
     env = TextArenaEnv("TicTacToe-v0", opponent=lambda obs: 4)

@@ -147,7 +147,7 @@ def test_markdown_calls_are_python_blocks():
         ToolCall("python", {"code": "print(1)\n"}),
         ToolCall("python", {"code": "print(2)\n"}),
     ]
-    with pytest.raises(ValueError, match="call_format must be one of"):
+    with pytest.raises(ValueError, match="tool_format must be one of"):
         parse_tool_calls(text, "xml")
 
 
@@ -206,8 +206,8 @@ def test_toolbox_turns_every_failure_into_a_readable_record():
         ([3], {}, TypeError, r"tools\[0\] must be 'python', a function"),
         ([_scale, _scale], {}, ValueError, r"tools\[1\]: a second tool named '_scale'"),
         ([lambda x: x], {}, ValueError, r"tools\[0\]: tool '<lambda>' needs type hints"),
-        ([_scale], {"call_format": "markdown"}, ValueError, "add 'python' to tools"),
-        (["python"], {"call_format": "json"}, ValueError, "tool_format must be one of"),
+        ([_scale], {"tool_format": "markdown"}, ValueError, "add 'python' to tools"),
+        (["python"], {"tool_format": "json"}, ValueError, "tool_format must be one of"),
     ],
 )
 def test_toolbox_rejects_bad_tools(tools, kwargs, error, message):

@@ -39,7 +39,7 @@ def in_process(env_id, env_args, row, moves):
     """The env's own episode of ``row`` under ``moves``: what reset and each act must return
     (the documented text), and the return."""
     env = gym.make(env_id, **env_args)
-    options = None if row.get("sample") is None else {"sample": row["sample"]}
+    options = None if row.get("item") is None else {"item": row["item"]}
     obs, _ = env.reset(seed=row.get("seed"), options=options)
     opening = "\n\n".join(message["content"] for message in obs["history"])
     replies, total, done = [], 0.0, False
@@ -79,8 +79,8 @@ def products_answer(seed):
         (TEXTARENA, {"seed": 0}, ["[12]", "[12]", "[6]"]),  # hint, repeat warning, hint
         (PRODUCTS, {"seed": 0}, [CODE, products_answer(0), "1"]),  # tool, right answer
         (PRODUCTS, {"seed": 1}, [CODE, CODE, "1"]),  # cut off at max_turns=2
-        (PRODUCTS, {"sample": SIX_SEVEN}, ["42"]),
-        (TEXTARENA, {"sample": {"query": "GuessTheNumber-v0", "game_seed": 1576890651}}, ["[12]"]),
+        (PRODUCTS, {"item": SIX_SEVEN}, ["42"]),
+        (TEXTARENA, {"item": {"query": "GuessTheNumber-v0", "game_seed": 1576890651}}, ["[12]"]),
     ],
 )
 def test_reset_act_and_get_reward_give_the_envs_own_episode(case, row, moves):
@@ -101,7 +101,7 @@ def test_what_the_replies_say():
     )
     assert env.act("[13]") == after_the_end(1.0) and env.get_reward() == 1.0
     products = factory(PRODUCTS)()
-    opening = products.reset(sample=SIX_SEVEN)
+    opening = products.reset(item=SIX_SEVEN)
     assert opening.startswith("A conversation between User and Assistant.")  # system prompt
     assert opening.endswith("without a code block.\n\nWhat is 6 * 7?")  # then the question
     assert products.act(CODE) == "42\n"  # the sandbox's output, the env's tool message
@@ -116,10 +116,10 @@ def test_one_seed_one_episode_and_pooled_instances_start_afresh():
     first, second = cls(), cls()
     assert first.reset(seed=5) == second.reset(seed=5)  # a GRPO group shares its question
     assert first.reset(seed=5) != first.reset(seed=6)
-    first.reset(sample=SIX_SEVEN)
+    first.reset(item=SIX_SEVEN)
     first.act("42")
     assert first.get_reward() == 1.0
-    first.reset(seed=None, sample=None)  # an unseeded row: the env's own stream goes on
+    first.reset(seed=None, item=None)  # an unseeded row: the env's own stream goes on
     assert first.get_reward() == 0.0 and first.act("0").startswith("The episode is over")
 
 
@@ -178,8 +178,8 @@ def test_errors_name_what_is_wrong():
         env.reset(seed="3")
     with pytest.raises(ValueError, match="row column 'seed' must be None or an int >= 0"):
         env.reset(seed=-1)
-    with pytest.raises(TypeError, match="row column 'sample' must be a dict"):
-        env.reset(sample="GuessTheNumber-v0")
+    with pytest.raises(TypeError, match="row column 'item' must be a dict"):
+        env.reset(item="GuessTheNumber-v0")
     tokens = environment_factory("LLMChat-Countdown-v0", input_mode="tokens", tokenizer=None)
     with pytest.raises(ValueError, match="tokenizer"):  # the env's own check, at construction
         tokens()
@@ -240,7 +240,7 @@ def scripted_player(tokenizer, turn):
         # The tool task, two calls a turn: code the sandbox runs, then an answer; a row's
         # sample sets the question (right: 1.0), a seed draws one (wrong: 0.0); the second
         # turn's calls come after the end.
-        (PRODUCTS, [{"seed": 0, "sample": None}, {"seed": None, "sample": SIX_SEVEN}],
+        (PRODUCTS, [{"seed": 0, "item": None}, {"seed": None, "item": SIX_SEVEN}],
          [CODE, "42"], {1.0, 0.0}),
     ],
 )  # fmt: skip

@@ -165,9 +165,9 @@ def test_grpo_groups_fill_consecutive_sub_envs(num_envs, repeats):
     served = np.array(served)  # (episodes, num_envs)
     n_groups = num_envs // repeats
     groups = served.reshape(10, n_groups, repeats)
-    assert (groups == groups[..., :1]).all()  # sub-envs g*G .. g*G+G-1 share a sample
-    # The groups split seed 10's order between them: step k, group g has sample k*n + g,
-    # so every sample once per epoch.
+    assert (groups == groups[..., :1]).all()  # sub-envs g*G .. g*G+G-1 share a item
+    # The groups split seed 10's order between them: step k, group g has item k*n + g,
+    # so every item once per epoch.
     single = DatasetChatEnv(ROWS)
     order = [single.reset(seed=10)[1]["id"]] + [single.reset()[1]["id"] for _ in range(19)]
     assert groups[..., 0].ravel().tolist() == order[: 10 * n_groups]
@@ -185,11 +185,11 @@ def test_grpo_group_stays_aligned_when_members_finish_at_different_turns():
     assert ahead != user_queries(obs)[1]
     obs, _, _, truncated, _ = envs.step(["hmm", "hmm", "hmm"])
     assert truncated.tolist() == [False, True, True]
-    assert user_queries(obs)[1:] == [ahead, ahead]  # the laggards join the leader's sample
+    assert user_queries(obs)[1:] == [ahead, ahead]  # the laggards join the leader's item
 
 
 def test_repeats_without_groups_split_the_stream_like_sharded_sync():
-    # 3 sub-envs, repeats 2: stream q0 q0 q1 q1 q2 q2 ..., a sample's copies may span steps.
+    # 3 sub-envs, repeats 2: stream q0 q0 q1 q1 q2 q2 ..., a item's copies may span steps.
     native = make_vec("vector_entry_point", num_envs=3, repeats=2)
     sync = make_vec("sync", num_envs=3, repeats=2)
     for envs in (native, sync):
@@ -233,7 +233,7 @@ def test_reset_dataloader_restarts_every_order(group_repeats):
     _, _, _, _, second = envs.step(["x"] * 4)
     envs.step(["x"] * 4)
     assert envs.reset_dataloader() is envs
-    _, _, _, _, info = envs.step(["x"] * 4)  # autoreset: the orders' first samples again
+    _, _, _, _, info = envs.step(["x"] * 4)  # autoreset: the orders' first items again
     assert info["id"].tolist() == first["id"].tolist()
     envs.reset_dataloader()
     _, info = envs.reset()
@@ -275,11 +275,11 @@ def test_bad_actions_change_nothing():
     assert [h[-1]["content"] for h in obs["history"]] == ["a", "b", "c"]
 
 
-def test_a_given_sample_goes_to_every_sub_env_and_keeps_the_stream():
+def test_a_given_item_goes_to_every_sub_env_and_keeps_the_stream():
     envs = DatasetChatVectorEnv(DatasetChatEnv(ROWS, repeats=2, group_repeats=True), 2)
-    _, info = envs.reset(seed=0, options={"sample": ROWS[7]})
+    _, info = envs.reset(seed=0, options={"item": ROWS[7]})
     assert info["id"].tolist() == [7, 7]
-    _, _, _, _, info = envs.step(["x", "y"])  # then the order's first sample, as a group
+    _, _, _, _, info = envs.step(["x", "y"])  # then the order's first item, as a group
     assert info["id"].tolist() == [DatasetChatEnv(ROWS).reset(seed=0)[1]["id"]] * 2
 
 

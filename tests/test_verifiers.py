@@ -47,7 +47,7 @@ def in_process(gym_id, args, seed, moves):
 def play_row(environment, row, moves):
     """``moves`` through ``LLMChat-Verifiers-v0`` on ``row`` (see ``play``)."""
     env = gym.make("LLMChat-Verifiers-v0", environment=environment)
-    return play(env, moves, options={"sample": row})
+    return play(env, moves, options={"item": row})
 
 
 def test_a_single_turn_env_is_a_verifiers_environment_with_its_rows_and_reward():
@@ -191,7 +191,7 @@ def test_verifiers_reasoning_gym_env_plays_with_its_rows_and_its_rubric():
         )
         assert (reward, terminated, truncated) == (1.0, True, False)
         assert step_info["metrics"]["check_answer_reward_func"] == 1.0
-        observation, _ = env.reset(options={"sample": row})
+        observation, _ = env.reset(options={"item": row})
         _, reward, *_ = env.step("<answer>-1</answer>")
         assert reward == 0.0
         seen.add(info["example_id"])

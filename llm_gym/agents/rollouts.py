@@ -160,7 +160,7 @@ class AgentRollouts:
         for i in range(count):
             if i:
                 obs, _ = self.env.reset()
-            item = self.env.sample
+            item = self.env.item
             item["messages"] = [dict(m) for m in obs["history"]]
             items.append(item)
         return items
@@ -220,7 +220,7 @@ class AgentRollouts:
             "token_kl": None,
             "segments": parts,
             "calls": calls,
-            "sample": {k: v for k, v in item.items() if k != "messages"},
+            "item": {k: v for k, v in item.items() if k != "messages"},
         }
 
     def _play(self, key: str, item: dict[str, Any]) -> tuple[str, str | None]:

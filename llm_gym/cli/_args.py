@@ -22,7 +22,7 @@ from gymnasium.envs.registration import load_env_creator
 
 from llm_gym.rewards.answers import ANSWER_FORMATS
 from llm_gym.run.config import BACKENDS, DTYPE_NAMES
-from llm_gym.tools.calls import CALL_FORMATS
+from llm_gym.tools.calls import TOOL_FORMATS
 from llm_gym.train.config import CONFIG_FILE, RESUMABLE, GRPOConfig, load_config
 
 __all__ = [
@@ -196,7 +196,7 @@ def add_run_options(parser: argparse.ArgumentParser, config: type) -> tuple[Call
         "interpreter); episodes become multi-turn")  # fmt: skip
     add("--max-tool-calls", type=number(int, 1), default=defaults.max_tool_calls,
         help="tool calls per episode (default: %(default)s)")  # fmt: skip
-    add("--tool-format", choices=CALL_FORMATS, default=defaults.tool_format,
+    add("--tool-format", choices=TOOL_FORMATS, default=defaults.tool_format,
         help="how the model calls tools: 'hermes' (<tool_call> JSON) or 'markdown' "
         "(```python blocks run by the python tool); default: %(default)s")  # fmt: skip
     add("--rubric", default=defaults.rubric, metavar="PARTS",

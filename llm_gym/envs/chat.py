@@ -307,10 +307,10 @@ class ChatEnv(gym.Env):
         conversation: Conversation,
         read: ActionRead,
         records: Sequence[ToolRecord],
-        sample: Mapping[str, Any] | None = None,
+        item: Mapping[str, Any] | None = None,
         score: TaskScore | None = None,
     ) -> Outcome:
-        """Score the turn ``read`` (with its tool ``records``) against ``sample`` and extend
+        """Score the turn ``read`` (with its tool ``records``) against ``item`` and extend
         ``conversation``: the ``Outcome`` (next conversation, reward, terminated, truncated,
         info). Stores nothing, so a vector env can call it for any of its conversations;
         ``score``: the answer's score already computed (a vector env's batch), not again."""
@@ -326,7 +326,7 @@ class ChatEnv(gym.Env):
             truncated = over or ((self.max_turns or 0) > 1 and turn >= self.max_turns)
         else:
             if score is None:
-                reward, terminated, info = self._score(self.assistant_prefix + content, sample)
+                reward, terminated, info = self._score(self.assistant_prefix + content, item)
             else:
                 reward, terminated, info = float(score.reward), bool(score.answered), score.info
             truncated = False
@@ -370,7 +370,7 @@ class ChatEnv(gym.Env):
         return history.append({"role": self.user_role, "content": query})
 
     def _score(
-        self, response: str, sample: Mapping[str, Any] | None
+        self, response: str, item: Mapping[str, Any] | None
     ) -> tuple[float, bool, dict[str, Any]]:
         """Reward, whether the task is over, and step info for this response."""
         return 0.0, False, {}

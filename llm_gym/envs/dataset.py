@@ -25,18 +25,18 @@ QUERY_KEY = "query"
 
 
 class DatasetChatEnv(ChatEnv):
-    """A ``ChatEnv`` that starts each episode from the next sample of a dataset.
+    """A ``ChatEnv`` that starts each episode from the next item of a dataset.
 
     ## Description
 
-    The Gymnasium form of TorchRL's ``DatasetChatEnv``. Each ``reset`` draws a sample, puts
+    The Gymnasium form of TorchRL's ``DatasetChatEnv``. Each ``reset`` draws an item, puts
     its ``"query"`` field in the user message (after ``system_prompt``) and returns the
-    sample's other fields in ``info``. Each step's response is scored by ``reward`` against
-    the current sample. ``from_task`` serves an ``llm_gym.tasks.Task`` (the registered
+    item's other fields in ``info``. Each step's response is scored by ``reward`` against
+    the current item. ``from_task`` serves an ``llm_gym.tasks.Task`` (the registered
     ``LLMChat-<task>-v0`` ids are such envs).
 
-    Samples are served in a seeded order (``llm_gym.sources``): each epoch serves every
-    sample exactly once, ``repeats`` times in a row (a GRPO group), whatever the process.
+    Items are served in a seeded order (``llm_gym.sources``): each epoch serves every
+    item exactly once, ``repeats`` times in a row (a GRPO group), whatever the process.
 
     ## Action Space
 
@@ -48,15 +48,15 @@ class DatasetChatEnv(ChatEnv):
 
     ## Rewards
 
-    ``reward(response_text, sample)``'s reward, its info merged into the step's ``info``;
+    ``reward(response_text, item)``'s reward, its info merged into the step's ``info``;
     ``0.0`` and an empty ``info`` without a ``reward``. With ``reward_parts`` the reward is
     ``llm_gym.tasks.extend_reward(reward, reward_parts, task_weight=...)``: a ``Rubric`` of
     the task's parts and these (an LLM judge, a metric), each part's value in ``info``.
 
     ## Starting State
 
-    ``[system_prompt?, user query]`` with the query of the next sample, or of
-    ``options={"sample": {...}}`` (a record with the dataset's columns) when given.
+    ``[system_prompt?, user query]`` with the query of the next item, or of
+    ``options={"item": {...}}`` (a record with the dataset's columns) when given.
     ``reset(seed=s)`` restarts the order that seed ``s`` defines (``s - i`` with
     ``shard=(i, n)``, so that a vector env's ``reset(seed=s)``, which gives sub-env ``i`` the
     seed ``s + i``, puts every shard on one order); ``reset()`` serves the next.
@@ -76,16 +76,16 @@ class DatasetChatEnv(ChatEnv):
     - ``name`` / ``split``: the Hub config and split (a folder's files are split by name).
     - ``shuffle``: shuffle each epoch (default True); ``seed``: the order's seed (None:
       random, until ``reset(seed=...)``).
-    - ``repeats``: serve each sample this many times in a row (default 1).
+    - ``repeats``: serve each item this many times in a row (default 1).
     - ``group_repeats``: in ``DatasetChatVectorEnv``, require ``num_envs`` to be a multiple
-      of ``repeats``, so that each sample's copies fill consecutive sub-envs in one step (a
+      of ``repeats``, so that each item's copies fill consecutive sub-envs in one step (a
       GRPO group side by side); a single env is unaffected.
     - ``shard``: ``(index, count)`` (``llm_gym.sources.Shard``; None: all), so ``count`` envs
       (sub-envs, data-parallel ranks) with one seed split each epoch exactly once. Not for
       ``from_dataloader``.
     - ``field_map``, ``reward``, ``required_fields``, ``answer_format``,
       ``concurrent_reward``: the task's, as ``llm_gym.tasks.Task`` says; the fields are
-      checked on the first sample, so a dataset without them fails here.
+      checked on the first item, so a dataset without them fails here.
     - ``reward_parts``: ``llm_gym.tasks.Part``s added to the task's reward (default: none);
       ``task_weight``: what the task's own parts pay then (default 1.0; 0: reported as
       metrics, not paid).
@@ -114,7 +114,7 @@ class DatasetChatEnv(ChatEnv):
     """
 
     # Whether one instance can step many conversations (its steps read only a conversation
-    # and its sample), as ``DatasetChatVectorEnv`` does; an env with state of its own (a
+    # and its item), as ``DatasetChatVectorEnv`` does; an env with state of its own (a
     # game) says False.
     shares_conversations = True
 
@@ -153,7 +153,7 @@ class DatasetChatEnv(ChatEnv):
             )
         if reward is not None and not callable(reward):
             raise TypeError(
-                "reward must be a function reward(response_text, sample) -> (reward, info), "
+                "reward must be a function reward(response_text, item) -> (reward, info), "
                 f"got {type(reward).__name__}"
             )
         if "query" in chat_options:
@@ -188,7 +188,7 @@ class DatasetChatEnv(ChatEnv):
             )
         if isinstance(self._source, IndexedSource):
             self._check_fields(self._source.data[0])
-        self._sample: dict[str, Any] | None = None
+        self._item: dict[str, Any] | None = None
 
     @classmethod
     def from_task(cls, task: Task, **kwargs: object) -> DatasetChatEnv:
@@ -210,7 +210,7 @@ class DatasetChatEnv(ChatEnv):
 
     @classmethod
     def from_dataloader(cls, dataloader: Iterable[Any], **kwargs: object) -> DatasetChatEnv:
-        """An env whose samples come from any iterable, in the iterable's own order (what it
+        """An env whose items come from any iterable, in the iterable's own order (what it
         may yield: ``llm_gym.sources.IterableSource``). ``kwargs`` are this class's arguments
         except ``dataset``, ``name``, ``split``, ``shuffle`` and ``seed``.
 
@@ -227,7 +227,7 @@ class DatasetChatEnv(ChatEnv):
 
     @property
     def source(self) -> Source:
-        """Where the samples come from (shared with the forks of this env)."""
+        """Where the items come from (shared with the forks of this env)."""
         return self._source
 
     @property
@@ -245,12 +245,12 @@ class DatasetChatEnv(ChatEnv):
 
     @property
     def level(self) -> int | None:
-        """The difficulty level of the next samples; None for data without levels."""
+        """The difficulty level of the next items; None for data without levels."""
         return getattr(self._source, "level", None)
 
     @property
     def epoch_size(self) -> int | None:
-        """Episodes in one epoch of the whole stream: every sample ``repeats`` times (None
+        """Episodes in one epoch of the whole stream: every item ``repeats`` times (None
         for procedural tasks and iterables, which have no fixed size)."""
         if not isinstance(self._source, IndexedSource):
             return None
@@ -262,8 +262,8 @@ class DatasetChatEnv(ChatEnv):
         return getattr(self._source, "num_levels", None)
 
     def set_level(self, level: int) -> None:
-        """Draw the next samples at ``level`` (a procedural task's difficulty). The current
-        sample's remaining repeats keep theirs, so a GRPO group is never split."""
+        """Draw the next items at ``level`` (a procedural task's difficulty). The current
+        item's remaining repeats keep theirs, so a GRPO group is never split."""
         if self.num_levels is None:
             raise ValueError(
                 "this task has no difficulty levels: its data is a fixed dataset, not a "
@@ -272,9 +272,9 @@ class DatasetChatEnv(ChatEnv):
         self._source.set_level(level)
 
     @property
-    def sample(self) -> dict[str, Any] | None:
-        """The current episode's sample after ``field_map`` (None before the first reset)."""
-        return None if self._sample is None else dict(self._sample)
+    def item(self) -> dict[str, Any] | None:
+        """The current episode's item after ``field_map`` (None before the first reset)."""
+        return None if self._item is None else dict(self._item)
 
     def reset_dataloader(self) -> DatasetChatEnv:
         """Serve from the start of the order again (same seed), as TorchRL's method does."""
@@ -284,38 +284,38 @@ class DatasetChatEnv(ChatEnv):
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Start an episode from the next sample, or ``options={"sample": {...}}``; ``seed``
+        """Start an episode from the next item, or ``options={"item": {...}}``; ``seed``
         restarts the order it defines."""
-        given = self.given_sample(options)  # checked before reseeding: a bad one changes nothing
+        given = self.given_item(options)  # checked before reseeding: a bad one changes nothing
         if seed is not None:
             self._source.reseed(self._order_seed(seed))
-        return super().reset(seed=seed, options={"sample": given} if given else None)
+        return super().reset(seed=seed, options={"item": given} if given else None)
 
-    def given_sample(self, options: Mapping[str, Any] | None) -> dict[str, Any] | None:
-        """The sample ``options`` gives (``{"sample": {...}}``, mapped and checked), or None;
+    def given_item(self, options: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        """The item ``options`` gives (``{"item": {...}}``, mapped and checked), or None;
         raises before anything changes."""
         if options is not None and not isinstance(options, Mapping):
             raise TypeError(f"options must be a dict or None, got {type(options).__name__}")
-        unknown = sorted(set(options or {}) - {"sample"})
+        unknown = sorted(set(options or {}) - {"item"})
         if unknown:
-            raise ValueError(f"options may hold ['sample'], got unknown keys {unknown}")
-        return self._map(options["sample"]) if options and "sample" in options else None
+            raise ValueError(f"options may hold ['item'], got unknown keys {unknown}")
+        return self._map(options["item"]) if options and "item" in options else None
 
     def _initial_history(self, options: Mapping[str, Any]) -> tuple[History, dict[str, Any]]:
-        self._sample = options.get("sample") or self.next_sample()
-        return self.episode_start(self._sample)
+        self._item = options.get("item") or self.next_item()
+        return self.episode_start(self._item)
 
-    def episode_start(self, sample: Mapping[str, Any]) -> tuple[History, dict[str, Any]]:
-        """The first prompt of ``sample``'s episode and the reset info (the sample's fields)."""
-        info = {key: value for key, value in sample.items() if key != QUERY_KEY}
-        return self._history_for(sample[QUERY_KEY]), info
+    def episode_start(self, item: Mapping[str, Any]) -> tuple[History, dict[str, Any]]:
+        """The first prompt of ``item``'s episode and the reset info (the item's fields)."""
+        info = {key: value for key, value in item.items() if key != QUERY_KEY}
+        return self._history_for(item[QUERY_KEY]), info
 
     def _score(
-        self, response: str, sample: Mapping[str, Any] | None
+        self, response: str, item: Mapping[str, Any] | None
     ) -> tuple[float, bool, dict[str, Any]]:
         if self.reward is None:
             return 0.0, False, {}
-        result = self.reward(response, self._sample if sample is None else sample)
+        result = self.reward(response, self._item if item is None else item)
         if not isinstance(result, tuple) or len(result) not in (2, 3):
             raise TypeError(
                 "reward must return (reward, info) or a TaskScore, got "
@@ -324,9 +324,9 @@ class DatasetChatEnv(ChatEnv):
         score = TaskScore(*result)
         return float(score.reward), bool(score.answered), score.info
 
-    def next_sample(self, source: Source | None = None) -> dict[str, Any]:
-        """The next sample of ``source`` (default: this env's), mapped to the env's fields."""
-        return self._map((self._source if source is None else source).next_record())
+    def next_item(self, source: Source | None = None) -> dict[str, Any]:
+        """The next item of ``source`` (default: this env's), mapped to the env's fields."""
+        return self._map((self._source if source is None else source).next_item())
 
     def _order_seed(self, seed: Any) -> int:
         seed, index = check_int("seed", seed, 0), self.shard[0]
@@ -339,42 +339,42 @@ class DatasetChatEnv(ChatEnv):
 
     def _map(self, record: Any) -> dict[str, Any]:
         if not isinstance(record, Mapping):
-            raise TypeError(f"a sample must be a dict of fields, got {type(record).__name__}")
+            raise TypeError(f"an item must be a dict of fields, got {type(record).__name__}")
         if self.field_map is None:
-            sample = dict(record)
+            item = dict(record)
         elif isinstance(self.field_map, Mapping):
             missing = [column for column in self.field_map if column not in record]
             if missing:
                 raise KeyError(
-                    f"field_map names columns {missing} that the sample does not have; "
+                    f"field_map names columns {missing} that the item does not have; "
                     f"its columns are {list(record)}"
                 )
-            sample = {self.field_map.get(key, key): value for key, value in record.items()}
+            item = {self.field_map.get(key, key): value for key, value in record.items()}
         else:
-            sample = self.field_map(record)
-            if not isinstance(sample, Mapping):
-                raise TypeError(f"field_map must return a dict, got {type(sample).__name__}")
-            sample = dict(sample)
-        query = sample.get(QUERY_KEY)
+            item = self.field_map(record)
+            if not isinstance(item, Mapping):
+                raise TypeError(f"field_map must return a dict, got {type(item).__name__}")
+            item = dict(item)
+        query = item.get(QUERY_KEY)
         if not isinstance(query, str):
-            got = "no such field" if QUERY_KEY not in sample else type(query).__name__
+            got = "no such field" if QUERY_KEY not in item else type(query).__name__
             raise KeyError(
-                f"each sample needs a str {QUERY_KEY!r} field (rename a column with "
-                f"field_map={{'question': 'query'}}); got {got}, fields {sorted(sample)}"
+                f"each item needs a str {QUERY_KEY!r} field (rename a column with "
+                f"field_map={{'question': 'query'}}); got {got}, fields {sorted(item)}"
             )
-        return sample
+        return item
 
     def _check_fields(self, first: Any) -> None:
         # Fail at construction, naming the argument, rather than at the first reset.
         try:
-            sample = self._map(first)
+            item = self._map(first)
         except KeyError as error:
-            raise ValueError(f"dataset's samples do not fit: {error.args[0]}") from None
-        missing = [name for name in self.required_fields if name not in sample]
+            raise ValueError(f"dataset's items do not fit: {error.args[0]}") from None
+        missing = [name for name in self.required_fields if name not in item]
         if missing:
             raise ValueError(
-                f"dataset's samples lack the fields {missing} the task's reward reads; its "
-                f"fields are {sorted(sample)} (rename a column with field_map=...)"
+                f"dataset's items lack the fields {missing} the task's reward reads; its "
+                f"fields are {sorted(item)} (rename a column with field_map=...)"
             )
 
 
@@ -387,7 +387,7 @@ def make_task_env(
     function with the task's function (``llm_gym.register_task``).
 
     >>> env = make_task_env("llm_gym.tasks.countdown:countdown_task", level=0, seed=0)
-    >>> env.level, env.reset(seed=0)[1]["target"] == env.sample["target"]
+    >>> env.level, env.reset(seed=0)[1]["target"] == env.item["target"]
     (0, True)
     """
     if isinstance(task_factory, str):

@@ -164,7 +164,7 @@ class OpenEnvChatEnv(DatasetChatEnv):
 
     The server's first observation after its ``reset(seed=k, **reset_kwargs)``, where ``k``
     is the next ``episode_seed`` of a seeded stream: ``reset(seed=s)`` restarts the stream
-    ``s`` names (the same seed sends the server the same seeds), ``reset(options={"sample":
+    ``s`` names (the same seed sends the server the same seeds), ``reset(options={"item":
     {"episode_seed": k}})`` sends ``k``. The reset ``info`` holds ``task``, ``episode_seed``,
     ``observation`` and ``metadata``. With ``repeats=G`` each seed is served ``G`` times in
     a row (a GRPO group).
@@ -363,23 +363,23 @@ class OpenEnvChatEnv(DatasetChatEnv):
 
     # -- StepHooks ------------------------------------------------------------------------
 
-    def given_sample(self, options: Mapping[str, Any] | None) -> dict[str, Any] | None:
-        """The given sample (``{"episode_seed": k}``, an int >= 0); checked before anything
+    def given_item(self, options: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        """The given item (``{"episode_seed": k}``, an int >= 0); checked before anything
         changes, so a bad one leaves the running episode as it was."""
-        if isinstance(options, Mapping) and isinstance(options.get("sample"), Mapping):
-            options = {**options, "sample": {"query": self.base_url, **options["sample"]}}
-        sample = super().given_sample(options)
-        seed = None if sample is None else sample.get("episode_seed")
-        if sample is not None and (
+        if isinstance(options, Mapping) and isinstance(options.get("item"), Mapping):
+            options = {**options, "item": {"query": self.base_url, **options["item"]}}
+        item = super().given_item(options)
+        seed = None if item is None else item.get("episode_seed")
+        if item is not None and (
             isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0
         ):
-            raise ValueError(f"an episode's sample needs an int episode_seed >= 0, got {seed!r}")
-        return sample
+            raise ValueError(f"an episode's item needs an int episode_seed >= 0, got {seed!r}")
+        return item
 
-    def episode_start(self, sample: Mapping[str, Any]) -> tuple[History, dict[str, Any]]:
-        """Reset the server's env with ``sample``'s ``episode_seed`` (a full server retried
+    def episode_start(self, item: Mapping[str, Any]) -> tuple[History, dict[str, Any]]:
+        """Reset the server's env with ``item``'s ``episode_seed`` (a full server retried
         for ``capacity_wait_s``): its first observation as the prompt."""
-        seed = int(sample["episode_seed"])
+        seed = int(item["episode_seed"])
         self._blocked = gym.error.ResetNeeded(
             f"the last reset of the OpenEnv server at {self.base_url} failed: reset again"
         )
@@ -419,7 +419,7 @@ class OpenEnvChatEnv(DatasetChatEnv):
         conversation: Conversation,
         read: ActionRead,
         records: Sequence[ToolRecord],
-        sample: Mapping[str, Any] | None = None,
+        item: Mapping[str, Any] | None = None,
     ) -> Outcome:
         """Send the turn to the server: its reward, end and next observation (the next user
         message); a refused action is an invalid move that ends the episode."""
@@ -450,7 +450,7 @@ class OpenEnvChatEnv(DatasetChatEnv):
                 added = [{"role": self.user_role, "content": self._message(result.observation)}]
         done = terminated or truncated
         if done:  # the episode's record names its server, seed and the server's total
-            info.update(task=self.base_url, episode_seed=(sample or self._sample)["episode_seed"])
+            info.update(task=self.base_url, episode_seed=(item or self._item)["episode_seed"])
             info["reward"] = float(sum(conversation.rewards) + reward)
         extended, problem = self.builder.extend(
             conversation, content, response.tokens, added,

@@ -72,9 +72,9 @@ class TextArenaEnv(DatasetChatEnv):
 
     ## Starting State
 
-    The game's opening for the next sample of a seeded stream of games: ``reset(seed=s)``
+    The game's opening for the next item of a seeded stream of games: ``reset(seed=s)``
     restarts the stream ``s`` names (so the same seed replays the same games),
-    ``reset(options={"sample": {"query": game, "game_seed": k}})`` plays game ``k``. The
+    ``reset(options={"item": {"query": game, "game_seed": k}})`` plays game ``k``. The
     reset ``info`` holds ``task`` (the game id) and ``game_seed``. With ``repeats=G`` each
     game is served ``G`` times in a row (a GRPO group).
 
@@ -151,20 +151,20 @@ class TextArenaEnv(DatasetChatEnv):
             **chat_options,
         )  # fmt: skip
 
-    def given_sample(self, options: Mapping[str, Any] | None) -> dict[str, Any] | None:
-        """The given sample, whose ``game_seed`` must be an int >= 0; checked before anything
+    def given_item(self, options: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        """The given item, whose ``game_seed`` must be an int >= 0; checked before anything
         changes, so a bad one leaves the running game as it was."""
-        sample = super().given_sample(options)
-        seed = None if sample is None else sample.get("game_seed")
-        if sample is not None and (
+        item = super().given_item(options)
+        seed = None if item is None else item.get("game_seed")
+        if item is not None and (
             isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0
         ):
-            raise ValueError(f"a game's sample needs an int game_seed >= 0, got {seed!r}")
-        return sample
+            raise ValueError(f"a game's item needs an int game_seed >= 0, got {seed!r}")
+        return item
 
-    def episode_start(self, sample: Mapping[str, Any]) -> tuple[History, dict[str, Any]]:
-        """Reset the game at ``sample``'s ``game_seed``: its first message as the prompt."""
-        seed = int(sample["game_seed"])
+    def episode_start(self, item: Mapping[str, Any]) -> tuple[History, dict[str, Any]]:
+        """Reset the game at ``item``'s ``game_seed``: its first message as the prompt."""
+        seed = int(item["game_seed"])
         return self._history_for(self._game.reset(seed)), {"task": self.game, "game_seed": seed}
 
     def advance(
@@ -172,7 +172,7 @@ class TextArenaEnv(DatasetChatEnv):
         conversation: Conversation,
         read: ActionRead,
         records: Sequence[ToolRecord],
-        sample: Mapping[str, Any] | None = None,
+        item: Mapping[str, Any] | None = None,
     ) -> Outcome:
         """Play the turn as the game's move: the game, not a reward function, decides the end,
         the reward and the next user message (the game's, or the opponent's move)."""
@@ -194,7 +194,7 @@ class TextArenaEnv(DatasetChatEnv):
             added = [{"role": self.user_role, "content": self._game.messages() or NO_MESSAGE}]
         done = terminated or truncated
         if done:  # the episode's record names its game and the game's reward
-            info.update(task=self.game, game_seed=(sample or self._sample)["game_seed"])
+            info.update(task=self.game, game_seed=(item or self._item)["game_seed"])
             info["reward"] = float(reward)
         extended, problem = self.builder.extend(
             conversation, content, response.tokens, added,

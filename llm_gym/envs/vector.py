@@ -44,24 +44,24 @@ class StepHooks(Protocol):
     """What ``DatasetChatVectorEnv`` calls on its single env to step N conversations at once.
 
     ``DatasetChatEnv`` implements all of it; a subclass overrides what it plays differently
-    (``TextArenaEnv``: ``given_sample``, ``episode_start``, ``advance``). None of these store
-    anything on the env: the vector env keeps the N conversations and samples itself.
+    (``TextArenaEnv``: ``given_item``, ``episode_start``, ``advance``). None of these store
+    anything on the env: the vector env keeps the N conversations and items itself.
 
-    - ``given_sample(options)``: the sample of ``reset(options={"sample": ...})``, checked
+    - ``given_item(options)``: the item of ``reset(options={"item": ...})``, checked
       (raises before anything changes), or None.
-    - ``next_sample(source)``: the next sample of ``source`` (a sub-env's shard).
-    - ``episode_start(sample)``: the first prompt (a ``History``) and the reset info.
+    - ``next_item(source)``: the next item of ``source`` (a sub-env's shard).
+    - ``episode_start(item)``: the first prompt (a ``History``) and the reset info.
     - ``read_action(conversation, action)``: the checked action and its tool calls.
     - ``run_tools(conversation, calls)``: one record per call run; never raises.
-    - ``advance(conversation, read, records, sample)``: the ``Outcome`` of the turn.
+    - ``advance(conversation, read, records, item)``: the ``Outcome`` of the turn.
     - ``observe(conversation)``: the observation dict.
     """
 
-    def given_sample(self, options: Mapping[str, Any] | None) -> dict[str, Any] | None: ...
+    def given_item(self, options: Mapping[str, Any] | None) -> dict[str, Any] | None: ...
 
-    def next_sample(self, source: Source | None = None) -> dict[str, Any]: ...
+    def next_item(self, source: Source | None = None) -> dict[str, Any]: ...
 
-    def episode_start(self, sample: Mapping[str, Any]) -> tuple[History, dict[str, Any]]: ...
+    def episode_start(self, item: Mapping[str, Any]) -> tuple[History, dict[str, Any]]: ...
 
     def read_action(
         self,
@@ -78,7 +78,7 @@ class StepHooks(Protocol):
         conversation: Conversation,
         read: ActionRead,
         records: Sequence[ToolRecord],
-        sample: Mapping[str, Any] | None = None,
+        item: Mapping[str, Any] | None = None,
     ) -> Outcome: ...
 
     def observe(self, conversation: Conversation) -> dict[str, Any]: ...
@@ -95,9 +95,9 @@ def single_env(envs: gym.vector.VectorEnv) -> gym.Env:
 class DatasetChatVectorEnv(VectorEnv):
     """N conversations of one ``DatasetChatEnv`` task, stepped together with batched results.
 
-    The sub-envs share one seeded stream of samples, as TorchRL's batched env draws each
+    The sub-envs share one seeded stream of items, as TorchRL's batched env draws each
     batch from one dataloader: sub-env ``i`` serves its shard ``(i, N)``, so every epoch
-    holds every sample exactly ``repeats`` times across sub-envs, and ``reset(seed=s)`` puts
+    holds every item exactly ``repeats`` times across sub-envs, and ``reset(seed=s)`` puts
     every shard on one order as ``DatasetChatEnv``'s Starting State says (so
     ``sharded_env_fns`` copies see the same prompts). Finished conversations reset in the same step
     (``AutoresetMode.SAME_STEP``): their last observation and info are in
@@ -105,8 +105,8 @@ class DatasetChatVectorEnv(VectorEnv):
     episode's first.
 
     With ``repeats=G`` and ``num_envs`` a multiple of ``G`` (which ``group_repeats=True``
-    on the task requires), sub-envs ``b*G .. b*G+G-1`` always hold the same sample, each
-    episode: a GRPO group side by side. Otherwise a sample's copies may span two steps.
+    on the task requires), sub-envs ``b*G .. b*G+G-1`` always hold the same item, each
+    episode: a GRPO group side by side. Otherwise an item's copies may span two steps.
 
     Observations are ``batch_space(single_observation_space, N)``: a dict of N-tuples.
     Actions are a sequence of N responses (``str``, token arrays or ``Response``).
@@ -149,7 +149,7 @@ class DatasetChatVectorEnv(VectorEnv):
             env.source.fork(Shard(i, self.num_envs, env.repeats)) for i in range(self.num_envs)
         ]
         self._conversations: list[Conversation | None] = [None] * self.num_envs
-        self._samples: list[dict[str, Any] | None] = [None] * self.num_envs
+        self._items: list[dict[str, Any] | None] = [None] * self.num_envs
         self.render_mode = env.render_mode
         self.single_observation_space = env.observation_space
         self.single_action_space = env.action_space
@@ -168,7 +168,7 @@ class DatasetChatVectorEnv(VectorEnv):
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         """Reset every sub-env (sub-env ``i`` seeded ``seed + i``, one order split N ways)."""
         seeds = self._seeds(seed)
-        given = self.single_env.given_sample(options)  # checked before anything changes
+        given = self.single_env.given_item(options)  # checked before anything changes
         super().reset(seed=seeds[0])
         for i, s in enumerate(seeds):
             if s is not None:  # sub-env i orders by seed[i] - i: seeds s, s+1, ... share one
@@ -208,9 +208,9 @@ class DatasetChatVectorEnv(VectorEnv):
         return tuple(self._conversations)
 
     @property
-    def samples(self) -> tuple[dict[str, Any] | None, ...]:
-        """Each sub-env's current sample (None before the first reset)."""
-        return tuple(None if s is None else dict(s) for s in self._samples)
+    def items(self) -> tuple[dict[str, Any] | None, ...]:
+        """Each sub-env's current item (None before the first reset)."""
+        return tuple(None if s is None else dict(s) for s in self._items)
 
     @property
     def epoch_size(self) -> int | None:
@@ -228,7 +228,7 @@ class DatasetChatVectorEnv(VectorEnv):
         return self.single_env.num_levels
 
     def set_level(self, level: int) -> None:
-        """Draw the next samples of every sub-env at ``level``: their sources are forks of
+        """Draw the next items of every sub-env at ``level``: their sources are forks of
         one procedural source, which share the level."""
         self.single_env.set_level(level)
 
@@ -266,11 +266,11 @@ class DatasetChatVectorEnv(VectorEnv):
     def _start(self, indices: Sequence[int], given: dict[str, Any] | None = None) -> list[dict]:
         """Start a new episode in each of ``indices``; their prompts are tokenized in one
         batch (a repeated prompt, as in a GRPO group, once). The reset infos."""
-        samples = [given or self.single_env.next_sample(self.sources[i]) for i in indices]
-        starts = [self.single_env.episode_start(sample) for sample in samples]
+        items = [given or self.single_env.next_item(self.sources[i]) for i in indices]
+        starts = [self.single_env.episode_start(item) for item in items]
         conversations = self.single_env.builder.start([history for history, _ in starts])
-        for i, sample, conversation in zip(indices, samples, conversations, strict=True):
-            self._samples[i], self._conversations[i] = sample, conversation
+        for i, item, conversation in zip(indices, items, conversations, strict=True):
+            self._items[i], self._conversations[i] = item, conversation
         return [info for _, info in starts]
 
     def _outcomes(self, actions: Sequence[Any]) -> list[Any]:
@@ -293,7 +293,7 @@ class DatasetChatVectorEnv(VectorEnv):
         scores = self._rubric_scores(reads)
         steps = [
             functools.partial(
-                _indexed, i, env.advance, conversations[i], read, records[i], self._samples[i],
+                _indexed, i, env.advance, conversations[i], read, records[i], self._items[i],
                 **({} if scores[i] is None else {"score": scores[i]}),
             )
             for i, read in enumerate(reads)
@@ -322,8 +322,8 @@ class DatasetChatVectorEnv(VectorEnv):
             if size > 1 and all(i in position for i in range(start, start + size))
         ]
         texts = [env.assistant_prefix + reads[i].content for i in answering]
-        samples = [self._samples[i] for i in answering]
-        for i, score in zip(answering, env.reward.score_batch(texts, samples, groups=groups),
+        items = [self._items[i] for i in answering]
+        for i, score in zip(answering, env.reward.score_batch(texts, items, groups=groups),
                             strict=True):  # fmt: skip
             scores[i] = score
         return scores
@@ -401,7 +401,7 @@ def batch_infos(infos: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def sharded_env_fns(env_id: str, num_envs: int, **kwargs: object) -> list[Callable[[], gym.Env]]:
     """``num_envs`` constructors of ``env_id`` for ``SyncVectorEnv`` or ``AsyncVectorEnv``,
-    constructor ``i`` with ``shard=(i, num_envs)``, so they split one stream of samples as
+    constructor ``i`` with ``shard=(i, num_envs)``, so they split one stream of items as
     ``DatasetChatVectorEnv``'s sub-envs do (``gym.make_vec`` in those modes gives every
     sub-env the same arguments, so each would shuffle the whole dataset on its own).
 
@@ -421,9 +421,9 @@ def sharded_env_fns(env_id: str, num_envs: int, **kwargs: object) -> list[Callab
 
 def sharded_vector_env(env_id: str, num_envs: int, **kwargs: object) -> SyncVectorEnv:
     """``num_envs`` sub-envs of ``env_id`` side by side, each its own instance on one shard of
-    the stream of samples (``sharded_env_fns``), for envs that hold state of their own (a
+    the stream of items (``sharded_env_fns``), for envs that hold state of their own (a
     server session, a rollout), finished ones reset in the same step as
-    ``DatasetChatVectorEnv``'s; ``repeats=G`` with ``group_repeats=True`` puts each sample in
+    ``DatasetChatVectorEnv``'s; ``repeats=G`` with ``group_repeats=True`` puts each item in
     ``G`` neighbouring sub-envs. The sub-envs are made at once: one that fails to start
     closes those made before it."""
     if kwargs.get("group_repeats") and num_envs % (kwargs.get("repeats") or 1):

@@ -28,7 +28,7 @@ from llm_gym.checks import check_choice, check_number, check_str
 from llm_gym.envs.chat import ActionRead, Outcome
 from llm_gym.envs.dataset import DatasetChatEnv
 from llm_gym.envs.vector import sharded_vector_env
-from llm_gym.tools.calls import CALL_FORMATS, chat_messages, parse_tool_calls, with_tools_prompt
+from llm_gym.tools.calls import TOOL_FORMATS, chat_messages, parse_tool_calls, with_tools_prompt
 
 if TYPE_CHECKING:
     from verifiers import Environment
@@ -138,9 +138,9 @@ class VerifiersChatEnv(DatasetChatEnv):
 
     ## Starting State
 
-    The row's first model call. Rows are served as ``DatasetChatEnv`` serves samples: a
+    The row's first model call. Rows are served as ``DatasetChatEnv`` serves items: a
     seeded order (``reset(seed=s)``), ``repeats`` (GRPO groups), ``shard``;
-    ``reset(options={"sample": row})`` plays a given row (``prompt``, ``answer``, ``info``).
+    ``reset(options={"item": row})`` plays a given row (``prompt``, ``answer``, ``info``).
 
     ## Episode End
 
@@ -203,7 +203,7 @@ class VerifiersChatEnv(DatasetChatEnv):
 
         check_choice("split", split, ("eval", "train"))
         self.turn_timeout_s = check_number("turn_timeout_s", turn_timeout_s, 0, strict=True)
-        self.tool_format = check_choice("tool_format", tool_format, CALL_FORMATS)
+        self.tool_format = check_choice("tool_format", tool_format, TOOL_FORMATS)
         for option in ("system_prompt", "tools", "max_turns"):
             if chat_options.get(option) is not None:
                 raise TypeError(
@@ -266,26 +266,26 @@ class VerifiersChatEnv(DatasetChatEnv):
 
     # -- StepHooks ------------------------------------------------------------------------
 
-    def given_sample(self, options: Mapping[str, Any] | None) -> dict[str, Any] | None:
-        """The given row (``options={"sample": row}``, a row of the environment's dataset
+    def given_item(self, options: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        """The given row (``options={"item": row}``, a row of the environment's dataset
         with its ``prompt``); checked before anything changes."""
-        row = options.get("sample") if isinstance(options, Mapping) else None
+        row = options.get("item") if isinstance(options, Mapping) else None
         if isinstance(row, Mapping) and "query" not in row:
             prompt = row.get("prompt")
             if not isinstance(prompt, (list, tuple)) or not prompt:
                 raise ValueError(
-                    "options['sample'] must be a row of the verifiers environment's dataset, "
+                    "options['item'] must be a row of the verifiers environment's dataset, "
                     f"with its 'prompt' messages; got fields {sorted(row)}"
                 )
             row = {**row, "query": _query(prompt)}
-            options = {**options, "sample": row}
-        return super().given_sample(options)
+            options = {**options, "item": row}
+        return super().given_item(options)
 
-    def episode_start(self, sample: Mapping[str, Any]) -> tuple[History, dict[str, Any]]:
-        """Start the rollout of ``sample`` (a dataset row) and wait for its first model call."""
+    def episode_start(self, item: Mapping[str, Any]) -> tuple[History, dict[str, Any]]:
+        """Start the rollout of ``item`` (a dataset row) and wait for its first model call."""
         self._stop()
         self._calls = queue.Queue()
-        row = {key: value for key, value in sample.items() if key != "query"}
+        row = {key: value for key, value in item.items() if key != "query"}
         self._rollout = asyncio.run_coroutine_threadsafe(self._run(row, self._calls), _loop())
         kind, value, reply = self._next()
         if kind != "call":
@@ -303,7 +303,7 @@ class VerifiersChatEnv(DatasetChatEnv):
         conversation: Conversation,
         read: ActionRead,
         records: Sequence[ToolRecord],
-        sample: Mapping[str, Any] | None = None,
+        item: Mapping[str, Any] | None = None,
     ) -> Outcome:
         """Answer the rollout's model call with the turn, and wait for its next call or end."""
         response, content, _ = read
@@ -348,8 +348,8 @@ class VerifiersChatEnv(DatasetChatEnv):
             info["error"] = f"{type(value).__name__}: {value}"[:2000]
         done = terminated or truncated
         if done:
-            info.update(reward=reward, answer=(sample or self._sample or {}).get("answer"))
-            info["example_id"] = (sample or self._sample or {}).get("example_id")
+            info.update(reward=reward, answer=(item or self._item or {}).get("answer"))
+            info["example_id"] = (item or self._item or {}).get("example_id")
         extended, _ = self.builder.extend(
             conversation, content, response.tokens, added,
             reward=reward, version=response.version, done=done,

@@ -5,8 +5,8 @@ other turns are ready then; a sub-env steps as soon as its own response is back 
 calls in its own thread), and episodes come out in the order they finish. One slow tool holds
 up its own conversation only, where the synchronous vector env waits for it every step.
 
-The driver owns the sample stream (the env's source, with its seed and ``repeats``) and hands
-each free sub-env the next sample: every epoch holds every sample exactly ``repeats`` times
+The driver owns the item stream (the env's source, with its seed and ``repeats``) and hands
+each free sub-env the next item: every epoch holds every item exactly ``repeats`` times
 whatever the sub-env or the order, a record's ``sample_index`` is its position in the stream,
 and with greedy sampling the same seed gives the same episodes in any finishing order.
 """
@@ -138,7 +138,7 @@ class AsyncEpisodes:
         batch_wait: seconds ready turns wait for env steps sent less than this long ago, so
             that the turns of steps without a slow tool share one batch (0: send at once;
             ``math.inf``: until no env step is in flight, so that the batches, and with them
-            the samples, do not depend on timing: a trainer's, to resume exactly).
+            the samples do not depend on timing: a trainer's, to resume exactly).
         ray_address: None runs the sub-envs here, on threads; else env workers are Ray actors
             (``ray.init(address=...)`` unless Ray runs already: ``"auto"``, ``"local"``, a
             ``"ray://"`` address).
@@ -149,8 +149,8 @@ class AsyncEpisodes:
         max_restarts: dead workers replaced before the run gives up.
         curriculum: a ``LevelSchedule`` (``llm_gym.wrappers``) every sub-env shares: each
             finished episode's success counts toward it in the order episodes finish, and
-            the samples drawn next are drawn at its level (each record's ``level`` is the one
-            its sample was drawn at).
+            the items drawn next are drawn at its level (each record's ``level`` is the one
+            its item was drawn at).
         kl_controller: the ``KLController`` the sub-envs' KL wrappers share (they must hold
             it: threads only, not Ray's actors); updated with each finished episode's KL
             reward (``-kl_coef · kl_sum``, the coefficient it was charged under) in the order
@@ -214,7 +214,7 @@ class AsyncEpisodes:
         base = template.unwrapped
         if not hasattr(base, "source"):
             raise TypeError(
-                f"env_fn must make a DatasetChatEnv, whose samples the driver hands out; it "
+                f"env_fn must make a DatasetChatEnv, whose items the driver hands out; it "
                 f"made {type(base).__name__}"
             )
         self.env_fn, self.policy = env_fn, policy
@@ -272,7 +272,7 @@ class AsyncEpisodes:
         self.position, self.replay, self.drawn = position, deque(), {}
 
     def set_level(self, level: int) -> None:
-        """Draw the next samples at ``level`` (a procedural task's difficulty)."""
+        """Draw the next items at ``level`` (a procedural task's difficulty)."""
         self.stream.set_level(level)
 
     def snapshot(self) -> dict[str, Any]:
@@ -295,7 +295,7 @@ class AsyncEpisodes:
             self.kl_controller.coef = float(snapshot["kl_coef"])
 
     def _finished(self, position: int, record: dict[str, Any]) -> dict[str, Any]:
-        # A finished episode: the level its sample was drawn at, and its count toward the
+        # A finished episode: the level its item was drawn at, and its count toward the
         # shared curriculum and KL coefficient (now, or when the batch ends).
         level = self.drawn.pop(position, None)
         if level is not None:
@@ -357,13 +357,13 @@ class AsyncEpisodes:
 
 
 class _Run:
-    """One ``episodes`` call: which sample each slot plays, and the calls in flight."""
+    """One ``episodes`` call: which item each slot plays, and the calls in flight."""
 
     def __init__(self, driver: AsyncEpisodes) -> None:
         self.driver = driver
         self.free = deque(range(driver.num_envs))
         self.ready: list[int] = []
-        self.samples: dict[int, tuple[int, Mapping[str, Any]]] = {}
+        self.items: dict[int, tuple[int, Mapping[str, Any]]] = {}
         self.traces: dict[int, EpisodeTrace] = {}
         self.obs: dict[int, Any] = {}
         self.pending: dict[Future, tuple[str, Any, int, float]] = {}
@@ -374,7 +374,7 @@ class _Run:
         driver, finished, answered = self.driver, 0, time.monotonic()
         while finished < count:
             # Samples in flight and those waiting to be played again count toward `count`.
-            in_hand = len(self.samples) + len(driver.replay)
+            in_hand = len(self.items) + len(driver.replay)
             held = self._dispatch(count - finished - in_hand)
             timeout = driver.timeout - (time.monotonic() - answered)
             if held is not None:  # ready turns wait a moment for the steps just sent
@@ -398,15 +398,15 @@ class _Run:
         driver = self.driver
         while self.free and (driver.replay or unstarted > 0):
             if driver.replay:
-                position, sample = driver.replay.popleft()
+                position, item = driver.replay.popleft()
             else:
-                position, sample = driver.position, driver.stream.next_record()
+                position, item = driver.position, driver.stream.next_item()
                 driver.drawn[position] = getattr(driver.stream, "level", None)
                 driver.position += 1
                 unstarted -= 1
             slot = self.free.popleft()
-            self.samples[slot] = (position, sample)
-            self._call("start", slot, sample)
+            self.items[slot] = (position, item)
+            self._call("start", slot, item)
         young = [t for kind, _, _, t in self.pending.values() if kind != "sample"]
         wait_left = max(young) + driver.batch_wait - time.monotonic() if young else 0.0
         if self.ready and wait_left > 0 and self.sampling < driver.sampler_calls:
@@ -462,19 +462,19 @@ class _Run:
             self.obs[slot] = obs
             self.ready.append(slot)
             return []
-        position, _ = self.samples.pop(slot)
+        position, _ = self.items.pop(slot)
         record = trace.finish(slot, info, obs)
         del self.traces[slot], self.obs[slot]
         self.free.append(slot)
-        seed = getattr(self.driver.stream, "seed", None)  # with sample_index: its sample
+        seed = getattr(self.driver.stream, "seed", None)  # with sample_index: its item
         return [self.driver._finished(position, {"sample_index": position, "seed": seed, **record})]
 
     def _failed(self, slot: int, error: BaseException) -> list[dict[str, Any]]:
         driver, w = self.driver, self.driver.worker_of[slot]
-        position = self.samples[slot][0]
+        position = self.items[slot][0]
         if not driver.workers.lost(error):  # the env itself failed: the run stops
             raise RuntimeError(
-                f"sub-env {slot} failed on sample {position} of the stream: "
+                f"sub-env {slot} failed on item {position} of the stream: "
                 f"{type(error).__name__}: {error}"
             ) from error
         for s in driver.groups[w]:  # its calls in flight are stale from now on
@@ -485,9 +485,9 @@ class _Run:
                 f"env worker {w} died and max_restarts={driver.max_restarts} workers were "
                 f"already replaced: {type(error).__name__}"
             ) from error
-        # Its unfinished episodes start again from their samples, on a new worker.
-        lost = sorted(s for s in driver.groups[w] if s in self.samples)
-        driver.replay.extendleft(reversed([self.samples.pop(s) for s in lost]))
+        # Its unfinished episodes start again from their items, on a new worker.
+        lost = sorted(s for s in driver.groups[w] if s in self.items)
+        driver.replay.extendleft(reversed([self.items.pop(s) for s in lost]))
         self.ready = [s for s in self.ready if driver.worker_of[s] != w]
         self.free.extend(lost)
         driver.workers.replace(w)
@@ -498,9 +498,9 @@ class _Run:
         # calls in flight to live workers end before a sub-env starts again (bounded by the
         # timeout; a dead worker's may never answer).
         driver = self.driver
-        unfinished = sorted(self.samples.values(), key=lambda item: item[0])
+        unfinished = sorted(self.items.values(), key=lambda entry: entry[0])
         driver.replay.extendleft(reversed(unfinished))
-        self.samples.clear()
+        self.items.clear()
         live = [
             future
             for future, (kind, what, life, _) in self.pending.items()

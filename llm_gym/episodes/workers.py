@@ -1,7 +1,7 @@
 """Where ``AsyncEpisodes``' sub-envs live: ``EnvWorker`` holds a group of them (its slots),
 in the driver's process (stepped from threads) or in a Ray actor on any node of a cluster.
-The driver hands each slot a sample to start from, so a worker holds no part of the stream:
-a lost worker's episodes start again elsewhere from their samples."""
+The driver hands each slot an item to start from, so a worker holds no part of the stream:
+a lost worker's episodes start again elsewhere from their items."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ _FORWARDED_PREFIXES = ("LLM_GYM_", "HF_")
 
 
 class EnvWorker:
-    """Sub-envs ``slots`` made by ``env_fn``, each started from a sample and stepped on its
+    """Sub-envs ``slots`` made by ``env_fn``, each started from an item and stepped on its
     own; every method touches one slot, so slots may be stepped from threads at once.
 
     >>> from llm_gym.envs import DatasetChatEnv
@@ -38,13 +38,13 @@ class EnvWorker:
             if not hasattr(env.unwrapped, "source"):
                 raise TypeError(
                     "env_fn must make a DatasetChatEnv (or a wrapped one), whose reset takes "
-                    f"options={{'sample': ...}}; it made {type(env.unwrapped).__name__}"
+                    f"options={{'item': ...}}; it made {type(env.unwrapped).__name__}"
                 )
             self.envs[slot] = env
 
-    def start(self, slot: int, sample: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
-        """Start slot ``slot``'s next episode from ``sample`` (a record of the env's data)."""
-        return self.envs[slot].reset(options={"sample": dict(sample)})
+    def start(self, slot: int, item: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
+        """Start slot ``slot``'s next episode from ``item`` (a record of the env's data)."""
+        return self.envs[slot].reset(options={"item": dict(item)})
 
     def step(self, slot: int, action: Action) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         """Step slot ``slot`` with ``action``: Gymnasium's five-tuple."""

@@ -291,7 +291,7 @@ class TRLEnvironment:
       repeats each row ``num_generations`` times, so give rows a seed for a GRPO group to
       share its episode; without one, each instance goes on with its own env's stream
       (unseeded: a group's rollouts see different episodes).
-    - ``sample`` (a dict, or None): ``options={"sample": sample}``, the episode's sample
+    - ``item`` (a dict, or None): ``options={"item": item}``, the episode's item
       for envs that take one (task envs: the task's fields, such as ``query`` and
       ``answer``; TextArena: ``query`` (the game) and ``game_seed``).
 
@@ -341,16 +341,16 @@ class TRLEnvironment:
         return self._env
 
     def reset(self, **row: object) -> str:
-        """Start an episode from a dataset row (``seed`` and ``sample`` columns, see the
+        """Start an episode from a dataset row (``seed`` and ``item`` columns, see the
         class) and return its opening text, which TRL appends to the last user message."""
         seed = check_int("reset's row column 'seed'", row.get("seed"), 0, optional=True)
-        sample = row.get("sample")
-        if sample is not None and not isinstance(sample, Mapping):
+        item = row.get("item")
+        if item is not None and not isinstance(item, Mapping):
             raise TypeError(
-                "reset's row column 'sample' must be a dict of the env's sample fields (or "
-                f"None), got {type(sample).__name__}: {sample!r:.80}"
+                "reset's row column 'item' must be a dict of the env's item fields (or "
+                f"None), got {type(item).__name__}: {item!r:.80}"
             )
-        options = None if sample is None else {"sample": dict(sample)}
+        options = None if item is None else {"item": dict(item)}
         observation, _ = self._env.reset(seed=seed, options=options)
         history = self._history(observation, "reset")
         self._started, self._done, self._return = True, False, 0.0

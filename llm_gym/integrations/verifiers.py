@@ -82,7 +82,7 @@ def load_environment(
         for index in range(num_examples):
             observation, info = probe.reset(seed=seed + index)
             prompt = _history(observation, env_id)
-            answer = info.get("answer", info.get("sample", {}).get("answer", ""))
+            answer = info.get("answer", info.get("item", {}).get("answer", ""))
             row_info = {"gym_id": env_id, "seed": seed + index}
             rows.append({"prompt": prompt, "answer": str(answer), "info": row_info})
     finally:

@@ -16,13 +16,13 @@ __all__ = ["Shard", "Source"]
 class Source(Protocol):
     """Where a task's items come from: a dataset split, a generator, an iterable.
 
-    A source serves one seeded stream of items (``next_record``); ``fork(shard)`` gives a
+    A source serves one seeded stream of items (``next_item``); ``fork(shard)`` gives a
     source over the same items and seed that serves ``shard`` of the stream, which is how the
     sub-envs of a vector env split an epoch exactly once. Sources with difficulty levels also
     have ``level``, ``num_levels`` and ``set_level`` (shared with their forks).
     """
 
-    def next_record(self) -> Mapping[str, Any]:
+    def next_item(self) -> Mapping[str, Any]:
         """The next item of this source's shard of the stream."""
         ...
 
@@ -42,14 +42,14 @@ class Source(Protocol):
 class Shard:
     """Which items of one seeded stream a source serves, and how often each.
 
-    The stream serves every record ``repeats`` times in a row. A source with shard
+    The stream serves every item ``repeats`` times in a row. A source with shard
     ``(index, count)`` serves stream positions ``index, index + count, index + 2 * count, ...``:
     ``count`` sources with indices ``0 .. count - 1`` (a vector env's sub-envs, the ranks of a
-    data-parallel run) together serve every record exactly ``repeats`` times per epoch; with
-    ``count`` a multiple of ``repeats``, a record's copies go to consecutive sources at once.
+    data-parallel run) together serve every item exactly ``repeats`` times per epoch; with
+    ``count`` a multiple of ``repeats``, an item's copies go to consecutive sources at once.
 
     >>> shard = Shard(index=1, count=2, repeats=2)
-    >>> [shard.record(k) for k in range(4)]  # stream positions 1, 3, 5, 7
+    >>> [shard.item_index(k) for k in range(4)]  # stream positions 1, 3, 5, 7
     [0, 1, 2, 3]
     """
 
@@ -72,8 +72,8 @@ class Shard:
             )
         return cls(int(shard[0]), int(shard[1]), repeats)
 
-    def record(self, k: int) -> int:
-        """The stream record that this source's ``k``-th item is."""
+    def item_index(self, k: int) -> int:
+        """The stream index of the item that this source's ``k``-th item is."""
         return (self.index + k * self.count) // self.repeats
 
 
@@ -86,18 +86,18 @@ class _SeededSource:
 
     @property
     def position(self) -> int:
-        """How many samples were served since the last reseed or rewind."""
+        """How many items were served since the last reseed or rewind."""
         return self._position
 
     def reseed(self, seed: int | None) -> None:
-        """Restart from the first sample of the order ``seed`` defines (a fresh one if None)."""
+        """Restart from the first item of the order ``seed`` defines (a fresh one if None)."""
         seed = check_int("seed", seed, 0, optional=True)
         self.seed = int(np.random.SeedSequence().entropy % 2**63) if seed is None else seed
         self.rewind()  # the subclass's
 
     def seek(self, position: int) -> None:
-        """Serve from the sample at ``position`` of this source's shard of the current seed's
-        stream next, as if ``position`` samples had been served (how a run resumes)."""
+        """Serve from the item at ``position`` of this source's shard of the current seed's
+        stream next, as if ``position`` items had been served (how a run resumes)."""
         position = check_int("position", position, 0)
         self.rewind()
         self._position = position

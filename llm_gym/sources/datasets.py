@@ -64,14 +64,14 @@ class IndexedSource(_SeededSource):
 
     The order is a pure function of ``(seed, position)``: epoch ``e`` is
     ``default_rng([seed, e]).permutation(n)``, so the same seed gives the same order in every
-    process, each epoch serves every sample exactly once, and the next epoch reshuffles. Its
-    ``k``-th sample is record ``shard.record(k)`` of the order (see ``Shard``). Forks share
+    process, each epoch serves every item exactly once, and the next epoch reshuffles. Its
+    ``k``-th item is record ``shard.item_index(k)`` of the order (see ``Shard``). Forks share
     the data (loaded once) and the seed, and keep their own position.
 
     >>> source = IndexedSource([{"query": str(i)} for i in range(4)], seed=0)
-    >>> first = [source.next_record()["query"] for _ in range(4)]
+    >>> first = [source.next_item()["query"] for _ in range(4)]
     >>> source.reseed(0)
-    >>> sorted(first), [source.next_record()["query"] for _ in range(4)] == first
+    >>> sorted(first), [source.next_item()["query"] for _ in range(4)] == first
     (['0', '1', '2', '3'], True)
     """
 
@@ -84,7 +84,7 @@ class IndexedSource(_SeededSource):
         shard: Shard | None = None,
     ) -> None:
         if len(data) == 0:
-            raise ValueError("dataset must hold at least one sample, got an empty dataset")
+            raise ValueError("dataset must hold at least one item, got an empty dataset")
         self.data = data
         self.shuffle = bool(shuffle)
         self.shard = shard or Shard()
@@ -94,7 +94,7 @@ class IndexedSource(_SeededSource):
         return len(self.data)
 
     def rewind(self) -> None:
-        """Restart from the first sample of the current seed's order."""
+        """Restart from the first item of the current seed's order."""
         self._position = 0
         self._epoch, self._order = -1, None
         self._buffer: list[Any] = []  # prefetched rows for positions _position...
@@ -104,17 +104,17 @@ class IndexedSource(_SeededSource):
         return IndexedSource(self.data, shuffle=self.shuffle, seed=self.seed, shard=shard)
 
     def order(self, epoch: int) -> np.ndarray:
-        """The sample indices of ``epoch`` in serving order."""
+        """The item indices of ``epoch`` in serving order."""
         n = len(self.data)
         if not self.shuffle:
             return np.arange(n)
         return np.random.default_rng([self.seed, epoch]).permutation(n)
 
-    def next_record(self) -> Mapping[str, Any]:
-        """The next sample of this source's shard of the order."""
+    def next_item(self) -> Mapping[str, Any]:
+        """The next item of this source's shard of the order."""
         if not self._buffer:
             ahead = range(self._position, self._position + _PREFETCH)
-            indices = [self._index_at(self.shard.record(k)) for k in ahead]
+            indices = [self._index_at(self.shard.item_index(k)) for k in ahead]
             if _is_datasets(self.data, "Dataset"):
                 self._buffer = self.data.__getitems__(indices)
             else:
@@ -192,7 +192,7 @@ def load_local_dataset(
             )
         if builder == "json" and not _has_content(path):
             raise ValueError(
-                f"dataset file {str(path)!r} holds no samples (it is empty or only blank lines)"
+                f"dataset file {str(path)!r} holds no items (it is empty or only blank lines)"
             )
         return datasets.load_dataset(builder, data_files=str(path), split="train")
     raise FileNotFoundError(f"dataset path {str(path)!r} does not exist")
@@ -228,7 +228,7 @@ def load_records(
     name: str | None = None,
     split: str | None = None,
 ) -> Sequence[Any]:
-    """Resolve any accepted ``dataset=`` value into an indexable sequence of samples.
+    """Resolve any accepted ``dataset=`` value into an indexable sequence of items.
 
     Accepted: a ``datasets.Dataset`` (or ``DatasetDict``, with ``split``), a path to a local
     file or folder, a Hub dataset name (with ``name`` as its config), or a sequence of dicts.
@@ -255,11 +255,10 @@ def load_records(
             return _pick_split(loaded, split, repr(str(dataset)))
         return loaded
     if isinstance(dataset, Sequence) and not isinstance(dataset, bytes):
-        for i, sample in enumerate(dataset):
-            if not isinstance(sample, Mapping):
+        for i, item in enumerate(dataset):
+            if not isinstance(item, Mapping):
                 raise TypeError(
-                    f"dataset as a sequence must hold dicts, got {type(sample).__name__} at "
-                    f"index {i}"
+                    f"dataset as a sequence must hold dicts, got {type(item).__name__} at index {i}"
                 )
         return list(dataset)
     raise TypeError(

@@ -1,4 +1,4 @@
-"""``IterableSource``: the samples an iterable (a ``DataLoader``) yields."""
+"""``IterableSource``: the items an iterable (a ``DataLoader``) yields."""
 
 from __future__ import annotations
 
@@ -12,19 +12,19 @@ __all__ = ["IterableSource"]
 
 
 class IterableSource:
-    """Serves the samples an iterable yields, in its own order, restarting it when exhausted.
+    """Serves the items an iterable yields, in its own order, restarting it when exhausted.
 
-    A yielded item may be one sample (a dict), a list of dicts, or a collated batch (a dict of
+    A yielded item may be one item (a dict), a list of dicts, or a collated batch (a dict of
     equal-length lists or arrays, what a ``DataLoader`` returns); batches are split into
-    samples. Shuffling and seeding belong to the iterable (e.g. ``DataLoader(generator=...)``).
-    Each sample is served ``repeats`` times in a row. Forks share the stream: a vector env's
+    items. Shuffling and seeding belong to the iterable (e.g. ``DataLoader(generator=...)``).
+    Each item is served ``repeats`` times in a row. Forks share the stream: a vector env's
     sub-envs split it by drawing from it, whatever their shard.
     """
 
     def __init__(self, iterable: Iterable[Any], *, repeats: int = 1) -> None:
         if isinstance(iterable, (str, bytes, Mapping)) or not isinstance(iterable, Iterable):
             raise TypeError(
-                f"dataloader must be an iterable of samples or batches (a DataLoader, a list "
+                f"dataloader must be an iterable of items or batches (a DataLoader, a list "
                 f"of dicts), got {type(iterable).__name__}"
             )
         self.iterable, self.repeats = iterable, repeats
@@ -44,13 +44,13 @@ class IterableSource:
         other.iterable, other._stream, other.repeats = self.iterable, self._stream, shard.repeats
         return other
 
-    def next_record(self) -> Mapping[str, Any]:
-        """The next sample the iterable yields (each ``repeats`` times in a row)."""
-        return self._stream.next_record(self.repeats)
+    def next_item(self) -> Mapping[str, Any]:
+        """The next item the iterable yields (each ``repeats`` times in a row)."""
+        return self._stream.next_item(self.repeats)
 
 
 class _Stream:
-    """One pass after another over an iterable, each sample handed out ``repeats`` times."""
+    """One pass after another over an iterable, each item handed out ``repeats`` times."""
 
     def __init__(self, iterable: Iterable[Any]) -> None:
         self.iterable = iterable
@@ -62,7 +62,7 @@ class _Stream:
         self._current: Any = None
         self._served = 0
 
-    def next_record(self, repeats: int) -> Any:
+    def next_item(self, repeats: int) -> Any:
         if self._current is None or self._served >= repeats:
             while not self._pending:
                 self._pending = _unbatch(self._next_item())
@@ -85,7 +85,7 @@ class _Stream:
             return next(self._iterator)
         except StopIteration:
             raise ValueError(
-                f"dataloader {type(self.iterable).__name__} yielded no samples when restarted; "
+                f"dataloader {type(self.iterable).__name__} yielded no items when restarted; "
                 "pass a re-iterable (a list, a DataLoader), not a one-shot iterator"
             ) from None
 

@@ -1,4 +1,4 @@
-"""``ProceduralSource``: samples generated on demand, seeded, at a difficulty level."""
+"""``ProceduralSource``: items generated on demand, seeded, at a difficulty level."""
 
 from __future__ import annotations
 
@@ -16,25 +16,25 @@ Generate = Callable[[int, int, int], dict[str, Any]]
 class ProceduralSource(_SeededSource):
     """Serves ``generate(seed, index, level)`` for ``index = 0, 1, 2, ...``.
 
-    The same seed gives the same samples in every process; there are no epochs (every sample
+    The same seed gives the same items in every process; there are no epochs (every item
     is new). Forks (the sub-envs of one vector env) share the seed and the level and serve
     their own ``Shard`` of the indices, so a curriculum that raises the level raises it for
     all of them.
 
     Args:
-        generate: builds one sample (a dict with at least a ``"query"``).
+        generate: builds one item (a dict with at least a ``"query"``).
         num_levels: how many difficulty levels there are (``0 .. num_levels - 1``).
         level: the level to start at.
-        seed: the samples' seed (None: a fresh random one, until ``reseed``).
+        seed: the items' seed (None: a fresh random one, until ``reseed``).
         shard: which indices this source serves, each how often (default: all, once).
 
     >>> source = ProceduralSource(lambda seed, i, level: {"query": f"{seed}:{i}:{level}"},
     ...                           num_levels=3, level=1, seed=7)
     >>> fork = source.fork(Shard(index=1, count=2))
-    >>> [source.next_record()["query"] for _ in range(2)]
+    >>> [source.next_item()["query"] for _ in range(2)]
     ['7:0:1', '7:1:1']
     >>> source.set_level(2)
-    >>> [fork.next_record()["query"] for _ in range(2)]
+    >>> [fork.next_item()["query"] for _ in range(2)]
     ['7:1:2', '7:3:2']
     """
 
@@ -56,15 +56,15 @@ class ProceduralSource(_SeededSource):
 
     @property
     def level(self) -> int:
-        """The level the next samples are generated at."""
+        """The level the next items are generated at."""
         return self._level[0]
 
     def set_level(self, level: int) -> None:
-        """Generate the next samples at ``level`` (for this source and all its forks)."""
+        """Generate the next items at ``level`` (for this source and all its forks)."""
         self._level[0] = check_int("level", level, 0, self.num_levels - 1)
 
     def rewind(self) -> None:
-        """Restart from the first sample of the current seed."""
+        """Restart from the first item of the current seed."""
         self._position = 0
         self._last: tuple[int, dict[str, Any]] | None = None
 
@@ -76,10 +76,10 @@ class ProceduralSource(_SeededSource):
         other.reseed(self.seed)
         return other
 
-    def next_record(self) -> dict[str, Any]:
-        """The next sample of this source's shard, generated at the current level."""
-        index = self.shard.record(self._position)
-        # A repeat of the last sample is served as generated, so a level change between
+    def next_item(self) -> dict[str, Any]:
+        """The next item of this source's shard, generated at the current level."""
+        index = self.shard.item_index(self._position)
+        # A repeat of the last item is served as generated, so a level change between
         # two repeats does not split a GRPO group.
         if self._last is None or self._last[0] != index:
             self._last = (index, self.generate(self.seed, index, self.level))

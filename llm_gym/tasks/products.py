@@ -91,7 +91,7 @@ def products_task(
     >>> question = obs["history"][-1]["content"]
     >>> code = "print(" + question[8 : question.index("?")] + ")"
     >>> obs, reward, terminated, truncated, info = env.step(f"```python\\n{code}\\n```")
-    >>> obs["history"][-1]["content"] == env.unwrapped.sample["answer"] + "\\n", reward
+    >>> obs["history"][-1]["content"] == env.unwrapped.item["answer"] + "\\n", reward
     (True, 0.0)
     >>> tool_output = obs["history"][-1]["content"]
     >>> obs, reward, terminated, truncated, info = env.step(f"It is {tool_output}")

@@ -20,7 +20,7 @@ from typing import Any
 from llm_gym.checks import check_choice
 
 __all__ = [
-    "CALL_FORMATS",
+    "TOOL_FORMATS",
     "MAX_JSON_DEPTH",
     "ToolCall",
     "chat_messages",
@@ -29,7 +29,7 @@ __all__ = [
     "with_tools_prompt",
 ]
 
-CALL_FORMATS = ("hermes", "markdown")
+TOOL_FORMATS = ("hermes", "markdown")
 # Arrays and objects a call may nest. json.loads recurses once per level (``"[" * 100000``
 # raised RecursionError out of the step), and so do dataclasses.asdict, repr and most code a
 # tool runs; real calls nest a few levels.
@@ -48,7 +48,7 @@ class ToolCall:
     error: str | None = None
 
 
-def parse_tool_calls(text: str, call_format: str = "hermes") -> list[ToolCall]:
+def parse_tool_calls(text: str, tool_format: str = "hermes") -> list[ToolCall]:
     """The tool calls in ``text``, in order (none: the text is a final answer).
 
     >>> parse_tool_calls('<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>')
@@ -58,7 +58,7 @@ def parse_tool_calls(text: str, call_format: str = "hermes") -> list[ToolCall]:
     >>> parse_tool_calls("```python\\nprint(1)\\n```", "markdown")
     [ToolCall(name='python', arguments={'code': 'print(1)\\n'}, error=None)]
     """
-    if check_choice("call_format", call_format, CALL_FORMATS) == "markdown":
+    if check_choice("tool_format", tool_format, TOOL_FORMATS) == "markdown":
         return [ToolCall("python", {"code": code}) for code in _MARKDOWN.findall(text)]
     return [_hermes_call(body, closing) for body, closing in _HERMES.findall(text)]
 
@@ -121,10 +121,10 @@ def _too_deep(value: Any) -> bool:
     return False
 
 
-def tools_system_prompt(schemas: Sequence[dict[str, Any]], call_format: str = "hermes") -> str:
+def tools_system_prompt(schemas: Sequence[dict[str, Any]], tool_format: str = "hermes") -> str:
     """The system-prompt block that lists the tools and how to call them, for chat templates
     that take no ``tools=`` (the hermes block is Qwen2.5's own wording)."""
-    if call_format == "markdown":
+    if tool_format == "markdown":
         return (
             "# Tools\n\nTo run Python code, write it in a ```python code block. The code runs "
             "in a sandbox and what it prints comes back in a tool message. When you have the "
@@ -178,7 +178,7 @@ def chat_messages(messages: Sequence[object]) -> list[dict[str, str]]:
 def with_tools_prompt(
     messages: list[dict[str, str]],
     schemas: Sequence[dict[str, Any]],
-    call_format: str = "hermes",
+    tool_format: str = "hermes",
     system_role: str = "system",
 ) -> list[dict[str, str]]:
     """``messages`` with ``tools_system_prompt(schemas)`` at the end of the system message
@@ -190,7 +190,7 @@ def with_tools_prompt(
     """
     if not schemas:
         return messages
-    block = tools_system_prompt(schemas, call_format)
+    block = tools_system_prompt(schemas, tool_format)
     messages = list(messages)
     if messages and messages[0]["role"] == system_role:
         messages[0] = {**messages[0], "content": f"{messages[0]['content']}\n\n{block}"}

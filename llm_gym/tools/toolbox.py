@@ -11,7 +11,7 @@ from typing import Any
 
 from llm_gym.checks import check_choice, check_int
 from llm_gym.tools.base import Tool, ToolError, check_arguments, truncate_output
-from llm_gym.tools.calls import CALL_FORMATS, ToolCall, parse_tool_calls, tools_system_prompt
+from llm_gym.tools.calls import TOOL_FORMATS, ToolCall, parse_tool_calls, tools_system_prompt
 from llm_gym.tools.interpreter import PythonInterpreter
 from llm_gym.tools.mcp_client import MCPTools
 
@@ -42,21 +42,21 @@ class ToolRecord:
 class Toolbox:
     """The tools of one env (shared by its vector env's sub-envs), each given as
     docs/envs/tools.md says (``"python"``: a ``PythonInterpreter`` with its defaults). ``parse``
-    reads a response's calls in ``call_format``; ``run`` runs one, every failure the
+    reads a response's calls in ``tool_format``; ``run`` runs one, every failure the
     record's output.
     """
 
     def __init__(
         self,
         tools: Sequence[ToolSpec],
-        call_format: str = "hermes",
+        tool_format: str = "hermes",
         max_output_chars: int = MAX_OUTPUT_CHARS,
     ) -> None:
         if isinstance(tools, (str, bytes)) or not isinstance(tools, Sequence):
             raise TypeError(
                 f"tools must be a list, e.g. ['python'] or [my_function], got {tools!r:.80}"
             )
-        self.call_format = check_choice("tool_format", call_format, CALL_FORMATS)
+        self.tool_format = check_choice("tool_format", tool_format, TOOL_FORMATS)
         self.max_output_chars = check_int("max_output_chars", max_output_chars, low=1)
         self.servers: list[MCPTools] = []
         self.tools: dict[str, Tool] = {}
@@ -65,7 +65,7 @@ class Toolbox:
                 if tool.name in self.tools:
                     raise ValueError(f"tools[{i}]: a second tool named {tool.name!r}")
                 self.tools[tool.name] = tool
-        if call_format == "markdown" and "python" not in self.tools:
+        if tool_format == "markdown" and "python" not in self.tools:
             raise ValueError(
                 "tool_format='markdown' runs ```python blocks with the 'python' tool: add "
                 f"'python' to tools, got {sorted(self.tools)}"
@@ -100,11 +100,11 @@ class Toolbox:
 
     def system_prompt(self) -> str:
         """The block that tells the model its tools, for templates without ``tools=``."""
-        return tools_system_prompt(self.schemas, self.call_format)
+        return tools_system_prompt(self.schemas, self.tool_format)
 
     def parse(self, text: str) -> list[ToolCall]:
         """The calls in a response (empty: it is a final answer)."""
-        return parse_tool_calls(text, self.call_format)
+        return parse_tool_calls(text, self.tool_format)
 
     def run(self, call: ToolCall) -> ToolRecord:
         """Run one call. Never raises: whatever goes wrong is the record's output, for the
