@@ -16,7 +16,7 @@ import llm_gym  # noqa: F401  (registers the envs)
 from llm_gym.agents import AgentRollouts, load_agent
 from llm_gym.cli import main
 from llm_gym.policies import TransformersPolicy
-from llm_gym.tasks.task import TaskScore
+from llm_gym.rubrics import TaskScore
 
 AGENT = "examples/calculator_agent.py:solve"
 ROOT = Path(__file__).resolve().parents[1]

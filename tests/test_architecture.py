@@ -260,15 +260,17 @@ LAYERS = {
     "_lazy": 0, "checks": 0, "spaces": 0,
     "chat": 1, "sources": 1, "tools": 1, "games": 1, "servers": 1,
     "lm": 2, "rewards": 2,
-    "samplers": 3, "tasks": 3,
-    "envs": 4, "policies": 4, "judges": 4,
-    "wrappers": 5, "episodes": 5, "agents": 5,
-    "torchrl": 6, "run": 6,
-    "train": 7,
-    "integrations": 8,
-    "cli": 9,
+    "samplers": 3,
+    "rubrics": 4,
+    "tasks": 5,
+    "envs": 6, "policies": 6,
+    "wrappers": 7, "episodes": 7, "agents": 7,
+    "torchrl": 8, "run": 8,
+    "train": 9,
+    "integrations": 10,
+    "cli": 11,
     # Aliases kept for old import paths (issue 38) and the entry point: nothing imports them.
-    "__main__": 10, "drivers": 10, "rollout": 10, "distributed": 10, "models": 10,
+    "__main__": 12, "drivers": 12, "rollout": 12, "distributed": 12, "models": 12,
 }  # fmt: skip
 
 

@@ -11,11 +11,17 @@ import pytest
 import torch
 
 from llm_gym.cli import main
-from llm_gym.judges import Judge, parse_score
 from llm_gym.policies import TransformersPolicy
+from llm_gym.rubrics import (
+    JUDGE_NEW_TOKENS,
+    TASK_PART,
+    Judge,
+    Part,
+    Rubric,
+    extend_reward,
+    parse_score,
+)
 from llm_gym.run.config import RolloutConfig, rubric_weights
-from llm_gym.run.setup import JUDGE_NEW_TOKENS
-from llm_gym.tasks import TASK_PART, Part, Rubric, extend_reward
 from llm_gym.train.config import GRPOConfig
 
 
@@ -78,7 +84,7 @@ def test_a_task_env_takes_reward_parts_and_puts_each_part_in_info():
     _, reward0, *_, plain_info = plain.step(answer)
     assert reward == reward0 and info["length"] == float(len(answer))
     assert {k: v for k, v in info.items() if k != "length"} == plain_info
-    expected = r"reward_parts must be llm_gym.tasks.Part objects, got \['function'\]"
+    expected = r"reward_parts must be llm_gym.rubrics.Part objects, got \['function'\]"
     with pytest.raises(TypeError, match=expected):
         gym.make("LLMChat-Countdown-v0", reward_parts=[short])
 

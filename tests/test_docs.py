@@ -38,7 +38,7 @@ PUBLIC = [
     "llm_gym.policies",
     "llm_gym.samplers",
     "llm_gym.tasks",
-    "llm_gym.judges",
+    "llm_gym.rubrics",
     "llm_gym.rewards",
     "llm_gym.sources",
     "llm_gym.chat",

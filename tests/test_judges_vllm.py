@@ -9,9 +9,16 @@ import copy
 import pytest
 from backend_fixture import served_default
 
-from llm_gym.judges import GROUP_TEMPLATE, GroupJudge, Judge, parse_group_scores, parse_score
 from llm_gym.policies import TransformersPolicy
-from llm_gym.tasks import Part, Rubric
+from llm_gym.rubrics import (
+    GROUP_TEMPLATE,
+    GroupJudge,
+    Judge,
+    Part,
+    Rubric,
+    parse_group_scores,
+    parse_score,
+)
 
 pytestmark = pytest.mark.vllm
 

@@ -11,12 +11,11 @@ import pytest
 from gsm8k_fixture import TEST
 
 from llm_gym.rewards import CountdownReward, GSM8KReward
+from llm_gym.rubrics import Part, Rubric, TaskScore
 from llm_gym.tasks import countdown as countdown_module
 from llm_gym.tasks import countdown_task, gsm8k_task, products_task
 from llm_gym.tasks import gsm8k as gsm8k_module
 from llm_gym.tasks import products as products_module
-from llm_gym.tasks.rubric import Part, Rubric
-from llm_gym.tasks.task import TaskScore
 
 ITEM = {"answer": "4"}
 

@@ -12,7 +12,7 @@ from llm_gym.rewards.answers import score_answer
 from llm_gym.rewards.code import MAX_CODE_CHARS, extract_code, grade
 from llm_gym.rewards.ifeval import IFEvalReward
 from llm_gym.rewards.math import MATHReward, boxed_answer
-from llm_gym.tasks import Rubric, TaskScore
+from llm_gym.rubrics import Rubric, TaskScore
 from llm_gym.tasks import humaneval as humaneval_module
 
 FORMATS = ("tags", "hash", "boxed", "last_number")

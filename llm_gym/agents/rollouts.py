@@ -34,8 +34,9 @@ from llm_gym.agents.gateway import Gateway
 from llm_gym.agents.recording import segments
 from llm_gym.checks import check_int, check_number
 from llm_gym.envs.dataset import DatasetChatEnv
+from llm_gym.rubrics import TaskScore
 from llm_gym.samplers.base import Sampler
-from llm_gym.tasks.task import Task, TaskScore
+from llm_gym.tasks.task import Task
 
 __all__ = ["Agent", "AgentRollouts", "load_agent"]
 

@@ -16,7 +16,7 @@ from llm_gym.envs.vector import (
     single_env,
 )
 from llm_gym.envs.verifiers import VerifiersChatEnv
-from llm_gym.tasks.task import TaskReward, TaskScore
+from llm_gym.rubrics import TaskReward, TaskScore
 
 __all__ = [
     "ChatEnv",

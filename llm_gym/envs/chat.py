@@ -28,7 +28,7 @@ from llm_gym.spaces import MAX_TEXT_LENGTH, UnicodeText, history_space, token_sp
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from llm_gym.tasks.task import TaskScore
+    from llm_gym.rubrics import TaskScore
     from llm_gym.tools.calls import ToolCall
     from llm_gym.tools.toolbox import ToolRecord
 

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any
 from llm_gym.chat.history import History
 from llm_gym.checks import check_bool, check_int
 from llm_gym.envs.chat import ChatEnv
+from llm_gym.rubrics import Part, TaskReward, TaskScore, extend_reward
 from llm_gym.sources import IndexedSource, IterableSource, Shard, Source
 from llm_gym.sources.datasets import is_iterable_dataset, load_records
-from llm_gym.tasks.rubric import Part, extend_reward
-from llm_gym.tasks.task import FieldMap, Task, TaskReward, TaskScore
+from llm_gym.tasks.task import FieldMap, Task
 
 if TYPE_CHECKING:
     from llm_gym.sources.datasets import DatasetLike
@@ -50,7 +50,7 @@ class DatasetChatEnv(ChatEnv):
 
     ``reward(response_text, item)``'s reward, its info merged into the step's ``info``;
     ``0.0`` and an empty ``info`` without a ``reward``. With ``reward_parts`` the reward is
-    ``llm_gym.tasks.extend_reward(reward, reward_parts, task_weight=...)``: a ``Rubric`` of
+    ``llm_gym.rubrics.extend_reward(reward, reward_parts, task_weight=...)``: a ``Rubric`` of
     the task's parts and these (an LLM judge, a metric), each part's value in ``info``.
 
     ## Starting State
@@ -86,7 +86,7 @@ class DatasetChatEnv(ChatEnv):
     - ``field_map``, ``reward``, ``required_fields``, ``answer_format``,
       ``concurrent_reward``: the task's, as ``llm_gym.tasks.Task`` says; the fields are
       checked on the first item, so a dataset without them fails here.
-    - ``reward_parts``: ``llm_gym.tasks.Part``s added to the task's reward (default: none);
+    - ``reward_parts``: ``llm_gym.rubrics.Part``s added to the task's reward (default: none);
       ``task_weight``: what the task's own parts pay then (default 1.0; 0: reported as
       metrics, not paid).
     - ``system_prompt``, ``max_turns``: as ``ChatEnv`` (``max_turns`` defaults to 1).
@@ -161,7 +161,7 @@ class DatasetChatEnv(ChatEnv):
         reward_parts = tuple(reward_parts)
         if not all(isinstance(part, Part) for part in reward_parts):
             got = [type(part).__name__ for part in reward_parts]
-            raise TypeError(f"reward_parts must be llm_gym.tasks.Part objects, got {got}")
+            raise TypeError(f"reward_parts must be llm_gym.rubrics.Part objects, got {got}")
         if reward_parts or task_weight != 1.0:
             reward = extend_reward(reward, reward_parts, task_weight=task_weight)
         super().__init__(system_prompt=system_prompt, max_turns=max_turns, **chat_options)

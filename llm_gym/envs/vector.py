@@ -19,9 +19,8 @@ from llm_gym.checks import check_int
 from llm_gym.envs.actions import decode_token_actions
 from llm_gym.envs.chat import ActionRead, Outcome
 from llm_gym.envs.dataset import DatasetChatEnv, make_task_env
+from llm_gym.rubrics import Rubric, TaskScore
 from llm_gym.sources import Shard, Source
-from llm_gym.tasks.rubric import Rubric
-from llm_gym.tasks.task import TaskScore
 
 if TYPE_CHECKING:
     from llm_gym.chat.containers import Response

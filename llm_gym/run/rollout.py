@@ -20,6 +20,7 @@ from llm_gym.envs import single_env
 from llm_gym.episodes import ARRAYS, AsyncEpisodes, Episodes
 from llm_gym.lm.loading import load_model
 from llm_gym.rewards.answers import ANSWER_FORMATS
+from llm_gym.rubrics import Rubric
 from llm_gym.run.budget import check_run
 from llm_gym.run.config import RolloutConfig
 from llm_gym.run.describe import describe_run, run_rows, run_title
@@ -38,7 +39,6 @@ from llm_gym.run.setup import (
     task_envs,
 )
 from llm_gym.samplers import SamplerError
-from llm_gym.tasks import Rubric
 
 __all__ = [
     "ARRAYS",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -12,15 +11,14 @@ import torch
 
 from llm_gym.checks import check_choice
 from llm_gym.episodes import AsyncEpisodes
-from llm_gym.judges import GroupJudge, Judge
 from llm_gym.lm.loading import load_model
 from llm_gym.lm.lora import is_adapter_folder
 from llm_gym.policies import SamplerPolicy, TransformersPolicy
+from llm_gym.rubrics import JUDGE_NEW_TOKENS, RunRubric, judge_rubric
 from llm_gym.run.config import DTYPE_NAMES, RunConfig, is_url, rubric_weights
 from llm_gym.run.describe import answer_format_of
 from llm_gym.samplers import OpenAISampler, VLLMSampler
 from llm_gym.samplers.weights import export_model
-from llm_gym.tasks import Part
 from llm_gym.wrappers import kl as single_wrappers
 from llm_gym.wrappers import vector as vector_wrappers
 
@@ -34,9 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DTYPES",
-    "JUDGE_NEW_TOKENS",
     "SERVER_LOG",
-    "RunRubric",
     "async_episodes",
     "charge_kl",
     "env_kwargs",
@@ -206,39 +202,6 @@ def charge_kl(
     )
 
 
-# The command's judges are score-only: the reply is started for them ("Score:", "Response
-# 1:"), greedy, a few tokens a score, so that a small judge keeps to the format and a call
-# costs little. A judge with reasons is built in Python (llm_gym.judges, docs/rubrics.md).
-JUDGE_NEW_TOKENS = 6
-
-
-@dataclass
-class RunRubric:
-    """What ``--rubric`` and ``--judge`` add to a run's task env: the judge ``parts`` (in
-    the env's ``reward_parts``), what the task's own parts pay (``task_weight``), and the
-    ``judges`` asked (for their ``stats``)."""
-
-    parts: list[Part] = field(default_factory=list)
-    task_weight: float = 1.0
-    judges: dict[str, Judge | GroupJudge] = field(default_factory=dict)
-
-    def env_options(self) -> dict[str, Any]:
-        """The env arguments (none for the task's reward alone)."""
-        if not self.parts and self.task_weight == 1.0:
-            return {}
-        return {"reward_parts": self.parts, "task_weight": self.task_weight}
-
-    def stats(self) -> dict[str, dict[str, float]] | None:
-        """Each judge's ``JudgeStats`` as a dict, by part (None without a judge)."""
-        return {name: j.stats.as_dict() for name, j in self.judges.items()} or None
-
-    def close(self) -> None:
-        for judge in self.judges.values():
-            close = getattr(judge.sampler, "close", None)
-            if close is not None:
-                close()
-
-
 def run_rubric(
     config: RunConfig, tokenizer: PreTrainedTokenizerBase, group_size: int = 1
 ) -> RunRubric:
@@ -246,9 +209,9 @@ def run_rubric(
     once, frozen; or a server at its URL, its prompts in ``config.judge_tokenizer``'s
     template, else ``tokenizer``'s); a group judge scores ``group_size`` responses a call."""
     weights = rubric_weights(config.rubric)
-    rubric = RunRubric(task_weight=weights.pop("task", 0.0))
+    task_weight = weights.pop("task", 0.0)
     if not weights:
-        return rubric
+        return RunRubric(task_weight=task_weight)
     if is_url(config.judge):
         if config.judge_tokenizer is not None:
             tokenizer = load_model(config.judge_tokenizer)[1]
@@ -262,13 +225,4 @@ def run_rubric(
         model.requires_grad_(False)
         kwargs = {"do_sample": False, "max_new_tokens": JUDGE_NEW_TOKENS * group_size}
         sampler = TransformersPolicy(model, tokenizer, input_mode="tokens", generate_kwargs=kwargs)
-    for name, weight in weights.items():
-        role = "reward" if weight > 0 else "metric"
-        if name == "judge":
-            judge: Judge | GroupJudge = Judge(sampler, tokenizer, reply_prefix="Score:")
-            rubric.parts.append(Part(name, judge, weight=weight, role=role))
-        else:
-            judge = GroupJudge(sampler, tokenizer, reply_prefix="Response 1:")
-            rubric.parts.append(Part(name, judge, weight=weight, role=role, group=True))
-        rubric.judges[name] = judge
-    return rubric
+    return judge_rubric(weights, sampler, tokenizer, task_weight=task_weight)

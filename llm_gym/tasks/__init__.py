@@ -6,14 +6,14 @@ In the tasks' Rewards sections, "TorchRL's parts" are the ``info`` keys ``reward
 """
 
 from llm_gym.rewards.answers import ANSWER_FORMATS, system_prompt
+from llm_gym.rubrics import TaskReward, TaskScore
 from llm_gym.tasks.countdown import COUNTDOWN_LEVELS, countdown_task
 from llm_gym.tasks.gsm8k import GSM8K_SYSTEM_PROMPT, gsm8k_task, load_gsm8k
 from llm_gym.tasks.ifeval import IFEVAL_LEVELS, ifeval_prompt, ifeval_task
 from llm_gym.tasks.math import load_math, math_task
 from llm_gym.tasks.products import PRODUCTS_CODE_REQUEST, products_task
 from llm_gym.tasks.reasoning_gym import reasoning_gym_task
-from llm_gym.tasks.rubric import TASK_PART, Part, Rubric, answer_rubric, extend_reward
-from llm_gym.tasks.task import Task, TaskReward, TaskScore
+from llm_gym.tasks.task import Task
 
 __all__ = [
     "ANSWER_FORMATS",
@@ -21,14 +21,9 @@ __all__ = [
     "GSM8K_SYSTEM_PROMPT",
     "IFEVAL_LEVELS",
     "PRODUCTS_CODE_REQUEST",
-    "TASK_PART",
-    "Part",
-    "Rubric",
     "Task",
     "TaskReward",
     "TaskScore",
-    "answer_rubric",
-    "extend_reward",
     "countdown_task",
     "gsm8k_task",
     "ifeval_prompt",

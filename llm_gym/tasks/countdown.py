@@ -12,9 +12,9 @@ import numpy as np
 from llm_gym.checks import check_int
 from llm_gym.rewards.answers import system_prompt
 from llm_gym.rewards.countdown import CountdownReward
+from llm_gym.rubrics import TaskScore, answer_rubric
 from llm_gym.sources.procedural import ProceduralSource
-from llm_gym.tasks.rubric import answer_rubric
-from llm_gym.tasks.task import Task, TaskScore
+from llm_gym.tasks.task import Task
 
 __all__ = [
     "COUNTDOWN_LEVELS",

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 from llm_gym.rewards.answers import check_answer_format, system_prompt
 from llm_gym.rewards.gsm8k import GSM8KReward
+from llm_gym.rubrics import TaskScore, answer_rubric
 from llm_gym.sources.datasets import load_split, task_data
-from llm_gym.tasks.rubric import answer_rubric
-from llm_gym.tasks.task import Task, TaskScore
+from llm_gym.tasks.task import Task
 
 if TYPE_CHECKING:
     from datasets import Dataset

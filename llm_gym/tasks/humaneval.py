@@ -14,8 +14,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from llm_gym.rewards.code import CODE_FORMATS, extract_code, grade
-from llm_gym.tasks.rubric import Part, Rubric, in_thread
-from llm_gym.tasks.task import Task, TaskScore
+from llm_gym.rubrics import Part, Rubric, TaskScore, in_thread
+from llm_gym.tasks.task import Task
 from llm_gym.tools.interpreter import PythonInterpreter
 
 __all__ = ["HUMANEVAL_PROMPTS", "humaneval_task", "load_humaneval"]

@@ -27,9 +27,9 @@ from llm_gym.rewards.ifeval import (
     ifeval_library,
     instruction_conflicts,
 )
+from llm_gym.rubrics import Part, Rubric, TaskScore
 from llm_gym.sources.procedural import ProceduralSource
-from llm_gym.tasks.rubric import Part, Rubric
-from llm_gym.tasks.task import Task, TaskScore
+from llm_gym.tasks.task import Task
 
 __all__ = [
     "IFEVAL_EASY",

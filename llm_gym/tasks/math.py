@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 from llm_gym.rewards.answers import system_prompt
 from llm_gym.rewards.math import MATHReward, boxed_answer
+from llm_gym.rubrics import TaskScore, answer_rubric
 from llm_gym.sources.datasets import load_split, task_data
-from llm_gym.tasks.rubric import answer_rubric
-from llm_gym.tasks.task import Task, TaskScore
+from llm_gym.tasks.task import Task
 
 if TYPE_CHECKING:
     from datasets import Dataset

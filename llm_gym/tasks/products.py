@@ -11,9 +11,9 @@ import numpy as np
 
 from llm_gym.checks import check_bool
 from llm_gym.rewards.answers import score_answer, system_prompt
+from llm_gym.rubrics import TaskScore, answer_rubric
 from llm_gym.sources.procedural import ProceduralSource
-from llm_gym.tasks.rubric import answer_rubric
-from llm_gym.tasks.task import Task, TaskScore
+from llm_gym.tasks.task import Task
 
 __all__ = ["PRODUCTS_CODE_REQUEST", "products_problem", "products_task"]
 

@@ -12,9 +12,9 @@ from typing import Any
 
 from llm_gym.checks import check_reward
 from llm_gym.rewards.answers import score_answer, system_prompt
+from llm_gym.rubrics import TaskScore, answer_rubric
 from llm_gym.sources.procedural import ProceduralSource
-from llm_gym.tasks.rubric import answer_rubric
-from llm_gym.tasks.task import Task, TaskScore
+from llm_gym.tasks.task import Task
 
 __all__ = ["ReasoningGymGenerator", "reasoning_gym_task"]
 

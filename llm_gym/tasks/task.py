@@ -13,26 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
-__all__ = ["FieldMap", "Task", "TaskReward", "TaskScore"]
+from llm_gym.rubrics.score import TaskReward
 
-
-class TaskScore(NamedTuple):
-    """What a task's reward says of one response.
-
-    ``answered``: whether the response gave an answer, which ends a multi-turn episode
-    (``max_turns > 1``); a plain ``(reward, info)`` pair counts as answered.
-    """
-
-    reward: float
-    info: dict[str, Any]
-    answered: bool = True
+__all__ = ["FieldMap", "Task"]
 
 
-# reward(response_text, item) -> TaskScore or (reward, info); item is the record after
-# field_map, query included.
-TaskReward = Callable[[str, Mapping[str, Any]], "TaskScore | tuple[float, dict[str, Any]]"]
 # Renames from a record's columns to the env's fields, or a function of the record.
 FieldMap = Mapping[str, str] | Callable[[Mapping[str, Any]], Mapping[str, Any]]
 

@@ -34,7 +34,7 @@ from typing import Any, Literal
 
 from llm_gym.checks import check_choice, check_number, check_str
 from llm_gym.rewards.answers import check_answer_format, extract_answer
-from llm_gym.tasks.task import TaskScore
+from llm_gym.rubrics.score import TaskScore
 
 __all__ = [
     "TASK_PART", "GroupPartFn", "Part", "PartFn", "ROLES", "Rubric", "answer_rubric",
@@ -129,11 +129,6 @@ class Rubric:
         shown = ", ".join(f"{p.name}:{p.role}{'' if p.role != 'reward' else f'×{p.weight:g}'}"
                           for p in self.parts)  # fmt: skip
         return f"Rubric({shown})"
-
-    @property
-    def has_group_parts(self) -> bool:
-        """Whether a part needs the whole group (``score_group``)."""
-        return any(p.group for p in self.parts)
 
     # -- scoring ----------------------------------------------------------------------------
 

@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 
 from llm_gym.checks import check_int, check_number, check_str
+from llm_gym.rubrics.rubric import in_thread
+from llm_gym.rubrics.score import TaskScore
 from llm_gym.samplers.base import Sampler
-from llm_gym.tasks.rubric import in_thread
-from llm_gym.tasks.task import TaskScore
 
 __all__ = [
     "GROUP_TEMPLATE",
