@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from llm_gym.rewards.answers import score_answer
-from llm_gym.rewards.code import MAX_CODE_CHARS, extract_code, grade
+from llm_gym.rewards.code import MAX_CODE_CHARS, CodeScore, extract_code, grade
 from llm_gym.rewards.ifeval import IFEvalReward
 from llm_gym.rewards.math import MATHReward, boxed_answer
 from llm_gym.rubrics import Rubric, TaskScore
@@ -78,7 +78,7 @@ MATH_WRONG = ["2", r"\frac{1}{3}", r"\boxed{\boxed{1}}", r"{{\frac{1}{2}}", "9^{
 
 
 def old_math_score(reward, response, item):
-    """``llm_gym.tasks.math._score`` before the rubric."""
+    """MATH's score function as the task module had it before the rubric."""
     score = reward(response, item["solution"])
     info = score.info() | {"answer": boxed_answer(item["solution"])}
     return TaskScore(score.reward, info, answered=score.reward_answer > 0)
@@ -126,7 +126,7 @@ def test_math_with_other_reward_values():
 
 
 def old_reasoning_gym_score(generator, answer_format, format_reward, response, item):
-    """``llm_gym.tasks.reasoning_gym._score`` before the rubric."""
+    """reasoning-gym's score function as the task module had it before the rubric."""
     import copy
 
     scores = []
@@ -185,7 +185,7 @@ def test_reasoning_gym_reward_is_a_rubric_with_the_values_it_had(
 
 
 def old_humaneval_score(interpreter, code_format, response, item):
-    """``llm_gym.tasks.humaneval._score`` before the rubric."""
+    """HumanEval's score function as the task module had it before the rubric."""
     program = extract_code(response, item["prompt"], item["entry_point"], code_format)
     score = grade(program, item["test"], item["entry_point"], interpreter, prompt=item["prompt"])
     info = {
@@ -247,12 +247,13 @@ def test_humaneval_grades_a_vector_envs_answers_at_once(monkeypatch):
     barrier = threading.Barrier(3, timeout=30)  # breaks unless 3 grades run at once
     threads = set()
 
-    def meeting(interpreter, code_format, response, item):
+    def meeting(program, test, entry_point, interpreter, *, prompt=""):
         threads.add(threading.get_ident())
         barrier.wait()
-        return TaskScore(1.0, {"task_id": item["task_id"]}, True)
+        return CodeScore(passed=1, total=1)
 
-    monkeypatch.setattr(humaneval_module, "_score", meeting)
+    # The grader every answer goes through (the task's public import of rewards.code.grade).
+    monkeypatch.setattr(humaneval_module, "grade", meeting)
     task = humaneval_task(dataset=load_humaneval()[:3])
     envs = DatasetChatVectorEnv(DatasetChatEnv.from_task(task, shuffle=False), 3)
     _, info = envs.reset(seed=0)
@@ -282,7 +283,7 @@ IFEVAL_RESPONSES = [
 
 
 def old_ifeval_score(reward, response, item):
-    """``llm_gym.tasks.ifeval._score`` before the rubric."""
+    """IFEval's score function as the task module had it before the rubric."""
     score = reward(response, item["constraints"])
     return TaskScore(score.reward, score.info())
 
