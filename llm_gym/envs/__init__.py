@@ -3,7 +3,7 @@ serve live in ``llm_gym.tasks``."""
 
 from llm_gym.envs.chat import ChatEnv
 from llm_gym.envs.dataset import DatasetChatEnv, make_task_env
-from llm_gym.envs.openenv import OpenEnvChatEnv, make_openenv_vector_env
+from llm_gym.envs.openenv_client import OpenEnvChatEnv, make_openenv_vector_env
 from llm_gym.envs.textarena import TextArenaEnv, make_textarena_vector_env
 from llm_gym.envs.tokens import TokenEnv
 from llm_gym.envs.vector import (
