@@ -166,13 +166,9 @@ class SessionChatEnv(DatasetChatEnv):
         return item
 
     def advance(
-        self,
-        conversation: Conversation,
-        read: ActionRead,
-        records: Sequence[ToolRecord],
-        item: Mapping[str, Any] | None = None,
-        score: TaskScore | None = None,
-    ) -> Outcome:
+        self, conversation: Conversation, read: ActionRead, records: Sequence[ToolRecord],
+        item: Mapping[str, Any] | None = None, score: TaskScore | None = None,
+    ) -> Outcome:  # fmt: skip
         """Play the turn ``read``: ``env_response``'s answer, cut at ``max_turns``, the end's
         info, ``conversation`` extended (``ChatEnv.advance``'s contract; ``score`` unused)."""
         item = self._item if item is None else item
