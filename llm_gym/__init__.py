@@ -109,8 +109,8 @@ _register(
 )
 _register(
     "LLMChat-OpenEnv-v0",
-    entry_point="llm_gym.envs.openenv:OpenEnvChatEnv",
-    vector_entry_point="llm_gym.envs.openenv:make_openenv_vector_env",
+    entry_point="llm_gym.envs.openenv_client:OpenEnvChatEnv",
+    vector_entry_point="llm_gym.envs.openenv_client:make_openenv_vector_env",
 )
 _register(
     "LLMChat-Verifiers-v0",

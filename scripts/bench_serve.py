@@ -1,8 +1,8 @@
 """Cost of an env step over OpenEnv's wire (``llm-gym serve``) against the same step in
 process, at 1, 64 and 256 concurrent sessions, and with a tool that waits 1 s.
 
-The server runs in a process of its own (``llm_gym.integrations.openenv.Server``, OpenEnv's
-``create_app`` under uvicorn, loopback only); the clients are OpenEnv's own
+The server runs in a process of its own (``llm_gym.integrations.openenv_server.Server``,
+OpenEnv's ``create_app`` under uvicorn, loopback only); the clients are OpenEnv's own
 ``GenericEnvClient`` in asyncio, one per session, in this process. A session plays episodes of
 ``LLMChat-Countdown-v0`` (level 0, procedural: nothing to download): reset(seed), then one step
 with the answer ``<answer>1 + 2</answer>``. The in-process baseline steps the same episodes of
@@ -61,7 +61,7 @@ def env_args(tool: bool) -> dict:
 
 
 def serve(tool: bool, sessions: int, ports: multiprocessing.Queue) -> None:
-    from llm_gym.integrations.openenv import Server
+    from llm_gym.integrations.openenv_server import Server
 
     server = Server(ENV, env_args(tool), port=0, max_sessions=sessions, ping_interval=60)
     server.start()

@@ -50,7 +50,7 @@ PUBLIC = [
     "llm_gym.run",
     "llm_gym.train",
     "llm_gym.integrations.trl",
-    "llm_gym.integrations.openenv",
+    "llm_gym.integrations.openenv_server",
     "llm_gym.integrations.verifiers",
     "llm_gym.spaces",
     "llm_gym.checks",

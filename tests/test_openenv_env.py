@@ -19,6 +19,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import llm_gym  # noqa: F401  (registers the ids)
+from llm_gym.envs import SessionChatEnv, VectorHooks
 
 pytest.importorskip("openenv")
 
@@ -184,6 +185,9 @@ def test_check_env(url, mode, gpt2_tokenizer):
 def test_the_vector_env_steps_a_session_per_sub_env(url):
     envs = gym.make_vec("LLMChat-OpenEnv-v0", num_envs=2, base_url=url, max_turns=2, **ECHO)
     assert isinstance(envs.unwrapped, gym.vector.SyncVectorEnv)
+    # Its sub-envs are SessionChatEnvs and have all a native vector env reads.
+    assert all(isinstance(env.unwrapped, SessionChatEnv) for env in envs.envs)
+    assert all(isinstance(env.unwrapped, VectorHooks) for env in envs.envs)
     obs, info = envs.reset(seed=0)
     assert [h[-1]["content"] for h in obs["history"]] == [READY, READY]
     assert info["episode_seed"][0] != info["episode_seed"][1]  # shards of one stream

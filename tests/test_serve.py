@@ -17,7 +17,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 import llm_gym  # noqa: F401  (registers the ids)
-from llm_gym.integrations.openenv import Server
+from llm_gym.integrations.openenv_server import Server
 
 ENV = "LLMChat-Countdown-v0"
 ARGS = {"level": 0}

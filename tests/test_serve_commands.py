@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from llm_gym.integrations.openenv import Server
+from llm_gym.integrations.openenv_server import Server
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ person would reload; any other failure fails at once. Not reproduced since (2026
 beside two CPU-bound processes) nor in 36 on one server with the step clicked 0 to 80 ms after
 the reset's result showed. What was ruled out:
 
-- llm_gym's middleware (``_Limits`` in llm_gym/integrations/openenv.py): Gradio 6.31's page
+- llm_gym's middleware (``_Limits`` in llm_gym/integrations/openenv_server.py): Gradio 6.31's page
   speaks plain HTTP (``POST /web/gradio_api/queue/join``, the server-sent-event streams
   ``GET /web/gradio_api/queue/data`` and ``/heartbeat``), no WebSocket, so the idle timeout
   (WebSocket only, and off here) and uvicorn's pings never touch it; on HTTP the middleware
@@ -71,7 +71,7 @@ def play() -> dict[str, str]:
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import sync_playwright
 
-    from llm_gym.integrations.openenv import Server
+    from llm_gym.integrations.openenv_server import Server
 
     server = Server("LLMChat-Countdown-v0", {"level": 0}, port=0, web=True)
     url = server.start()

@@ -9,7 +9,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import llm_gym  # noqa: F401  (registers the ids)
-from llm_gym.envs import DatasetChatVectorEnv
+from llm_gym.envs import DatasetChatVectorEnv, SessionChatEnv, VectorHooks
 from llm_gym.envs.textarena import TextArenaEnv
 from llm_gym.games import PolicyOpponent, TextArenaGame, game_catalogue
 
@@ -179,6 +179,8 @@ def test_self_play_through_a_policy_opponent(tiny):
 def test_the_vector_env_puts_each_game_in_a_group_of_sub_envs():
     envs = gym.make_vec("LLMChat-TextArena-v0", num_envs=4, vectorization_mode="vector_entry_point",
                         game=GUESS, repeats=2, group_repeats=True)  # fmt: skip
+    assert all(isinstance(env.unwrapped, SessionChatEnv) for env in envs.envs)
+    assert all(isinstance(env.unwrapped, VectorHooks) for env in envs.envs)
     _, info = envs.reset(seed=0)
     seeds = info["game_seed"].tolist()
     assert seeds[0] == seeds[1] != seeds[2] == seeds[3]

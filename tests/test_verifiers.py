@@ -16,6 +16,7 @@ from datasets import Dataset
 from gsm8k_fixture import FIXTURE
 
 import llm_gym  # noqa: F401  (registers the ids)
+from llm_gym.envs import SessionChatEnv, VectorHooks
 
 vf = pytest.importorskip("verifiers")
 
@@ -314,10 +315,12 @@ def test_a_vector_env_of_verifiers_rollouts_shards_the_rows_and_resets_in_the_sa
     environment = legs(4)
     envs = gym.make_vec("LLMChat-Verifiers-v0", num_envs=2, environment=environment)
     assert [env.unwrapped.shard for env in envs.envs] == [(0, 2), (1, 2)]
+    assert all(isinstance(env.unwrapped, SessionChatEnv) for env in envs.envs)
+    assert all(isinstance(env.unwrapped, VectorHooks) for env in envs.envs)
     _, infos = envs.reset(seed=0)
     first = list(infos["example_id"])
     assert len(set(first)) == 2  # each sub-env on its own shard of the rows
-    answers = [environment.rg_dataset[int(a)]["answer"] for a in infos["sample_answer"]]
+    answers = [environment.rg_dataset[int(a)]["answer"] for a in infos["item_answer"]]
     moves = [f"<answer>{answers[0]}</answer>", "<answer>-1</answer>"]
     _, rewards, terminated, _, infos = envs.step(moves)
     assert list(rewards) == [1.0, 0.0] and list(terminated) == [True, True]

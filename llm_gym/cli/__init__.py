@@ -230,7 +230,7 @@ def _serve(args: argparse.Namespace) -> int:
         return _usage_error(f"{args.env!r} is not a registered llm_gym env id (llm-gym envs)")
     env_args = dict(args.env_arg)
     try:
-        from llm_gym.integrations.openenv import Server
+        from llm_gym.integrations.openenv_server import Server
 
         if args.tokenizer is not None:  # the model's tokenizer, as rollout and train load it
             from llm_gym.lm.loading import load_model

@@ -24,7 +24,7 @@ SPACES = {
     "llm_gym.envs.dataset:make_task_env": _CHAT,
     "llm_gym.envs.tokens:make_token_env": ("input_ids,attention_mask", "Discrete(vocab)"),
     "llm_gym.envs.textarena:TextArenaEnv": _CHAT,
-    "llm_gym.envs.openenv:OpenEnvChatEnv": _CHAT,
+    "llm_gym.envs.openenv_client:OpenEnvChatEnv": _CHAT,
     "llm_gym.envs.verifiers:VerifiersChatEnv": _CHAT,
 }
 # Where a dataset task's rows come from, in order: --data-dir, the variable, the Hub.

@@ -3,12 +3,13 @@ serve live in ``llm_gym.tasks``."""
 
 from llm_gym.envs.chat import ChatEnv
 from llm_gym.envs.dataset import DatasetChatEnv, make_task_env
-from llm_gym.envs.openenv import OpenEnvChatEnv, make_openenv_vector_env
+from llm_gym.envs.openenv_client import OpenEnvChatEnv, make_openenv_vector_env
+from llm_gym.envs.session import EnvResponse, SessionChatEnv, seed_stream
 from llm_gym.envs.textarena import TextArenaEnv, make_textarena_vector_env
 from llm_gym.envs.tokens import TokenEnv
 from llm_gym.envs.vector import (
     DatasetChatVectorEnv,
-    StepHooks,
+    VectorHooks,
     batch_infos,
     make_task_vector_env,
     sharded_env_fns,
@@ -22,18 +23,21 @@ __all__ = [
     "ChatEnv",
     "DatasetChatEnv",
     "DatasetChatVectorEnv",
+    "EnvResponse",
     "OpenEnvChatEnv",
-    "StepHooks",
+    "SessionChatEnv",
     "TaskReward",
     "TaskScore",
     "TextArenaEnv",
     "TokenEnv",
+    "VectorHooks",
     "VerifiersChatEnv",
     "batch_infos",
     "make_openenv_vector_env",
     "make_task_env",
     "make_task_vector_env",
     "make_textarena_vector_env",
+    "seed_stream",
     "sharded_env_fns",
     "sharded_vector_env",
     "single_env",

@@ -4,7 +4,7 @@ The episode is a ``llm_gym.chat.Conversation`` (immutable); the env keeps the cu
 replaces it each step. A step is three public parts, ``read_action`` (check the action, parse
 tool calls), ``run_tools`` and ``advance`` (score and extend the conversation, storing
 nothing), which ``DatasetChatVectorEnv`` calls itself for N conversations at once; with
-``observe`` they are the contract ``llm_gym.envs.StepHooks`` writes down.
+``observe`` they are part of the contract ``llm_gym.envs.VectorHooks`` writes down.
 """
 
 from __future__ import annotations
@@ -276,7 +276,7 @@ class ChatEnv(gym.Env):
         """A copy of the conversation's messages (None before the first reset)."""
         return None if self._conversation is None else self._conversation.history.copy()
 
-    # -- the parts of a step, shared with the vector env (``StepHooks``) ---------------------
+    # -- the parts of a step, shared with the vector env (``VectorHooks``) -------------------
 
     def read_action(
         self,
@@ -314,7 +314,7 @@ class ChatEnv(gym.Env):
         ``conversation``: the ``Outcome`` (next conversation, reward, terminated, truncated,
         info). Stores nothing, so a vector env can call it for any of its conversations;
         ``score``: the answer's score already computed (a vector env's batch), not again."""
-        response, content, calls = read
+        _, content, calls = read
         turn = conversation.turns + 1
         made = conversation.tool_calls + len(records)
         failed = conversation.failed_tool_calls + sum(not r.ok for r in records)
@@ -337,14 +337,32 @@ class ChatEnv(gym.Env):
         if self.toolbox is not None:
             counts = {"num_tool_calls": made, "failed_tool_calls": failed}
             info = {**info, "tool_calls": [r.as_dict() for r in records], **counts}
+        added = [{"role": "tool", "content": record.output} for record in records]
+        return self._conclude(
+            conversation, read, added, reward, terminated, truncated, info, (made, failed)
+        )
+
+    def _conclude(
+        self,
+        conversation: Conversation,
+        read: ActionRead,
+        added: Sequence[Mapping[str, str]],
+        reward: float,
+        terminated: bool,
+        truncated: bool,
+        info: dict[str, Any],
+        tool_calls: tuple[int, int] | None = None,
+    ) -> Outcome:
+        """The ``Outcome`` of the turn ``read``: ``conversation`` extended with it and the
+        messages the env ``added``. In tokens mode a broken token prefix raises
+        ``TokenPrefixError``, unless the episode ends here (no prompt follows)."""
         done = terminated or truncated
         extended, problem = self.builder.extend(
-            conversation, content, response.tokens,
-            [{"role": "tool", "content": record.output} for record in records],
-            reward=reward, version=response.version, tool_calls=(made, failed), done=done,
+            conversation, read.content, read.response.tokens, added,
+            reward=reward, version=read.response.version, tool_calls=tool_calls, done=done,
         )  # fmt: skip
         if problem and not done:
-            raise TokenPrefixError(f"turn {turn}: {problem}")
+            raise TokenPrefixError(f"turn {conversation.turns + 1}: {problem}")
         return Outcome(extended, float(reward), bool(terminated), bool(truncated), info)
 
     # -- hooks for subclasses ------------------------------------------------------------

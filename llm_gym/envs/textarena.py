@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-from llm_gym.chat.conversation import Conversation, TokenPrefixError
 from llm_gym.chat.history import History
 from llm_gym.checks import check_str
-from llm_gym.envs.chat import ActionRead, Outcome
-from llm_gym.envs.dataset import DatasetChatEnv
+from llm_gym.envs.session import EnvResponse, SessionChatEnv, seed_stream
 from llm_gym.envs.vector import sharded_env_fns
 from llm_gym.games import Opponent, TextArenaGame, outcome_of
-from llm_gym.sources import ProceduralSource
 
 if TYPE_CHECKING:
-    from llm_gym.tools.toolbox import ToolRecord
+    from llm_gym.chat.conversation import Conversation
 
 __all__ = ["TEXTARENA_ID", "TextArenaEnv", "make_textarena_vector_env"]
 
@@ -27,13 +22,7 @@ TEXTARENA_ID = "LLMChat-TextArena-v0"
 NO_MESSAGE = "[GAME] Your move."  # the user turn when a move brought the learner no message
 
 
-def _game_sample(game: str, seed: int, index: int, level: int) -> dict[str, Any]:
-    # Sample ``index`` of the stream ``seed`` orders: the TextArena seed of one game.
-    (game_seed,) = np.random.SeedSequence((seed, index)).generate_state(1)
-    return {"query": game, "game": game, "game_seed": int(game_seed)}
-
-
-class TextArenaEnv(DatasetChatEnv):
+class TextArenaEnv(SessionChatEnv):
     """A TextArena game, played by the policy one chat turn per move.
 
     ## Description
@@ -123,6 +112,7 @@ class TextArenaEnv(DatasetChatEnv):
     """
 
     shares_conversations = False  # a game's state is its own: no DatasetChatVectorEnv
+    seed_field = "game_seed"
 
     def __init__(
         self,
@@ -130,79 +120,39 @@ class TextArenaEnv(DatasetChatEnv):
         *,
         opponent: Opponent | None = None,
         seat: int = 0,
-        max_turns: int | None = None,
-        seed: int | None = None,
-        repeats: int | None = 1,
-        group_repeats: bool = False,
-        shard: tuple[int, int] | None = None,
-        system_prompt: str | None = None,
-        **chat_options: object,
+        **options: object,
     ) -> None:
         check_str("game", game)
-        if chat_options.get("tools"):
-            tools = chat_options["tools"]
-            raise TypeError(f"TextArenaEnv plays without tools, got tools={tools!r}")
+        super().__init__(seed_stream(self.seed_field, query=game, game=game), **options)
         self.game = game
         self._game = TextArenaGame(game, opponent, seat)
-        source = ProceduralSource(functools.partial(_game_sample, game), num_levels=1, level=0)
-        super().__init__(
-            source, seed=seed, repeats=repeats, group_repeats=group_repeats, shard=shard,
-            required_fields=("game_seed",), system_prompt=system_prompt, max_turns=max_turns,
-            **chat_options,
-        )  # fmt: skip
-
-    def given_item(self, options: Mapping[str, Any] | None) -> dict[str, Any] | None:
-        """The given item, whose ``game_seed`` must be an int >= 0; checked before anything
-        changes, so a bad one leaves the running game as it was."""
-        item = super().given_item(options)
-        seed = None if item is None else item.get("game_seed")
-        if item is not None and (
-            isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0
-        ):
-            raise ValueError(f"a game's item needs an int game_seed >= 0, got {seed!r}")
-        return item
 
     def episode_start(self, item: Mapping[str, Any]) -> tuple[History, dict[str, Any]]:
         """Reset the game at ``item``'s ``game_seed``: its first message as the prompt."""
         seed = int(item["game_seed"])
         return self._history_for(self._game.reset(seed)), {"task": self.game, "game_seed": seed}
 
-    def advance(
-        self,
-        conversation: Conversation,
-        read: ActionRead,
-        records: Sequence[ToolRecord],
-        item: Mapping[str, Any] | None = None,
-    ) -> Outcome:
-        """Play the turn as the game's move: the game, not a reward function, decides the end,
+    def env_response(
+        self, conversation: Conversation, text: str, item: Mapping[str, Any]
+    ) -> EnvResponse:
+        """Play ``text`` as the game's move: the game, not a reward function, decides the end,
         the reward and the next user message (the game's, or the opponent's move)."""
-        response, content, _ = read
-        turn = conversation.turns + 1
-        terminated = self._game.step(self.assistant_prefix + content)
-        truncated = not terminated and self.max_turns is not None and turn >= self.max_turns
-        reward, info, added = 0.0, {}, []
-        if terminated:
-            reward, game_info = self._game.result()
-            outcome = outcome_of(reward, self._game.players)
-            info = {"outcome": outcome, "success": outcome == "win"}
-            info.update(reason=str(game_info.get("reason", "")))
-            info.update(invalid_move=bool(game_info.get("invalid_move", False)))
-        elif truncated:
-            info = {"outcome": "unfinished", "success": False, "reason": "max_turns"}
-            info.update(invalid_move=False)
-        else:
-            added = [{"role": self.user_role, "content": self._game.messages() or NO_MESSAGE}]
-        done = terminated or truncated
-        if done:  # the episode's record names its game and the game's reward
-            info.update(task=self.game, game_seed=(item or self._item)["game_seed"])
-            info["reward"] = float(reward)
-        extended, problem = self.builder.extend(
-            conversation, content, response.tokens, added,
-            reward=reward, version=response.version, done=done,
-        )  # fmt: skip
-        if problem and not done:
-            raise TokenPrefixError(f"turn {turn}: {problem}")
-        return Outcome(extended, float(reward), bool(terminated), bool(truncated), info)
+        if not self._game.step(text):
+            return EnvResponse(self._game.messages() or NO_MESSAGE)
+        reward, game_info = self._game.result()
+        outcome = outcome_of(reward, self._game.players)
+        info = {"outcome": outcome, "success": outcome == "win"}
+        info.update(reason=str(game_info.get("reason", "")))
+        info.update(invalid_move=bool(game_info.get("invalid_move", False)))
+        return EnvResponse(None, reward, terminated=True, info=info)
+
+    def end_info(self, item: Mapping[str, Any], cut: bool) -> dict[str, Any]:
+        """The episode's record names its game (and, cut by ``max_turns``, an unfinished one)."""
+        info = {"task": self.game, "game_seed": item["game_seed"]}
+        if cut:
+            unfinished = {"outcome": "unfinished", "success": False, "reason": "max_turns"}
+            info = {**unfinished, "invalid_move": False, **info}
+        return info
 
 
 def make_textarena_vector_env(num_envs: int = 1, **kwargs: object) -> SyncVectorEnv:

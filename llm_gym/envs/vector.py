@@ -13,13 +13,14 @@ from gymnasium import error
 from gymnasium.vector import AutoresetMode, SyncVectorEnv, VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
 
-from llm_gym.chat.conversation import Conversation
+from llm_gym.chat.codec import TokenCodec
+from llm_gym.chat.conversation import Conversation, PromptBuilder
 from llm_gym.chat.history import History
 from llm_gym.checks import check_int
 from llm_gym.envs.actions import decode_token_actions
 from llm_gym.envs.chat import ActionRead, Outcome
-from llm_gym.envs.dataset import DatasetChatEnv, make_task_env
-from llm_gym.rubrics import Rubric, TaskScore
+from llm_gym.envs.dataset import make_task_env
+from llm_gym.rubrics import Rubric, TaskReward, TaskScore
 from llm_gym.sources import Shard, Source
 
 if TYPE_CHECKING:
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DatasetChatVectorEnv",
-    "StepHooks",
+    "VectorHooks",
     "batch_infos",
     "make_task_vector_env",
     "sharded_env_fns",
@@ -39,12 +40,12 @@ __all__ = [
 
 
 @runtime_checkable
-class StepHooks(Protocol):
-    """What ``DatasetChatVectorEnv`` calls on its single env to step N conversations at once.
+class VectorHooks(Protocol):
+    """Everything ``DatasetChatVectorEnv`` reads of its single env, to step N conversations
+    of it at once: ``DatasetChatEnv`` and its subclasses (``SessionChatEnv``'s) have all of it.
 
-    ``DatasetChatEnv`` implements all of it; a subclass overrides what it plays differently
-    (``TextArenaEnv``: ``given_item``, ``episode_start``, ``advance``). None of these store
-    anything on the env: the vector env keeps the N conversations and items itself.
+    None of the methods store anything on the env: the vector env keeps the N conversations
+    and items itself, and calls them for any of them.
 
     - ``given_item(options)``: the item of ``reset(options={"item": ...})``, checked
       (raises before anything changes), or None.
@@ -52,9 +53,42 @@ class StepHooks(Protocol):
     - ``episode_start(item)``: the first prompt (a ``History``) and the reset info.
     - ``read_action(conversation, action)``: the checked action and its tool calls.
     - ``run_tools(conversation, calls)``: one record per call run; never raises.
-    - ``advance(conversation, read, records, item)``: the ``Outcome`` of the turn.
+    - ``advance(conversation, read, records, item, score=)``: the ``Outcome`` of the turn
+      (``score``: the answer's ``TaskScore`` when the vector env scored the batch).
     - ``observe(conversation)``: the observation dict.
+    - ``set_level(level)``, ``close()``: as ``DatasetChatEnv``'s.
+
+    The settings it reads: ``builder`` (starts the N prompts in one batch), ``codec``
+    (decodes N token actions in one batch), ``reward`` (a ``Rubric`` scores the batch),
+    ``assistant_prefix``, ``concurrent_reward``, ``shares_conversations``, the stream's
+    ``source``, ``shard``, ``repeats``, ``group_repeats``, ``epoch_size``, ``level``,
+    ``num_levels``, and the spaces and ``render_mode``.
     """
+
+    shares_conversations: bool
+    repeats: int
+    group_repeats: bool
+    shard: tuple[int, int]
+    concurrent_reward: bool
+    reward: TaskReward | None
+    assistant_prefix: str
+    builder: PromptBuilder
+    codec: TokenCodec | None
+    observation_space: gym.Space
+    action_space: gym.Space
+    render_mode: str | None
+
+    @property
+    def source(self) -> Source: ...
+
+    @property
+    def epoch_size(self) -> int | None: ...
+
+    @property
+    def level(self) -> int | None: ...
+
+    @property
+    def num_levels(self) -> int | None: ...
 
     def given_item(self, options: Mapping[str, Any] | None) -> dict[str, Any] | None: ...
 
@@ -63,9 +97,7 @@ class StepHooks(Protocol):
     def episode_start(self, item: Mapping[str, Any]) -> tuple[History, dict[str, Any]]: ...
 
     def read_action(
-        self,
-        conversation: Conversation | None,
-        action: str | np.ndarray | Response | Mapping[str, Any],
+        self, conversation: Conversation | None, action: str | np.ndarray | Response | Mapping
     ) -> ActionRead: ...
 
     def run_tools(
@@ -73,14 +105,19 @@ class StepHooks(Protocol):
     ) -> list[ToolRecord]: ...
 
     def advance(
-        self,
-        conversation: Conversation,
-        read: ActionRead,
-        records: Sequence[ToolRecord],
-        item: Mapping[str, Any] | None = None,
-    ) -> Outcome: ...
+        self, conversation: Conversation, read: ActionRead, records: Sequence[ToolRecord],
+        item: Mapping[str, Any] | None = None, score: TaskScore | None = None,
+    ) -> Outcome: ...  # fmt: skip
 
     def observe(self, conversation: Conversation) -> dict[str, Any]: ...
+
+    def set_level(self, level: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+# The protocol's members, for the error that names what an env lacks.
+_HOOKS = (*VectorHooks.__annotations__, *(k for k in vars(VectorHooks) if not k.startswith("_")))
 
 
 def single_env(envs: gym.vector.VectorEnv) -> gym.Env:
@@ -121,9 +158,14 @@ class DatasetChatVectorEnv(VectorEnv):
 
     metadata = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": []}
 
-    def __init__(self, env: DatasetChatEnv, num_envs: int) -> None:
-        if not isinstance(env, DatasetChatEnv):
-            raise TypeError(f"env must be a DatasetChatEnv, got {type(env).__name__}")
+    def __init__(self, env: VectorHooks, num_envs: int) -> None:
+        if not isinstance(env, VectorHooks):
+            lacks = [name for name in _HOOKS if not hasattr(env, name)]
+            raise TypeError(
+                f"env must be a DatasetChatEnv, got {type(env).__name__} (a single env has all "
+                f"of llm_gym.envs.VectorHooks; it lacks {', '.join(lacks[:4])}"
+                f"{', ...' if len(lacks) > 4 else ''})"
+            )
         if not env.shares_conversations:
             raise TypeError(
                 f"env must be able to step many conversations, and a {type(env).__name__} "
@@ -143,7 +185,7 @@ class DatasetChatVectorEnv(VectorEnv):
             )
         # One env holds the task's settings; each sub-env is a shard of its source and a
         # conversation, stepped here together.
-        self.single_env = env
+        self.single_env: VectorHooks = env
         self.sources = [
             env.source.fork(Shard(i, self.num_envs, env.repeats)) for i in range(self.num_envs)
         ]

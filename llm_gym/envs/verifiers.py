@@ -22,18 +22,16 @@ from typing import TYPE_CHECKING, Any
 import gymnasium as gym
 from gymnasium.vector import SyncVectorEnv
 
-from llm_gym.chat.conversation import Conversation
 from llm_gym.chat.history import History
 from llm_gym.checks import check_choice, check_number, check_str
-from llm_gym.envs.chat import ActionRead, Outcome
-from llm_gym.envs.dataset import DatasetChatEnv
+from llm_gym.envs.session import EnvResponse, SessionChatEnv
 from llm_gym.envs.vector import sharded_vector_env
 from llm_gym.tools.calls import TOOL_FORMATS, chat_messages, parse_tool_calls, with_tools_prompt
 
 if TYPE_CHECKING:
     from verifiers import Environment
 
-    from llm_gym.tools.toolbox import ToolRecord
+    from llm_gym.chat.conversation import Conversation
 
 __all__ = ["VERIFIERS_ID", "VerifiersChatEnv", "make_verifiers_vector_env"]
 
@@ -103,7 +101,7 @@ def _tool_schema(tool: object) -> dict[str, Any]:
     return {"type": "function", "function": function}
 
 
-class VerifiersChatEnv(DatasetChatEnv):
+class VerifiersChatEnv(SessionChatEnv):
     """A verifiers environment (its dataset, its turns, its rubric) played one turn per step.
 
     ## Description
@@ -177,7 +175,7 @@ class VerifiersChatEnv(DatasetChatEnv):
     >>> obs, info = env.reset(seed=0)
     >>> [m["role"] for m in obs["history"]]
     ['system', 'user']
-    >>> entry = legs.rg_dataset[int(info["sample_answer"])]  # its rows' answer: an index
+    >>> entry = legs.rg_dataset[int(info["item_answer"])]  # its rows' answer: an index
     >>> obs, reward, terminated, truncated, info = env.step(f"<answer>{entry['answer']}</answer>")
     >>> reward, terminated, truncated, info["stop_condition"]
     (1.0, True, False, 'max_turns_reached')
@@ -194,21 +192,16 @@ class VerifiersChatEnv(DatasetChatEnv):
         split: str = "eval",
         turn_timeout_s: float = 60.0,
         tool_format: str = "hermes",
-        seed: int | None = None,
-        repeats: int | None = 1,
-        group_repeats: bool = False,
-        shard: tuple[int, int] | None = None,
-        **chat_options: object,
+        **options: object,
     ) -> None:
-
         check_choice("split", split, ("eval", "train"))
         self.turn_timeout_s = check_number("turn_timeout_s", turn_timeout_s, 0, strict=True)
         self.tool_format = check_choice("tool_format", tool_format, TOOL_FORMATS)
         for option in ("system_prompt", "tools", "max_turns"):
-            if chat_options.get(option) is not None:
+            if options.get(option) is not None:
                 raise TypeError(
                     f"VerifiersChatEnv plays the environment's own {option}, got {option}="
-                    f"{chat_options[option]!r:.80}"
+                    f"{options[option]!r:.80}"
                 )
         self.environment = environment = _environment(environment, env_args)
         rows = environment.get_eval_dataset() if split == "eval" else environment.get_dataset()
@@ -216,10 +209,7 @@ class VerifiersChatEnv(DatasetChatEnv):
         records = [{**r, "query": _query(r["prompt"])} for r in rows.to_list()]
         if not records:
             raise ValueError(f"the verifiers environment's {split} dataset has no rows")
-        super().__init__(
-            records, seed=seed, repeats=repeats, group_repeats=group_repeats, shard=shard,
-            max_turns=None, **chat_options,
-        )  # fmt: skip
+        super().__init__(records, **options)
         self._calls: queue.Queue = queue.Queue()
         self._rollout: asyncio.Future | None = None  # concurrent.futures.Future in fact
         self._reply: asyncio.Future | None = None  # the model call waiting for ``step``
@@ -264,7 +254,7 @@ class VerifiersChatEnv(DatasetChatEnv):
         schemas = [_tool_schema(t) for t in tools]
         return with_tools_prompt(chat_messages(prompt), schemas, self.tool_format, self.system_role)
 
-    # -- StepHooks ------------------------------------------------------------------------
+    # -- the session's turns -----------------------------------------------------------------
 
     def given_item(self, options: Mapping[str, Any] | None) -> dict[str, Any] | None:
         """The given row (``options={"item": row}``, a row of the environment's dataset
@@ -294,22 +284,16 @@ class VerifiersChatEnv(DatasetChatEnv):
             raise RuntimeError(f"the verifiers environment's rollout did not start: {why!r:.300}")
         self._reply = reply
         self._prompt = self._call_prompt(*value)
-        info = {"example_id": row.get("example_id"), "sample_answer": row.get("answer")}
+        info = {"example_id": row.get("example_id"), "item_answer": row.get("answer")}
         info.update(task=row.get("task"), info=row.get("info"))
         return History(self._prompt), info
 
-    def advance(
-        self,
-        conversation: Conversation,
-        read: ActionRead,
-        records: Sequence[ToolRecord],
-        item: Mapping[str, Any] | None = None,
-    ) -> Outcome:
-        """Answer the rollout's model call with the turn, and wait for its next call or end."""
-        response, content, _ = read
+    def env_response(
+        self, conversation: Conversation, text: str, item: Mapping[str, Any]
+    ) -> EnvResponse:
+        """Answer the rollout's model call with ``text``, and wait for its next call or end."""
         if self._reply is None:
             raise gym.error.ResetNeeded("the verifiers rollout is not running: reset first")
-        text = self.assistant_prefix + content
         calls = []
         if self._tools:
             for call in parse_tool_calls(text, self.tool_format):
@@ -318,43 +302,33 @@ class VerifiersChatEnv(DatasetChatEnv):
         reply, self._reply = self._reply, None
         _loop().call_soon_threadsafe(_settle, reply, (text, calls))
         kind, value, next_reply = self._next()
-        added: list[dict[str, str]] = []
-        reward, terminated, truncated = 0.0, False, False
-        info: dict[str, Any] = {}
         if kind == "call":
             prompt = self._call_prompt(*value)
             before = len(self._prompt) + 1  # the last call's messages and this reply
-            added = prompt[before:]
             if prompt[: before - 1] != self._prompt:
                 self._stop()
-                truncated = True
-                info["error"] = "the environment rewrote the conversation (not a prefix)"
-            else:
-                self._reply, self._prompt = next_reply, prompt
-        elif kind == "done":
-            state = value
-            reward = float(state.get("reward") or 0.0)
-            stop = state.get("stop_condition")
-            many = getattr(self.environment, "max_turns", -1)
-            truncated = stop in _CUTS or (stop == "max_turns_reached" and many != 1)
-            terminated = not truncated
-            info.update(stop_condition=stop, metrics=dict(state.get("metrics") or {}))
-            if state.get("error") is not None:
-                info["error"] = repr(state["error"])[:2000]
-            final = state.get("final_env_response")
-            added = chat_messages(final) if final else []
-        else:
-            truncated = True
-            info["error"] = f"{type(value).__name__}: {value}"[:2000]
-        done = terminated or truncated
-        if done:
-            info.update(reward=reward, answer=(item or self._item or {}).get("answer"))
-            info["example_id"] = (item or self._item or {}).get("example_id")
-        extended, _ = self.builder.extend(
-            conversation, content, response.tokens, added,
-            reward=reward, version=response.version, done=done,
-        )  # fmt: skip
-        return Outcome(extended, reward, terminated, truncated, info)
+                error = "the environment rewrote the conversation (not a prefix)"
+                return EnvResponse(prompt[before:], truncated=True, info={"error": error})
+            self._reply, self._prompt = next_reply, prompt
+            return EnvResponse(prompt[before:])
+        if kind != "done":
+            error = f"{type(value).__name__}: {value}"[:2000]
+            return EnvResponse(None, truncated=True, info={"error": error})
+        state = value
+        stop = state.get("stop_condition")
+        many = getattr(self.environment, "max_turns", -1)
+        truncated = stop in _CUTS or (stop == "max_turns_reached" and many != 1)
+        info = {"stop_condition": stop, "metrics": dict(state.get("metrics") or {})}
+        if state.get("error") is not None:
+            info["error"] = repr(state["error"])[:2000]
+        final = state.get("final_env_response")
+        added = chat_messages(final) if final else None
+        reward = float(state.get("reward") or 0.0)
+        return EnvResponse(added, reward, not truncated, truncated, info)
+
+    def end_info(self, item: Mapping[str, Any], cut: bool) -> dict[str, Any]:
+        """The episode's record names its row's answer and example."""
+        return {"answer": (item or {}).get("answer"), "example_id": (item or {}).get("example_id")}
 
     def close(self) -> None:
         """Cancel the running rollout (the verifiers environment stays as it is)."""

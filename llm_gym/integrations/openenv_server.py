@@ -46,7 +46,7 @@ try:
     from openenv.core.env_server.types import Action, ConcurrencyConfig, Observation, State
 except ImportError as error:  # openenv is an optional dependency (the "serve" extra)
     raise ImportError(
-        "llm_gym.integrations.openenv needs OpenEnv: pip install 'llm-gym[serve]' "
+        "llm_gym.integrations.openenv_server needs OpenEnv: pip install 'llm-gym[serve]' "
         "(or pip install openenv==0.10.0)"
     ) from error
 

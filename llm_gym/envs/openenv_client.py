@@ -11,27 +11,23 @@ import functools
 import json
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
-import numpy as np
 from gymnasium.vector import SyncVectorEnv
 
-from llm_gym.chat.conversation import Conversation, TokenPrefixError
 from llm_gym.chat.history import History
 from llm_gym.checks import check_number, check_str
-from llm_gym.envs.chat import ActionRead, Outcome
-from llm_gym.envs.dataset import DatasetChatEnv
+from llm_gym.envs.session import EnvResponse, SessionChatEnv, seed_stream
 from llm_gym.envs.vector import sharded_vector_env
-from llm_gym.sources import ProceduralSource
 
 if TYPE_CHECKING:
     from openenv.core.client_types import StepResult
     from openenv.core.sync_client import SyncEnvClient
 
-    from llm_gym.tools.toolbox import ToolRecord
+    from llm_gym.chat.conversation import Conversation
 
 __all__ = ["OPENENV_ID", "JSONValue", "OpenEnvChatEnv", "make_openenv_vector_env"]
 
@@ -45,12 +41,6 @@ _SERVER_ERROR = re.compile(r"Server error: (?P<message>.*) \(code: (?P<code>\w+)
 _CAPACITY = "CAPACITY_REACHED"
 _SCHEMES = ("http://", "https://", "ws://", "wss://")
 _MAX_ERROR = 2000  # characters of a server's error kept in info (it may quote the action)
-
-
-def _episode_sample(base_url: str, seed: int, index: int, level: int) -> dict[str, Any]:
-    # Sample ``index`` of the stream ``seed`` orders: the seed of one server episode.
-    (episode_seed,) = np.random.SeedSequence((seed, index)).generate_state(1)
-    return {"query": base_url, "episode_seed": int(episode_seed)}
 
 
 def _one_line(text: object, limit: int = _MAX_ERROR) -> str:
@@ -114,7 +104,7 @@ def _transport_errors() -> tuple[type[BaseException], ...]:
     return (OSError, EOFError, asyncio.TimeoutError, WebSocketException)
 
 
-class OpenEnvChatEnv(DatasetChatEnv):
+class OpenEnvChatEnv(SessionChatEnv):
     """Any OpenEnv server, played by the policy one chat turn per step.
 
     ## Description
@@ -226,6 +216,7 @@ class OpenEnvChatEnv(DatasetChatEnv):
     """
 
     shares_conversations = False  # each env's episode lives in its own server session
+    seed_field = "episode_seed"
 
     def __init__(
         self,
@@ -237,13 +228,7 @@ class OpenEnvChatEnv(DatasetChatEnv):
         connect_timeout_s: float = 5.0,
         message_timeout_s: float = 30.0,
         capacity_wait_s: float = 5.0,
-        max_turns: int | None = None,
-        seed: int | None = None,
-        repeats: int | None = 1,
-        group_repeats: bool = False,
-        shard: tuple[int, int] | None = None,
-        system_prompt: str | None = None,
-        **chat_options: object,
+        **options: object,
     ) -> None:
         check_str("base_url", base_url)
         if not base_url.startswith(_SCHEMES):
@@ -257,9 +242,6 @@ class OpenEnvChatEnv(DatasetChatEnv):
             raise TypeError(
                 f"reset_kwargs must be a dict or None, got {type(reset_kwargs).__name__}"
             )
-        if chat_options.get("tools"):
-            tools = chat_options["tools"]
-            raise TypeError(f"OpenEnvChatEnv plays without tools, got tools={tools!r}")
         self.base_url = base_url.rstrip("/")
         self.action_field = action_field
         self.observation_field = observation_field
@@ -271,14 +253,7 @@ class OpenEnvChatEnv(DatasetChatEnv):
             "message_timeout_s", message_timeout_s, 0, strict=True
         )
         self.capacity_wait_s = check_number("capacity_wait_s", capacity_wait_s, 0)
-        source = ProceduralSource(
-            functools.partial(_episode_sample, self.base_url), num_levels=1, level=0
-        )
-        super().__init__(
-            source, seed=seed, repeats=repeats, group_repeats=group_repeats, shard=shard,
-            required_fields=("episode_seed",), system_prompt=system_prompt,
-            max_turns=max_turns, **chat_options,
-        )  # fmt: skip
+        super().__init__(seed_stream(self.seed_field, query=self.base_url), **options)
         self._client: SyncEnvClient | None = None
         # How many messages the server's chat history held after the last reset or step: a
         # step's new messages are those past it and the assistant's turn.
@@ -361,20 +336,14 @@ class OpenEnvChatEnv(DatasetChatEnv):
                 client.close()
         super().close()
 
-    # -- StepHooks ------------------------------------------------------------------------
+    # -- the session's turns -----------------------------------------------------------------
 
     def given_item(self, options: Mapping[str, Any] | None) -> dict[str, Any] | None:
         """The given item (``{"episode_seed": k}``, an int >= 0); checked before anything
         changes, so a bad one leaves the running episode as it was."""
         if isinstance(options, Mapping) and isinstance(options.get("item"), Mapping):
             options = {**options, "item": {"query": self.base_url, **options["item"]}}
-        item = super().given_item(options)
-        seed = None if item is None else item.get("episode_seed")
-        if item is not None and (
-            isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0
-        ):
-            raise ValueError(f"an episode's item needs an int episode_seed >= 0, got {seed!r}")
-        return item
+        return super().given_item(options)
 
     def episode_start(self, item: Mapping[str, Any]) -> tuple[History, dict[str, Any]]:
         """Reset the server's env with ``item``'s ``episode_seed`` (a full server retried
@@ -414,51 +383,34 @@ class OpenEnvChatEnv(DatasetChatEnv):
         self._blocked = None
         return history, info
 
-    def advance(
-        self,
-        conversation: Conversation,
-        read: ActionRead,
-        records: Sequence[ToolRecord],
-        item: Mapping[str, Any] | None = None,
-    ) -> Outcome:
-        """Send the turn to the server: its reward, end and next observation (the next user
+    def env_response(
+        self, conversation: Conversation, text: str, item: Mapping[str, Any]
+    ) -> EnvResponse:
+        """Send ``text`` to the server: its reward, end and next observation (the next user
         message); a refused action is an invalid move that ends the episode."""
         if self._blocked is not None:  # a fresh exception of the same kind, each step
             raise type(self._blocked)(*self._blocked.args)
-        response, content, _ = read
-        turn = conversation.turns + 1
-        result, error = self._call("step", {self.action_field: self.assistant_prefix + content})
-        added: list[dict[str, str]] = []
+        result, error = self._call("step", {self.action_field: text})
         if error is not None:
-            reward, terminated, truncated = 0.0, True, False
-            info: dict[str, Any] = {"invalid_move": True, "error": error[1], "error_code": error[0]}
+            info = {"invalid_move": True, "error": error[1], "error_code": error[0]}
+            return EnvResponse(None, 0.0, terminated=True, info=info)
+        observation, metadata = self._fields(result)
+        info = {"invalid_move": False, "observation": observation, "metadata": metadata}
+        terminated, truncated = bool(result.done), False
+        if terminated and observation.get("truncated") is True:
+            terminated = observation.get("terminated") is True  # the served env's cut
+            truncated = not terminated
+        chat = self._served_chat(result.observation)
+        if chat is not None:  # every message the server added, its last step's too
+            added = self._added(chat, result.done)
+            self._served = len(chat)
         else:
-            reward = float(result.reward or 0.0)
-            observation, metadata = self._fields(result)
-            info = {"invalid_move": False, "observation": observation, "metadata": metadata}
-            terminated = bool(result.done)
-            if terminated and observation.get("truncated") is True:
-                terminated = observation.get("terminated") is True  # the served env's cut
-                truncated = not terminated
-            else:
-                truncated = not terminated and self.max_turns is not None and turn >= self.max_turns
-            chat = self._served_chat(result.observation)
-            if chat is not None:  # a cut episode ends on the assistant's turn
-                added = [] if truncated and not result.done else self._added(chat, result.done)
-                self._served = len(chat)
-            elif not (terminated or truncated):
-                added = [{"role": self.user_role, "content": self._message(result.observation)}]
-        done = terminated or truncated
-        if done:  # the episode's record names its server, seed and the server's total
-            info.update(task=self.base_url, episode_seed=(item or self._item)["episode_seed"])
-            info["reward"] = float(sum(conversation.rewards) + reward)
-        extended, problem = self.builder.extend(
-            conversation, content, response.tokens, added,
-            reward=reward, version=response.version, done=done,
-        )  # fmt: skip
-        if problem and not done:
-            raise TokenPrefixError(f"turn {turn}: {problem}")
-        return Outcome(extended, reward, bool(terminated), bool(truncated), info)
+            added = None if result.done else self._message(result.observation)
+        return EnvResponse(added, float(result.reward or 0.0), terminated, truncated, info)
+
+    def end_info(self, item: Mapping[str, Any], cut: bool) -> dict[str, Any]:
+        """The episode's record names its server and seed."""
+        return {"task": self.base_url, "episode_seed": item["episode_seed"]}
 
     # -- observations -----------------------------------------------------------------------
 
