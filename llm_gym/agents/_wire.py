@@ -10,11 +10,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from llm_gym.samplers.base import SamplingSettings
+
 __all__ = [
     "MAX_N",
     "MAX_STOPS",
     "BadRequest",
-    "Settings",
+    "Request",
     "chunks",
     "completion",
     "error_body",
@@ -45,22 +47,6 @@ def error_body(message: str, param: str | None, status: int, code: str | None) -
     kinds = {403: "permission_error", 404: "not_found_error", 500: "server_error"}
     kind = kinds.get(status, "invalid_request_error")
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
-
-
-@dataclass(frozen=True)
-class Settings:
-    """A request's sampling settings that differ from the sampler's own (None: the
-    sampler's): requests with equal settings are sampled in one batch."""
-
-    temperature: float | None = None
-    top_p: float | None = None
-    max_tokens: int | None = None
-    seed: int | None = None
-
-    def given(self) -> bool:
-        return any(
-            v is not None for v in (self.temperature, self.top_p, self.max_tokens, self.seed)
-        )
 
 
 def number(body: Mapping, key: str, low: float, high: float) -> float | None:
@@ -175,11 +161,39 @@ def tools_of(body: Mapping) -> tuple[list[dict], bool]:
     return [dict(t) for t in tools], bool(tools)
 
 
-def read_request(
-    body: Mapping, model_name: str, chat: bool
-) -> tuple[Settings, int, list[str], bool]:
-    """What every request of ``model_name`` sets: its sampling ``Settings``, ``n``, its stop
-    strings and whether it streams (completions: ``max_tokens`` 16 unless given, as OpenAI's)."""
+@dataclass(frozen=True)
+class Request:
+    """A request body as read once, every field checked (a ``BadRequest`` for any that is
+    wrong): what the gateway samples with and how it replies.
+
+    ``settings`` differ from the sampler's own where given (requests with equal settings
+    share a batch); ``n`` choices; ``stops`` cut the reply; ``log_probs`` of the sampled
+    tokens in the reply; ``return_token_ids`` (vLLM's); ``stream`` and ``include_usage``
+    (its ``stream_options``). A chat request has its ``messages`` (as sent, and ``normal``:
+    as a later request repeating them is compared), the tools' ``schemas`` and whether the
+    reply is read for tool calls (``read_calls``); a completions request has its ``prompt``
+    (a string or token ids, checked against the vocabulary by the gateway)."""
+
+    chat: bool
+    settings: SamplingSettings
+    n: int = 1
+    stops: tuple[str, ...] = ()
+    stream: bool = False
+    include_usage: bool = False
+    log_probs: bool = False
+    return_token_ids: bool = False
+    messages: tuple[dict[str, Any], ...] = ()
+    normal: tuple[dict[str, Any], ...] = ()
+    schemas: tuple[dict, ...] = ()
+    read_calls: bool = False
+    prompt: Any = None
+
+
+def read_request(body: Mapping, model_name: str, chat: bool) -> Request:
+    """The ``Request`` of a body sent to ``model_name``'s chat (``chat``) or completions
+    endpoint (completions: ``max_tokens`` 16 unless given, as OpenAI's)."""
+    if not isinstance(body, Mapping):
+        raise BadRequest(f"the request body must be a JSON object, got {type(body).__name__}")
     model = body.get("model")
     if model != model_name:
         raise BadRequest(
@@ -191,16 +205,47 @@ def read_request(
         max_tokens = integer(body, "max_tokens", 1)
     if max_tokens is None and not chat:
         max_tokens = 16  # OpenAI's default for completions
-    settings = Settings(
+    settings = SamplingSettings(
         temperature=number(body, "temperature", 0.0, 2.0),
         top_p=number(body, "top_p", 0.0, 1.0),
-        max_tokens=max_tokens,
+        max_new_tokens=max_tokens,
         seed=integer(body, "seed", 0, 2**63 - 1),
     )
     n = integer(body, "n", 1, MAX_N) or 1
     if n > 1 and settings.temperature == 0.0:
         raise BadRequest(f"n={n} needs temperature > 0: greedy choices are all the same", "n")
-    return settings, n, stops_of(body), flag(body, "stream")
+    stops, stream = tuple(stops_of(body)), flag(body, "stream")
+    options = body.get("stream_options")
+    common = {
+        "chat": chat, "settings": settings, "n": n, "stops": stops, "stream": stream,
+        "include_usage": isinstance(options, Mapping) and bool(options.get("include_usage")),
+        "return_token_ids": flag(body, "return_token_ids"),
+    }  # fmt: skip
+    if chat:
+        log_probs = flag(body, "logprobs")
+        top = integer(body, "top_logprobs", 0, 20) or 0
+        messages = messages_of(body)
+        normal = tuple(normal_message(m) for m in messages)  # as a later request repeats them
+        schemas, read_calls = tools_of(body)
+        _no_top(top, "top_logprobs")
+        return Request(
+            **common, log_probs=log_probs, messages=tuple(messages), normal=normal,
+            schemas=tuple(schemas), read_calls=read_calls,
+        )  # fmt: skip
+    logprobs = integer(body, "logprobs", 0, 5)
+    if flag(body, "echo"):
+        raise BadRequest("echo is not supported: the prompt is not scored here", "echo")
+    _no_top(logprobs or 0, "logprobs")
+    return Request(**common, log_probs=logprobs is not None, prompt=body.get("prompt"))
+
+
+def _no_top(top: int, param: str) -> None:
+    if top:
+        raise BadRequest(
+            f"{param} > 0 is not supported: the sampled token's own log-prob is returned "
+            "(logprobs true, top_logprobs 0)",
+            param,
+        )
 
 
 def completion(

@@ -20,11 +20,7 @@ call's token sequence (``recording``). Requests in flight together are sampled i
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
-import queue
-import re
-import threading
 import time
 import uuid
 from collections.abc import Mapping
@@ -35,25 +31,27 @@ import numpy as np
 
 from llm_gym.agents._wire import (
     BadRequest,
-    Settings,
+    Request,
     chunks,
     completion,
     error_body,
-    flag,
-    integer,
-    messages_of,
     normal_message,
     read_request,
-    tools_of,
 )
 from llm_gym.agents.recording import Call, Recorder
 from llm_gym.chat.conversation import Conversation, PromptBuilder
 from llm_gym.chat.history import History
-from llm_gym.checks import check_int, check_number
-from llm_gym.samplers.base import Sample, Sampler
-from llm_gym.samplers.openai import OpenAISampler
+from llm_gym.checks import check_choice
+from llm_gym.samplers.base import Sample, Sampler, SamplingSettings, check_sampler
+from llm_gym.samplers.batching import Batched, BatchingSampler
 from llm_gym.servers import ThreadedServer
-from llm_gym.tools.calls import chat_messages, parse_tool_calls, with_tools_prompt
+from llm_gym.tools.calls import (
+    TOOL_FORMATS,
+    chat_messages,
+    parse_tool_calls,
+    strip_tool_calls,
+    with_tools_prompt,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -63,25 +61,15 @@ __all__ = ["EPISODE_HEADER", "Gateway"]
 EPISODE_HEADER = "x-episode-id"
 
 
-@dataclass
-class _Job:
-    prompt: np.ndarray
-    n: int
-    settings: Settings
-    future: asyncio.Future
-    loop: asyncio.AbstractEventLoop
-    queued: float  # perf_counter when it was queued
-
-
 class Gateway:
     """An OpenAI-compatible endpoint over ``sampler`` that records each episode's calls.
 
     Args:
-        sampler: any llm_gym ``Sampler`` (a ``TransformersPolicy``, ``VLLMSampler``,
-            ``OpenAISampler``): the policy the agent's calls sample from. A request's
-            ``temperature``, ``top_p``, ``max_tokens`` and ``seed`` override the sampler's own
-            for ``TransformersPolicy`` and the OpenAI-compatible samplers; another sampler
-            takes requests without them.
+        sampler: any llm_gym ``Sampler`` (a ``TransformersSampler`` or ``TransformersPolicy``,
+            ``VLLMSampler``, ``OpenAISampler``): the policy the agent's calls sample from. A
+            request's ``temperature``, ``top_p``, ``max_tokens`` and ``seed`` override the
+            sampler's own through its ``with_settings`` (every llm_gym sampler has it); a
+            sampler without it takes requests without them.
         tokenizer: the model's tokenizer: chat template, tokenizing, decoding.
         model_name: the name ``/v1/models`` lists and requests must name (404 otherwise).
         template_kwargs: ``chat_template_name`` / ``chat_template`` (default: the
@@ -93,7 +81,8 @@ class Gateway:
             in when the sampler is free).
 
     ``serve(host, port)`` starts the HTTP server in a thread (``url``); ``recorder`` holds
-    the calls (``recorder.pop(name)``: an episode's calls, forgotten by the gateway).
+    the calls (``recorder.pop(name)``: an episode's calls, forgotten by the gateway);
+    ``batching`` is the ``BatchingSampler`` the calls go through.
     """
 
     def __init__(
@@ -107,24 +96,16 @@ class Gateway:
         max_batch: int = 64,
         batch_wait: float = 0.02,
     ) -> None:
-        if not callable(getattr(sampler, "sample", None)):
-            raise TypeError(
-                "sampler must have sample(prompts) -> list[Sample] (llm_gym.samplers), got "
-                f"{type(sampler).__name__}"
-            )
+        check_sampler(sampler)
         if not isinstance(model_name, str) or not model_name:
             raise ValueError(f"model_name must be a non-empty string, got {model_name!r}")
         self.sampler, self.tokenizer, self.model_name = sampler, tokenizer, model_name
-        self.tool_format = tool_format
-        self.max_batch = check_int("max_batch", max_batch, 1)
-        self.batch_wait = check_number("batch_wait", batch_wait, 0)
-        self._last_batch = 1
+        self.tool_format = check_choice("tool_format", tool_format, TOOL_FORMATS)
+        self.batching = BatchingSampler(sampler, max_batch=max_batch, batch_wait=batch_wait)
+        self.max_batch, self.batch_wait = self.batching.max_batch, self.batching.batch_wait
         self.builder = PromptBuilder(tokenizer, template_kwargs, need_tokens=True)
         self.codec = self.builder.codec
         self.recorder = Recorder()
-        self._configured: dict[Settings, Sampler] = {}
-        self._jobs: queue.Queue[_Job | None] = queue.Queue()
-        self._worker: threading.Thread | None = None
         self._server: ThreadedServer | None = None
         self.url: str | None = None
         self.app = self._make_app()
@@ -150,10 +131,7 @@ class Gateway:
         if self._server is not None:
             self._server.stop()
             self._server = None
-        if self._worker is not None:
-            self._jobs.put(None)
-            self._worker.join(timeout=30)
-            self._worker = None
+        self.batching.close()
 
     def __enter__(self) -> Gateway:
         if self.url is None:
@@ -175,90 +153,11 @@ class Gateway:
             Route("/v1/episodes/{name}", self._episode, methods=["GET", "DELETE"]),
         ])  # fmt: skip
 
-    # -- sampling: one thread, requests in flight batched -------------------------------------
+    # -- sampling: requests in flight batched -----------------------------------------------
 
-    def _sampler_for(self, settings: Settings) -> Sampler:
-        if not settings.given():
-            return self.sampler
-        configured = self._configured.get(settings)
-        if configured is None:
-            configured = _with_settings(self.sampler, settings)
-            if len(self._configured) >= 64:  # bounded: settings vary from agent to agent
-                self._configured.pop(next(iter(self._configured)))
-            self._configured[settings] = configured
-        configured.version = getattr(self.sampler, "version", None)  # the weights it shares
-        if settings.seed is not None and isinstance(configured, OpenAISampler):
-            configured._calls = 0  # its requests' seeds come from (seed, 0): the same draws
-        return configured
-
-    def _run(self) -> None:
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            jobs, prompts = [job], job.n
-            # Agents that move together (a group's runs, a batch of episodes) call again at
-            # about the same time: until as many calls as the last batch had have come, each
-            # new one is waited for up to batch_wait, so that they share one batch. A lone
-            # agent (last batch: 1) never waits.
-            expected = min(self._last_batch, self.max_batch)
-            while prompts < self.max_batch:
-                try:
-                    if len(jobs) < expected:
-                        more = self._jobs.get(timeout=self.batch_wait)
-                    else:
-                        more = self._jobs.get_nowait()
-                except queue.Empty:
-                    break
-                if more is None:
-                    self._jobs.put(None)
-                    break
-                jobs.append(more)
-                prompts += more.n
-            self._last_batch = len(jobs)
-            groups: dict[Settings, list[_Job]] = {}
-            for job in jobs:
-                groups.setdefault(job.settings, []).append(job)
-            for settings, group in groups.items():
-                self._sample_group(settings, group)
-
-    def _sample_group(self, settings: Settings, group: list[_Job]) -> None:
-        start = time.perf_counter()
-        try:
-            sampler = self._sampler_for(settings)
-            prompts = [job.prompt for job in group for _ in range(job.n)]
-            if settings.seed is not None and not isinstance(sampler, OpenAISampler):
-                import torch  # a seeded request: its own generator state, the global one kept
-
-                with torch.random.fork_rng(devices=[]):
-                    torch.manual_seed(settings.seed)
-                    samples = sampler.sample(prompts)
-            else:
-                samples = sampler.sample(prompts)
-            if len(samples) != len(prompts):
-                raise RuntimeError(
-                    f"the sampler returned {len(samples)} samples for {len(prompts)} prompts"
-                )
-        except Exception as error:  # each request gets it as a 500
-            for job in group:
-                job.loop.call_soon_threadsafe(_settle, job.future, None, error)
-            return
-        seconds, at = time.perf_counter() - start, 0
-        for job in group:  # the samples, the wait for the sampler and its call's seconds
-            result = (samples[at : at + job.n], start - job.queued, seconds)
-            job.loop.call_soon_threadsafe(_settle, job.future, result, None)
-            at += job.n
-
-    async def _sample(
-        self, prompt: np.ndarray, n: int, settings: Settings
-    ) -> tuple[list[Sample], float, float]:
-        if self._worker is None:
-            self._worker = threading.Thread(target=self._run, name="llm_gym-gateway", daemon=True)
-            self._worker.start()
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        self._jobs.put(_Job(prompt, n, settings, future, loop, time.perf_counter()))
-        return await future
+    async def _sample(self, prompt: np.ndarray, n: int, settings: SamplingSettings) -> Batched:
+        future = self.batching.submit([prompt] * n, settings)
+        return await asyncio.wrap_future(future)
 
     # -- endpoints ---------------------------------------------------------------------------
 
@@ -302,11 +201,7 @@ class Gateway:
             message = f"the request body must be a JSON object: {error}"
             return JSONResponse(error_body(message, None, 400, None), status_code=400)
         try:
-            if not isinstance(body, dict):
-                raise BadRequest(
-                    f"the request body must be a JSON object, got {type(body).__name__}"
-                )
-            return await self._reply(request, body, chat)
+            return await self._reply(request, read_request(body, self.model_name, chat))
         except BadRequest as error:
             body = error_body(str(error), error.param, error.status, error.code)
             return JSONResponse(body, status_code=error.status)
@@ -314,11 +209,11 @@ class Gateway:
             message = f"sampling failed: {type(error).__name__}: {error}"
             return JSONResponse(error_body(message, None, 500, None), status_code=500)
 
-    async def _reply(self, request: Any, body: dict, chat: bool) -> Any:
+    async def _reply(self, request: Any, body: Request) -> Any:
         from starlette.responses import JSONResponse, StreamingResponse
 
-        settings, n, stops, stream = read_request(body, self.model_name, chat)
-        if settings.given() and not _configurable(self.sampler):
+        chat = body.chat
+        if body.settings.given() and not self.batching.configurable:
             raise BadRequest(
                 f"this gateway's sampler ({type(self.sampler).__name__}) samples with its own "
                 "settings: leave out temperature, top_p, max_tokens and seed",
@@ -330,12 +225,9 @@ class Gateway:
                 f"episode {episode!r} is over (its run ended or ran past its time limit)",
                 None, 403, "episode_closed",
             )  # fmt: skip
+        normal = list(body.normal)
         if chat:
-            want_log_probs = flag(body, "logprobs")
-            top = integer(body, "top_logprobs", 0, 20) or 0
-            messages = messages_of(body)
-            normal = [normal_message(m) for m in messages]  # as a later request repeats them
-            schemas, read_calls = tools_of(body)
+            messages, schemas = list(body.messages), list(body.schemas)
             try:
                 prompt, parent, conversation = self._chat_prompt(episode, messages, normal, schemas)
             except Exception as error:  # the template's own refusal (a role it has no turn for)
@@ -345,20 +237,10 @@ class Gateway:
                     "messages",
                 ) from None
         else:
-            logprobs = integer(body, "logprobs", 0, 5)
-            want_log_probs, top = logprobs is not None, logprobs or 0
-            if flag(body, "echo"):
-                raise BadRequest("echo is not supported: the prompt is not scored here", "echo")
-            prompt, parent, conversation = self._text_prompt(episode, body.get("prompt"))
-            read_calls = False
-        if top:
-            param = "top_logprobs" if chat else "logprobs"
-            raise BadRequest(
-                f"{param} > 0 is not supported: the sampled token's own log-prob is returned "
-                "(logprobs true, top_logprobs 0)",
-                param,
-            )
-        samples, queued, sampling = await self._sample(prompt.tokens, n, settings)
+            prompt, parent, conversation = self._text_prompt(episode, body.prompt)
+        batched = await self._sample(prompt.tokens, body.n, body.settings)
+        samples, queued, sampling = batched.samples, batched.queued, batched.seconds
+        stops, read_calls, want_log_probs = list(body.stops), body.read_calls, body.log_probs
         choices = [self._choice(s, stops, read_calls) for s in samples]
         first = self.recorder.reserve(episode, len(choices)) if episode else 0
         reply_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
@@ -389,16 +271,13 @@ class Gateway:
             f"{queued:.6f}",
             f"{sampling:.6f}",
         )
-        extra = {"return_token_ids": flag(body, "return_token_ids"), "prompt": prompt.tokens}
-        if not stream:  # the gateway's own time: all but the wait and the sampling
+        extra = {"return_token_ids": body.return_token_ids, "prompt": prompt.tokens}
+        if not body.stream:  # the gateway's own time: all but the wait and the sampling
             payload = completion(head, choices, chat, usage, extra)
             own = time.perf_counter() - request.state.received - queued - sampling
             headers["x-gateway-seconds"] = f"{own:.6f}"
             return JSONResponse(payload, headers=headers)
-        include = isinstance(body.get("stream_options"), Mapping) and bool(
-            body["stream_options"].get("include_usage")
-        )
-        events = chunks(head, choices, chat, usage if include else None)
+        events = chunks(head, choices, chat, usage if body.include_usage else None)
         return StreamingResponse(events, media_type="text/event-stream", headers=headers)
 
     # -- prompts -----------------------------------------------------------------------------
@@ -480,7 +359,7 @@ class Gateway:
                 if c.error is None
             ]
             if calls:  # the text around the calls is the message's content
-                content = _CALL_BLOCK.sub("", content).strip()
+                content = strip_tool_calls(content, self.tool_format).strip()
                 finish = "tool_calls"
         message: dict[str, Any] = {"role": "assistant", "content": content or None}
         if calls:
@@ -523,59 +402,16 @@ class Gateway:
         }  # fmt: skip
 
 
-_CALL_BLOCK = re.compile(r"<tool_call>.*?</tool_call>", re.DOTALL)
-
-
 @dataclass(frozen=True)
 class _Prompt:
     tokens: np.ndarray
     mask: np.ndarray
 
 
-def _settle(future: asyncio.Future, result: object, error: BaseException | None) -> None:
-    if future.done():  # the client went away
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)
-
-
 def _bearer(request: Any) -> str | None:
     value = request.headers.get("authorization", "")
     token = value[7:].strip() if value.lower().startswith("bearer ") else ""
     return token or None
-
-
-def _configurable(sampler: object) -> bool:
-    return isinstance(sampler, OpenAISampler) or callable(getattr(sampler, "get_new_version", None))
-
-
-def _with_settings(sampler: Sampler, settings: Settings) -> Sampler:
-    """A sampler like ``sampler`` (sharing its model or server) with ``settings``."""
-    if isinstance(sampler, OpenAISampler):
-        configured = copy.copy(sampler)
-        if settings.temperature is not None:
-            configured.temperature = settings.temperature
-        if settings.top_p is not None:
-            configured.top_p = settings.top_p
-        if settings.max_tokens is not None:
-            configured.max_new_tokens = settings.max_tokens
-        if settings.seed is not None:  # reproducible: the same draws for the same seed
-            configured.seed, configured._calls = settings.seed, 0
-        return configured
-    kwargs = dict(sampler._user_generate_kwargs)
-    if settings.temperature == 0.0:
-        kwargs["do_sample"] = False
-        kwargs.pop("temperature", None)
-    elif settings.temperature is not None:
-        kwargs.update(do_sample=True, temperature=settings.temperature)
-    if settings.top_p is not None:
-        kwargs["top_p"] = settings.top_p
-    if settings.max_tokens is not None:
-        kwargs.pop("max_length", None)
-        kwargs["max_new_tokens"] = settings.max_tokens
-    return sampler.get_new_version(generate_kwargs=kwargs, num_samples=None)
 
 
 def _call_json(call: Call) -> dict[str, Any]:

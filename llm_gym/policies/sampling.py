@@ -15,7 +15,7 @@ from llm_gym.chat.containers import Response
 from llm_gym.chat.templates import get_chat_template
 from llm_gym.checks import check_choice
 from llm_gym.policies.transformers import Encoder, check_tokenizer, split_observation
-from llm_gym.samplers.base import Sampler
+from llm_gym.samplers.base import Sampler, check_sampler
 from llm_gym.spaces import INPUT_MODES
 
 if TYPE_CHECKING:
@@ -47,11 +47,7 @@ class SamplerPolicy:
         chat_template_name: str | None = None,
         chat_template: str | None = None,
     ) -> None:
-        if not callable(getattr(sampler, "sample", None)):
-            raise TypeError(
-                "sampler must have sample(prompts) -> list[Sample] (llm_gym.samplers), got "
-                f"{type(sampler).__name__}"
-            )
+        check_sampler(sampler)
         check_tokenizer(tokenizer)
         if chat_template_name is not None:
             get_chat_template(chat_template_name)  # validates the name

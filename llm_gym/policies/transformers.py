@@ -4,6 +4,7 @@ holding a tuple per key; observations in, token ids out), which ``SamplerPolicy`
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -17,18 +18,11 @@ from llm_gym.chat.containers import LogProbs, Masks, Response, Tokens
 from llm_gym.chat.history import History
 from llm_gym.chat.templates import get_chat_template
 from llm_gym.checks import check_bool, check_choice
-from llm_gym.lm.tensors import (
-    first_eos_lengths,
-    first_id,
-    forward_logits,
-    has_prefix,
-    left_pad,
-    selected_log_probs,
-)
+from llm_gym.lm.tensors import forward_logits, has_prefix, left_pad
 from llm_gym.policies.distributions import MaskedCategorical
-from llm_gym.samplers import LogProbOutput, Sample, check_token_batch, check_token_ids
+from llm_gym.samplers import LogProbOutput, Sample, check_token_ids
 from llm_gym.samplers.base import ScoredResponse
-from llm_gym.samplers.transformers import generate_with_log_probs, generation_settings
+from llm_gym.samplers.transformers import TransformersSampler, check_length, generation_settings
 from llm_gym.spaces import INPUT_MODES
 
 if TYPE_CHECKING:
@@ -279,12 +273,15 @@ def dist_mask(
 # Constructor arguments get_new_version copies from the policy's attributes of the same name.
 _ARGUMENTS = ("model", "tokenizer", "input_mode", "generate", "return_log_probs", "pad_output")
 _ARGUMENTS += ("num_samples", "chat_template_name", "chat_template", "device")
+_SAMPLE_COUNTS = ("n", "num_return_sequences")  # a scorer samples nothing
 
 
 class TransformersPolicy:
-    """A transformers causal LM as a policy over ChatEnv observations, and the ``Sampler`` and
-    ``Scorer`` of ``llm_gym.samplers`` (``sample``, ``score``). docs/policies.md says what each
-    mode returns and shows one stepping a ChatEnv.
+    """A transformers causal LM as a policy over ChatEnv observations, over a
+    ``TransformersSampler`` (``.sampler``, which holds the model, the generation settings and
+    ``version``): ``sample`` and ``score`` are the sampler's, so the policy is a ``Sampler`` and
+    a ``Scorer`` too. docs/policies.md says what each mode returns and shows one stepping a
+    ChatEnv.
 
     Generate mode (default): ``policy(obs)`` gives a ``Response`` (a list for a vector env's
     batch; ``num_samples=k``: k per observation). Log-prob mode (``generate=False``):
@@ -325,43 +322,28 @@ class TransformersPolicy:
         chat_template: str | None = None,
         device: str | torch.device | None = None,
     ) -> None:
-        if not (callable(model) and hasattr(model, "generate") and hasattr(model, "config")):
-            raise TypeError(
-                "model must be a transformers causal LM (with .generate), got "
-                f"{type(model).__name__}"
-            )
         check_tokenizer(tokenizer)
-        self.vocab_size = model.get_input_embeddings().num_embeddings
-        if len(tokenizer) > self.vocab_size:
-            raise ValueError(
-                f"tokenizer has {len(tokenizer)} tokens but the model's embedding has only "
-                f"{self.vocab_size} rows: model and tokenizer do not match"
-            )
         self.input_mode = check_choice("input_mode", input_mode, INPUT_MODES)
         self.generate = check_bool("generate", generate)
-        self.return_log_probs = check_bool("return_log_probs", return_log_probs)
         self.pad_output = check_bool("pad_output", pad_output)
+        check_bool("return_log_probs", return_log_probs)
         if not generate and not return_log_probs:
             raise ValueError("return_log_probs must be True when generate=False (log-prob mode)")
         if chat_template_name is not None:
             get_chat_template(chat_template_name)  # validates the name
-        self.model, self.tokenizer, self.version = model, tokenizer, 0
         self.chat_template_name, self.chat_template = chat_template_name, chat_template
-        self.device = torch.device(device) if device is not None else model.device
-        self.generate_kwargs, self.num_samples = generation_settings(
-            model, generate_kwargs, num_samples, generate
-        )
-        self._user_generate_kwargs = dict(generate_kwargs or {})
+        self._given_kwargs = dict(generate_kwargs or {})  # get_new_version starts from them
+        if not generate:  # the kwargs are checked and kept for get_new_version(generate=True)
+            generation_settings(model, generate_kwargs, num_samples, generate)
+            generate_kwargs = {
+                k: v for k, v in self._given_kwargs.items() if k not in _SAMPLE_COUNTS
+            }
+        self.sampler = TransformersSampler(
+            model, tokenizer, generate_kwargs=generate_kwargs, num_samples=num_samples,
+            return_log_probs=return_log_probs, device=device,
+        )  # fmt: skip
         template = {"chat_template_name": chat_template_name, "chat_template": chat_template}
         self._encoder = Encoder(tokenizer, self.vocab_size, template)
-        gen = model.generation_config
-        self.pad_token_id = first_id(
-            self.generate_kwargs.get("pad_token_id"), gen.pad_token_id,
-            tokenizer.pad_token_id, tokenizer.eos_token_id, default=0,
-        )  # fmt: skip
-        eos = self.generate_kwargs.get("eos_token_id", gen.eos_token_id)
-        eos = eos if eos is not None else tokenizer.eos_token_id
-        self.eos_token_ids = [] if eos is None else [int(e) for e in np.atleast_1d(eos)]
 
     def __repr__(self) -> str:
         return (
@@ -369,49 +351,48 @@ class TransformersPolicy:
             f"generate={self.generate}, num_samples={self.num_samples}, version={self.version})"
         )
 
-    # -- token level: the Sampler and Scorer protocols ---------------------------------------
+    # -- what the sampler holds --------------------------------------------------------------
+
+    model = property(lambda self: self.sampler.model, doc="The transformers model.")
+    tokenizer = property(lambda self: self.sampler.tokenizer, doc="The model's tokenizer.")
+    device = property(lambda self: self.sampler.device, doc="Where inputs go.")
+    vocab_size = property(lambda self: self.sampler.vocab_size, doc="The embedding's rows.")
+    num_samples = property(lambda self: self.sampler.num_samples, doc="Samples per prompt.")
+    return_log_probs = property(lambda self: self.sampler.return_log_probs)
+    generate_kwargs = property(lambda self: self.sampler.generate_kwargs)
+    pad_token_id = property(lambda self: self.sampler.pad_token_id)
+    eos_token_ids = property(lambda self: self.sampler.eos_token_ids)
+
+    @property
+    def version(self) -> int | None:
+        """The policy version its samples carry: the sampler's (one counter for both)."""
+        return self.sampler.version
+
+    @version.setter
+    def version(self, value: int | None) -> None:
+        self.sampler.version = value
+
+    # -- token level: the Sampler and Scorer protocols, by the sampler ----------------------
 
     def sample(self, prompts: Sequence[np.ndarray]) -> list[Sample]:
-        """One ``Sample`` per prompt (``num_samples`` consecutive ones per prompt when set), all
-        prompts generated in one left-padded batch with the policy's ``generate_kwargs``."""
-        prompts = check_token_batch("prompts", prompts, self.vocab_size, min_length=1)
-        if not prompts:
-            return []
-        ids, attention = left_pad(prompts, self.pad_token_id, self.device)
-        settings = self.generate_kwargs | {"pad_token_id": self.pad_token_id}
-        with torch.inference_mode():
-            new, log_probs = generate_with_log_probs(
-                self.model, ids, attention, log_probs=self.return_log_probs, **settings
-            )
-            lengths = first_eos_lengths(new, self.eos_token_ids).tolist()
-        tokens = new.cpu().numpy()
-        log_probs = None if log_probs is None else log_probs.cpu().numpy()
-        samples = []
-        for row, n in enumerate(lengths):
-            stop = n > 0 and int(tokens[row, n - 1]) in self.eos_token_ids
-            row_log_probs = None if log_probs is None else log_probs[row, :n]
-            finish = "stop" if stop else "length"
-            samples.append(Sample(tokens[row, :n], row_log_probs, finish, self.version))
-        return samples
+        """The sampler's ``sample``: one ``Sample`` per prompt (``num_samples`` consecutive
+        ones per prompt when set), all generated in one left-padded batch."""
+        return self.sampler.sample(prompts)
 
     def score(
         self, prompts: Sequence[np.ndarray], responses: Sequence[np.ndarray]
     ) -> list[np.ndarray]:
-        """``float32`` log π(response[t] | prompt + response[:t]) of each response's tokens,
-        all pairs in one left-padded forward pass over the response window only."""
-        prompts = check_token_batch("prompts", prompts, self.vocab_size, min_length=1)
-        responses = check_token_batch("responses", responses, self.vocab_size)
-        if len(responses) != len(prompts):
-            raise ValueError(
-                f"responses must have one entry per prompt: got {len(responses)} responses for "
-                f"{len(prompts)} prompts"
-            )
-        if not prompts:
-            return []
-        keep = max(len(r) for r in responses) + 1
-        sequences = [np.concatenate([p, r]) for p, r in zip(prompts, responses, strict=True)]
-        log_probs = self._log_probs(sequences, keep)
-        return [log_probs[row, keep - len(r) :] for row, r in enumerate(responses)]
+        """The sampler's ``score``: ``float32`` log-probs of each response's tokens given its
+        prompt, in one forward pass."""
+        return self.sampler.score(prompts, responses)
+
+    def with_settings(self, **overrides: Any) -> TransformersPolicy:
+        """A policy over ``self.sampler.with_settings(**overrides)`` (``temperature``,
+        ``top_p``, ``max_new_tokens``, ``seed``), sharing the model and the rest; this policy
+        is left as it was."""
+        policy = copy.copy(self)
+        policy.sampler = self.sampler.with_settings(**overrides)
+        return policy
 
     # -- observation level -------------------------------------------------------------------
 
@@ -457,7 +438,7 @@ class TransformersPolicy:
         # the response's first token; its own first position is never a response token.
         keep = max(len(e.ids) - e.prompt_length for e in encoded) + 1 if response_only else 0
         rows = [e.ids for e in encoded]
-        log_probs = self._log_probs(rows, keep)
+        log_probs = self.sampler.sequence_log_probs(rows, keep)
         width = log_probs.shape[1]
         if self.pad_output:
             cpu = torch.device("cpu")
@@ -488,7 +469,7 @@ class TransformersPolicy:
         ``return_log_probs`` on unless given; ``generate_kwargs`` are kept for switching back.
         """
         current = {name: getattr(self, name) for name in _ARGUMENTS}
-        current["generate_kwargs"] = self._user_generate_kwargs
+        current["generate_kwargs"] = self._given_kwargs
         unknown = sorted(set(changes) - set(current))
         if unknown:
             raise TypeError(
@@ -529,7 +510,7 @@ class TransformersPolicy:
         encoded = self._encode(values, responses, batched)
         ids, attention = left_pad([e.ids for e in encoded], self.pad_token_id, self.device)
         selected = dist_mask(mask, encoded, attention) & has_prefix(attention)
-        self._check_length(ids)
+        check_length(self.model, ids.shape[1])
         logits = forward_logits(self.model, ids, attention)
         # Line the logits up with the tokens they predict; position 0 predicts nothing.
         aligned = F.pad(logits[:, :-1], (0, 0, 1, 0))
@@ -545,26 +526,3 @@ class TransformersPolicy:
     ) -> list[Encoded]:
         responses = split_responses(responses, len(values), batched)
         return [self._encoder.scored(v, r) for v, r in zip(values, responses, strict=True)]
-
-    def _check_length(self, ids: torch.Tensor) -> None:
-        max_positions = getattr(self.model.config, "max_position_embeddings", None)
-        if max_positions is not None and ids.shape[1] > max_positions:
-            raise ValueError(
-                f"a conversation has {ids.shape[1]} tokens, more than the model's "
-                f"max_position_embeddings ({max_positions})"
-            )
-
-    def _log_probs(self, sequences: list[np.ndarray], keep: int) -> np.ndarray:
-        """``(B, keep or T)`` log-probs of the left-padded ``sequences``' last ``keep`` tokens
-        (all with ``keep=0``)."""
-        ids, attention = left_pad(sequences, self.pad_token_id, self.device)
-        self._check_length(ids)
-        # The window's tokens through the output layer a chunk of rows at a time: a scorer of
-        # long responses (a KL wrapper's reference) never holds their (B, keep, V) logits.
-        selected = attention.clone()
-        if keep:
-            selected[:, :-keep] = False
-        window = slice(-keep, None) if keep else slice(None)
-        with torch.inference_mode():
-            log_probs = selected_log_probs(self.model, ids, attention, selected)
-            return log_probs[:, window].cpu().numpy()

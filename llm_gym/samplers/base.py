@@ -1,6 +1,7 @@
 """``Sampler`` and ``Scorer``: the protocols every generation backend implements (one file
-each: ``TransformersPolicy``, ``RayLogProbModel``; vLLM would be another), and the token-id
-checks they share. Sampled ids are used as sampled, never re-tokenized.
+each: ``TransformersSampler``, ``OpenAISampler``, ``VLLMSampler``), per-request
+``SamplingSettings`` (``with_settings``), ``check_sampler`` and the token-id checks they share.
+Sampled ids are used as sampled, never re-tokenized.
 """
 
 from __future__ import annotations
@@ -17,9 +18,12 @@ from llm_gym.checks import ArgumentTypeError
 __all__ = [
     "FINISH_REASONS",
     "LogProbOutput",
+    "ConfigurableSampler",
     "Sample",
     "Sampler",
+    "SamplingSettings",
     "Scorer",
+    "check_sampler",
     "check_scorer",
     "check_token_batch",
     "check_token_ids",
@@ -58,6 +62,66 @@ class Sampler(Protocol):
     def sample(self, prompts: Sequence[np.ndarray]) -> list[Sample]:
         """One ``Sample`` per prompt (``k`` consecutive ones per prompt for ``k`` samples)."""
         ...
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """Settings one request may change on a sampler (None: the sampler's own). Hashable, so
+    that calls with equal settings can share a batch (``BatchingSampler``).
+
+    ``temperature`` 0 is greedy; ``max_new_tokens`` is the token budget of each response;
+    ``seed`` makes the call's draws reproducible (its own generator state, the global one
+    kept)."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    max_new_tokens: int | None = None
+    seed: int | None = None
+
+    def overrides(self) -> dict[str, Any]:
+        """The settings given, as ``with_settings`` keywords."""
+        return {k: v for k, v in vars(self).items() if v is not None}
+
+    def given(self) -> bool:
+        """Whether any setting differs from the sampler's own."""
+        return bool(self.overrides())
+
+
+@runtime_checkable
+class ConfigurableSampler(Sampler, Protocol):
+    """A ``Sampler`` whose settings one call may change: ``with_settings`` returns a sampler
+    like it (sharing its model or server, starting at its ``version``) with the given
+    ``SamplingSettings`` fields changed; the sampler itself is left as it was."""
+
+    def with_settings(
+        self,
+        *,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        max_new_tokens: int | None = None,
+        seed: int | None = None,
+    ) -> Sampler:
+        """A configured copy (None: keep this sampler's setting)."""
+        ...
+
+
+def check_sampler(sampler: object, name: str = "sampler") -> Sampler:
+    """``sampler`` if it has ``sample(prompts) -> list[Sample]``, else a ``TypeError`` that
+    names ``name``, what was expected and what came.
+
+    >>> check_sampler("gpt2", "judge")
+    Traceback (most recent call last):
+    ...
+    TypeError: judge must be a Sampler with sample(prompts) -> list[Sample] (llm_gym.samplers: \
+TransformersSampler, VLLMSampler, OpenAISampler, or a TransformersPolicy), got str
+    """
+    if not callable(getattr(sampler, "sample", None)):
+        raise TypeError(
+            f"{name} must be a Sampler with sample(prompts) -> list[Sample] (llm_gym.samplers: "
+            "TransformersSampler, VLLMSampler, OpenAISampler, or a TransformersPolicy), got "
+            f"{type(sampler).__name__}"
+        )
+    return sampler  # type: ignore[return-value]
 
 
 @dataclass

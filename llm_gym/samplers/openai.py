@@ -17,6 +17,7 @@ could not reach the server at http://127.0.0.1:9 (Connection refused): is it run
 
 from __future__ import annotations
 
+import copy
 import json
 import urllib.error
 import urllib.request
@@ -57,6 +58,8 @@ class OpenAISampler:
         max_concurrency: requests in flight at once.
 
     ``version`` counts weight updates (``update_weights``); every ``Sample`` carries it.
+    ``with_settings(temperature=, top_p=, max_new_tokens=, seed=)`` gives a sampler of the
+    same server with some settings changed, for one request.
     """
 
     def __init__(
@@ -113,6 +116,28 @@ class OpenAISampler:
         workers = min(self.max_concurrency, len(requests))
         with ThreadPoolExecutor(workers) as pool:
             return list(pool.map(self._sample_one, requests, seeds))
+
+    def with_settings(
+        self,
+        *,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        max_new_tokens: int | None = None,
+        seed: int | None = None,
+    ) -> OpenAISampler:
+        """A sampler of the same server, starting at this one's ``version``, with the settings
+        given changed (None: this one's); this sampler is left as it was. With ``seed`` its
+        calls' seeds start again from ``(seed, 0)``: the same draws for the same seed."""
+        configured = copy.copy(self)
+        if temperature is not None:
+            configured.temperature = check_number("temperature", temperature, 0)
+        if top_p is not None:
+            configured.top_p = check_number("top_p", top_p, 0)
+        if max_new_tokens is not None:
+            configured.max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1)
+        if seed is not None:
+            configured.seed, configured._calls = check_int("seed", seed, 0), 0
+        return configured
 
     def update_weights(self, path: str, version: int | None = None) -> None:
         """Load new weights from ``path`` (a folder of safetensors the server can read) through

@@ -1,24 +1,40 @@
-"""The transformers generation backend: ``model.generate`` with the log-probs of the sampled
-tokens under the raw logits, and its settings checked before any generation. The policy over it
-is ``llm_gym.policies.TransformersPolicy`` (a ``Sampler`` and a ``Scorer``); TorchRL's
-``RolloutFromModel`` generates through it too. The vLLM and OpenAI-compatible backends are
-``vllm`` and ``openai`` beside this file."""
+"""The transformers generation backend: ``TransformersSampler`` (``model.generate`` with the
+log-probs of the sampled tokens under the raw logits, its settings checked before any
+generation; a ``Sampler`` whose token-level ``score`` is the ``Scorer``'s). The policy over it
+is ``llm_gym.policies.TransformersPolicy``; TorchRL's ``RolloutFromModel`` generates through
+``generate_with_log_probs`` too. The vLLM and OpenAI-compatible backends are ``vllm`` and
+``openai`` beside this file."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
-from llm_gym.checks import check_int
-from llm_gym.lm.tensors import gather_log_probs
+from llm_gym.checks import check_bool, check_int, check_number
+from llm_gym.lm.tensors import (
+    first_eos_lengths,
+    first_id,
+    gather_log_probs,
+    left_pad,
+    selected_log_probs,
+)
+from llm_gym.samplers.base import Sample, check_token_batch
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedModel
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-__all__ = ["DEFAULT_MAX_NEW_TOKENS", "generate_with_log_probs", "generation_settings"]
+__all__ = [
+    "DEFAULT_MAX_NEW_TOKENS",
+    "TransformersSampler",
+    "check_length",
+    "generate_with_log_probs",
+    "generation_settings",
+]
 
 DEFAULT_MAX_NEW_TOKENS = 256
 _GENERATE_ALIASES = {"max_tokens": "max_new_tokens", "n": "num_return_sequences"}
@@ -130,3 +146,189 @@ def generate_with_log_probs(
     for step, logits in enumerate(out.logits):
         log_probs[:, step] = gather_log_probs(logits, new[:, step])
     return new, log_probs
+
+
+def check_length(model: PreTrainedModel, length: int) -> None:
+    """A ``ValueError`` when ``length`` tokens are more than ``model`` has positions for."""
+    max_positions = getattr(model.config, "max_position_embeddings", None)
+    if max_positions is not None and length > max_positions:
+        raise ValueError(
+            f"a conversation has {length} tokens, more than the model's "
+            f"max_position_embeddings ({max_positions})"
+        )
+
+
+class TransformersSampler:
+    """A transformers causal LM as a ``Sampler`` (``sample``: prompt ids in, the sampled ids,
+    their log-probs, finish reasons and ``version`` out) with the token-level ``score`` of a
+    ``Scorer``. ``llm_gym.policies.TransformersPolicy`` is the policy over env observations
+    built on it (its ``.sampler``).
+
+    Args:
+        model: a transformers causal LM (``AutoModelForCausalLM``).
+        tokenizer: its tokenizer (the pad and end-of-sequence ids when the model's generation
+            config has none; its size is checked against the model's embedding).
+        generate_kwargs: passed to ``model.generate``; any ``GenerationConfig`` attribute,
+            plus the aliases ``max_tokens`` (``max_new_tokens``) and ``n``
+            (``num_return_sequences``). ``max_new_tokens`` defaults to 256.
+        num_samples: this many samples per prompt, consecutive (needs ``do_sample``).
+        return_log_probs: attach log-probs to samples (False: none are computed).
+        seed: each ``sample`` call draws from torch's generator seeded with it (the global
+            generator state is kept); None: the global generator.
+        device: where inputs go; default the model's device.
+
+    ``version`` is the policy version every ``Sample`` carries (a trainer bumps it).
+    ``with_settings(temperature=, top_p=, max_new_tokens=, seed=)`` gives a sampler sharing
+    the model with some settings changed, for one request.
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        generate_kwargs: Mapping[str, Any] | None = None,
+        num_samples: int | None = None,
+        return_log_probs: bool = True,
+        seed: int | None = None,
+        device: str | torch.device | None = None,
+    ) -> None:
+        if not (callable(model) and hasattr(model, "generate") and hasattr(model, "config")):
+            raise TypeError(
+                "model must be a transformers causal LM (with .generate), got "
+                f"{type(model).__name__}"
+            )
+        if tokenizer is None or not (callable(tokenizer) and hasattr(tokenizer, "decode")):
+            raise TypeError(
+                f"tokenizer must be a transformers tokenizer, got {type(tokenizer).__name__}"
+            )
+        self.vocab_size = model.get_input_embeddings().num_embeddings
+        if len(tokenizer) > self.vocab_size:
+            raise ValueError(
+                f"tokenizer has {len(tokenizer)} tokens but the model's embedding has only "
+                f"{self.vocab_size} rows: model and tokenizer do not match"
+            )
+        self.model, self.tokenizer, self.version = model, tokenizer, 0
+        self.return_log_probs = check_bool("return_log_probs", return_log_probs)
+        self.seed = check_int("seed", seed, 0, optional=True)
+        self.device = torch.device(device) if device is not None else model.device
+        self.generate_kwargs, self.num_samples = generation_settings(
+            model, generate_kwargs, num_samples, True
+        )
+        self._given_kwargs = dict(generate_kwargs or {})  # what with_settings starts from
+        gen = model.generation_config
+        self.pad_token_id = first_id(
+            self.generate_kwargs.get("pad_token_id"), gen.pad_token_id,
+            tokenizer.pad_token_id, tokenizer.eos_token_id, default=0,
+        )  # fmt: skip
+        eos = self.generate_kwargs.get("eos_token_id", gen.eos_token_id)
+        eos = eos if eos is not None else tokenizer.eos_token_id
+        self.eos_token_ids = [] if eos is None else [int(e) for e in np.atleast_1d(eos)]
+
+    def __repr__(self) -> str:
+        return (
+            f"TransformersSampler({type(self.model).__name__}, num_samples={self.num_samples}, "
+            f"version={self.version})"
+        )
+
+    def with_settings(
+        self,
+        *,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        max_new_tokens: int | None = None,
+        seed: int | None = None,
+    ) -> TransformersSampler:
+        """A sampler sharing this one's model, starting at its ``version``, with the settings
+        given changed (None: this one's); this sampler is left as it was. ``temperature`` 0
+        is greedy (``do_sample=False``); ``max_new_tokens`` replaces a ``max_length``."""
+        kwargs = dict(self._given_kwargs)
+        if temperature is not None:
+            check_number("temperature", temperature, 0)
+            if temperature == 0:
+                kwargs["do_sample"] = False
+                kwargs.pop("temperature", None)
+            else:
+                kwargs.update(do_sample=True, temperature=temperature)
+        if top_p is not None:
+            kwargs["top_p"] = check_number("top_p", top_p, 0)
+        if max_new_tokens is not None:
+            for alias in ("max_length", "max_tokens"):
+                kwargs.pop(alias, None)
+            kwargs["max_new_tokens"] = check_int("max_new_tokens", max_new_tokens, 1)
+        configured = type(self)(
+            self.model, self.tokenizer, generate_kwargs=kwargs, num_samples=self.num_samples,
+            return_log_probs=self.return_log_probs,
+            seed=self.seed if seed is None else seed, device=self.device,
+        )  # fmt: skip
+        configured.version = self.version
+        return configured
+
+    def sample(self, prompts: Sequence[np.ndarray]) -> list[Sample]:
+        """One ``Sample`` per prompt (``num_samples`` consecutive ones per prompt when set), all
+        prompts generated in one left-padded batch with the sampler's ``generate_kwargs``."""
+        prompts = check_token_batch("prompts", prompts, self.vocab_size, min_length=1)
+        if not prompts:
+            return []
+        ids, attention = left_pad(prompts, self.pad_token_id, self.device)
+        settings = self.generate_kwargs | {"pad_token_id": self.pad_token_id}
+        with torch.inference_mode(), self._generator():
+            new, log_probs = generate_with_log_probs(
+                self.model, ids, attention, log_probs=self.return_log_probs, **settings
+            )
+            lengths = first_eos_lengths(new, self.eos_token_ids).tolist()
+        tokens = new.cpu().numpy()
+        log_probs = None if log_probs is None else log_probs.cpu().numpy()
+        samples = []
+        for row, n in enumerate(lengths):
+            stop = n > 0 and int(tokens[row, n - 1]) in self.eos_token_ids
+            row_log_probs = None if log_probs is None else log_probs[row, :n]
+            finish = "stop" if stop else "length"
+            samples.append(Sample(tokens[row, :n], row_log_probs, finish, self.version))
+        return samples
+
+    def score(
+        self, prompts: Sequence[np.ndarray], responses: Sequence[np.ndarray]
+    ) -> list[np.ndarray]:
+        """``float32`` log π(response[t] | prompt + response[:t]) of each response's tokens,
+        all pairs in one left-padded forward pass over the response window only."""
+        prompts = check_token_batch("prompts", prompts, self.vocab_size, min_length=1)
+        responses = check_token_batch("responses", responses, self.vocab_size)
+        if len(responses) != len(prompts):
+            raise ValueError(
+                f"responses must have one entry per prompt: got {len(responses)} responses for "
+                f"{len(prompts)} prompts"
+            )
+        if not prompts:
+            return []
+        keep = max(len(r) for r in responses) + 1
+        sequences = [np.concatenate([p, r]) for p, r in zip(prompts, responses, strict=True)]
+        log_probs = self.sequence_log_probs(sequences, keep)
+        return [log_probs[row, keep - len(r) :] for row, r in enumerate(responses)]
+
+    def sequence_log_probs(self, sequences: Sequence[np.ndarray], keep: int = 0) -> np.ndarray:
+        """``(B, keep or T)`` ``float32`` log-probs of the left-padded ``sequences``' last
+        ``keep`` tokens (all with ``keep=0``; 0.0 at the first token and padding)."""
+        ids, attention = left_pad(sequences, self.pad_token_id, self.device)
+        check_length(self.model, ids.shape[1])
+        # The window's tokens through the output layer a chunk of rows at a time: a scorer of
+        # long responses (a KL wrapper's reference) never holds their (B, keep, V) logits.
+        selected = attention.clone()
+        if keep:
+            selected[:, :-keep] = False
+        window = slice(-keep, None) if keep else slice(None)
+        with torch.inference_mode():
+            log_probs = selected_log_probs(self.model, ids, attention, selected)
+            return log_probs[:, window].cpu().numpy()
+
+    def _generator(self) -> contextlib.AbstractContextManager[None]:
+        """A seeded call's own generator state (the global one restored after), else none."""
+        return contextlib.nullcontext() if self.seed is None else _seeded(self.seed, self.device)
+
+
+@contextlib.contextmanager
+def _seeded(seed: int, device: torch.device) -> Iterator[None]:
+    # The model's device's generator too: CUDA sampling draws from it, not the CPU's.
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        yield

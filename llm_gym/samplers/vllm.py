@@ -240,7 +240,8 @@ class VLLMSampler(OpenAISampler):
 
     ``update_weights(folder)`` loads new weights into the running server (a folder of
     safetensors such as a training checkpoint): what ``llm-gym train --backend vllm`` does
-    after every update.
+    after every update. ``with_settings`` (``OpenAISampler``'s) gives a sampler of the same
+    server: close only this one, the server's owner.
     """
 
     def __init__(

@@ -25,6 +25,7 @@ __all__ = [
     "ToolCall",
     "chat_messages",
     "parse_tool_calls",
+    "strip_tool_calls",
     "tools_system_prompt",
     "with_tools_prompt",
 ]
@@ -61,6 +62,18 @@ def parse_tool_calls(text: str, tool_format: str = "hermes") -> list[ToolCall]:
     if check_choice("tool_format", tool_format, TOOL_FORMATS) == "markdown":
         return [ToolCall("python", {"code": code}) for code in _MARKDOWN.findall(text)]
     return [_hermes_call(body, closing) for body, closing in _HERMES.findall(text)]
+
+
+def strip_tool_calls(text: str, tool_format: str = "hermes") -> str:
+    """``text`` less its complete tool-call blocks (what is left is the message's content; a
+    hermes tag left open stays, as text).
+
+    >>> strip_tool_calls('Adding. <tool_call>{"name": "add"}</tool_call>')
+    'Adding. '
+    """
+    if check_choice("tool_format", tool_format, TOOL_FORMATS) == "markdown":
+        return _MARKDOWN.sub("", text)
+    return _HERMES.sub(lambda m: "" if m.group(2) else m.group(0), text)
 
 
 def _hermes_call(body: str, closing: str) -> ToolCall:
