@@ -262,13 +262,12 @@ LAYERS = {
     "lm": 2, "rewards": 2,
     "samplers": 3, "tasks": 3,
     "envs": 4, "policies": 4, "judges": 4,
-    "wrappers": 5, "episodes": 5, "agents": 5,
-    "torchrl": 6, "run": 6,
+    "wrappers": 5, "episodes": 5,
+    "agents": 6, "torchrl": 6, "run": 6,
     "train": 7,
     "integrations": 8,
     "cli": 9,
-    # Aliases kept for old import paths (issue 38) and the entry point: nothing imports them.
-    "__main__": 10, "drivers": 10, "rollout": 10, "distributed": 10, "models": 10,
+    "__main__": 10,  # the entry point: nothing imports it
 }  # fmt: skip
 
 
@@ -306,14 +305,6 @@ def test_every_import_points_down_a_layer():
         if unit != "__init__" and LAYERS[target] >= LAYERS[unit]
     ]
     assert upward == []
-    # The aliases are what the old paths give: the same objects as the new homes.
-    from llm_gym import distributed, drivers, episodes, models, rollout, torchrl
-    from llm_gym.lm import loading
-
-    assert drivers.AsyncRollouts is episodes.AsyncEpisodes is llm_gym.AsyncRollouts
-    assert rollout.RolloutFromModel is torchrl.RolloutFromModel is llm_gym.RolloutFromModel
-    assert models.tiny_model is loading.tiny_model and models.load_model is loading.load_model
-    assert distributed.RayLogProbModel.__module__ == "llm_gym.episodes.ray"
 
 
 # -- precise public signatures ------------------------------------------------------------
