@@ -203,7 +203,7 @@ class GRPOTrainer:
             )  # fmt: skip
         trained = [p for p in self.model.parameters() if p.requires_grad]  # LoRA: adapters
         self.optimizer = torch.optim.AdamW(trained, lr=config.learning_rate)
-        self.start, self.before, self._resumed = 0, None, state
+        self.start, self.before = 0, None
         self._drawn_level = getattr(self.envs.unwrapped, "level", None)
         # What the env plays, for the summary: its answer format and the tasks it names.
         self.answer_format = getattr(single_env(self.envs), "answer_format", None)
