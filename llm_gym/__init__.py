@@ -34,17 +34,14 @@ _EXPORTS = {
     "Policy": "llm_gym.policies",
     "RolloutFromModel": "llm_gym.torchrl",
     "AsyncEpisodes": "llm_gym.episodes",
-    "AsyncRollouts": "llm_gym.episodes",  # AsyncEpisodes' name before issue 38 (an alias)
     "Task": "llm_gym.tasks",
     "chat": None,
-    "drivers": None,  # alias of episodes
     "envs": None,
     "episodes": None,
     "games": None,
     "lm": None,
     "policies": None,
     "rewards": None,
-    "rollout": None,  # alias of torchrl
     "sources": None,
     "tasks": None,
     "torchrl": None,

@@ -88,7 +88,7 @@ def sync_rate(envs: Any, policy: Any, episodes: int, seed: int = 0) -> float:
 def async_rate(env_fn: Any, num_envs: int, policy: Any, episodes: int, **kwargs: Any) -> float:
     with AsyncEpisodes(env_fn, num_envs, policy, seed=0, **kwargs) as rollouts:
         start = time.perf_counter()  # the workers are up: their start is not the driver's
-        count = sum(1 for _ in rollouts.episodes(episodes))
+        count = sum(1 for _ in rollouts.play(episodes))
         return count / (time.perf_counter() - start)
 
 

@@ -13,8 +13,9 @@ import openai
 import pytest
 
 import llm_gym  # noqa: F401  (registers the envs)
-from llm_gym.agents import AgentRollouts, load_agent
+from llm_gym.agents import AgentEpisodes, load_agent
 from llm_gym.cli import main
+from llm_gym.episodes import Episode
 from llm_gym.policies import TransformersPolicy
 from llm_gym.rubrics import TaskScore
 
@@ -69,10 +70,13 @@ def sdk_agent(base_url, api_key, item):
 
 def test_recorded_tokens_are_the_samplers_and_the_mask_covers_only_them(policy, smol, env):
     logged = Logged(policy)
-    with AgentRollouts(sdk_agent, env, logged, smol[1], group_size=2, num_agents=4) as rollouts:
-        records = rollouts.episodes(4)
+    with AgentEpisodes(sdk_agent, env, logged, smol[1], group_size=2, num_agents=4) as rollouts:
+        episodes = rollouts.episodes(4)
         assert rollouts.gateway.recorder.names() == []  # every run's calls were taken
-    assert [r["sample_index"] for r in records] == [0, 1, 2, 3]
+    assert all(isinstance(e, Episode) for e in episodes)
+    records = [e.record() for e in episodes]
+    assert [r["item_index"] for r in records] == [0, 1, 2, 3]
+    assert list(records[0])[:2] == ["env_index", "item_index"] and "level" not in records[0]
     assert records[0]["prompt"] == records[1]["prompt"] != records[2]["prompt"]  # groups
     sampled = [s.tokens.tolist() for s in logged.samples]
     assert len(sampled) == 8 == sum(r["num_calls"] for r in records)
@@ -94,8 +98,8 @@ def test_recorded_tokens_are_the_samplers_and_the_mask_covers_only_them(policy, 
 
 def test_the_calculator_agent_runs_its_tool_loop_through_the_gateway(policy, smol, env):
     agent = load_agent(str(ROOT / AGENT))
-    with AgentRollouts(agent, env, policy, smol[1], group_size=2, num_agents=2) as rollouts:
-        records = rollouts.episodes(2)
+    with AgentEpisodes(agent, env, policy, smol[1], group_size=2, num_agents=2) as rollouts:
+        records = [e.record() for e in rollouts.episodes(2)]
     for record in records:
         assert record["error"] is None, record["error"]
         assert record["num_segments"] == 1 and 1 <= record["num_calls"] <= 4
@@ -135,8 +139,8 @@ def test_failures_are_recorded_and_the_others_go_on(policy, smol, env, tmp_path)
     }
     for agent, error in expected.items():
         timeout = 1 if agent is hangs else 120
-        with AgentRollouts(agent, env, policy, smol[1], timeout=timeout) as rollouts:
-            (record,) = rollouts.episodes(1)
+        with AgentEpisodes(agent, env, policy, smol[1], timeout=timeout) as rollouts:
+            (record,) = [e.record() for e in rollouts.episodes(1)]
         assert (record["error"], record["reward"], record["success"]) == (error, 0.0, False)
         assert rollouts.gateway.recorder.names() == []
     # A command agent: its standard output is the answer; a failing one is recorded.
@@ -148,13 +152,13 @@ def test_failures_are_recorded_and_the_others_go_on(policy, smol, env, tmp_path)
         "reply = client.chat.completions.create(model='policy', messages=item['messages'])\n"
         "print(reply.choices[0].message.content)\n"
     )
-    with AgentRollouts([sys.executable, str(script)], env, policy, smol[1]) as rollouts:
-        (record,) = rollouts.episodes(1)
+    with AgentEpisodes([sys.executable, str(script)], env, policy, smol[1]) as rollouts:
+        (record,) = [e.record() for e in rollouts.episodes(1)]
     assert record["error"] is None and record["num_calls"] == 1
     assert record["response"] == record["calls"][0].text.strip()
     broken = [sys.executable, "-c", "import sys; sys.exit('no luck')"]
-    with AgentRollouts(broken, env, policy, smol[1]) as rollouts:
-        (record,) = rollouts.episodes(1)
+    with AgentEpisodes(broken, env, policy, smol[1]) as rollouts:
+        (record,) = [e.record() for e in rollouts.episodes(1)]
     assert record["error"] == "the agent exited with status 1: no luck\n"
 
 
@@ -171,8 +175,8 @@ def test_a_run_past_its_time_has_its_later_calls_refused(policy, smol, env):
             seen["refused"] = error.message
         return "late"
 
-    with AgentRollouts(slow, env, policy, smol[1], timeout=0.5) as rollouts:
-        (record,) = rollouts.episodes(1)
+    with AgentEpisodes(slow, env, policy, smol[1], timeout=0.5) as rollouts:
+        (record,) = [e.record() for e in rollouts.episodes(1)]
         time.sleep(3)
         assert "is over" in seen["refused"]
         assert rollouts.gateway.recorder.calls(seen["key"]) == []
@@ -181,10 +185,10 @@ def test_a_run_past_its_time_has_its_later_calls_refused(policy, smol, env):
 
 def test_bad_arguments_name_themselves(policy, smol, env):
     with pytest.raises(TypeError, match="agent must be a callable"):
-        AgentRollouts(42, env, policy, smol[1])
+        AgentEpisodes(42, env, policy, smol[1])
     with pytest.raises(TypeError, match="task must be a Task or a task env"):
-        AgentRollouts(sdk_agent, "chain_sum", policy, smol[1])
-    with AgentRollouts(sdk_agent, env, policy, smol[1], group_size=2) as rollouts:
+        AgentEpisodes(sdk_agent, "chain_sum", policy, smol[1])
+    with AgentEpisodes(sdk_agent, env, policy, smol[1], group_size=2) as rollouts:
         with pytest.raises(ValueError, match="multiple of group_size=2, got 3"):
             rollouts.episodes(3)
     with pytest.raises(ValueError, match="'module:function'"):
@@ -243,8 +247,8 @@ def test_an_openai_agents_sdk_agent_plays_through_the_gateway(policy, smol, env)
     from agents import set_tracing_disabled
 
     set_tracing_disabled(True)  # no trace export: offline
-    with AgentRollouts(agents_sdk_agent, env, policy, smol[1], num_agents=2) as rollouts:
-        records = rollouts.episodes(2)
+    with AgentEpisodes(agents_sdk_agent, env, policy, smol[1], num_agents=2) as rollouts:
+        records = [e.record() for e in rollouts.episodes(2)]
     for record in records:
         assert record["error"] is None, record["error"]
         assert record["num_calls"] >= 1 and record["num_tokens"] == record["policy_mask"].sum()

@@ -12,7 +12,7 @@ import pytest
 from backend_fixture import served_default
 
 import llm_gym  # noqa: F401  (registers the envs)
-from llm_gym.agents import AgentRollouts, Gateway
+from llm_gym.agents import AgentEpisodes, Gateway
 
 pytestmark = pytest.mark.vllm
 
@@ -39,10 +39,10 @@ def test_the_agent_through_the_gateway_records_what_vllm_returned(served, smollm
     env = gym.make(
         "LLMChat-ReasoningGym-v0", task="chain_sum", answer_format="last_number"
     ).unwrapped
-    with AgentRollouts(
+    with AgentEpisodes(
         check_agent, env, served, smollm2_tokenizer, group_size=2, num_agents=4
     ) as rollouts:
-        records = rollouts.episodes(4)
+        records = [e.record() for e in rollouts.episodes(4)]
     greedy = copy.copy(served)
     greedy.temperature, greedy.seed = 0.0, None
     for record in records:

@@ -264,13 +264,12 @@ LAYERS = {
     "rubrics": 4,
     "tasks": 5,
     "envs": 6, "policies": 6,
-    "wrappers": 7, "episodes": 7, "agents": 7,
-    "torchrl": 8, "run": 8,
+    "wrappers": 7, "episodes": 7,
+    "agents": 8, "torchrl": 8, "run": 8,
     "train": 9,
     "integrations": 10,
     "cli": 11,
-    # Aliases kept for old import paths (issue 38) and the entry point: nothing imports them.
-    "__main__": 12, "drivers": 12, "rollout": 12, "distributed": 12, "models": 12,
+    "__main__": 12,  # the entry point: nothing imports it
 }  # fmt: skip
 
 
@@ -308,14 +307,6 @@ def test_every_import_points_down_a_layer():
         if unit != "__init__" and LAYERS[target] >= LAYERS[unit]
     ]
     assert upward == []
-    # The aliases are what the old paths give: the same objects as the new homes.
-    from llm_gym import distributed, drivers, episodes, models, rollout, torchrl
-    from llm_gym.lm import loading
-
-    assert drivers.AsyncRollouts is episodes.AsyncEpisodes is llm_gym.AsyncRollouts
-    assert rollout.RolloutFromModel is torchrl.RolloutFromModel is llm_gym.RolloutFromModel
-    assert models.tiny_model is loading.tiny_model and models.load_model is loading.load_model
-    assert distributed.RayLogProbModel.__module__ == "llm_gym.episodes.ray"
 
 
 # -- precise public signatures ------------------------------------------------------------

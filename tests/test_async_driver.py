@@ -12,7 +12,7 @@ import pytest
 import llm_gym  # noqa: F401  (registers the ids)
 from llm_gym.chat import Response
 from llm_gym.envs import DatasetChatEnv
-from llm_gym.episodes import AsyncEpisodes, Episodes
+from llm_gym.episodes import AsyncEpisodes, Episode, Episodes, VectorEpisodes
 from llm_gym.lm.loading import load_gpt2_tokenizer, tiny_model
 from llm_gym.policies import TransformersPolicy
 from llm_gym.wrappers import RetrieveKL
@@ -37,27 +37,35 @@ def countdown(tokenizer):
     return {"id": "LLMChat-Countdown-v0", "level": 0, **kwargs}
 
 
-def sync_records(envs, policy, count, seed):
-    """The vector env's records by stream position: sub-env i's k-th episode is sample
+def sync_episodes(envs, policy, count, seed):
+    """The vector env's episodes by stream position: sub-env i's k-th episode is item
     i + k * num_envs."""
     obs, _ = envs.reset(seed=seed)
     running, done, by_position = Episodes(envs, obs), [0] * envs.num_envs, {}
     while len(by_position) < count:
         responses = policy({policy.input_mode: running.obs[policy.input_mode]})
-        for record in running.step(responses):
-            i = record["env_index"]
-            by_position[i + done[i] * envs.num_envs] = record
+        for episode in running.step(responses):
+            i = episode.env_index
+            by_position[i + done[i] * envs.num_envs] = episode
             done[i] += 1
-    return {p: r for p, r in by_position.items() if p < count}
+    return {p: e for p, e in by_position.items() if p < count}
 
 
-def same_episode(a, b):
-    assert a["prompt"] == b["prompt"]
-    assert a["responses"] == b["responses"]
-    np.testing.assert_array_equal(a["conversation_ids"], b["conversation_ids"])
-    np.testing.assert_array_equal(a["policy_mask"], b["policy_mask"])
-    assert a["reward"] == pytest.approx(b["reward"], abs=1e-6)
-    assert a["reward_task"] == b["reward_task"]
+def same_episode(a: Episode, b: Episode):
+    """The fields two sources' episodes share: prompt, turns, tokens, masks, log-probs,
+    rewards and their parts, versions and KL."""
+    assert a.prompt == b.prompt and a.responses == b.responses and a.response == b.response
+    assert len(a.segments) == len(b.segments) == 1
+    for x, y in zip(a.segments, b.segments, strict=True):
+        np.testing.assert_array_equal(x.ids, y.ids)
+        np.testing.assert_array_equal(x.policy_mask, y.policy_mask)
+        np.testing.assert_allclose(x.log_probs, y.log_probs, atol=1e-5)
+    assert a.reward == pytest.approx(b.reward, abs=1e-6)
+    assert a.reward_task == b.reward_task and a.success == b.success
+    np.testing.assert_allclose(a.sampled_log_probs, b.sampled_log_probs, atol=1e-5)
+    assert a.versions == b.versions and a.num_tokens == b.num_tokens
+    np.testing.assert_allclose(a.token_kl, b.token_kl, atol=1e-5)
+    assert a.kl_sum == pytest.approx(b.kl_sum, abs=1e-4)
 
 
 def test_same_episodes_as_the_vector_env_with_reward_and_kl_wrappers(tiny):
@@ -73,18 +81,27 @@ def test_same_episodes_as_the_vector_env_with_reward_and_kl_wrappers(tiny):
     envs = gym.make_vec(env_id, num_envs=3, vectorization_mode="vector_entry_point", **kwargs)
     envs = gym.wrappers.vector.TransformReward(envs, lambda r: 2.0 * r + 1.0)
     envs = vector_wrappers.RetrieveKL(envs, None, ref, coef=0.1)
-    expected = sync_records(envs, policy, 10, seed=5)
+    expected = sync_episodes(envs, policy, 10, seed=5)
+    # The vector env as an EpisodeSource: an episode of each sub-env a call, in stream order.
+    source = VectorEpisodes(envs, policy, seed=5)
+    played = source.episodes(3) + source.episodes(3)
+    with pytest.raises(ValueError, match=r"count must be the vector env's num_envs=3 \(.*got 4"):
+        source.episodes(4)
     with AsyncEpisodes(one_env, 3, policy, seed=5) as rollouts:
-        got = {r["sample_index"]: r for r in rollouts.episodes(10)}
-    assert sorted(got) == list(range(10))
-    for position, record in got.items():
-        same_episode(record, expected[position])
-        np.testing.assert_allclose(record["token_kl"], expected[position]["token_kl"], atol=1e-5)
-        assert record["kl_sum"] == pytest.approx(expected[position]["kl_sum"], abs=1e-4)
-        assert record["versions"] == expected[position]["versions"] == [0]
+        got = rollouts.episodes(10)  # in stream order
+    assert [e.item_index for e in got] == list(range(10)) and {e.seed for e in got} == {5}
+    for position, episode in enumerate(got):
+        assert isinstance(episode, Episode) and episode.versions == [0]
+        same_episode(episode, expected[position])
+        if position < len(played):
+            same_episode(episode, played[position])
     # the KL penalty is in the return: reward = 2 r_task + 1 - 0.1 sum(kl)
-    r = got[0]
-    assert r["reward"] == pytest.approx(2 * r["reward_task"] + 1 - 0.1 * r["kl_sum"], abs=1e-4)
+    e = got[0]
+    assert e.reward == pytest.approx(2 * e.reward_task + 1 - 0.1 * e.kl_sum, abs=1e-4)
+    # The record holds the synchronous one's keys, first which item of the stream it played
+    # (and the level it was drawn at and the coefficient it was charged: a sub-env's info).
+    record, sync_record = e.record(), expected[0].record()
+    assert list(record)[:2] == ["item_index", "seed"] and sync_record.keys() <= record.keys()
 
 
 def rows(n):
@@ -103,21 +120,21 @@ def exact(response, sample):
 def test_every_sample_exactly_repeats_times_in_an_epoch_across_calls():
     env_fn = functools.partial(DatasetChatEnv, rows(7), repeats=2, reward=exact)
     with AsyncEpisodes(env_fn, 3, echo_policy, seed=1) as rollouts:
-        first = list(rollouts.episodes(5))  # a part of the epoch, then the rest
-        gen = rollouts.episodes(9)
+        first = rollouts.episodes(5)  # a part of the epoch, then the rest
+        gen = rollouts.play(9)
         second = [next(gen), next(gen)]
-        gen.close()  # stopped early: its drawn samples are played next time
-        third = list(rollouts.episodes(7))
-    records = first + second + third
-    positions = [r["sample_index"] for r in records]
+        gen.close()  # stopped early: its drawn items are played next time
+        third = list(rollouts.play(7))
+    records = [e.record() for e in first + second + third]
+    positions = [r["item_index"] for r in records]
     assert sorted(positions) == list(range(14))
     questions = [r["prompt"][-1]["content"] for r in records]
     assert sorted(questions) == sorted(f"question {i}?" for i in range(7) for _ in range(2))
-    # repeats=2: stream positions 2k and 2k+1 hold one sample (a GRPO group)
-    by_position = {r["sample_index"]: r["prompt"][-1]["content"] for r in records}
+    # repeats=2: stream positions 2k and 2k+1 hold one item (a GRPO group)
+    by_position = {r["item_index"]: r["prompt"][-1]["content"] for r in records}
     assert all(by_position[2 * k] == by_position[2 * k + 1] for k in range(7))
     assert all(r["reward"] == 1.0 and r["success"] for r in records)
-    assert all(r["seed"] == 1 for r in records)  # with sample_index: which sample it played
+    assert all(r["seed"] == 1 for r in records)  # with item_index: which item it played
 
 
 def lookup(key: str) -> str:
@@ -150,16 +167,17 @@ def test_a_slow_tool_holds_up_only_its_own_conversation():
         DatasetChatEnv, rows(8), shuffle=False, tools=[lookup], max_turns=3, reward=exact
     )
     with AsyncEpisodes(env_fn, 4, tool_policy, seed=0) as rollouts:
-        records = list(rollouts.episodes(8))
-    order = [r["sample_index"] for r in records]
+        records = [e.record() for e in rollouts.play(8)]  # as they finish
+    order = [r["item_index"] for r in records]
     assert sorted(order) == list(range(8))
     assert order[-1] == 0  # the slow one finished last; the others went on meanwhile
     envs = DatasetChatVectorEnv_(env_fn, 4)
-    expected = sync_records(envs, _with_mode(tool_policy), 8, seed=0)
+    expected = sync_episodes(envs, _with_mode(tool_policy), 8, seed=0)
     for record in records:
         assert record["num_tool_calls"] == 1
-        assert record["conversation"] == expected[record["sample_index"]]["conversation"]
-        assert record["responses"] == expected[record["sample_index"]]["responses"]
+        want = expected[record["item_index"]]
+        assert record["conversation"] == want.info["conversation"]
+        assert record["responses"] == want.responses
 
 
 def DatasetChatVectorEnv_(env_fn, n):  # noqa: N802
@@ -181,7 +199,7 @@ def versioned(obs):
 def test_records_carry_each_turns_version_and_sampled_log_probs():
     env_fn = functools.partial(DatasetChatEnv, rows(3), reward=exact)
     with AsyncEpisodes(env_fn, 2, versioned, seed=0) as rollouts:
-        records = list(rollouts.episodes(3))
+        records = [e.record() for e in rollouts.episodes(3)]
     assert [r["versions"] for r in records] == [[3]] * 3
     assert [r["sampled_log_probs"].tolist() for r in records] == [[-0.5]] * 3
 
@@ -196,12 +214,12 @@ def test_a_failing_sub_env_stops_the_run_naming_it_and_no_record_is_partial():
     env_fn = functools.partial(DatasetChatEnv, rows(6), shuffle=False, reward=picky)
     rollouts = AsyncEpisodes(env_fn, 2, echo_policy, seed=0)
     seen = []
-    with pytest.raises(RuntimeError, match=r"sub-env [01] failed on sample 4 .*cannot score"):
-        for record in rollouts.episodes(6):
-            seen.append(record)
-    finished = {r["sample_index"] for r in seen}
+    with pytest.raises(RuntimeError, match=r"sub-env [01] failed on item 4 .*cannot score"):
+        for episode in rollouts.play(6):
+            seen.append(episode)
+    finished = {e.item_index for e in seen}
     assert {0, 1, 2, 3} <= finished and 4 not in finished  # 5 may have finished meanwhile
-    assert all(r["reward"] == 1.0 for r in seen)
+    assert all(e.reward == 1.0 for e in seen)
     rollouts.close()
 
 
@@ -242,4 +260,4 @@ def test_bad_arguments_name_themselves(kwargs, error, message):
 def test_bad_count_names_itself():
     with AsyncEpisodes(functools.partial(DatasetChatEnv, rows(2)), 1, echo_policy) as rollouts:
         with pytest.raises(ValueError, match="count must be an int >= 1, got 0"):
-            next(rollouts.episodes(0))
+            next(rollouts.play(0))

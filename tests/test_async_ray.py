@@ -48,14 +48,14 @@ def setup():
         observation_keys=KEYS,
     )  # fmt: skip
     with AsyncEpisodes(env_fn, 4, policy, seed=7) as local:
-        expected = {r["sample_index"]: r for r in local.episodes(EPISODES)}
+        expected = {e.item_index: e.record() for e in local.play(EPISODES)}
     return env_fn, policy, expected
 
 
 def check_same(records, expected):
-    assert sorted(r["sample_index"] for r in records) == list(range(EPISODES))  # each once
+    assert sorted(r["item_index"] for r in records) == list(range(EPISODES))  # each once
     for record in records:
-        want = expected[record["sample_index"]]
+        want = expected[record["item_index"]]
         assert record["responses"] == want["responses"]
         assert record["conversation_ids"].tolist() == want["conversation_ids"].tolist()
         assert record["reward"] == want["reward"]
@@ -66,7 +66,7 @@ def test_workers_on_two_nodes_give_the_episodes_of_one_process(cluster, setup):
     with AsyncEpisodes(env_fn, 4, policy, seed=7, ray_address="auto", workers=2) as rollouts:
         worker_nodes = {node.node_id for node in cluster[1]}
         assert len(set(rollouts.nodes)) == 2 and set(rollouts.nodes) == worker_nodes
-        records = list(rollouts.episodes(EPISODES))
+        records = [e.record() for e in rollouts.play(EPISODES)]
         assert rollouts.restarts == 0
     check_same(records, expected)
 
@@ -84,7 +84,7 @@ def test_a_killed_worker_loses_and_doubles_no_episode(cluster, setup):
     killing_policy.input_mode = "tokens"
     rollouts = AsyncEpisodes(env_fn, 4, killing_policy, seed=7, ray_address="auto", workers=2)
     with rollouts:
-        records = list(rollouts.episodes(EPISODES))
+        records = [e.record() for e in rollouts.play(EPISODES)]
         assert rollouts.restarts == 1
     check_same(records, expected)
 
@@ -100,7 +100,7 @@ def test_close_and_ctrl_c_stop_every_actor(cluster, setup):
     actors = list(rollouts.workers.actors)
     with pytest.raises(KeyboardInterrupt):
         with rollouts:
-            list(rollouts.episodes(2))
+            list(rollouts.play(2))
     assert rollouts.workers.actors == [None, None]
     assert all(dies(actor) for actor in actors)
     assert ray.is_initialized()  # Ray itself was the caller's: it keeps running
@@ -129,7 +129,7 @@ def test_too_many_deaths_give_a_one_line_error(cluster, setup):
         env_fn, 2, killing_policy, ray_address="auto", workers=2, max_restarts=1
     )
     with rollouts, pytest.raises(RuntimeError, match=r"env worker 0 died and max_restarts=1"):
-        list(rollouts.episodes(EPISODES))
+        list(rollouts.play(EPISODES))
 
 
 def test_z_a_lost_node_is_replayed_on_the_other(cluster, setup):
@@ -149,7 +149,7 @@ def test_z_a_lost_node_is_replayed_on_the_other(cluster, setup):
         placement=placement,
     )  # fmt: skip
     with rollouts:
-        records = list(rollouts.episodes(EPISODES))
+        records = [e.record() for e in rollouts.play(EPISODES)]
         assert rollouts.restarts == 1
         assert rollouts.nodes == [placement[1], placement[1]]  # both on the node left
     check_same(records, expected)
@@ -178,7 +178,7 @@ def test_rollout_and_train_run_with_ray_from_the_command_line(cluster, tiny_dir,
     assert summary["summary"]["episodes"] == 6 and summary["summary"]["worker_restarts"] == 0
     assert summary["summary"]["mean_kl"] == pytest.approx(0.0, abs=1e-5)  # ref == policy
     lines = (out / "episodes.jsonl").read_text().splitlines()
-    assert sorted(json.loads(line)["sample_index"] for line in lines) == list(range(6))
+    assert sorted(json.loads(line)["item_index"] for line in lines) == list(range(6))
     out = tmp_path / "train"
     train = ["train", *common, "--iterations", "2", "--groups", "1", "--group-size", "2",
              "--eval-episodes", "2", "--out", str(out)]  # fmt: skip

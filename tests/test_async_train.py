@@ -14,7 +14,7 @@ import torch
 from llm_gym.chat import Response
 from llm_gym.cli import main
 from llm_gym.envs import DatasetChatEnv
-from llm_gym.episodes import AsyncEpisodes
+from llm_gym.episodes import AsyncEpisodes, Episode
 from llm_gym.run.config import RolloutConfig
 from llm_gym.train import GRPOConfig
 from llm_gym.train.loss import sampled
@@ -50,9 +50,9 @@ def test_a_batch_is_sampled_ahead_but_never_more_than_max_staleness_updates():
         assert staleness(first, 0, 1) == 0 and staleness(ahead, 1, 1) == 1
         for iteration in range(4):
             records = (first, ahead)[iteration] if iteration < 2 else pipeline.next(iteration)[0]
-            positions = [r["sample_index"] for r in records]
+            positions = [e.item_index for e in records]
             assert positions == list(range(4 * iteration, 4 * iteration + 4))
-            assert all(len(r["versions"]) == 1 for r in records)  # every turn carries one
+            assert all(len(e.versions) == 1 for e in records)  # every turn carries one
             assert staleness(records, iteration, update_epochs=1) <= 1
             policy.version = iteration + 1  # the update reaches the sampler, then is published
             pipeline.publish(iteration)
@@ -72,10 +72,14 @@ def test_with_max_staleness_0_nothing_is_sampled_before_the_update():
         driver.close()
 
 
+def played(*versions):
+    return Episode([], ["ok"] * len(versions), 0.0, 0.0, {}, [], list(versions), 0)
+
+
 def test_staleness_needs_every_turns_version():
     with pytest.raises(ValueError, match="must carry its version"):
-        staleness([{"versions": [3, None]}], 4, 1)
-    assert staleness([{"versions": [4, 6]}, {"versions": [7]}], 4, update_epochs=2) == 2
+        staleness([played(3, None)], 4, 1)
+    assert staleness([played(4, 6), played(7)], 4, update_epochs=2) == 2
 
 
 def test_sampled_log_probs_fill_the_policy_tokens_in_order():
@@ -151,7 +155,7 @@ def test_the_shared_curriculum_moves_with_episodes_in_the_order_they_finish():
     driver = AsyncEpisodes(env_fn, 3, lambda obs: ["<answer>1</answer>"] * len(obs["history"]),
                            seed=0, curriculum=schedule)  # fmt: skip
     try:
-        records = list(driver.episodes(9))
+        records = [e.record() for e in driver.play(9)]
     finally:
         driver.close()
     # Every answer is wrong: each window of two finished episodes lowers the level by one,
@@ -189,7 +193,7 @@ def test_the_shared_kl_controller_is_updated_per_episode_and_each_record_names_i
                                kl_controller=controller)  # fmt: skip
     driver = AsyncEpisodes(env_fn, 2, policy, seed=0, kl_controller=controller)
     try:
-        records = list(driver.episodes(6))
+        records = [e.record() for e in driver.play(6)]
     finally:
         driver.close()
     # The controller moved with each finished episode, in that order, from what each was

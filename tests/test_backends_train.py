@@ -13,7 +13,7 @@ from llm_gym.cli import main
 from llm_gym.lm.loading import load_default_model, load_model
 from llm_gym.policies import TransformersPolicy
 from llm_gym.train import GRPOConfig, GRPOTrainer
-from llm_gym.train.grpo import SERVED_FOLDER
+from llm_gym.train.run_folder import SERVED_FOLDER
 
 pytestmark = pytest.mark.vllm
 
@@ -32,7 +32,7 @@ def test_the_served_weights_follow_each_update(tmp_path, smol):
     prompts = prompts_for(tokenizer)
     try:
         assert sampler.version == trainer.version == 0
-        obs, row = trainer.iteration(trainer._reset(), 0)
+        row = trainer.iteration(0)
         assert row["versions"] == [0]  # sampled before the update
         assert sampler.version == trainer.version == 1
         # An update whose advantages are not all zero (a group can be all wrong): the
@@ -47,7 +47,7 @@ def test_the_served_weights_follow_each_update(tmp_path, smol):
             assert np.abs(s.log_probs - new).max() < FP32_TOLERANCE
         moved = max(np.abs(s.log_probs - o).max() for s, o in zip(samples, old, strict=True))
         assert moved > 20 * FP32_TOLERANCE
-        _, row = trainer.iteration(obs, 1)
+        row = trainer.iteration(1)
         assert row["versions"] == [2] and sampler.version == 3
     finally:
         trainer.close()

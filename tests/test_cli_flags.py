@@ -44,9 +44,8 @@ def test_configs_moved_keep_their_old_names():
     from llm_gym.run.rollout import RolloutConfig as old_rollout
     from llm_gym.train import GRPOConfig as package_grpo
     from llm_gym.train.config import GRPOConfig
-    from llm_gym.train.grpo import GRPOConfig as old_grpo
 
-    assert old_rollout is RolloutConfig and old_grpo is package_grpo is GRPOConfig
+    assert old_rollout is RolloutConfig and package_grpo is GRPOConfig
     assert GRPOConfig().kl_coef == 0.0 and RolloutConfig().kl_coef == 0.05
 
 

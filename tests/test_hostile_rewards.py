@@ -117,7 +117,7 @@ def test_the_tower_through_async_episodes_on_math(tmp_path):
         answers = ["<answer>9^{{9^{{9}}}}</answer>", "<answer>3</answer>"]
         policy = lambda obs: [answers[i % 2] for i in range(len(obs["history"]))]
         with AsyncEpisodes(env_fn, 2, policy, seed=0, timeout=15) as rollouts:
-            records = list(rollouts.episodes(4))
+            records = [e.record() for e in rollouts.play(4)]
         print(json.dumps([[r["response"], r["reward"], r.get("reason")] for r in records]))
         """
     )

@@ -431,7 +431,7 @@ env_fn = functools.partial(DatasetChatEnv, rows, shuffle=False, tools=[lookup], 
 driver = AsyncEpisodes(env_fn, 2, policy, seed=0, timeout=TIMEOUT)
 start = time.monotonic()
 try:
-    list(driver.episodes(2))
+    list(driver.play(2))
 except TimeoutError as error:
     print(json.dumps({"after": time.monotonic() - start, "error": str(error)}), flush=True)
 driver.close()

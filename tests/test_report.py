@@ -7,11 +7,12 @@ import struct
 import numpy as np
 import pytest
 
+from llm_gym.episodes import Summary, summarize
 from llm_gym.lm.loading import tiny_model
 from llm_gym.run import Rollout, RolloutConfig
 from llm_gym.run.plots import episode_groups, plot_rollout, plot_training, running_mean
 from llm_gym.run.report import REPORT_FILE, write_report
-from llm_gym.run.rollout import Summary, format_hint, summarize
+from llm_gym.run.rollout import format_hint
 
 
 def png_size(path):

@@ -88,7 +88,7 @@ def test_train_on_a_game_puts_each_group_on_one_game(tiny_dir, tmp_path):
         return guess(prompt) if i % 2 == 0 else "[20]"  # one of each group searches
 
     trainer.policy = scripted_policy(trainer.tokenizer, answer)
-    _, row = trainer.iteration(None, 0)
+    row = trainer.iteration(0)
     openings = {i: prompt for i, prompt in seen}
     assert openings[0] == openings[1] and openings[2] == openings[3]  # a group, one game
     assert row["success"] in (0.5, 0.75, 1.0) and 0.5 <= row["reward"] <= 1.0
@@ -102,7 +102,7 @@ def test_async_rollouts_play_the_stream_of_games_the_seed_names(smollm2_tokenize
     env_fn = functools.partial(gym.make, "LLMChat-TextArena-v0", **kwargs)
     policy = scripted_policy(tok, lambda i, prompt: guess(prompt))
     with AsyncEpisodes(env_fn, 3, policy, seed=4, input_mode="tokens") as run:
-        records = {r["sample_index"]: r for r in run.episodes(6)}
+        records = {e.item_index: e.record() for e in run.play(6)}
     envs = gym.make_vec("LLMChat-TextArena-v0", num_envs=6, game="GuessTheNumber-v0")
     expected = envs.reset(seed=4)[1]["game_seed"].tolist()  # positions 0..5 of one stream
     assert [records[i]["game_seed"] for i in range(6)] == expected
@@ -111,7 +111,7 @@ def test_async_rollouts_play_the_stream_of_games_the_seed_names(smollm2_tokenize
 
 
 def test_the_summary_gives_code_its_pass_rate():
-    from llm_gym.run.rollout import summarize
+    from llm_gym.episodes import summarize
 
     def record(passed, tests, turns):
         success, reward = passed == tests > 0, passed / max(tests, 1)

@@ -9,6 +9,7 @@ import torch
 from policy_fixture import scripted_policy
 
 from llm_gym.cli import main
+from llm_gym.episodes import Episode, EpisodeSource, Segment
 from llm_gym.train import GRPOConfig, GRPOTrainer, group_advantages, grpo_loss
 
 
@@ -127,13 +128,60 @@ def test_a_metrics_row_holds_the_iterations_values(tiny_dir, tmp_path):
     trainer = GRPOTrainer(config)
     tok = trainer.tokenizer
     trainer.policy = scripted_policy(tok, lambda i, _: f"It is {5 + i % 2}")
-    obs, _ = trainer.envs.reset(seed=0)
-    _, row = trainer.iteration(obs, 0)
+    row = trainer.iteration(0)
     lengths = [len(tok(f"It is {n}", add_special_tokens=False)["input_ids"]) + 1 for n in (5, 6)]
     assert row["success"] == 0.5  # right (1.0) and wrong (0.1) in each group: last_number
     assert row["reward"] == row["task_reward"] == pytest.approx((1.0 + 0.1) / 2)
     assert row["response_tokens"] == np.mean(lengths) and row["kl"] is None
     assert row["loss"] == pytest.approx(0.0, abs=1e-6)  # ratio 1: -mean(advantages) = 0
+
+
+class GivenEpisodes:
+    """An episode source of given batches: any object with ``episodes`` and ``close``."""
+
+    def __init__(self, *batches):
+        self.batches, self.closed = list(batches), False
+
+    def episodes(self, count):
+        batch = self.batches.pop(0)
+        assert len(batch) == count
+        return batch
+
+    def close(self):
+        self.closed = True
+
+
+def given(reward, *segments):
+    tokens = sum(int(s.policy_mask.sum()) for s in segments)
+    prompt = [{"role": "user", "content": "2+2?"}]
+    return Episode(prompt, ["4"], reward, reward, {"success": reward > 0}, list(segments),
+                   [0], tokens)  # fmt: skip
+
+
+def test_an_iteration_trains_on_any_episode_source(tiny_dir, tmp_path):
+    config = GRPOConfig(
+        model=tiny_dir, out=str(tmp_path), env_args={"task": "chain_sum"},
+        groups=1, group_size=2, max_new_tokens=4, eval_episodes=0, progress=False,
+    )  # fmt: skip
+    trainer = GRPOTrainer(config)
+    one = Segment(np.array([5, 6, 7, 8]), np.array([False, False, True, True]), None)
+    two = Segment(np.array([5, 9, 10]), np.array([False, True, True]), None)
+    # The first episode has two segments (an agent's): each trains with its advantage.
+    source = GivenEpisodes([given(1.0, one, two), given(0.0, one)])
+    assert isinstance(source, EpisodeSource)
+    trainer.source = source
+    weights = [p.detach().clone() for p in trainer.model.parameters()]
+    row = trainer.iteration(0)
+    advantages = group_advantages(torch.tensor([1.0, 0.0]), 2)
+    # Ratio 1 on every token: each of the three sequences weighs -its advantage / 3.
+    expected = -(2 * advantages[0] + advantages[1]).item() / 3
+    assert row["loss"] == pytest.approx(expected, abs=1e-6) and expected != 0.0
+    assert (row["reward"], row["task_reward"], row["success"]) == (0.5, 0.5, 0.5)
+    assert row["response_tokens"] == (4 + 2) / 2 and row["versions"] == [0]
+    params = list(trainer.model.parameters())
+    assert any(not torch.equal(w, p) for w, p in zip(weights, params, strict=True))
+    trainer.close()
+    assert source.closed
 
 
 def test_kl_penalty_in_bfloat16_compares_like_with_like(tiny_dir, tmp_path):
@@ -146,8 +194,7 @@ def test_kl_penalty_in_bfloat16_compares_like_with_like(tiny_dir, tmp_path):
     )  # fmt: skip
     trainer = GRPOTrainer(config)
     assert trainer.model.dtype == torch.bfloat16
-    obs, _ = trainer.envs.reset(seed=0)
-    _, row = trainer.iteration(obs, 0)
+    row = trainer.iteration(0)
     assert row["kl"] == 0.0 and row["kl_coef"] == 0.1
     assert row["reward"] == row["task_reward"]
     assert trainer.envs.coef == pytest.approx(0.1 * 0.8)  # adaptive: KL 0 < target, -20%
@@ -162,8 +209,7 @@ def test_an_iteration_on_cuda(tiny_dir, tmp_path):
     )  # fmt: skip
     trainer = GRPOTrainer(config)
     weights = [p.detach().clone() for p in trainer.model.parameters()]
-    obs, _ = trainer.envs.reset(seed=0)
-    _, row = trainer.iteration(obs, 0)
+    row = trainer.iteration(0)
     assert np.isfinite(row["loss"]) and row["kl"] == pytest.approx(0.0, abs=1e-6)  # vs itself
     params = list(trainer.model.parameters())
     assert any(not torch.equal(w, p) for w, p in zip(weights, params, strict=True))  # updated
@@ -276,7 +322,7 @@ def test_tool_episodes_are_trained_on_the_policys_tokens_only(tiny_dir, tmp_path
     trainer = GRPOTrainer(config)
     tok = trainer.tokenizer
     trainer.policy = calls_then_answers(tok)
-    _, row = trainer.iteration(None, 0)
+    row = trainer.iteration(0)
     script = (TOOL_CALL, "The answer is 7")
     policy_tokens = sum(len(tok(t, add_special_tokens=False)["input_ids"]) + 1 for t in script)
     # The tool's output and the template's framing are in the conversation, not in the loss.

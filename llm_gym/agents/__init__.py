@@ -1,19 +1,18 @@
 """Agent programs as a source of episodes: ``Gateway`` (an OpenAI-compatible endpoint that
-records every call token for token) and ``AgentRollouts`` (runs an agent per task item
-against it and yields the episode records ``llm-gym train`` takes). docs: agents.md."""
+records every call token for token) and ``AgentEpisodes`` (runs an agent per task item
+against it: the ``Episode``s ``llm-gym train`` takes). docs: agents.md."""
 
+from llm_gym.agents.episodes import Agent, AgentEpisodes, load_agent
 from llm_gym.agents.gateway import EPISODE_HEADER, Gateway
-from llm_gym.agents.recording import Call, Recorder, Segment, segments
-from llm_gym.agents.rollouts import Agent, AgentRollouts, load_agent
+from llm_gym.agents.recording import Call, Recorder, segments
 
 __all__ = [
     "EPISODE_HEADER",
     "Agent",
-    "AgentRollouts",
+    "AgentEpisodes",
     "Call",
     "Gateway",
     "Recorder",
-    "Segment",
     "load_agent",
     "segments",
 ]

@@ -1,5 +1,5 @@
 """What the gateway records of an episode: every model call's exact tokens (``Call``), and the
-training sequences they make (``segments``).
+training sequences they make (``segments``: ``llm_gym.episodes.Segment``s).
 
 A call whose prompt extends an earlier call's prompt plus its completion, token for token,
 continues that call's sequence: the policy mask is True on the sampled tokens only, and the
@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["Call", "Recorder", "Segment", "segments"]
+from llm_gym.episodes import Segment
+
+__all__ = ["Call", "Recorder", "segments"]
 
 
 @dataclass(frozen=True)
@@ -46,19 +48,6 @@ class Call:
     finish_reason: str
     text: str
     endpoint: str = "chat"
-
-
-@dataclass(frozen=True)
-class Segment:
-    """One training sequence of an episode: ``ids`` (the last call's prompt and completion),
-    ``policy_mask`` (True on every sampled token), ``log_probs`` (one per True of the mask;
-    None if a call had none), ``versions`` and ``calls`` (its calls' indices, in order)."""
-
-    ids: np.ndarray
-    policy_mask: np.ndarray
-    log_probs: np.ndarray | None
-    versions: tuple[int | None, ...]
-    calls: tuple[int, ...]
 
 
 def segments(calls: list[Call]) -> list[Segment]:

@@ -354,7 +354,7 @@ def eval_line(before: dict[str, Any] | None, after: dict[str, Any] | None) -> st
 
 
 def _train(trainer: Any) -> int:
-    from llm_gym.train.grpo import METRICS_FILE, TRAINING_PLOT_FILE
+    from llm_gym.train.run_folder import METRICS_FILE, TRAINING_PLOT_FILE
 
     summary = trainer.train()
     line = eval_line(summary["before"], summary["after"])

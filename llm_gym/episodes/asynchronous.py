@@ -7,7 +7,7 @@ up its own conversation only, where the synchronous vector env waits for it ever
 
 The driver owns the item stream (the env's source, with its seed and ``repeats``) and hands
 each free sub-env the next item: every epoch holds every item exactly ``repeats`` times
-whatever the sub-env or the order, a record's ``sample_index`` is its position in the stream,
+whatever the sub-env or the order, an episode's ``item_index`` is its position in the stream,
 and with greedy sampling the same seed gives the same episodes in any finishing order.
 """
 
@@ -25,12 +25,13 @@ from typing import Any
 import gymnasium as gym
 
 from llm_gym.checks import check_choice, check_int, check_number
+from llm_gym.episodes.episode import Episode
 from llm_gym.episodes.records import EpisodeTrace
 from llm_gym.episodes.workers import EnvWorker
 from llm_gym.sources import Shard
 from llm_gym.spaces import INPUT_MODES
 
-__all__ = ["AsyncEpisodes", "AsyncRollouts"]
+__all__ = ["AsyncEpisodes"]
 
 
 class DaemonThreads:
@@ -149,14 +150,14 @@ class AsyncEpisodes:
         max_restarts: dead workers replaced before the run gives up.
         curriculum: a ``LevelSchedule`` (``llm_gym.wrappers``) every sub-env shares: each
             finished episode's success counts toward it in the order episodes finish, and
-            the items drawn next are drawn at its level (each record's ``level`` is the one
+            the items drawn next are drawn at its level (each episode's ``level`` is the one
             its item was drawn at).
         kl_controller: the ``KLController`` the sub-envs' KL wrappers share (they must hold
             it: threads only, not Ray's actors); updated with each finished episode's KL
             reward (``-kl_coef · kl_sum``, the coefficient it was charged under) in the order
             episodes finish.
         shared_updates: when the curriculum and the KL controller count finished episodes:
-            ``"episode"``, each as it finishes; ``"batch"``, all of one ``episodes`` call when
+            ``"episode"``, each as it finishes; ``"batch"``, all of one ``play`` call when
             it ends, in stream order: the level and coefficient then hold still within a
             batch, so a run is the same whatever the threads' timing (a trainer's, which
             resumes exactly).
@@ -169,7 +170,7 @@ class AsyncEpisodes:
     >>> rows = [{"query": q} for q in ("a?", "b?", "c?")]
     >>> env_fn = functools.partial(DatasetChatEnv, rows, shuffle=False)
     >>> rollouts = AsyncEpisodes(env_fn, 2, lambda obs: ["ok"] * len(obs["history"]))
-    >>> sorted(r["prompt"][-1]["content"] for r in rollouts.episodes(3))
+    >>> [e.prompt[-1]["content"] for e in rollouts.episodes(3)]
     ['a?', 'b?', 'c?']
     >>> rollouts.close()
     """
@@ -232,7 +233,7 @@ class AsyncEpisodes:
             )
         self.curriculum, self.kl_controller = curriculum, kl_controller
         self.shared_updates = check_choice("shared_updates", shared_updates, ("episode", "batch"))
-        self._counted: list[dict[str, Any]] = []  # "batch": this call's finished episodes
+        self._counted: list[Episode] = []  # "batch": this call's finished episodes
         if curriculum is not None:
             self.set_level(curriculum.level)
         self.reset(seed)
@@ -294,34 +295,39 @@ class AsyncEpisodes:
         if self.kl_controller is not None and snapshot.get("kl_coef") is not None:
             self.kl_controller.coef = float(snapshot["kl_coef"])
 
-    def _finished(self, position: int, record: dict[str, Any]) -> dict[str, Any]:
+    def _finished(self, position: int, episode: Episode) -> Episode:
         # A finished episode: the level its item was drawn at, and its count toward the
         # shared curriculum and KL coefficient (now, or when the batch ends).
         level = self.drawn.pop(position, None)
         if level is not None:
-            record["level"] = level
+            episode.level = level
         if self.shared_updates == "batch":
-            self._counted.append(record)
+            self._counted.append(episode)
         else:
-            self._count([record])
-        return record
+            self._count([episode])
+        return episode
 
-    def _count(self, records: Sequence[Mapping[str, Any]]) -> None:
+    def _count(self, episodes: Sequence[Episode]) -> None:
         if self.curriculum is not None:
-            if self.curriculum.record(bool(r.get("success")) for r in records):
+            if self.curriculum.record(bool(e.info.get("success")) for e in episodes):
                 self.set_level(self.curriculum.level)
         rewards = [
-            -float(r["kl_coef"]) * float(r["kl_sum"])
-            for r in records
-            if r.get("kl_coef") is not None and r.get("kl_sum") is not None
+            -float(e.info["kl_coef"]) * float(e.kl_sum)
+            for e in episodes
+            if e.info.get("kl_coef") is not None and e.kl_sum is not None
         ]
         if self.kl_controller is not None and rewards:
             self.kl_controller.update(rewards)
 
-    def episodes(self, count: int) -> Iterator[dict[str, Any]]:
-        """Run ``count`` more episodes of the stream; yield each record as it finishes (the
-        synchronous ``Episodes``' record, with ``sample_index``). Samples drawn but not
-        finished when the caller stops early are played first next time."""
+    def episodes(self, count: int) -> list[Episode]:
+        """``count`` more episodes of the stream, in stream order (``item_index``): those of
+        ``play(count)``."""
+        return sorted(self.play(count), key=lambda episode: episode.item_index)
+
+    def play(self, count: int) -> Iterator[Episode]:
+        """Run ``count`` more episodes of the stream; yield each as it finishes (the
+        synchronous ``Episodes``' episode, with ``item_index`` and ``seed``). Items drawn but
+        not finished when the caller stops early are played first next time."""
         check_int("count", count, 1)
         if self._abandoned:
             raise RuntimeError(
@@ -333,7 +339,7 @@ class AsyncEpisodes:
         try:
             yield from run.play(count)
             if self._counted:  # "batch": this call's episodes, in stream order
-                self._count(sorted(self._counted, key=lambda r: r["sample_index"]))
+                self._count(sorted(self._counted, key=lambda e: e.item_index))
         except KeyboardInterrupt:  # Ctrl-C: leave at once (close() stops the workers)
             run.stop(wait_calls=False)
             raise
@@ -370,7 +376,7 @@ class _Run:
         self.lives = {s: 0 for s in range(driver.num_envs)}  # a replaced slot's calls are stale
         self.sampling = 0
 
-    def play(self, count: int) -> Iterator[dict[str, Any]]:
+    def play(self, count: int) -> Iterator[Episode]:
         driver, finished, answered = self.driver, 0, time.monotonic()
         while finished < count:
             # Samples in flight and those waiting to be played again count toward `count`.
@@ -388,9 +394,9 @@ class _Run:
                     f"({len(self.pending)} in flight)"
                 )
             for future in done:
-                for record in self._collect(future):
+                for episode in self._collect(future):
                     finished += 1
-                    yield record
+                    yield episode
 
     def _dispatch(self, unstarted: int) -> float | None:
         # Start free slots, then send the ready turns to the policy; the seconds the ready
@@ -430,7 +436,7 @@ class _Run:
         future = driver.workers.call(driver.worker_of[slot], method, slot, *args)
         self.pending[future] = (method, (slot, *args), self.lives[slot], time.monotonic())
 
-    def _collect(self, future: Future) -> list[dict[str, Any]]:
+    def _collect(self, future: Future) -> list[Episode]:
         kind, what, life, _ = self.pending.pop(future)
         if kind == "sample":
             self.sampling -= 1
@@ -463,13 +469,14 @@ class _Run:
             self.ready.append(slot)
             return []
         position, _ = self.items.pop(slot)
-        record = trace.finish(slot, info, obs)
+        episode = trace.finish(slot, info, obs)
         del self.traces[slot], self.obs[slot]
         self.free.append(slot)
-        seed = getattr(self.driver.stream, "seed", None)  # with sample_index: its item
-        return [self.driver._finished(position, {"sample_index": position, "seed": seed, **record})]
+        # With item_index, the stream's seed names its item.
+        episode.item_index, episode.seed = position, getattr(self.driver.stream, "seed", None)
+        return [self.driver._finished(position, episode)]
 
-    def _failed(self, slot: int, error: BaseException) -> list[dict[str, Any]]:
+    def _failed(self, slot: int, error: BaseException) -> list[Episode]:
         driver, w = self.driver, self.driver.worker_of[slot]
         position = self.items[slot][0]
         if not driver.workers.lost(error):  # the env itself failed: the run stops
@@ -494,7 +501,7 @@ class _Run:
         return []
 
     def stop(self, wait_calls: bool) -> None:
-        # Samples drawn and not finished go back to the front of the stream, in order; the
+        # Items drawn and not finished go back to the front of the stream, in order; the
         # calls in flight to live workers end before a sub-env starts again (bounded by the
         # timeout; a dead worker's may never answer).
         driver = self.driver
@@ -512,7 +519,3 @@ class _Run:
             for future in self.pending:
                 future.cancel()
         self.pending.clear()
-
-
-# The name it had before episodes got one home (issue 38); kept for the code that uses it.
-AsyncRollouts = AsyncEpisodes

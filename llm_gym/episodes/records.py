@@ -1,6 +1,5 @@
-"""Episode records: what a rollout writes for every finished episode (an ``episodes.jsonl``
-line plus the token arrays a trainer reads), built the same way by the synchronous vector
-env's ``Episodes`` and by ``AsyncEpisodes`` (one ``EpisodeTrace`` per running episode)."""
+"""How an env episode becomes an ``Episode``: the same way in the synchronous vector env's
+``Episodes`` and in ``AsyncEpisodes`` (one ``EpisodeTrace`` per running episode)."""
 
 from __future__ import annotations
 
@@ -10,16 +9,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from llm_gym.episodes.episode import Episode, Segment
+
 if TYPE_CHECKING:
     from llm_gym.chat.containers import Response
 
-__all__ = ["ARRAYS", "KL_INFO_KEYS", "EpisodeTrace", "json_value"]
+__all__ = ["KL_INFO_KEYS", "EpisodeTrace", "json_value"]
 
 # What the KL wrappers add to a step's info: kept as the record's token_kl, kl_mean, kl_sum.
 KL_INFO_KEYS = ("kl", "kl_penalty", "token_rewards", "ref_log_probs", "log_probs")
-# Record keys that JSON skips: the conversation's token ids and policy mask, the behaviour
-# log-probs (one per policy token, from the version that sampled it) and the per-token KL.
-ARRAYS = ("conversation_ids", "policy_mask", "sampled_log_probs", "token_kl")
 
 
 def json_value(value: object) -> Any:
@@ -51,14 +49,16 @@ def json_value(value: object) -> Any:
 
 class EpisodeTrace:
     """One sub-env's running episode: the prompt it started from, then each step's action,
-    reward and KL; ``finish`` turns it into the episode's record.
+    reward and KL; ``finish`` turns it into its ``Episode``.
 
     >>> trace = EpisodeTrace([{"role": "user", "content": "2+2?"}])
     >>> trace.add("4", 1.0)
     >>> final = {"history": [], "tokens": [1, 2], "policy_mask": [False, True]}
-    >>> record = trace.finish(0, {"reward": 1.0, "success": True}, final)
-    >>> record["response"], record["reward"], record["reward_task"], record["policy_mask"].tolist()
-    ('4', 1.0, 1.0, [False, True])
+    >>> episode = trace.finish(0, {"reward": 1.0, "success": True}, final)
+    >>> episode.response, episode.reward, episode.reward_task, episode.info
+    ('4', 1.0, 1.0, {'success': True})
+    >>> episode.segments[0].policy_mask.tolist()
+    [False, True]
     """
 
     def __init__(self, prompt: Iterable[Mapping[str, Any]]) -> None:
@@ -82,35 +82,38 @@ class EpisodeTrace:
 
     def finish(
         self, env_index: int, info: Mapping[str, Any], final_obs: Mapping[str, Any]
-    ) -> dict[str, Any]:
-        """The record of the ended episode, from the last step's ``info`` and observation."""
+    ) -> Episode:
+        """The ended episode, from the last step's ``info`` and observation."""
         parts = json_value(info)
         kl = np.concatenate(self.kl) if self.kl else None
         # The task's own "reward" is kept as reward_task; "reward" is the episode's return,
         # KL penalty included.
-        parts["reward_task"] = parts.pop("reward", None)
+        reward_task = parts.pop("reward", None)
+        level = parts.pop("level", None)
         if "num_tool_calls" in parts:  # the whole conversation, tool messages included
             parts["conversation"] = list(final_obs["history"])
         sampled = None
         if self.log_probs and all(lp is not None for lp in self.log_probs):
             sampled = np.concatenate(self.log_probs).astype(np.float32)
-        return {
-            "env_index": env_index,
-            "prompt": self.prompt,
-            "response": self.responses[-1] if self.responses else "",
-            "responses": self.responses,
-            "versions": self.versions,  # the policy version of each assistant turn
-            "reward": self.reward,
-            **{key: value for key, value in parts.items() if key not in KL_INFO_KEYS},
-            "num_tokens": self.tokens,
-            "kl_mean": None if kl is None or not len(kl) else float(kl.mean()),
-            "kl_sum": None if kl is None else float(kl.sum()),
-            # None where the env's observations hold no tokens (history or text only)
-            "conversation_ids": _array(final_obs, "tokens", np.int64),
-            "policy_mask": _array(final_obs, "policy_mask", np.bool_),
-            "sampled_log_probs": sampled,
-            "token_kl": kl,
-        }
+        # No segment where the env's observations hold no tokens (history or text only).
+        ids, mask = _array(final_obs, "tokens", np.int64), _array(final_obs, "policy_mask", bool)
+        segments = [] if ids is None or mask is None else [Segment(ids, mask, sampled)]
+        return Episode(
+            prompt=self.prompt,
+            responses=self.responses,
+            reward=self.reward,
+            reward_task=reward_task,
+            info={key: value for key, value in parts.items() if key not in KL_INFO_KEYS},
+            segments=segments,
+            versions=self.versions,  # the policy version of each assistant turn
+            num_tokens=self.tokens,
+            sampled_log_probs=sampled,
+            token_kl=kl,
+            kl_mean=None if kl is None or not len(kl) else float(kl.mean()),
+            kl_sum=None if kl is None else float(kl.sum()),
+            env_index=env_index,
+            level=level,
+        )
 
 
 def _array(obs: Mapping[str, Any], key: str, dtype: Any) -> np.ndarray | None:

@@ -1,6 +1,7 @@
 """The synchronous player: episodes of a vector env with SAME_STEP autoreset, every sub-env
-stepped together with one batched generation a step (``Episodes``), and one whole episode per
-sub-env (``play_episodes``, what a GRPO iteration trains on)."""
+stepped together with one batched generation a step (``Episodes``), one whole episode per
+sub-env (``play_episodes``), and the vector env with its policy as an ``EpisodeSource``
+(``VectorEpisodes``, what a GRPO iteration trains on)."""
 
 from __future__ import annotations
 
@@ -12,35 +13,37 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from llm_gym.checks import check_int
 from llm_gym.envs import single_env
+from llm_gym.episodes.episode import Episode
 from llm_gym.episodes.records import EpisodeTrace
 from llm_gym.policies.base import Policy
 
-__all__ = ["Episodes", "multi_turn", "play_episodes"]
+__all__ = ["Episodes", "VectorEpisodes", "multi_turn", "play_episodes"]
 
 
 class Episodes:
     """The running episode of every sub-env of a vector env with SAME_STEP autoreset (the
-    synchronous driver), and the record of each one that ends."""
+    synchronous driver), and the ``Episode`` of each one that ends."""
 
     def __init__(self, envs: gym.vector.VectorEnv, obs: Mapping[str, Any]) -> None:
         self.envs, self.obs = envs, obs
         self.traces = [EpisodeTrace(history) for history in obs["history"]]
 
-    def step(self, actions: list[Any]) -> list[dict[str, Any]]:
+    def step(self, actions: list[Any]) -> list[Episode]:
         """Step every sub-env with its action (a ``Response``, or ``""``, which ends a sub-env's
-        episode); the records of the episodes that ended (``obs`` moves on)."""
+        episode); the episodes that ended (``obs`` moves on)."""
         obs, rewards, terminated, truncated, info = self.envs.step(actions)
         for i, action in enumerate(actions):
             self.traces[i].add(action, rewards[i], info["kl"][i] if "kl" in info else None)
-        self.obs, records = obs, []
+        self.obs, ended = obs, []
         for i in np.flatnonzero(terminated | truncated).tolist():
             final_info = {key: _column(value, i) for key, value in info["final_info"].items()}
             if "level" in info:  # the curriculum's level this episode was played at
                 final_info["level"] = info["level"][i]
-            records.append(self.traces[i].finish(i, final_info, info["final_obs"][i]))
+            ended.append(self.traces[i].finish(i, final_info, info["final_obs"][i]))
             self.traces[i] = EpisodeTrace(obs["history"][i])
-        return records
+        return ended
 
 
 def multi_turn(envs: gym.vector.VectorEnv) -> bool:
@@ -53,13 +56,13 @@ def multi_turn(envs: gym.vector.VectorEnv) -> bool:
 @torch.no_grad()
 def play_episodes(
     envs: gym.vector.VectorEnv, policy: Policy, obs: dict[str, Any]
-) -> tuple[list[dict[str, Any]], float, dict[str, Any]]:
-    """Play one episode in every sub-env of ``envs`` (a task's vector env) from ``obs``: their
-    records (``Episodes``), the seconds spent generating and the last
+) -> tuple[list[Episode], float, dict[str, Any]]:
+    """Play one episode in every sub-env of ``envs`` (a task's vector env) from ``obs``: the
+    ``Episode`` of each (in sub-env order), the seconds spent generating and the last
     observation. Unless the task is ``multi_turn`` every response must end its episode."""
     single_turn = not multi_turn(envs)
     running = Episodes(envs, obs)
-    records: list[Any] = [None] * envs.num_envs
+    records: list[Episode | None] = [None] * envs.num_envs
     seconds, turns = 0.0, 0
     while None in records:
         if turns and single_turn:
@@ -77,10 +80,60 @@ def play_episodes(
         actions: list[Any] = [""] * envs.num_envs
         for i, response in zip(active, responses, strict=True):
             actions[i] = response
-        for record in running.step(actions):
-            if record["env_index"] in active:  # not the throwaway episode of a finished one
-                records[record["env_index"]] = record
+        for episode in running.step(actions):
+            if episode.env_index in active:  # not the throwaway episode of a finished one
+                records[episode.env_index] = episode
     return records, seconds, running.obs
+
+
+class VectorEpisodes:
+    """A vector env and its policy as an ``EpisodeSource``: each ``episodes`` call plays one
+    episode in every sub-env (``play_episodes``) from where the last one left the stream.
+
+    Args:
+        envs: a task's vector env (SAME_STEP autoreset).
+        policy: ``policy(obs_batch) -> list[Response]`` on the ``"tokens"`` key.
+        seed: the stream's seed, for the first call's reset (unless ``obs`` is given).
+        obs: the observation to start from (an env reset and positioned already).
+        reseed: multi-turn tasks: call ``k`` resets with seed ``reseed + k`` first (each
+            group restarts on one item); ``first``: the first call's ``k`` (a resumed run's).
+
+    Attributes:
+        seconds: the seconds the last call spent generating.
+    """
+
+    def __init__(
+        self,
+        envs: gym.vector.VectorEnv,
+        policy: Policy,
+        *,
+        seed: int | None = None,
+        obs: dict[str, Any] | None = None,
+        reseed: int | None = None,
+        first: int = 0,
+    ) -> None:
+        self.envs, self.policy, self.seed, self.obs = envs, policy, seed, obs
+        self.reseed, self.calls = reseed, check_int("first", first, 0)
+        self.seconds = 0.0
+
+    def episodes(self, count: int) -> list[Episode]:
+        """One episode of every sub-env: ``count`` must be ``envs.num_envs``."""
+        if count != self.envs.num_envs:
+            raise ValueError(
+                f"count must be the vector env's num_envs={self.envs.num_envs} (an episode of "
+                f"every sub-env), got {count}"
+            )
+        if self.reseed is not None:  # a fresh seed restarts each group on one item
+            self.obs, _ = self.envs.reset(seed=self.reseed + self.calls)
+        elif self.obs is None:
+            self.obs, _ = self.envs.reset(seed=self.seed)
+        self.calls += 1
+        played, self.seconds, self.obs = play_episodes(self.envs, self.policy, self.obs)
+        return played
+
+    def close(self) -> None:
+        """Close the vector env."""
+        self.envs.close()
 
 
 def _column(value: Any, i: int) -> Any:

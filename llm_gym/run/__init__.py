@@ -9,7 +9,6 @@ _EXPORTS = {
     "Rollout": "llm_gym.run.rollout",
     "RolloutConfig": "llm_gym.run.config",
     "RunConfig": "llm_gym.run.config",
-    "Summary": "llm_gym.run.rollout",
 }
 
 __all__ = sorted(_EXPORTS)

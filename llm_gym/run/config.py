@@ -94,7 +94,7 @@ class RunConfig:
     served_model: str | None = None  # backend "openai": the model's name there (None: its only)
     backend_args: dict[str, Any] = field(default_factory=dict)  # backend "vllm": engine options
     vllm_python: str | None = None  # backend "vllm": its interpreter (None: found)
-    # The asynchronous driver (llm_gym.drivers.AsyncEpisodes); with ray_address its env
+    # The asynchronous driver (llm_gym.episodes.AsyncEpisodes); with ray_address its env
     # workers are Ray actors ("local": the cluster running here, else a new one).
     asynchronous: bool = False
     ray_address: str | None = None

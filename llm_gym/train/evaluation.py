@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from llm_gym.episodes import multi_turn, play_episodes
+from llm_gym.episodes import Episode, multi_turn, play_episodes, summarize
 from llm_gym.policies import TransformersPolicy
 from llm_gym.run.config import RunConfig
-from llm_gym.run.rollout import summarize
 from llm_gym.run.setup import task_envs
 
 if TYPE_CHECKING:
@@ -43,7 +42,7 @@ def evaluate_greedy(
     if policy is None:  # not make_policy: GRPOConfig refuses temperature 0
         kwargs = {"max_new_tokens": config.max_new_tokens, "do_sample": False}
         policy = TransformersPolicy(model, tokenizer, input_mode="tokens", generate_kwargs=kwargs)
-    records: list[dict[str, Any]] = []
+    records: list[Episode] = []
     try:
         obs, _ = envs.reset(seed=seed)
         while len(records) < episodes:
@@ -54,7 +53,7 @@ def evaluate_greedy(
     finally:
         envs.close()
     summary = summarize(records, seconds=0.0)
-    lengths = [record["policy_mask"].sum() for record in records]
+    lengths = [episode.policy_tokens for episode in records]
     result = {
         "success": summary.accuracy,
         "reward": summary.mean_reward,

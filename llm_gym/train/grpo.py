@@ -19,9 +19,15 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from llm_gym.agents import AgentRollouts, load_agent
+from llm_gym.agents import AgentEpisodes, load_agent
 from llm_gym.envs import single_env
-from llm_gym.episodes import multi_turn, play_episodes
+from llm_gym.episodes import (
+    EpisodeSource,
+    VectorEpisodes,
+    multi_turn,
+    rubric_part_names,
+    summarize,
+)
 from llm_gym.lm.loading import load_model
 from llm_gym.lm.lora import AdapterDisabled, load_lora, unwrapped, with_lora
 from llm_gym.lm.tensors import (
@@ -37,7 +43,6 @@ from llm_gym.run.budget import check_run
 from llm_gym.run.describe import describe_run
 from llm_gym.run.files import LineFile, RunWriteError, told, write_text
 from llm_gym.run.lock import FolderLock
-from llm_gym.run.rollout import rubric_part_names, summarize
 from llm_gym.run.setup import (
     async_episodes,
     charge_kl,
@@ -54,12 +59,11 @@ from llm_gym.train.checkpoints import latest_checkpoint, load_checkpoint, save_c
 from llm_gym.train.config import CHECKPOINT_TOKENS, GRPOConfig
 from llm_gym.train.evaluation import evaluate_greedy
 from llm_gym.train.loss import group_advantages, grpo_loss, microbatches, sampled
-from llm_gym.train.pipeline import AsyncBatches, staleness
+from llm_gym.train.pipeline import AsyncBatches
 from llm_gym.train.run_folder import (
     METRICS_FILE,
     SERVED_FOLDER,
     SUMMARY_FILE,
-    TRAINING_PLOT_FILE,
     claim_out,
     clear_out,
     earlier_rows,
@@ -70,15 +74,7 @@ from llm_gym.wrappers import AdaptiveKLController
 if TYPE_CHECKING:
     from llm_gym.policies.base import Policy
 
-__all__ = [
-    "METRICS_FILE",
-    "TRAINING_PLOT_FILE",
-    "SERVED_FOLDER",
-    "GRPOConfig",
-    "GRPOTrainer",
-    "group_advantages",
-    "grpo_loss",
-]
+__all__ = ["GRPOTrainer"]
 
 
 class GRPOTrainer:
@@ -139,8 +135,7 @@ class GRPOTrainer:
             sampling_model = copy.deepcopy(self.model)  # samples while this one trains
         self.policy = make_policy(sampling_model, self.tokenizer, config, served=served)
         self.sampling_lock = threading.Lock()  # no update lands in the middle of a batch
-        self.driver: Any = None
-        self.batches: AsyncBatches | None = None
+        self.driver: Any = None  # --async: the AsyncEpisodes behind the source
         try:
             self._set_up(config, state, tensors)
         except BaseException:  # no server is left running after a setup error
@@ -206,29 +201,48 @@ class GRPOTrainer:
                 curriculum=schedule, batch_wait=wait, shared_updates="batch",
                 **self.rubric.env_options(),
             )  # fmt: skip
-        self.agents: AgentRollouts | None = None
-        if config.agent is not None:  # an agent program plays each item through a gateway
-            self.agents = self._agent_rollouts(self.policy, config.group_size, config.seed)
         trained = [p for p in self.model.parameters() if p.requires_grad]  # LoRA: adapters
         self.optimizer = torch.optim.AdamW(trained, lr=config.learning_rate)
-        self.start, self.before, self._resumed = 0, None, state
+        self.start, self.before = 0, None
         self._drawn_level = getattr(self.envs.unwrapped, "level", None)
         # What the env plays, for the summary: its answer format and the tasks it names.
         self.answer_format = getattr(single_env(self.envs), "answer_format", None)
         self.task_names: set[str] = set()
         if state:
             self._restore(state, tensors)
-        else:  # set up without error: only now does an earlier run (--overwrite) go
+        self.source: EpisodeSource = self._episode_source(state)
+        # The held-out evaluation plays as the run does: the agent's runs, or the task's envs.
+        self._held_out = self._greedy_evaluation if config.agent is None else self._agent_evaluation
+        if not state:  # set up without error: only now does an earlier run (--overwrite) go
             clear_out(self.out)
             config.save()  # what --resume continues
 
-    def _agent_rollouts(self, policy: Any, group_size: int, seed: int) -> AgentRollouts:
+    def _episode_source(self, state: dict[str, Any] | None) -> EpisodeSource:
+        # Where the episodes come from (the one choice; every iteration then asks alike), at
+        # iteration `start`: a resumed run's source goes on where the run stopped.
+        config, size = self.config, self.config.groups * self.config.group_size
+        if config.agent is not None:  # an agent program plays batch k's items of (seed, k)
+            return self._agent_episodes(self.policy, config.group_size, config.seed, self.start)
+        if self.driver is not None:  # batch j is stream positions [j B, (j + 1) B)
+            self.driver.seek(self.start * size)
+            return AsyncBatches(
+                self.driver, size, config.max_staleness, self.start,
+                update_epochs=config.update_epochs,
+            )  # fmt: skip
+        if self.multi_turn:  # tools, games: iteration k restarts each group from seed + 1 + k
+            return VectorEpisodes(self.envs, self._sample, reseed=config.seed + 1, first=self.start)
+        obs = None if state is None else self._resumed_obs(state)
+        return VectorEpisodes(self.envs, self._sample, seed=config.seed, obs=obs)
+
+    def _agent_episodes(
+        self, policy: Any, group_size: int, seed: int, first: int = 0
+    ) -> AgentEpisodes:
         config = self.config
         env = gym.make(config.env, **env_kwargs(config, self.tokenizer)).unwrapped
         sampler = getattr(policy, "sampler", policy)  # a server's sampler, or the policy
-        return AgentRollouts(
+        return AgentEpisodes(
             load_agent(config.agent), env, sampler, self.tokenizer, group_size=group_size,
-            num_agents=config.num_agents, timeout=config.agent_timeout, seed=seed,
+            num_agents=config.num_agents, timeout=config.agent_timeout, seed=seed, first=first,
         )  # fmt: skip
 
     # -- the loop ---------------------------------------------------------------------------
@@ -252,12 +266,11 @@ class GRPOTrainer:
         try:
             if self.before is None and config.eval_episodes:
                 self.before = self.evaluate()
-            obs = self._reset()
             # The earlier rows are written aside first: a full disk cannot cost them.
             write_text(self.out / METRICS_FILE, "".join(json.dumps(row) + "\n" for row in rows))
             with LineFile(self.out / METRICS_FILE) as f:
                 for iteration in range(self.start, config.iterations):
-                    obs, row = self.iteration(obs, iteration)
+                    row = self.iteration(iteration)
                     rows.append(row)
                     f.write(json.dumps(row))  # a line per iteration, readable after Ctrl-C
                     bar.update(1)
@@ -265,8 +278,9 @@ class GRPOTrainer:
                     done = iteration + 1
                     if done % config.save_every == 0 or done == config.iterations:
                         self.save(done)
-                    if self.batches is not None:  # after the save: its RNG state is this one's
-                        self.batches.publish(iteration)
+                    publish = getattr(self.source, "publish", None)
+                    if publish is not None:  # after the save: its RNG state is this one's
+                        publish(iteration)
         except (KeyboardInterrupt, RunWriteError) as error:  # what finished is reported
             self._stopped(rows, started, error)
             raise
@@ -321,45 +335,35 @@ class GRPOTrainer:
         self.unwritten = write_summary(self.out, summary, rows, list(notes))
         return summary
 
-    def iteration(self, obs: dict[str, Any] | None, iteration: int) -> tuple[dict[str, Any], dict]:
-        """Play an episode in every sub-env from ``obs`` (multi-turn: from the iteration's own
-        seed), score, update: the next observation and the metrics row."""
+    def iteration(self, iteration: int) -> dict[str, Any]:
+        """Ask the source for an episode of every sub-env (``groups × group_size``), score
+        them, update on each one's segments: the metrics row."""
         config, start = self.config, time.perf_counter()
-        kl, lag = config.kl_coef > 0, None
-        if self.batches is not None:  # sampled ahead, by the versions it names
-            records, seconds = self.batches.next(iteration)
-            next_obs, lag = obs, staleness(records, iteration, config.update_epochs)
-            if lag > config.max_staleness:
-                raise RuntimeError(f"iteration {iteration}'s batch is {lag} updates stale")
-        elif self.agents is not None:  # the items of (seed, iteration): a resumed run's too
-            start = time.perf_counter()
-            seed = int(np.random.SeedSequence([config.seed, iteration]).generate_state(1)[0])
-            records = self.agents.episodes(config.groups * config.group_size, seed=seed)
-            seconds, next_obs = time.perf_counter() - start, obs
-        else:
-            if self.multi_turn:  # a fresh seed restarts each group on one question
-                obs, _ = self.envs.reset(seed=config.seed + 1 + iteration)
-            # The next questions are drawn in this iteration's step, at the level before it.
-            self._drawn_level = getattr(self.envs.unwrapped, "level", None)
-            records, seconds, next_obs = play_episodes(self.envs, self._sample, obs)
-        self.task_names.update(str(r["task"]) for r in records if r.get("task") is not None)
-        summary = summarize(records, seconds, self.part_names)
-        rewards = torch.tensor([r["reward"] for r in records], device=self.device)
+        kl = config.kl_coef > 0
+        # The next items are drawn in this iteration's step, at the level before it.
+        self._drawn_level = getattr(self.envs.unwrapped, "level", None)
+        episodes = self.source.episodes(config.groups * config.group_size)
+        # The sampling's seconds where the source tells them (not its env steps' or waits').
+        seconds = getattr(self.source, "seconds", time.perf_counter() - start)
+        self.task_names.update(
+            str(e.info["task"]) for e in episodes if e.info.get("task") is not None
+        )
+        summary = summarize(episodes, seconds, self.part_names)
+        rewards = torch.tensor([e.reward for e in episodes], device=self.device)
         advantages = group_advantages(rewards, config.group_size)
-        if self.agents is not None:  # an agent's episode trains on each of its segments
-            rows = [(s, i) for i, r in enumerate(records) for s in r["segments"]]
+        # Each segment trains with its episode's advantage (an env episode has one; an agent's
+        # as many as its calls make); asynchronous batches by the log-probs they were sampled
+        # with.
+        rows = [(s, i) for i, e in enumerate(episodes) for s in e.segments]
+        index = torch.tensor([i for _, i in rows], dtype=torch.long, device=self.device)
+        behaviour = [s.log_probs for s, _ in rows] if config.asynchronous else None
+        loss = 0.0
+        if rows:
             sequences, masks = [s.ids for s, _ in rows], [s.policy_mask for s, _ in rows]
-            index = torch.tensor([i for _, i in rows], dtype=torch.long, device=self.device)
-            loss = self._optimize(sequences, masks, advantages[index]) if rows else 0.0
-        else:
-            masks = [record["policy_mask"] for record in records]
-            behaviour = [r["sampled_log_probs"] for r in records] if self.batches else None
-            loss = self._optimize(
-                [record["conversation_ids"] for record in records], masks, advantages,
-                behaviour,
-            )  # fmt: skip
-        if self.batches is not None:  # the shared curriculum and KL as this batch left them
-            level, kl_coef = self.batches.snapshot["level"], self.batches.snapshot["kl_coef"]
+            loss = self._optimize(sequences, masks, advantages[index], behaviour)
+        snapshot = getattr(self.source, "snapshot", None)
+        if snapshot is not None:  # the shared curriculum and KL as this batch left them
+            level, kl_coef = snapshot["level"], snapshot["kl_coef"]
             kl_coef = config.kl_coef if kl_coef is None else kl_coef
         else:
             level = getattr(self.envs.unwrapped, "level", None)
@@ -367,36 +371,35 @@ class GRPOTrainer:
         row = {
             "iteration": iteration,
             "reward": summary.mean_reward,
-            "task_reward": float(np.mean([record["reward_task"] or 0.0 for record in records])),
+            "task_reward": float(np.mean([e.reward_task or 0.0 for e in episodes])),
             "success": summary.accuracy,
-            "kl": float(np.mean(np.concatenate([r["token_kl"] for r in records]))) if kl else None,
+            "kl": float(np.mean(np.concatenate([e.token_kl for e in episodes]))) if kl else None,
             "kl_coef": kl_coef if kl else None,
             "loss": loss,
-            "response_tokens": float(np.mean([r["num_tokens"] for r in records]))
-            if self.agents is not None
-            else float(np.mean([mask.sum() for mask in masks])),
+            "response_tokens": float(np.mean([e.policy_tokens for e in episodes])),
             "level": level if level is not None else getattr(self.envs.unwrapped, "level", None),
             "tokens_per_second": summary.tokens_per_second,
             # the policy versions that sampled the episodes: the last update's, never older
-            "versions": sorted({v for r in records for v in r["versions"] if v is not None}),
+            "versions": sorted({v for e in episodes for v in e.versions if v is not None}),
         }
+        lag = getattr(self.source, "lag", None)
         if lag is not None:  # updates between the sampling policy and the trained one
             row["staleness"] = lag
         if config.backend != "transformers":  # writing and loading the new weights
             row["sync_seconds"] = self.sync_seconds
         if summary.parts:  # a rubric's parts, each one's mean over the iteration's episodes
             row["parts"] = summary.parts
-        if self.agents is not None:  # what the agent did: calls, segments, failures
-            row["calls_per_episode"] = float(np.mean([r["num_calls"] for r in records]))
-            row["segments_per_episode"] = float(np.mean([r["num_segments"] for r in records]))
-            row["agent_errors"] = sum(r["error"] is not None for r in records)
+        if config.agent is not None:  # what the agent did: calls, segments, failures
+            row["calls_per_episode"] = float(np.mean([e.num_calls for e in episodes]))
+            row["segments_per_episode"] = float(np.mean([e.num_segments for e in episodes]))
+            row["agent_errors"] = sum(e.error is not None for e in episodes)
         if config.tools:
             row["tool_calls_per_episode"] = summary.tool_calls_per_episode
             row["failed_tool_share"] = summary.failed_tool_share
-        if kl and self.batches is None:  # the asynchronous driver updates it per episode
+        if kl and snapshot is None:  # the asynchronous driver updates it per batch
             self.envs.update_kl_coef()
         row["seconds"] = time.perf_counter() - start
-        return next_obs, row
+        return row
 
     def update(self, obs: dict[str, Any], responses: list[Any], advantages: torch.Tensor) -> float:
         """The iteration's update for single-turn ``responses`` to ``obs``'s prompts; the loss."""
@@ -504,9 +507,7 @@ class GRPOTrainer:
     def close(self) -> None:
         """Stop the envs, the asynchronous driver's workers and the sampler's server, if any
         (also done when ``train()`` ends)."""
-        if self.batches is not None:
-            self.batches.close()
-        for part in (getattr(self, "envs", None), self.driver, getattr(self, "agents", None)):
+        for part in (getattr(self, "source", None), getattr(self, "envs", None), self.driver):
             if part is not None:
                 part.close()
         for part in (self.policy, getattr(self, "rubric", None)):
@@ -515,26 +516,33 @@ class GRPOTrainer:
                 close()
 
     def evaluate(self, policy: Policy | None = None) -> dict[str, float]:
-        """``llm_gym.train.evaluate_greedy`` of the model on ``eval_episodes`` held-out
-        questions."""
+        """The greedy evaluation of the model on ``eval_episodes`` held-out items, played as
+        the run plays its episodes (``evaluate_greedy``, or the agent's runs); ``policy``
+        replaces the greedy policy of a task's envs."""
+        return self._held_out(policy)
+
+    def _greedy_evaluation(self, policy: Policy | None) -> dict[str, float]:
         config = self.config
-        if self.agents is not None:  # the agent, its calls greedy unless it asks otherwise
-            kwargs = {"max_new_tokens": config.max_new_tokens, "do_sample": False}
-            greedy = TransformersPolicy(
-                self.model, self.tokenizer, input_mode="tokens", generate_kwargs=kwargs
-            )
-            with self._agent_rollouts(greedy, 1, config.eval_seed) as rollouts:
-                records = rollouts.episodes(config.eval_episodes, seed=config.eval_seed)
-            return {
-                "success": float(np.mean([bool(r.get("success")) for r in records])),
-                "reward": float(np.mean([r["reward"] for r in records])),
-                "response_tokens": float(np.mean([r["num_tokens"] for r in records])),
-                "agent_errors": sum(r["error"] is not None for r in records),
-            }
         return evaluate_greedy(
             self.model, self.tokenizer, config,
             episodes=config.eval_episodes, seed=config.eval_seed, policy=policy,
         )  # fmt: skip
+
+    def _agent_evaluation(self, policy: Policy | None) -> dict[str, float]:
+        # The agent, its calls greedy unless it asks otherwise.
+        config = self.config
+        kwargs = {"max_new_tokens": config.max_new_tokens, "do_sample": False}
+        greedy = TransformersPolicy(
+            self.model, self.tokenizer, input_mode="tokens", generate_kwargs=kwargs
+        )
+        with self._agent_episodes(greedy, 1, config.eval_seed) as agents:
+            episodes = agents.episodes(config.eval_episodes, seed=config.eval_seed)
+        return {
+            "success": float(np.mean([e.success for e in episodes])),
+            "reward": float(np.mean([e.reward for e in episodes])),
+            "response_tokens": float(np.mean([e.num_tokens for e in episodes])),
+            "agent_errors": sum(e.error is not None for e in episodes),
+        }
 
     # -- checkpoints ------------------------------------------------------------------------
 
@@ -552,8 +560,8 @@ class GRPOTrainer:
             "successes": None if schedule is None else schedule.successes,
             "positions": [getattr(source, "position", None) for source in sources],
         }
-        if self.batches is not None:  # as the last trained batch left them, not the next's
-            snapshot = self.batches.snapshot
+        snapshot = getattr(self.source, "snapshot", None)
+        if snapshot is not None:  # as the last trained batch left them, not the next's
             state.update(level=snapshot["level"], successes=snapshot["successes"])
             state["kl_coef"] = snapshot["kl_coef"]
         elif self.config.kl_coef > 0:
@@ -606,20 +614,11 @@ class GRPOTrainer:
         if tensors["cuda_rng"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(tensors["cuda_rng"])
 
-    def _reset(self) -> dict[str, Any]:
-        # The stream from the seed; a resumed run puts each sub-env back on the question it
-        # was at, drawn at the level it was drawn at. (Tool iterations reseed themselves.)
-        config, state, base = self.config, self._resumed, self.envs.unwrapped
-        if self.agents is not None:  # each iteration draws its own items
-            return {}
-        if self.driver is not None:  # batch j is stream positions [j B, (j + 1) B)
-            size = config.groups * config.group_size
-            self.driver.seek(self.start * size)
-            self.batches = AsyncBatches(self.driver, size, config.max_staleness, self.start)
-            return {}
-        obs, _ = self.envs.reset(seed=config.seed)
-        if state is None or self.multi_turn:
-            return obs
+    def _resumed_obs(self, state: dict[str, Any]) -> dict[str, Any]:
+        # A resumed run puts each sub-env back on the item it was at, drawn at the level it
+        # was drawn at (the vector env's stream from the seed, then each source's position).
+        config, base = self.config, self.envs.unwrapped
+        self.envs.reset(seed=config.seed)
         sources = getattr(base, "sources", [])
         if not sources or None in state["positions"] or not hasattr(sources[0], "seek"):
             raise ValueError(

@@ -1,4 +1,4 @@
-"""``AgentRollouts``: an agent program as a source of episodes. Each run plays one task item
+"""``AgentEpisodes``: an agent program as a source of episodes. Each run plays one task item
 against a ``Gateway``: the agent calls the model through the OpenAI API with its own episode
 key, returns a final answer, the task's reward scores it, and the gateway's record of the
 run's calls becomes the episode's training sequences (``segments``).
@@ -7,7 +7,7 @@ An agent is a Python callable ``agent(base_url, api_key, item) -> str`` (a corou
 too) or a command (a list of arguments) run with ``OPENAI_BASE_URL``, ``OPENAI_API_KEY`` and
 ``LLM_GYM_ITEM`` (the item as JSON) in its environment, whose standard output is its answer.
 An agent that raises, exits non-zero, runs past ``timeout`` or never calls the model is a
-recorded failure (reward 0, its ``error``), and the rollouts go on.
+recorded failure (reward 0, its ``error``), and the other runs go on.
 """
 
 from __future__ import annotations
@@ -34,15 +34,16 @@ from llm_gym.agents.gateway import Gateway
 from llm_gym.agents.recording import segments
 from llm_gym.checks import check_int, check_number
 from llm_gym.envs.dataset import DatasetChatEnv
+from llm_gym.episodes import Episode
 from llm_gym.rubrics import TaskScore
 from llm_gym.samplers.base import Sampler
 from llm_gym.tasks.task import Task
 
-__all__ = ["Agent", "AgentRollouts", "load_agent"]
+__all__ = ["Agent", "AgentEpisodes", "load_agent"]
 
 # agent(base_url, api_key, item) -> the final answer
 Agent = Callable[[str, str, dict[str, Any]], str]
-_ERROR_CHARS = 2000  # of an agent's error or stderr kept in its record
+_ERROR_CHARS = 2000  # of an agent's error or stderr kept in its episode
 
 
 def load_agent(spec: str) -> Agent:
@@ -77,7 +78,7 @@ def load_agent(spec: str) -> Agent:
     return agent
 
 
-class AgentRollouts:
+class AgentEpisodes:
     """Runs of an agent program over a task's items, through a gateway it owns.
 
     Args:
@@ -86,17 +87,21 @@ class AgentRollouts:
             ``gym.make("LLMChat-Products-v0").unwrapped``).
         sampler: the policy the agent's calls sample from (any ``Sampler``).
         tokenizer: the model's tokenizer.
-        group_size: runs of each item (a GRPO group: consecutive records).
+        group_size: runs of each item (a GRPO group: consecutive episodes).
         num_agents: runs at once.
         timeout: seconds a run may take; past it the run is a failure (a command is killed; a
             callable's thread is left, its later calls refused).
         seed: the items' order: batch ``k`` of ``episodes`` draws from ``(seed, k)``.
+        first: the first batch's ``k`` (a resumed run's).
         gateway: a ``Gateway`` over ``sampler`` to use (default: one made and served here on
             loopback, closed by ``close``); ``model_name``: the name the agent asks for.
 
     The item an agent gets is the task's (its fields after ``field_map``, ``query``
     included) plus ``messages``: the task's prompt as chat messages (its system prompt, which
     says the answer format the reward reads, and the query).
+
+    Attributes:
+        seconds: the wall-clock seconds of the last ``episodes`` call.
     """
 
     def __init__(
@@ -112,6 +117,7 @@ class AgentRollouts:
         seed: int = 0,
         gateway: Gateway | None = None,
         model_name: str = "policy",
+        first: int = 0,
     ) -> None:
         is_command = isinstance(agent, (list, tuple)) and agent and all(
             isinstance(a, str) for a in agent
@@ -138,17 +144,17 @@ class AgentRollouts:
         self.gateway = gateway or Gateway(sampler, tokenizer, model_name=model_name)
         if self.gateway.url is None:
             self.gateway.serve()
-        self.batches = 0
+        self.batches, self.seconds = check_int("first", first, 0), 0.0
 
     def __repr__(self) -> str:
-        return f"AgentRollouts({self.agent!r}, group_size={self.group_size}, {self.gateway!r})"
+        return f"AgentEpisodes({self.agent!r}, group_size={self.group_size}, {self.gateway!r})"
 
     def close(self) -> None:
         """Stop the gateway if this object made it."""
         if self._own_gateway:
             self.gateway.close()
 
-    def __enter__(self) -> AgentRollouts:
+    def __enter__(self) -> AgentEpisodes:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -166,8 +172,8 @@ class AgentRollouts:
             items.append(item)
         return items
 
-    def episodes(self, count: int, seed: int | None = None) -> list[dict[str, Any]]:
-        """The records of ``count`` runs (``count / group_size`` items, each ``group_size``
+    def episodes(self, count: int, seed: int | None = None) -> list[Episode]:
+        """The episodes of ``count`` runs (``count / group_size`` items, each ``group_size``
         times, consecutive), in order; ``seed``: the items' (default: this batch's)."""
         count = check_int("count", count, 1)
         if count % self.group_size:
@@ -179,11 +185,13 @@ class AgentRollouts:
             self.batches += 1
         items = self.items(count // self.group_size, seed)
         runs = [item for item in items for _ in range(self.group_size)]
+        started = time.perf_counter()
         with ThreadPoolExecutor(self.num_agents, thread_name_prefix="llm_gym-agent") as pool:
-            records = list(pool.map(self._run, range(len(runs)), runs))
-        return records
+            played = list(pool.map(self._run, range(len(runs)), runs))
+        self.seconds = time.perf_counter() - started
+        return played
 
-    def _run(self, index: int, item: dict[str, Any]) -> dict[str, Any]:
+    def _run(self, index: int, item: dict[str, Any]) -> Episode:
         key = f"llm-gym-{uuid.uuid4().hex}"
         started = time.perf_counter()
         answer, error = self._play(key, item)
@@ -195,34 +203,23 @@ class AgentRollouts:
         reward, info = 0.0, {"success": False}
         if error is None:
             reward, info = self._score(answer, item)
-        parts = segments(calls)
-        last = parts[-1] if parts else None
-        tokens = sum(len(c.tokens) for c in calls)
-        return {
-            "env_index": index % self.num_agents,
-            "sample_index": index,
-            "prompt": item["messages"],
-            "response": answer if error is None else "",
-            "responses": [c.text for c in calls],
-            "versions": [c.version for c in calls],
-            "reward": reward,
-            **info,
-            "reward_task": reward,
-            "error": error,
-            "num_calls": len(calls),
-            "num_segments": len(parts),
-            "num_tokens": tokens,
-            "seconds": seconds,
-            "kl_mean": None,
-            "kl_sum": None,
-            "conversation_ids": last.ids if last else np.zeros(0, np.int64),
-            "policy_mask": last.policy_mask if last else np.zeros(0, np.bool_),
-            "sampled_log_probs": last.log_probs if last else None,
-            "token_kl": None,
-            "segments": parts,
-            "calls": calls,
-            "item": {k: v for k, v in item.items() if k != "messages"},
-        }
+        return Episode(
+            prompt=item["messages"],
+            responses=[c.text for c in calls],
+            reward=reward,
+            reward_task=reward,
+            info=info,
+            segments=segments(calls),
+            versions=[c.version for c in calls],
+            num_tokens=sum(len(c.tokens) for c in calls),
+            response=answer if error is None else "",
+            env_index=index % self.num_agents,
+            item_index=index,
+            item={k: v for k, v in item.items() if k != "messages"},
+            error=error,
+            calls=calls,
+            seconds=seconds,
+        )
 
     def _play(self, key: str, item: dict[str, Any]) -> tuple[str, str | None]:
         """The agent's answer and None, or "" and why the run failed."""

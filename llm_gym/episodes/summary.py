@@ -1,0 +1,159 @@
+"""What finished episodes came to: ``summarize`` (the table ``llm-gym rollout`` prints, the
+metrics an iteration of ``llm-gym train`` reports) and a rubric's part names
+(``rubric_part_names``)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from llm_gym.envs import single_env
+from llm_gym.episodes.episode import Episode
+from llm_gym.tasks import Rubric
+
+__all__ = ["OUTCOMES", "Summary", "rubric_part_names", "summarize"]
+
+OUTCOMES = ("win", "draw", "loss", "unfinished")  # a game's end, as its env's info says
+
+
+@dataclass
+class Summary:
+    """What a rollout's episodes came to: the table ``llm-gym rollout`` prints."""
+
+    episodes: int
+    accuracy: float
+    format_rate: float
+    mean_reward: float
+    mean_kl: float | None
+    level: int | None
+    tokens_per_second: float
+    generated_tokens: int
+    seconds: float
+    tool_episode_share: float | None = None  # episodes with at least one tool call
+    tool_calls_per_episode: float | None = None
+    failed_tool_share: float | None = None  # of all calls
+    hint: str | None = None  # what to try when few responses follow the answer format
+    worker_restarts: int | None = None  # Ray env workers that died and were replaced
+    turns_per_episode: float | None = None  # assistant turns
+    # Games: the share of episodes won, drawn, lost and cut by max_turns (None: no games).
+    outcomes: dict[str, float] | None = None
+    pass_rate: float | None = None  # code: episodes whose every test passed (None: no code)
+    # A Rubric reward's parts: each one's mean over the episodes that have it (as paid or
+    # reported: a gate's share held, a metric's mean), by name; and each judge's costs.
+    parts: dict[str, float] | None = None
+    judges: dict[str, dict[str, float]] | None = None
+
+    def table(self) -> str:
+        """The summary as aligned ``name  value`` lines, then the hint, if any."""
+        rows = self.rows()
+        width = max(len(name) for name, _ in rows)
+        lines = [f"{name:<{width}}  {value}" for name, value in rows]
+        return "\n".join(lines + ([self.hint] if self.hint else []))
+
+    def rows(self) -> list[tuple[str, str]]:
+        """The table's ``(name, value)`` rows, formatted (a report's numbers)."""
+        kl = "n/a (no --ref-model)" if self.mean_kl is None else f"{self.mean_kl:.5f}"
+        rows = [
+            ("episodes", f"{self.episodes}"),
+            ("accuracy", f"{self.accuracy:.3f}"),
+            ("format rate", f"{self.format_rate:.3f}"),
+            ("mean reward", f"{self.mean_reward:.4f}"),
+            ("mean KL / token", kl),
+        ]
+        if self.level is not None:
+            rows.append(("level (last episode)", f"{self.level}"))
+        if self.turns_per_episode is not None and (
+            self.turns_per_episode > 1 or self.tool_episode_share is not None
+        ):  # multi-turn episodes
+            rows.append(("turns / episode", f"{self.turns_per_episode:.2f}"))
+        if self.pass_rate is not None:
+            rows.append(("pass rate (all tests)", f"{self.pass_rate:.3f}"))
+        if self.outcomes is not None:
+            shares = " / ".join(f"{self.outcomes[name]:.3f}" for name in OUTCOMES)
+            rows.append((" / ".join(OUTCOMES), shares))
+        if self.tool_episode_share is not None:
+            failed = self.failed_tool_share
+            rows += [
+                ("episodes with a tool call", f"{self.tool_episode_share:.3f}"),
+                ("tool calls / episode", f"{self.tool_calls_per_episode:.2f}"),
+                ("failed tool calls", "n/a (no calls)" if failed is None else f"{failed:.3f}"),
+            ]
+        for name, mean in (self.parts or {}).items():
+            rows.append((f"part {name} (mean)", f"{mean:.4f}"))
+        for name, cost in (self.judges or {}).items():
+            per = cost["seconds"] / cost["calls"] if cost["calls"] else 0.0
+            rows.append(
+                (
+                    f"{name}: calls / tokens / s",
+                    f"{cost['calls']:.0f} / "
+                    f"{cost['tokens']:.0f} / {cost['seconds']:.1f} ({per:.2f} s a call)",
+                )
+            )
+            rows.append((f"{name}: cache hits / errors",
+                         f"{cost['cache_hits']:.0f} / {cost['errors']:.0f}"))  # fmt: skip
+        rows.append(("tokens/s", f"{self.tokens_per_second:.1f}"))
+        if self.worker_restarts is not None:
+            rows.append(("env worker restarts", f"{self.worker_restarts}"))
+        return rows
+
+
+def rubric_part_names(envs: Any) -> list[str]:
+    """The part names of ``envs``' reward where it is a ``Rubric`` (the info keys that hold
+    their values); none otherwise."""
+    reward = getattr(single_env(envs), "reward", None)
+    return [part.name for part in reward.parts] if isinstance(reward, Rubric) else []
+
+
+def summarize(
+    episodes: Sequence[Episode | Mapping[str, Any]], seconds: float, parts: Sequence[str] = ()
+) -> Summary:
+    """The ``Summary`` of finished ``episodes`` (``Episode``s or their records),
+    ``seconds`` after the start; with the mean of each of a rubric's ``parts``
+    (``rubric_part_names``) over the episodes that have it.
+
+    >>> summarize([{"reward": 1.0, "success": True, "num_tokens": 4}], 2.0).tokens_per_second
+    2.0
+    """
+    items = [e.record() if isinstance(e, Episode) else e for e in episodes]
+    n = len(items)
+    kls = [r["kl_mean"] for r in items if r.get("kl_mean") is not None]
+    tokens = sum(r["num_tokens"] for r in items)
+    turns = [len(r.get("responses", ())) for r in items]  # assistant turns of each
+    extra: dict[str, Any] = {}  # tool and game rows, where the episodes have them
+    if n and all("num_tool_calls" in r for r in items):
+        calls = [r["num_tool_calls"] for r in items]
+        failed = sum(r["failed_tool_calls"] for r in items)
+        extra = {
+            "tool_episode_share": sum(c > 0 for c in calls) / n,
+            "tool_calls_per_episode": sum(calls) / n,
+            "failed_tool_share": failed / sum(calls) if sum(calls) else None,
+        }
+    if n and all("tests" in r for r in items):  # code graded by its tests
+        extra["pass_rate"] = sum(bool(r.get("success")) for r in items) / n
+    means = {}
+    for name in parts:
+        values = [float(r[name]) for r in items if isinstance(r.get(name), (int, float))]
+        if values:
+            means[name] = float(np.mean(values))
+    if means:
+        extra["parts"] = means
+    ends = [r.get("outcome") for r in items]
+    if n and any(end is not None for end in ends):
+        extra["outcomes"] = {name: ends.count(name) / n for name in OUTCOMES}
+    return Summary(
+        episodes=n,
+        accuracy=sum(bool(r.get("success", False)) for r in items) / max(n, 1),
+        format_rate=sum(float(r.get("reward_answer", 0.0)) > 0 for r in items) / max(n, 1),
+        mean_reward=float(np.mean([r["reward"] for r in items])) if n else math.nan,
+        mean_kl=float(np.mean(kls)) if kls else None,
+        level=items[-1].get("level") if n else None,
+        tokens_per_second=tokens / seconds if seconds > 0 else 0.0,
+        generated_tokens=tokens,
+        seconds=seconds,
+        turns_per_episode=float(np.mean(turns)) if n else None,
+        **extra,
+    )
