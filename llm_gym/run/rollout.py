@@ -20,7 +20,6 @@ from llm_gym.episodes import ARRAYS, AsyncEpisodes, Episode, Episodes
 from llm_gym.episodes.summary import Summary, rubric_part_names, summarize
 from llm_gym.lm.loading import load_model
 from llm_gym.rewards.answers import ANSWER_FORMATS
-from llm_gym.rubrics import Rubric
 from llm_gym.run.budget import check_run
 from llm_gym.run.config import RolloutConfig
 from llm_gym.run.describe import describe_run, run_rows, run_title
