@@ -151,7 +151,7 @@ def test_parsers_take_the_judges_last_word_within_range():
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        ({"sampler": object()}, TypeError, "sampler must have sample"),
+        ({"sampler": object()}, TypeError, "sampler must be a Sampler"),
         ({"tokenizer": object()}, TypeError, "tokenizer must be the judge model's"),
         ({"low": 5, "high": 5}, ValueError, "high must be above low"),
         ({"template": "no fields"}, ValueError, "template must hold {question}"),

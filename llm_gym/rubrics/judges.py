@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 
 from llm_gym.checks import check_int, check_number, check_str
-from llm_gym.rubrics.rubric import in_thread
 from llm_gym.rubrics.score import TaskScore
-from llm_gym.samplers.base import Sampler
+from llm_gym.samplers.base import Sampler, check_sampler
+from llm_gym.samplers.batching import BatchingSampler
 
 __all__ = [
     "GROUP_TEMPLATE",
@@ -136,8 +136,8 @@ class JudgeStats:
 
 
 @dataclass
-class _Batcher:
-    """Prompts asked in one event-loop turn, sent to the sampler as one batch."""
+class _LoopTurn:
+    """The prompts one event loop asked in one turn: one call of the batching sampler."""
 
     pending: list[tuple[str, asyncio.Future]] = field(default_factory=list)
     inflight: dict[str, asyncio.Future] = field(default_factory=dict)
@@ -174,11 +174,7 @@ class _Judging:
                 raise ValueError(f"template must hold {name}, got {self.template[:80]!r}...")
         if max_response_chars is None:
             max_response_chars = self.MAX_RESPONSE_CHARS
-        if not callable(getattr(sampler, "sample", None)):
-            raise TypeError(
-                "sampler must have sample(prompts) -> list[Sample] (llm_gym.samplers: a "
-                f"TransformersPolicy, VLLMSampler, OpenAISampler), got {type(sampler).__name__}"
-            )
+        check_sampler(sampler)
         if not callable(getattr(tokenizer, "apply_chat_template", None)):
             raise TypeError(
                 "tokenizer must be the judge model's tokenizer (with a chat template), got "
@@ -196,7 +192,15 @@ class _Judging:
         self.reply_prefix = check_str("reply_prefix", reply_prefix)
         self.stats = JudgeStats()
         self._cache: dict[str, str] | None = {} if cache else None
-        self._batchers: dict[asyncio.AbstractEventLoop, _Batcher] = {}
+        self._batchers: dict[asyncio.AbstractEventLoop, _LoopTurn] = {}
+        # The one batching sampler: the prompts of every loop (every env worker's thread, the
+        # vector env's batch) share its sample calls; batch_wait 0, since a loop turn's
+        # prompts already come as one call. Its thread starts on the first call.
+        self._batching = BatchingSampler(sampler, batch_wait=0)
+
+    def close(self) -> None:
+        """Stop the batching sampler's thread (the sampler itself is the caller's)."""
+        self._batching.close()
 
     # -- prompts ----------------------------------------------------------------------------
 
@@ -230,7 +234,7 @@ class _Judging:
             self.stats.cache_hits += 1
             return self._cache[prompt]
         loop = asyncio.get_running_loop()
-        batcher = self._batchers.setdefault(loop, _Batcher())
+        batcher = self._batchers.setdefault(loop, _LoopTurn())
         if prompt in batcher.inflight:  # the same prompt asked twice at once: judged once
             self.stats.cache_hits += 1
             return await asyncio.shield(batcher.inflight[prompt])
@@ -242,7 +246,7 @@ class _Judging:
             loop.call_soon(lambda: asyncio.ensure_future(self._flush(loop, batcher)))
         return await asyncio.shield(future)
 
-    async def _flush(self, loop: asyncio.AbstractEventLoop, batcher: _Batcher) -> None:
+    async def _flush(self, loop: asyncio.AbstractEventLoop, batcher: _LoopTurn) -> None:
         batch, batcher.pending, batcher.scheduled = batcher.pending, [], False
         prompts = [prompt for prompt, _ in batch]
         try:
@@ -268,9 +272,7 @@ class _Judging:
         for attempt in range(self.retries + 1):
             started = time.monotonic()
             try:
-                samples = await asyncio.wait_for(
-                    in_thread(self.sampler.sample, ids), self.timeout_s
-                )
+                samples = await asyncio.wait_for(self._batching.asample(ids), self.timeout_s)
             except asyncio.TimeoutError:
                 raise TimeoutError(
                     f"the judge did not answer within timeout_s={self.timeout_s:g}"

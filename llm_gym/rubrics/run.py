@@ -41,7 +41,9 @@ class RunRubric:
         return {name: j.stats.as_dict() for name, j in self.judges.items()} or None
 
     def close(self) -> None:
+        """Stop each judge's batching thread and its sampler's server, if any."""
         for judge in self.judges.values():
+            judge.close()
             close = getattr(judge.sampler, "close", None)
             if close is not None:
                 close()
