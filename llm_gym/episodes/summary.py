@@ -13,7 +13,7 @@ import numpy as np
 
 from llm_gym.envs import single_env
 from llm_gym.episodes.episode import Episode
-from llm_gym.tasks import Rubric
+from llm_gym.rubrics import Rubric
 
 __all__ = ["OUTCOMES", "Summary", "rubric_part_names", "summarize"]
 
