@@ -174,7 +174,7 @@ def test_the_shared_curriculum_moves_with_episodes_in_the_order_they_finish():
 
 def test_the_shared_kl_controller_is_updated_per_episode_and_each_record_names_its_coef(tiny):
     from llm_gym.policies import TransformersPolicy
-    from llm_gym.run.setup import _with_kl
+    from llm_gym.run.setup import kl_sub_env
     from llm_gym.wrappers import AdaptiveKLController
 
     model, tokenizer = tiny
@@ -189,7 +189,7 @@ def test_the_shared_kl_controller_is_updated_per_episode_and_each_record_names_i
     make = functools.partial(gym.make, "LLMChat-ReasoningGym-v0", task="chain_sum",
                              input_mode="tokens", tokenizer=tokenizer,
                              observation_keys=("tokens", "history"))  # fmt: skip
-    env_fn = functools.partial(_with_kl, make, ref, coef=0.5, estimator="k1",
+    env_fn = functools.partial(kl_sub_env, make, ref, coef=0.5, estimator="k1",
                                kl_controller=controller)  # fmt: skip
     driver = AsyncEpisodes(env_fn, 2, policy, seed=0, kl_controller=controller)
     try:
@@ -209,7 +209,7 @@ def test_the_shared_kl_controller_is_updated_per_episode_and_each_record_names_i
         AsyncEpisodes(env_fn, 2, policy, kl_controller=controller, ray_address="local")
 
 
-def test_async_training_with_kl_and_curriculum_resumes_exactly(tiny_dir, tmp_path):
+def test_async_trainingkl_sub_env_and_curriculum_resumes_exactly(tiny_dir, tmp_path):
     from llm_gym.train import GRPOTrainer
 
     def config(out, **changes):

@@ -12,7 +12,7 @@ from llm_gym.cli import main
 from llm_gym.lm.loading import load_model
 from llm_gym.lm.lora import AdapterDisabled, is_lora, merged_weights, with_lora
 from llm_gym.policies import TransformersPolicy
-from llm_gym.samplers.weights import _tensors
+from llm_gym.samplers.weights import served_tensors
 from llm_gym.train import GRPOConfig, GRPOTrainer
 from llm_gym.train.checkpoints import checkpoints, latest_checkpoint, load_checkpoint
 
@@ -76,7 +76,7 @@ def test_a_lora_checkpoint_loads_merged_as_a_model_and_matches_the_trained_one(t
         got = merged(input_ids=ids).logits
     assert torch.allclose(got, want, atol=1e-5)
     # What a server is sent: the same merged weights, the model left as it is.
-    sent = _tensors(trainer.model)
+    sent = served_tensors(trainer.model)
     for name, value in merged.state_dict().items():
         assert torch.allclose(sent[name], value, atol=1e-6), name
     assert is_lora(trainer.model) and len(merged_weights(trainer.model)) == len(sent)

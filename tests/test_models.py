@@ -116,14 +116,16 @@ def test_default_chat_template(smol):
     assert "{% generation %}" in tokenizer.chat_template
 
 
-def test_cached_reload_is_fast_and_identical(smol, smol_cache):
+def test_cached_reload_reuses_the_cache_and_is_identical(smol, smol_cache):
     model, tokenizer, _ = smol
-    assert (smol_cache / "smollm2-135m-instruct" / "model.safetensors").is_file()
+    weights = smol_cache / "smollm2-135m-instruct" / "model.safetensors"
+    assert weights.is_file()
     assert [p.name for p in smol_cache.iterdir()] == ["smollm2-135m-instruct"]  # no temp left
-    start = time.perf_counter()
+    written = weights.stat().st_mtime_ns
     model2, tokenizer2 = load_default_model(cache_dir=smol_cache)
-    elapsed = time.perf_counter() - start
-    assert elapsed < 5.0, f"cached reload took {elapsed:.2f}s"
+    # Read from the cache, not converted from the GGUF again (the speed is a bench's business).
+    assert weights.stat().st_mtime_ns == written
+    assert [p.name for p in smol_cache.iterdir()] == ["smollm2-135m-instruct"]
     assert tokenizer2.chat_template == tokenizer.chat_template
     with torch.no_grad():
         assert torch.equal(model(FIXED_IDS).logits, model2(FIXED_IDS).logits)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,7 @@ __all__ = [
     "async_episodes",
     "charge_kl",
     "env_kwargs",
+    "kl_sub_env",
     "make_policy",
     "reference_scorer",
     "resolve_device",
@@ -151,7 +153,7 @@ def async_episodes(
     env_fn = functools.partial(gym.make, config.env, **env_kwargs(config, tokenizer, **options))
     if ref is not None:
         env_fn = functools.partial(
-            _with_kl, env_fn, ref, coef=config.kl_coef, estimator=config.estimator,
+            kl_sub_env, env_fn, ref, coef=config.kl_coef, estimator=config.estimator,
             kl_controller=controller,
         )  # fmt: skip
     calls = 1 if config.backend == "transformers" else num_envs
@@ -162,8 +164,9 @@ def async_episodes(
     )  # fmt: skip
 
 
-def _with_kl(env_fn: Any, ref: Any, **kwargs: Any) -> gym.Env:
-    # A sub-env in the single-env RetrieveKL: module level, so Ray can pickle it.
+def kl_sub_env(env_fn: Callable[[], gym.Env], ref: Scorer, **kwargs: Any) -> gym.Env:
+    """``env_fn()``'s env charged the KL to ``ref`` by the single-env ``RetrieveKL`` (its
+    ``kwargs``): an asynchronous driver's sub-env. At module level, so Ray can pickle it."""
     return single_wrappers.RetrieveKL(env_fn(), None, ref, **kwargs)
 
 

@@ -23,12 +23,13 @@ from llm_gym.lm.lora import is_lora, merged_weights, unwrapped
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-__all__ = ["WEIGHTS_FILE", "export_model", "write_weights"]
+__all__ = ["WEIGHTS_FILE", "export_model", "served_tensors", "write_weights"]
 
 WEIGHTS_FILE = "model.safetensors"
 
 
-def _tensors(model: PreTrainedModel) -> dict[str, torch.Tensor]:
+def served_tensors(model: PreTrainedModel) -> dict[str, torch.Tensor]:
+    """The tensors ``write_weights`` sends a server: the sampling model's weights by name."""
     # Own storage for every tensor (safetensors refuses shared ones), on the CPU, the output
     # embedding included even when the model ties it to the input one; a LoRA model's
     # adapters merged (what the server samples with is the model being trained).
@@ -55,7 +56,7 @@ def write_weights(model: PreTrainedModel, folder: str | os.PathLike[str]) -> Pat
     a server never reads half a file); its path."""
     path = Path(folder) / WEIGHTS_FILE
     partial = path.with_name(WEIGHTS_FILE + ".partial")
-    save_file(_tensors(model), partial, metadata={"format": "pt"})
+    save_file(served_tensors(model), partial, metadata={"format": "pt"})
     os.replace(partial, path)
     return path
 
