@@ -245,7 +245,7 @@ def test_an_empty_or_blank_data_file_is_named(tmp_path):
     (tmp_path / "train.jsonl").write_text("\n \n")
     for split in ("test", "train"):
         with pytest.raises(
-            ValueError, match=f"{split}.jsonl' holds no samples \\(it is empty or only blank"
+            ValueError, match=f"{split}.jsonl' holds no items \\(it is empty or only blank"
         ):
             gym.make("LLMChat-GSM8K-v0", data_dir=tmp_path, split=split)
 
