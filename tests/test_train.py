@@ -37,7 +37,7 @@ def test_group_advantages_standardize_within_each_group():
     rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 0.1, 1.0])
     adv = group_advantages(rewards, 3)
     first = np.array([1.0, 0.0, 0.0])
-    expected = (first - first.mean()) / (first.std() + 1e-4)
+    expected = (first - first.mean()) / (first.std(ddof=1) + 1e-4)  # Bessel, as TRL
     assert adv[:3].tolist() == pytest.approx(expected.tolist(), rel=1e-5)
     assert adv[3:].sum().item() == pytest.approx(0.0, abs=1e-5)
     assert group_advantages(torch.ones(4), 2).tolist() == [0.0] * 4  # nothing to learn

@@ -1,4 +1,7 @@
-"""GRPO's advantages and clipped surrogate loss (Shao et al., 2024), as TRL computes them."""
+"""GRPO's advantages and clipped surrogate losses (Shao et al., 2024), as TRL 1.16's
+``GRPOTrainer`` computes them: its five loss types, GSPO's sequence-level ratio, clip-higher,
+two-sided clipping, the k3 KL term and the truncated importance weights of a sampler that is
+not the trainer (a differential test against TRL holds them equal)."""
 
 from __future__ import annotations
 
@@ -7,19 +10,76 @@ from typing import Any
 
 import torch
 
-__all__ = ["group_advantages", "grpo_loss", "microbatches", "sampled"]
+__all__ = [
+    "IMPORTANCE_SAMPLING_LEVELS",
+    "LOSS_TYPES",
+    "SCALE_REWARDS",
+    "group_advantages",
+    "grpo_loss",
+    "log_importance_weights",
+    "microbatches",
+    "sampled",
+    "truncated_is_weights",
+    "update_stats",
+]
+
+# TRL's names: "grpo" averages each response's tokens, then the responses; "bnpo" the batch's
+# tokens; "dr_grpo" divides the batch's token sum by rows × a fixed max length (Liu et al.,
+# 2025); "dapo" and "cispo" by the token count of the whole iteration's batch (Yu et al.,
+# 2025; MiniMax, 2025), cispo weighting each log-prob by its capped, detached ratio.
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo")
+IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")  # "sequence": GSPO (Zheng et al., 2025)
+SCALE_REWARDS = ("group", "batch", "none")
 
 
-def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-4) -> torch.Tensor:
-    """GRPO's advantages: each reward standardized within its group of ``group_size``
-    consecutive entries (a group whose rewards are all equal gets 0).
+def _choice(name: str, value: object, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
 
-    >>> group_advantages(torch.tensor([1.0, 0.0, 0.5, 0.5]), 2).tolist()
-    [0.9998000264167786, -0.9998000264167786, 0.0, 0.0]
+
+def group_advantages(
+    rewards: torch.Tensor, group_size: int, scale: str = "group", eps: float = 1e-4
+) -> torch.Tensor:
+    """GRPO's advantages: each reward minus its group's mean (groups of ``group_size``
+    consecutive entries), divided by the group's standard deviation (``scale="group"``), the
+    whole batch's (``"batch"``) or nothing (``"none"``, Dr. GRPO's); each standard deviation
+    with Bessel's correction, plus ``eps``, as TRL's ``nanstd``.
+    A group whose rewards are all equal gets 0.
+
+    >>> r = torch.tensor([1.0, 0.0, 0.5, 0.5])
+    >>> [round(a, 4) for a in group_advantages(r, 2).tolist()]
+    [0.707, -0.707, 0.0, 0.0]
+    >>> group_advantages(r, 2, scale="none").tolist()
+    [0.5, -0.5, 0.0, 0.0]
     """
+    _choice("scale", scale, SCALE_REWARDS)
     groups = rewards.reshape(-1, group_size)
-    mean, std = groups.mean(1, keepdim=True), groups.std(1, keepdim=True, unbiased=False)
-    return ((groups - mean) / (std + eps)).reshape(-1)
+    centred = groups - groups.mean(1, keepdim=True)
+    if scale == "none":
+        return centred.reshape(-1)
+    std = groups.std(1, keepdim=True) if scale == "group" else rewards.std()
+    return (centred / (std + eps)).reshape(-1)
+
+
+def log_importance_weights(
+    log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    mask: torch.Tensor,
+    level: str = "token",
+) -> torch.Tensor:
+    """log π/π_old: per token ``(B, T)``, or per response ``(B, 1)`` as the mean of its tokens'
+    (``level="sequence"``, GSPO's length-normalized sequence ratio).
+
+    >>> lp, old = torch.tensor([[-1.0, -2.0, 0.0]]), torch.tensor([[-1.5, -1.0, 0.0]])
+    >>> log_importance_weights(lp, old, torch.tensor([[True, True, False]]), "sequence")
+    tensor([[-0.2500]])
+    """
+    _choice("importance_sampling_level", level, IMPORTANCE_SAMPLING_LEVELS)
+    log_ratio = log_probs - old_log_probs
+    if level == "token":
+        return log_ratio
+    mask = mask.to(log_ratio.dtype)
+    return ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0))[:, None]
 
 
 def grpo_loss(
@@ -28,21 +88,143 @@ def grpo_loss(
     mask: torch.Tensor,
     advantages: torch.Tensor,
     clip_coef: float,
+    *,
+    loss_type: str = "grpo",
+    clip_coef_high: float | None = None,
+    delta: float | None = None,
+    importance_sampling_level: str = "token",
+    ref_log_probs: torch.Tensor | None = None,
+    beta: float = 0.0,
+    num_tokens: int | float | torch.Tensor | None = None,
+    max_length: int | None = None,
+    is_weights: torch.Tensor | None = None,
+    kl_bias_correction: bool = True,
 ) -> torch.Tensor:
-    """GRPO's clipped surrogate, negated: per token, averaged over each response's tokens,
-    then over responses. ``log_probs``/``old_log_probs``/``mask`` are ``(B, T)``,
-    ``advantages`` ``(B,)``.
+    """GRPO's clipped surrogate, negated, over the response tokens of ``mask``, as TRL's
+    ``_compute_loss``. ``log_probs``/``old_log_probs``/``mask``/``ref_log_probs`` are
+    ``(B, T)``, ``advantages`` ``(B,)``.
+
+    - ``loss_type``: how the per-token losses are aggregated (``LOSS_TYPES``); ``num_tokens``
+      (dapo, cispo: the whole batch's response tokens, so that a micro-batch's loss sums to
+      the batch's; default this one's) and ``max_length`` (dr_grpo's constant) go with it.
+    - ``clip_coef_high``: clip-higher's upper ε (default ``clip_coef``); for cispo the cap on
+      the ratio itself (TRL's ``epsilon_high``, 5.0 in MiniMax's recipe). ``delta`` caps the
+      unclipped ratio too (two-sided clipping).
+    - ``importance_sampling_level``: ``"sequence"`` is GSPO's ratio.
+    - ``beta`` · k3 KL to ``ref_log_probs`` is added per token, times the ratio
+      (``kl_bias_correction``, TRL's ``use_bias_correction_kl``: the unbiased gradient of the
+      reverse KL, DeepSeek-V3.2); ``is_weights`` (``(B, T)``, e.g. ``truncated_is_weights``)
+      multiply the policy term first, as TRL's vLLM correction.
 
     >>> lp = torch.zeros(1, 2)
     >>> grpo_loss(lp, lp, torch.ones(1, 2, dtype=torch.bool), torch.tensor([2.0]), 0.2).item()
     -2.0
+    >>> grpo_loss(lp, lp, torch.tensor([[True, False]]), torch.tensor([2.0]), 0.2,
+    ...           loss_type="dr_grpo", max_length=4).item()
+    -0.5
     """
-    ratio = torch.exp(log_probs - old_log_probs)
-    adv = advantages[:, None]
-    surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - clip_coef, 1 + clip_coef) * adv)
-    mask = mask.to(surrogate.dtype)
-    per_response = (surrogate * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-    return -per_response.mean()
+    _choice("loss_type", loss_type, LOSS_TYPES)
+    if loss_type == "dr_grpo" and max_length is None:
+        raise ValueError("loss_type 'dr_grpo' needs max_length (the longest response allowed)")
+    if beta != 0.0 and ref_log_probs is None:
+        raise ValueError(f"beta={beta} needs ref_log_probs (the reference's log-probs)")
+    adv = advantages[:, None] if advantages.dim() == 1 else advantages
+    coef_1 = torch.exp(
+        log_importance_weights(log_probs, old_log_probs, mask, importance_sampling_level)
+    )
+    kl = None
+    if beta != 0.0:
+        kl = _k3(ref_log_probs, log_probs) * (coef_1 if kl_bias_correction else 1.0)
+    high = clip_coef if clip_coef_high is None else clip_coef_high
+    if loss_type == "cispo":  # the ratio only weighs the log-prob; no gradient through it
+        per_token = -torch.clamp(coef_1, max=high).detach() * adv * log_probs
+    else:
+        coef_2 = torch.clamp(coef_1, 1 - clip_coef, 1 + high)
+        if delta is not None:
+            coef_1 = torch.clamp(coef_1, max=delta)
+        per_token = -torch.min(coef_1 * adv, coef_2 * adv)
+    if is_weights is not None:
+        per_token = per_token * is_weights
+    if kl is not None:
+        per_token = per_token + beta * kl
+    mask = mask.to(per_token.dtype)
+    if loss_type == "grpo":
+        return ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+    if loss_type == "bnpo":
+        return (per_token * mask).sum() / mask.sum().clamp(min=1.0)
+    if loss_type == "dr_grpo":
+        return (per_token * mask).sum() / (mask.shape[0] * max_length)
+    tokens = mask.sum() if num_tokens is None else torch.as_tensor(num_tokens)
+    return (per_token * mask).sum() / tokens.to(per_token).clamp(min=1.0)
+
+
+def _k3(target_log_probs: torch.Tensor, log_probs: torch.Tensor) -> torch.Tensor:
+    # Schulman's k3 estimator of KL(π ‖ target) from samples of π: exp(d) - d - 1 with
+    # d = log target - log π; non-negative, and unbiased.
+    d = target_log_probs - log_probs
+    return torch.exp(d) - d - 1
+
+
+def truncated_is_weights(
+    old_log_probs: torch.Tensor, sampled_log_probs: torch.Tensor, mask: torch.Tensor, cap: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Truncated importance sampling for samples drawn by another engine (vLLM, a server):
+    per token ``min(exp(trainer_old − sampled), cap)`` (1 off ``mask``, and where a sampled
+    log-prob is NaN), as TRL's ``token_truncate``; and the ``(B, T)`` mask of the tokens whose
+    ratio the cap cut.
+
+    >>> w, cut = truncated_is_weights(torch.tensor([[0.0, 0.0]]), torch.tensor([[-0.1, -5.0]]),
+    ...                               torch.tensor([[True, True]]), 2.0)
+    >>> [round(x, 4) for x in w[0].tolist()], cut.tolist()
+    ([1.1052, 2.0], [[False, True]])
+    """
+    diff = torch.nan_to_num((old_log_probs - sampled_log_probs) * mask.to(old_log_probs.dtype))
+    ratio = torch.exp(diff)
+    return ratio.clamp(max=cap), (ratio > cap) & mask.bool()
+
+
+def update_stats(
+    log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    mask: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_coef: float,
+    *,
+    loss_type: str = "grpo",
+    clip_coef_high: float | None = None,
+    delta: float | None = None,
+    importance_sampling_level: str = "token",
+) -> dict[str, float]:
+    """What the update did to the ``mask``'s tokens, as sums over them (divide by
+    ``"tokens"``, after adding up a batch's micro-batches): ``clip_low``/``clip_high`` count
+    the tokens whose ratio was clipped below (negative advantage) or above (positive), as
+    TRL's ``clip_ratio/*`` (cispo: above its cap only; with ``delta``, of the ratio it
+    capped, as TRL); ``approx_kl`` sums the k3 estimate of KL(π_old ‖ π), CleanRL's
+    ``approx_kl``. A sequence-level ratio counts at each of its tokens (TRL: once).
+
+    >>> update_stats(torch.tensor([[0.5, 0.0]]), torch.zeros(1, 2), torch.ones(1, 2).bool(),
+    ...              torch.tensor([1.0]), 0.2)["clip_high"]
+    1.0
+    """
+    with torch.no_grad():
+        adv = advantages[:, None] if advantages.dim() == 1 else advantages
+        log_w = log_importance_weights(log_probs, old_log_probs, mask, importance_sampling_level)
+        coef, mask = torch.exp(log_w), mask.bool()
+        if delta is not None and loss_type != "cispo":
+            coef = torch.clamp(coef, max=delta)
+        high = clip_coef if clip_coef_high is None else clip_coef_high
+        if loss_type == "cispo":
+            low, above = torch.zeros_like(coef, dtype=torch.bool), (coef > high) & (adv > 0)
+        else:
+            low, above = (coef < 1 - clip_coef) & (adv < 0), (coef > 1 + high) & (adv > 0)
+        low, above = low.expand_as(mask) & mask, above.expand_as(mask) & mask
+        kl = _k3(log_probs, old_log_probs)[mask]  # old → new, from old's samples
+        return {
+            "tokens": float(mask.sum()),
+            "clip_low": float(low.sum()),
+            "clip_high": float(above.sum()),
+            "approx_kl": float(kl.sum()),
+        }
 
 
 def sampled(mask: torch.Tensor, log_probs: Sequence[Any]) -> torch.Tensor:
