@@ -6,25 +6,49 @@ target (``--target-points`` within ``--budget-minutes``). README's learning tabl
 output. Defaults: the CPU demo (SmolLM2-135M-Instruct on reasoning-gym's ``chain_sum`` at
 level 0, last-number answers).
 
+``--vs-trl`` then trains the same starting model with TRL's ``GRPOTrainer`` on the same task
+(through ``llm_gym.integrations.trl``'s ``rollout_func``), with the same GRPO settings and
+optimizer (``trl_config``), scores it on the same held-out questions with the same function
+(``evaluate_greedy``), plots both reward curves (``--plot``) and ends with one line per
+trainer: ``NAME: before -> after (SE of after), minutes``.
+
     python scripts/bench_learning.py                                   # 2-core CPU demo
     python scripts/bench_learning.py --device cuda --groups 8 --iterations 70 \\
         --task basic_arithmetic --target-points 0 --target-success 0.6
+    python scripts/bench_learning.py --vs-trl --plot docs/assets/learning-vs-trl.png
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 import transformers
 
+from llm_gym.lm.loading import DEFAULT_MODEL_NAME, load_model
+from llm_gym.run.setup import env_kwargs, resolve_device, resolve_dtype
 from llm_gym.train import GRPOConfig, GRPOTrainer
+from llm_gym.train.evaluation import evaluate_greedy
+
+if TYPE_CHECKING:  # trl takes seconds to import: only --vs-trl pays for it
+    import trl
+
+# llm_gym's loss before GRPOConfig had a loss_type: the per-response token mean, averaged over
+# responses, which is TRL's "grpo".
+DEFAULT_LOSS_TYPE = "grpo"
+# torch.optim.AdamW's defaults, which llm_gym's trainer uses (AdamW(params, lr)).
+ADAMW = {"weight_decay": 0.01, "adam_beta1": 0.9, "adam_beta2": 0.999, "adam_epsilon": 1e-8}
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add = parser.add_argument
     add("--task", default="chain_sum", help="the reasoning-gym task")
@@ -45,23 +69,241 @@ def parse_args() -> argparse.Namespace:
     add("--target-success", type=float, default=0.0, help="success after, at least")
     add("--budget-minutes", type=float, default=15.0)
     add("--out", default=None, help="run folder (default: a temporary one)")
-    return parser.parse_args()
+    add("--vs-trl", action="store_true", help="then the same run with TRL's GRPOTrainer")
+    add("--loss-type", default=DEFAULT_LOSS_TYPE, help="GRPO's loss aggregation (TRL's names)")
+    add("--plot", default="docs/assets/learning-vs-trl.png", help="--vs-trl's figure")
+    args = parser.parse_args(argv)
+    if not has_loss_type() and args.loss_type != DEFAULT_LOSS_TYPE:
+        parser.error(
+            f"--loss-type {args.loss_type}: this llm_gym's GRPOConfig has no loss_type, its "
+            f"loss is {DEFAULT_LOSS_TYPE!r}"
+        )
+    if args.vs_trl and args.kl_coef:
+        parser.error(
+            "--vs-trl compares without KL (llm_gym's is a reward penalty, TRL's a loss term)"
+        )
+    if args.vs_trl and args.eval_episodes < 1:
+        parser.error("--vs-trl compares held-out success: pass --eval-episodes >= 1")
+    return args
+
+
+def has_loss_type() -> bool:
+    """Whether llm_gym's ``GRPOConfig`` takes a ``loss_type`` (a later change adds it)."""
+    return "loss_type" in {field.name for field in dataclasses.fields(GRPOConfig)}
+
+
+def run_config(args: argparse.Namespace, out: str) -> GRPOConfig:
+    """llm_gym's run of ``args``, in the run folder ``out``."""
+    # Passed only where llm_gym has it, so the script runs before and after that change.
+    loss = {"loss_type": args.loss_type} if has_loss_type() else {}
+    return GRPOConfig(
+        env="LLMChat-ReasoningGym-v0", env_args={"task": args.task, "level": args.level},
+        answer_format=args.answer_format, model=args.model,
+        iterations=args.iterations, groups=args.groups, group_size=args.group_size,
+        learning_rate=args.learning_rate, max_new_tokens=args.max_new_tokens,
+        eval_episodes=args.eval_episodes, kl_coef=args.kl_coef, device=args.device,
+        dtype=args.dtype, seed=args.seed, out=out, overwrite=True, progress=False,
+        save_every=args.iterations, **loss,
+    )  # fmt: skip
+
+
+def loss_type_of(config: GRPOConfig) -> str:
+    """The loss ``config`` trains with, in TRL's names."""
+    return getattr(config, "loss_type", DEFAULT_LOSS_TYPE)
+
+
+def trl_config(config: GRPOConfig, out: str) -> trl.GRPOConfig:
+    """TRL's settings for the run ``config`` describes: one generation batch of ``groups``
+    questions × ``group_size`` responses per optimizer step, one update on it, the same clip,
+    temperature, response budget, loss and optimizer (AdamW's defaults, a constant rate),
+    in the model's dtype (no mixed precision); TRL's files in ``out``."""
+    import trl
+
+    if config.kl_coef or config.update_epochs != 1:
+        raise ValueError(
+            "trl_config compares without KL (llm_gym charges it in the reward) and with one "
+            "update per batch"
+        )
+    # TRL's default is on; llm_gym's (None) turns it on for large micro-batches only, and it
+    # changes memory, not the math. transformers 5 renamed it (the old name warns).
+    fields = {field.name for field in dataclasses.fields(trl.GRPOConfig)}
+    checkpointing = "activation_checkpointing"
+    if checkpointing not in fields:
+        checkpointing = "gradient_checkpointing"
+    return trl.GRPOConfig(
+        output_dir=out,
+        num_generations=config.group_size,
+        per_device_train_batch_size=config.groups * config.group_size,
+        gradient_accumulation_steps=1,
+        steps_per_generation=1,  # each step samples its own batch: no stale responses
+        # One update per batch, its ratio 1, as llm_gym's update_epochs=1 (TRL would count
+        # each further pass as a step of max_steps).
+        num_iterations=1,
+        max_steps=config.iterations,
+        learning_rate=config.learning_rate,
+        temperature=config.temperature,
+        max_completion_length=config.max_new_tokens,
+        loss_type=loss_type_of(config),
+        epsilon=config.clip_coef,
+        beta=0.0,
+        max_grad_norm=config.max_grad_norm,
+        scale_rewards="group",
+        seed=config.seed,
+        optim="adamw_torch",  # not transformers' default, the fused one
+        **ADAMW,
+        lr_scheduler_type="constant",  # transformers' default decays linearly
+        warmup_steps=0,
+        use_cpu=resolve_device(config.device).type == "cpu",
+        bf16=False,  # TRL's default is bf16 autocast; llm_gym computes in the model's dtype
+        fp16=False,
+        **{checkpointing: bool(config.gradient_checkpointing)},
+        use_vllm=False,
+        report_to="none",
+        logging_steps=1,  # a reward per iteration
+        save_strategy="no",
+        disable_tqdm=True,
+    )
+
+
+def standard_error(rate: float, episodes: int) -> float:
+    """The standard error of a success ``rate`` measured over ``episodes`` episodes.
+
+    >>> round(standard_error(0.5, 64), 4)
+    0.0625
+    """
+    if episodes < 1:
+        raise ValueError(f"episodes must be >= 1, got {episodes}")
+    return math.sqrt(rate * (1 - rate) / episodes)
+
+
+def summary_line(name: str, before: float, after: float, episodes: int, minutes: float) -> str:
+    """``NAME: before -> after (SE of after), minutes``: the comparison's line per trainer.
+
+    >>> summary_line("trl", 0.25, 0.5, 64, 3.14159)
+    'trl: 0.250 -> 0.500 (SE 0.062), 3.1 min'
+    """
+    se = standard_error(after, episodes)
+    return f"{name}: {before:.3f} -> {after:.3f} (SE {se:.3f}), {minutes:.1f} min"
+
+
+def llm_gym_rewards(rows: Sequence[Mapping[str, Any]]) -> tuple[list[int], list[float]]:
+    """Iterations (from 1) and mean training rewards of llm_gym's ``metrics.jsonl`` rows."""
+    return [int(row["iteration"]) + 1 for row in rows], [float(row["reward"]) for row in rows]
+
+
+def trl_rewards(log_history: Sequence[Mapping[str, Any]]) -> tuple[list[int], list[float]]:
+    """Steps (from 1) and mean training rewards of TRL's ``trainer.state.log_history`` (its
+    last entry, the run's summary, has no reward)."""
+    logged = [entry for entry in log_history if "reward" in entry]
+    return [int(entry["step"]) for entry in logged], [float(entry["reward"]) for entry in logged]
+
+
+def rollout_env_kwargs(config: GRPOConfig, tokenizer: Any) -> dict[str, Any]:
+    """The task env's arguments llm_gym's run uses (``env_kwargs``), less the observation's
+    mode: the ``rollout_func`` sets its own, with the trainer's tokenizer."""
+    kwargs = env_kwargs(config, tokenizer)
+    for key in ("input_mode", "tokenizer", "observation_keys"):
+        kwargs.pop(key)
+    return kwargs
+
+
+def run_trl(config: GRPOConfig, out: str) -> dict[str, Any]:
+    """TRL's ``GRPOTrainer`` on ``config``'s task from ``config.model``, greedy success on the
+    held-out questions before and after (llm_gym's ``evaluate_greedy``): ``before``,
+    ``after``, the rewards' ``steps`` and ``rewards``, and its ``minutes``."""
+    import datasets
+    import trl
+
+    from llm_gym.integrations.trl import env_reward_func, make_rollout_func
+
+    start = time.perf_counter()
+    device, dtype = resolve_device(config.device), resolve_dtype(config.dtype)
+    torch.manual_seed(config.seed)
+    model, tokenizer = load_model(config.model, device=device, dtype=dtype)
+
+    def evaluate() -> float:
+        model.eval()
+        held_out = evaluate_greedy(
+            model, tokenizer, config, episodes=config.eval_episodes, seed=config.eval_seed
+        )
+        return held_out["success"]
+
+    before = evaluate()
+    rollout = make_rollout_func(
+        config.env, seed=config.seed, **rollout_env_kwargs(config, tokenizer)
+    )
+    # The env poses the questions (its own stream from `seed`) and ignores the prompts, but
+    # TRL draws `groups` rows a step: one placeholder row per question.
+    rows = config.groups * config.iterations
+    dataset = datasets.Dataset.from_dict({"prompt": ["(the env poses the question)"] * rows})
+    trainer = trl.GRPOTrainer(
+        model=model, reward_funcs=[env_reward_func], args=trl_config(config, f"{out}/trl"),
+        train_dataset=dataset, processing_class=tokenizer, rollout_func=rollout,
+    )  # fmt: skip
+    trainer.train()
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    after = evaluate()
+    steps, rewards = trl_rewards(trainer.state.log_history)
+    minutes = (time.perf_counter() - start) / 60
+    return {
+        "before": before,
+        "after": after,
+        "steps": steps,
+        "rewards": rewards,
+        "minutes": minutes,
+    }
+
+
+def plot_title(config: GRPOConfig) -> str:
+    """The figure's title: the task, the model and the settings both trainers share."""
+    model = DEFAULT_MODEL_NAME if config.model == "default" else Path(config.model).name
+    task = ", ".join(f"{key} {value}" for key, value in config.env_args.items())
+    return (
+        f"GRPO on reasoning-gym ({task}), {model}\n{config.iterations} iterations of "
+        f"{config.groups} groups x {config.group_size} responses, lr {config.learning_rate:g}, "
+        f"temperature {config.temperature:g}, {config.max_new_tokens} new tokens, "
+        f"loss {loss_type_of(config)}, seed {config.seed}"
+    )
+
+
+def plot_comparison(
+    path: str | Path, title: str, curves: Mapping[str, tuple[list[int], list[float], str]]
+) -> Path:
+    """One figure of each trainer's mean training reward per iteration; ``curves`` maps a
+    trainer's name to its iterations, rewards and legend label."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display: write the file only
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    # Markers and dashes that differ: equal rewards (a small batch's are coarse) overlap.
+    for (steps, rewards, label), style in zip(curves.values(), ("o-", "s--", "^:"), strict=False):
+        ax.plot(steps, rewards, style, label=label, markersize=4, alpha=0.85)
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("mean training reward")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def success_label(name: str, before: float, after: float) -> str:
+    """A curve's legend: the trainer and its greedy success before and after."""
+    return f"{name} (greedy success {before:.3f} -> {after:.3f})"
 
 
 def main() -> None:
     args = parse_args()
     transformers.utils.logging.disable_progress_bar()
-    env_args = {"task": args.task, "level": args.level}
     out = args.out or tempfile.mkdtemp(prefix="bench_learning_")
-    config = GRPOConfig(
-        env="LLMChat-ReasoningGym-v0", env_args=env_args, answer_format=args.answer_format,
-        model=args.model,
-        iterations=args.iterations, groups=args.groups, group_size=args.group_size,
-        learning_rate=args.learning_rate, max_new_tokens=args.max_new_tokens,
-        eval_episodes=args.eval_episodes, kl_coef=args.kl_coef, device=args.device,
-        dtype=args.dtype, seed=args.seed, out=out, overwrite=True, progress=False,
-        save_every=args.iterations,
-    )  # fmt: skip
+    config = run_config(args, out)
+    env_args = config.env_args
     start = time.perf_counter()
     summary = GRPOTrainer(config).train()
     minutes = (time.perf_counter() - start) / 60
@@ -78,6 +320,20 @@ def main() -> None:
         f"{args.iterations} x {args.groups * args.group_size} | {'yes' if met else 'no'} |"
     )
     print(f"curves: {out}/metrics.jsonl, {out}/training.png")
+    if not args.vs_trl:
+        return
+    theirs = run_trl(config, out)
+    with open(Path(out) / "metrics.jsonl") as f:
+        steps, rewards = llm_gym_rewards([json.loads(line) for line in f if line.strip()])
+    trl_label = success_label("trl", theirs["before"], theirs["after"])
+    curves = {
+        "llm_gym": (steps, rewards, success_label("llm_gym", before, after)),
+        "trl": (theirs["steps"], theirs["rewards"], trl_label),
+    }
+    print(f"plot: {plot_comparison(args.plot, plot_title(config), curves)}")
+    episodes = config.eval_episodes
+    print(summary_line("llm_gym", before, after, episodes, minutes))
+    print(summary_line("trl", theirs["before"], theirs["after"], episodes, theirs["minutes"]))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,132 @@
+"""scripts/bench_learning.py's pure parts: the TRL settings it compares against, the summary
+lines, the standard errors, the reward curves it reads. No training runs here."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import math
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from llm_gym.train import GRPOConfig
+
+SCRIPT = Path(__file__).parents[1] / "scripts" / "bench_learning.py"
+
+
+def load_script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_learning", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    return load_script()
+
+
+def config_of(bench: ModuleType, tmp_path: Path, *argv: str) -> GRPOConfig:
+    return bench.run_config(bench.parse_args(["--device", "cpu", *argv]), str(tmp_path / "run"))
+
+
+def test_trl_config_carries_llm_gyms_settings(bench, tmp_path):
+    argv = ("--groups", "3", "--group-size", "4", "--iterations", "7")
+    config = config_of(bench, tmp_path, *argv, "--learning-rate", "2e-5", "--max-new-tokens", "32")
+    args = bench.trl_config(config, str(tmp_path / "trl"))
+    assert args.num_generations == config.group_size == 4
+    assert args.per_device_train_batch_size == config.groups * config.group_size == 12
+    assert args.gradient_accumulation_steps == args.steps_per_generation == 1
+    assert args.generation_batch_size == 12  # one generation batch per optimizer step
+    assert args.num_iterations == config.update_epochs == 1
+    assert args.max_steps == config.iterations == 7
+    assert args.learning_rate == config.learning_rate == 2e-5
+    assert args.temperature == config.temperature == 1.0
+    assert args.max_completion_length == config.max_new_tokens == 32
+    assert args.loss_type == getattr(config, "loss_type", "grpo") == "grpo"
+    assert args.epsilon == config.clip_coef == 0.2
+    assert args.epsilon_high is None  # TRL then clips at 1 + epsilon above too
+    assert args.beta == config.kl_coef == 0.0
+    assert args.max_grad_norm == config.max_grad_norm == 1.0
+    assert args.scale_rewards == "group"
+    assert args.seed == config.seed == 0
+    # llm_gym's optimizer: torch.optim.AdamW(params, lr), its defaults, a constant rate.
+    assert args.optim == "adamw_torch"  # a str enum
+    assert (args.weight_decay, args.adam_beta1, args.adam_beta2) == (0.01, 0.9, 0.999)
+    assert args.adam_epsilon == 1e-8
+    assert args.lr_scheduler_type == "constant"
+    assert args.warmup_steps == 0
+    assert args.use_cpu and not args.bf16 and not args.fp16
+    assert not args.gradient_checkpointing and not args.use_vllm
+    assert args.logging_steps == 1 and args.report_to in ([], "none", ["none"])
+    assert args.output_dir == str(tmp_path / "trl")
+
+
+def test_loss_type_reaches_both_configs_where_llm_gym_has_one(bench, tmp_path):
+    has_field = "loss_type" in {field.name for field in dataclasses.fields(GRPOConfig)}
+    assert bench.has_loss_type() == has_field
+    if not has_field:  # llm_gym's loss is then "grpo": another name would not be compared
+        with pytest.raises(SystemExit):
+            bench.parse_args(["--loss-type", "dapo"])
+        return
+    config = config_of(bench, tmp_path, "--loss-type", "dapo")
+    assert config.loss_type == "dapo"
+    assert bench.trl_config(config, str(tmp_path / "trl")).loss_type == "dapo"
+
+
+def test_the_comparison_refuses_what_it_cannot_match(bench, tmp_path):
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--vs-trl", "--kl-coef", "0.1"])
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--vs-trl", "--eval-episodes", "0"])
+    config = config_of(bench, tmp_path, "--kl-coef", "0.1")
+    with pytest.raises(ValueError, match="without KL"):
+        bench.trl_config(config, str(tmp_path / "trl"))
+
+
+def test_rollout_env_kwargs_are_the_runs_task(bench, tmp_path, smollm2_tokenizer):
+    config = config_of(bench, tmp_path, "--task", "basic_arithmetic", "--level", "2")
+    kwargs = bench.rollout_env_kwargs(config, smollm2_tokenizer)
+    assert kwargs == {"task": "basic_arithmetic", "level": 2, "answer_format": "last_number"}
+
+
+@pytest.mark.parametrize(
+    ("rate", "episodes", "expected"),
+    [(0.5, 64, 0.0625), (0.25, 8, math.sqrt(0.25 * 0.75 / 8)), (0.0, 10, 0.0), (1.0, 3, 0.0)],
+)
+def test_standard_error(bench, rate, episodes, expected):
+    assert bench.standard_error(rate, episodes) == pytest.approx(expected)
+
+
+def test_standard_error_needs_episodes(bench):
+    with pytest.raises(ValueError, match="episodes must be >= 1"):
+        bench.standard_error(0.5, 0)
+
+
+def test_summary_lines(bench):
+    # SE of the after-rate: sqrt(0.375 * 0.625 / 8) = 0.1712
+    assert bench.summary_line("llm_gym", 0.25, 0.375, 8, 2.44) == (
+        "llm_gym: 0.250 -> 0.375 (SE 0.171), 2.4 min"
+    )
+    assert bench.summary_line("trl", 0.125, 0.5, 64, 12.96) == (
+        "trl: 0.125 -> 0.500 (SE 0.062), 13.0 min"
+    )
+
+
+def test_reward_curves(bench):
+    rows = [{"iteration": 0, "reward": 0.0, "success": 0.0}, {"iteration": 1, "reward": 0.25}]
+    assert bench.llm_gym_rewards(rows) == ([1, 2], [0.0, 0.25])
+    history = [
+        {"loss": 0.0, "reward": 0.5, "step": 1},
+        {"loss": 0.1, "reward": 0.75, "step": 2},
+        {"train_runtime": 12.0, "step": 2},  # the run's summary: no reward
+    ]
+    assert bench.trl_rewards(history) == ([1, 2], [0.5, 0.75])
+
+
+def test_plot_title_names_task_model_and_settings(bench, tmp_path):
+    title = bench.plot_title(config_of(bench, tmp_path, "--iterations", "5"))
+    assert "task chain_sum, level 0" in title and "SmolLM2-135M-Instruct" in title
+    assert "5 iterations of 2 groups x 8 responses" in title and "loss grpo" in title
