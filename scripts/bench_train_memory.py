@@ -243,7 +243,7 @@ def setup_new(
     grpo.selected_log_probs = recording
 
     def update() -> float:
-        loss = trainer._optimize(tokens, masks, advantages)
+        loss = trainer._optimize(tokens, masks, advantages)["loss"]
         info["forwards"] = "+".join(forwards)
         return loss
 

@@ -42,13 +42,24 @@ def metrics(out):
     return [{k: v for k, v in row.items() if k not in TIMING} for row in rows]
 
 
-def test_a_resumed_run_equals_an_uninterrupted_one(tiny_dir, tmp_path):
+# TRL's loss variants, the k3 KL term, batch-scaled advantages, truncated IS weights and two
+# epochs (so that ratios move and clip): all kept by the run's config and resumed alike.
+VARIANTS = dict(
+    loss_type="dapo", clip_coef_high=0.28, delta=1.5, kl_loss_coef=0.04, scale_rewards="batch",
+    tis_cap=2.0, update_epochs=2,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("variant", [{}, VARIANTS], ids=["grpo", "dapo+k3+tis"])
+def test_a_resumed_run_equals_an_uninterrupted_one(tiny_dir, tmp_path, variant):
     whole, parts = tmp_path / "whole", tmp_path / "parts"
-    GRPOTrainer(config(tiny_dir, whole)).train()
+    GRPOTrainer(config(tiny_dir, whole, **variant)).train()
     # A run's last checkpoint keeps the optimizer's state only when asked: this one goes on.
-    GRPOTrainer(config(tiny_dir, parts, iterations=2, save_optimizer=True)).train()
+    GRPOTrainer(config(tiny_dir, parts, iterations=2, save_optimizer=True, **variant)).train()
     resumed = GRPOTrainer(GRPOConfig.resumed(parts, iterations=4))
     assert resumed.start == 2 and resumed.config.kl_target == 0.01  # the saved run's config
+    for key, value in variant.items():
+        assert getattr(resumed.config, key) == value
     resumed.train()
     expected = metrics(whole)
     assert [row["iteration"] for row in expected] == [0, 1, 2, 3]
@@ -56,6 +67,10 @@ def test_a_resumed_run_equals_an_uninterrupted_one(tiny_dir, tmp_path):
     # The level falls at each iteration's end (4 failures a window): a resume at 2 restores
     # both the level the current questions were drawn at and the one to draw the next at.
     assert [row["level"] for row in expected] == [1, 0, 0, 0]
+    if variant:  # the update's diagnostics, the second epoch's: ratios moved
+        assert all(row["approx_kl"] > 0 and row["entropy"] > 0 for row in expected)
+        assert any(row["clip_fraction"] > 0 for row in expected)
+        assert all(0 <= row["tis_truncated"] <= 1 for row in expected)
     got = metrics(parts)
     for a, b in zip(got, expected, strict=True):
         assert a.keys() == b.keys()

@@ -196,7 +196,7 @@ def test_diagnostics_count_clipped_tokens_and_the_kl():
 
 def test_loss_errors_name_the_argument():
     lp, mask, adv = torch.zeros(1, 2), torch.ones(1, 2, dtype=torch.bool), torch.ones(1)
-    with pytest.raises(ValueError, match="loss_type must be one of 'grpo', .* got 'ppo'"):
+    with pytest.raises(ValueError, match=r"loss_type must be one of \('grpo', .* got 'ppo'"):
         grpo_loss(lp, lp, mask, adv, 0.2, loss_type="ppo")
     with pytest.raises(ValueError, match="importance_sampling_level must be one of"):
         log_importance_weights(lp, lp, mask, "episode")
@@ -204,7 +204,7 @@ def test_loss_errors_name_the_argument():
         grpo_loss(lp, lp, mask, adv, 0.2, loss_type="dr_grpo")
     with pytest.raises(ValueError, match="beta=0.1 needs ref_log_probs"):
         grpo_loss(lp, lp, mask, adv, 0.2, beta=0.1)
-    with pytest.raises(ValueError, match="scale must be one of 'group', 'batch', 'none'"):
+    with pytest.raises(ValueError, match=r"scale must be one of \('group', 'batch', 'none'\)"):
         group_advantages(torch.ones(4), 2, scale="std")
 
 

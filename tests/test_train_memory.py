@@ -14,6 +14,7 @@ from llm_gym.lm.tensors import (
     LinearLogProbs,
     has_prefix,
     left_pad,
+    position_ids,
     selected_log_probs,
     token_log_probs,
 )
@@ -106,6 +107,30 @@ def test_a_model_with_transformed_logits_takes_the_whole_logits_path(tiny):
     assert torch.allclose(whole, expected, atol=1e-4)
 
 
+def test_entropy_comes_from_the_same_chunks_on_both_paths(tiny):
+    # The policy's entropy at each scored position, as the whole logits give it, from the
+    # fused chunks (a few rows of logits at a time) and from the whole-logits path alike.
+    model, tokenizer = tiny
+    tokens, masks = batch([12, 9], prompt=3, vocab=len(tokenizer))
+    ids, attention, selected = padded(tokens, masks, tokenizer.pad_token_id)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=attention.long(),
+                       position_ids=position_ids(attention)).logits.float()  # fmt: skip
+    log_p = torch.log_softmax(logits[:, :-1], -1)
+    whole = torch.zeros(ids.shape)
+    whole[:, 1:] = -(log_p.exp() * log_p).sum(-1)
+    expected = whole.masked_fill(~selected, 0.0)
+    scaled = copy.deepcopy(model)
+    scaled.config.final_logit_softcapping = 30.0  # the whole-logits path (llama ignores it)
+    for m, chunk_rows in ((model, 3), (model, None), (scaled, None)):
+        log_probs, entropy = selected_log_probs(
+            m, ids, attention, selected, chunk_rows=chunk_rows, entropy=True
+        )
+        assert entropy.shape == ids.shape and not entropy.requires_grad
+        torch.testing.assert_close(entropy, expected, atol=1e-4, rtol=1e-5)
+        assert (entropy[selected] > 0).all() and log_probs.requires_grad
+
+
 def test_microbatches_hold_the_token_budget_and_every_sequence_once():
     lengths = [700, 20, 30, 650, 25, 700, 5, 300]
     for budget, rows in [(1400, 8), (700, 8), (100, 2), (10_000, 3)]:
@@ -149,9 +174,11 @@ def test_an_update_is_the_same_whatever_the_split_and_the_checkpointing(
     assert lean.model.is_activation_checkpointing  # enabled unless --no-gradient-checkpointing
     for run in (reference, lean):  # the gradients compared, not AdamW's steps (which
         run.optimizer.step = lambda: None  # turn a 1e-9 gradient's rounding into lr)
-    loss = reference._optimize(tokens, masks, advantages)
-    lean_loss = lean._optimize(tokens, masks, advantages)
-    assert lean_loss == pytest.approx(loss, abs=1e-6)
+    whole = reference._optimize(tokens, masks, advantages)
+    split = lean._optimize(tokens, masks, advantages)
+    assert split.keys() == whole.keys()  # the loss and the update's diagnostics
+    for key, value in whole.items():
+        assert split[key] == pytest.approx(value, abs=1e-6, rel=1e-5), key
     assert close(grads(lean.model), grads(reference.model))
     assert not lean.model.training  # back in eval mode for sampling
 
@@ -169,7 +196,7 @@ def test_the_update_s_loss_is_today_s_get_dist_loss(tiny_dir, tmp_path):
     loss.backward()
     torch.nn.utils.clip_grad_norm_(list(old.parameters()), lean.config.max_grad_norm)  # as it does
     lean.optimizer.step = lambda: None  # keep the gradients to compare, not the step
-    lean_loss = lean._optimize(tokens, masks, advantages)
+    lean_loss = lean._optimize(tokens, masks, advantages)["loss"]
     assert lean_loss == pytest.approx(loss.item(), abs=1e-6)
     got = {name: p.grad for name, p in lean.model.named_parameters()}
     expected = {name: p.grad for name, p in old.named_parameters()}

@@ -27,7 +27,12 @@ from llm_gym.cli._args import (
 )
 from llm_gym.cli._envs import envs_table
 from llm_gym.run.config import BACKENDS, DTYPE_NAMES, RolloutConfig
-from llm_gym.train.config import GRPOConfig
+from llm_gym.train.config import (
+    IMPORTANCE_SAMPLING_LEVELS,
+    LOSS_TYPES,
+    SCALE_REWARDS,
+    GRPOConfig,
+)
 
 # Nothing above imports torch: each command imports what it runs (``--help`` and ``envs``
 # answer in well under a second).
@@ -124,6 +129,28 @@ def _add_train(commands: Any) -> None:
         "micro-batches of 2048 padded tokens or half the budget, if less, or more)")  # fmt: skip
     add("--clip-coef", type=number(float, 0.0, False), default=defaults.clip_coef,
         help="the surrogate's ratio clip: 1 +- this")  # fmt: skip
+    # GRPO as TRL runs it (docs/training.md, "Loss variants").
+    add("--loss-type", choices=LOSS_TYPES, default=defaults.loss_type,
+        help="how the per-token losses add up, as TRL's loss_type "
+        "(default: %(default)s)")  # fmt: skip
+    add("--clip-coef-high", type=number(float, 0.0, False), default=None,
+        help="clip-higher: the ratio's upper clip 1 + this (default: --clip-coef); for "
+        "cispo, the cap on the ratio (5.0 in MiniMax's recipe)")  # fmt: skip
+    add("--delta", type=number(float, 1.0, False), default=None,
+        help="two-sided clipping: cap the unclipped ratio at this too (default: off)")  # fmt: skip
+    add("--importance-sampling-level", choices=IMPORTANCE_SAMPLING_LEVELS,
+        default=defaults.importance_sampling_level,
+        help="the ratio per token, or per response (GSPO; default: %(default)s)")  # fmt: skip
+    add("--kl-loss-coef", type=number(float, 0.0), default=defaults.kl_loss_coef,
+        help="beta: the k3 KL to the starting model in the loss, as TRL's (the adapter "
+        "disabled under LoRA; beside --kl-coef's penalty in the reward; default: "
+        "%(default)s)")  # fmt: skip
+    add("--scale-rewards", choices=SCALE_REWARDS, default=defaults.scale_rewards,
+        help="advantages divided by the group's reward std, the batch's, or none "
+        "(default: %(default)s)")  # fmt: skip
+    add("--tis-cap", type=number(float, 0.0, False), default=None,
+        help="truncated importance sampling: weigh each token by min(exp(trainer's old "
+        "log-prob - the sampler's), this), as TRL's token_truncate (default: off)")  # fmt: skip
     add("--kl-target", type=number(float, 0.0, False), default=None,
         help="adaptive KL controller's target (default: %(default)s, a constant "
         "coefficient)")  # fmt: skip

@@ -263,10 +263,12 @@ def selected_log_probs(
     selected: torch.Tensor,
     *,
     chunk_rows: int | None = None,
-) -> torch.Tensor:
+    entropy: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``(B, T)`` float32 log π(ids[t] | ids[:t]) at the ``selected`` positions of a padded
     batch, 0 elsewhere, with autograd: the same values as ``token_log_probs`` of the whole
-    logits, without ever holding them.
+    logits, without ever holding them. With ``entropy``, also the ``(B, T)`` entropy of π at
+    those positions (no gradient), from the same chunks of logits.
 
     The model's last hidden states at the positions that predict a selected token go through
     its output layer ``chunk_rows`` rows at a time, forward and backward (``LinearLogProbs``):
@@ -284,10 +286,21 @@ def selected_log_probs(
     transformed = any(getattr(config, name, None) not in (None, 1.0) for name in _LOGIT_TRANSFORMS)
     rows, positions = selected.nonzero(as_tuple=True)
     out = torch.zeros(ids.shape, dtype=torch.float32, device=ids.device)
+    entropies = torch.zeros(rows.shape, dtype=torch.float32, device=ids.device)
+
+    def result(picked: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        log_probs = out.index_put((rows, positions), picked)
+        if not entropy:
+            return log_probs
+        return log_probs, torch.zeros_like(out).index_put_((rows, positions), entropies)
+
     if not isinstance(head, torch.nn.Linear) or base is None or transformed:
-        logits = forward_logits(model, ids, attention)
-        picked = log_probs_of(logits[rows, positions - 1], ids[rows, positions])
-        return out.index_put((rows, positions), picked)
+        logits = forward_logits(model, ids, attention)[rows, positions - 1]
+        if entropy:
+            with torch.no_grad():
+                rows_at_once = max(1, _DEVICE_CHUNK_ELEMENTS // max(logits.shape[-1], 1))
+                entropies = torch.cat([_entropy(c) for c in logits.split(rows_at_once)])
+        return result(log_probs_of(logits, ids[rows, positions]))
     hidden = base(
         input_ids=ids,
         attention_mask=attention.long(),
@@ -298,16 +311,24 @@ def selected_log_probs(
         budget = _CHUNK_ELEMENTS if ids.device.type == "cpu" else _DEVICE_CHUNK_ELEMENTS
         chunk_rows = max(1, budget // head.weight.shape[0])
     picked = LinearLogProbs.apply(
-        hidden[rows, positions - 1], head.weight, head.bias, ids[rows, positions], chunk_rows
-    )
-    return out.index_put((rows, positions), picked)
+        hidden[rows, positions - 1], head.weight, head.bias, ids[rows, positions], chunk_rows,
+        entropies if entropy else None,
+    )  # fmt: skip
+    return result(picked)
+
+
+def _entropy(logits: torch.Tensor) -> torch.Tensor:
+    # H = logsumexp(z) - Σ softmax(z) z, in float32 whatever the logits' dtype.
+    logits = logits.float()
+    return torch.logsumexp(logits, -1) - (torch.softmax(logits, -1) * logits).sum(-1)
 
 
 class LinearLogProbs(torch.autograd.Function):
     """``log_softmax(hidden @ weight.T + bias)[i, targets[i]]`` in float32 for ``hidden``
     ``(N, H)``, ``weight`` ``(V, H)``, ``targets`` ``(N,)``, ``rows`` rows of logits at a
     time; the backward recomputes each chunk's logits rather than keeping them (one more
-    matrix product, for memory that does not grow with N · V).
+    matrix product, for memory that does not grow with N · V). ``entropies``, an ``(N,)``
+    tensor or None, is filled with each row's entropy on the way (no gradient).
 
     >>> h, w = torch.randn(5, 3, requires_grad=True), torch.randn(7, 3, requires_grad=True)
     >>> t = torch.tensor([0, 6, 2, 2, 1])
@@ -326,12 +347,15 @@ class LinearLogProbs(torch.autograd.Function):
         bias: torch.Tensor | None,
         targets: torch.Tensor,
         rows: int,
+        entropies: torch.Tensor | None = None,
     ) -> torch.Tensor:
         out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
         for start in range(0, hidden.shape[0], rows):
             stop = start + rows
             logits = F.linear(hidden[start:stop], weight, bias).float()
             out[start:stop] = _picked_minus_logsumexp(logits, targets[start:stop])
+            if entropies is not None:
+                entropies[start:stop] = _entropy(logits)
         ctx.save_for_backward(hidden, weight, bias, targets)
         ctx.rows = rows
         return out
@@ -358,7 +382,7 @@ class LinearLogProbs(torch.autograd.Function):
                 grad_weight.addmm_(dlogits.T, chunk)
             if grad_bias is not None:
                 grad_bias += dlogits.sum(0)
-        return grad_hidden, grad_weight, grad_bias, None, None
+        return grad_hidden, grad_weight, grad_bias, None, None, None
 
 
 def next_token_log_probs(

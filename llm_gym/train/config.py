@@ -22,6 +22,9 @@ from llm_gym.run.files import write_text
 __all__ = [
     "CHECKPOINT_TOKENS",
     "CONFIG_FILE",
+    "IMPORTANCE_SAMPLING_LEVELS",
+    "LOSS_TYPES",
+    "SCALE_REWARDS",
     "RESUMABLE",
     "GRPOConfig",
     "check_resumable",
@@ -30,6 +33,15 @@ __all__ = [
 ]
 
 CONFIG_FILE = "run_config.json"
+# The choices of GRPO's loss (llm_gym.train.loss tells each), here where the options are
+# checked without torch. TRL's names: "grpo" averages each response's tokens, then the
+# responses; "bnpo" the batch's tokens; "dr_grpo" divides the batch's token sum by rows × a
+# fixed length (Liu et al., 2025); "dapo" and "cispo" by the token count of the iteration's
+# whole batch (Yu et al., 2025; MiniMax, 2025), cispo weighting each log-prob by its capped,
+# detached ratio.
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo")
+IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")  # "sequence": GSPO (Zheng et al., 2025)
+SCALE_REWARDS = ("group", "batch", "none")
 # Padded tokens of a micro-batch from which activation checkpointing is on by default (or
 # half the run's token budget, if less): below, the activations are small and recomputing them
 # costs a third more time for little.
@@ -72,6 +84,18 @@ class GRPOConfig(RunConfig):
     max_tokens_per_microbatch: int = 4096
     gradient_checkpointing: bool | None = None
     clip_coef: float = 0.2
+    # GRPO as TRL 1.16 runs it (llm_gym.train.loss; docs/training.md, "Loss variants"): the
+    # loss's aggregation, clip-higher's upper ε (cispo: its cap on the ratio), two-sided
+    # clipping's cap, GSPO's sequence ratio, the k3 KL term in the loss against the starting
+    # model (beside kl_coef's penalty in the reward), how advantages are scaled, and the cap
+    # of the truncated importance weights to the sampler's log-probs (None: off).
+    loss_type: str = "grpo"
+    clip_coef_high: float | None = None
+    delta: float | None = None
+    importance_sampling_level: str = "token"
+    kl_loss_coef: float = 0.0
+    scale_rewards: str = "group"
+    tis_cap: float | None = None
     max_grad_norm: float = 1.0
     kl_target: float | None = None  # adaptive controller's target KL; None: constant coef
     kl_horizon: int = 10000
@@ -132,6 +156,7 @@ class GRPOConfig(RunConfig):
             )
         for name in ("learning_rate", "clip_coef", "max_grad_norm", "temperature"):
             check_number(name, getattr(self, name), 0, strict=True)
+        self._check_loss()
         super().__post_init__()
         check_number("kl_target", self.kl_target, 0, strict=True, optional=True)
         if self.kl_target is not None and self.kl_coef == 0:
@@ -178,6 +203,28 @@ class GRPOConfig(RunConfig):
                 "backend 'openai' cannot train: the server's weights must follow the updates; "
                 "use backend 'vllm' (llm_gym starts the server and loads each update into it) "
                 "or 'transformers'"
+            )
+
+    def _check_loss(self) -> None:
+        check_choice("loss_type", self.loss_type, LOSS_TYPES)
+        check_choice("importance_sampling_level", self.importance_sampling_level,
+                     IMPORTANCE_SAMPLING_LEVELS)  # fmt: skip
+        check_choice("scale_rewards", self.scale_rewards, SCALE_REWARDS)
+        check_number("clip_coef_high", self.clip_coef_high, 0, strict=True, optional=True)
+        check_number("kl_loss_coef", self.kl_loss_coef, 0)
+        check_number("tis_cap", self.tis_cap, 0, strict=True, optional=True)
+        check_number("delta", self.delta, 1, strict=True, optional=True)
+        if self.loss_type == "cispo" and self.clip_coef_high is None:
+            raise ValueError(
+                "loss_type 'cispo' caps the ratio at clip_coef_high (--clip-coef-high; 5.0 in "
+                "MiniMax's recipe): pass it"
+            )
+        if self.delta is not None and self.loss_type == "cispo":
+            raise ValueError("delta (--delta) caps the clipped surrogate's ratio; cispo has none")
+        if self.tis_cap is not None and self.asynchronous:
+            raise ValueError(
+                "tis_cap (--tis-cap) with --async: an asynchronous batch's ratio is already "
+                "taken to the log-probs it was sampled with; drop one"
             )
 
     @classmethod

@@ -3,7 +3,9 @@ the iteration; one iteration serves tools, KL and curriculum alike)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import dataclasses
 import json
 import math
 import os
@@ -29,7 +31,7 @@ from llm_gym.episodes import (
     summarize,
 )
 from llm_gym.lm.loading import load_model
-from llm_gym.lm.lora import AdapterDisabled, load_lora, unwrapped, with_lora
+from llm_gym.lm.lora import AdapterDisabled, is_lora, load_lora, unwrapped, with_lora
 from llm_gym.lm.tensors import (
     HEAP_MMAP_THRESHOLD,
     LEAN_MMAP_THRESHOLD,
@@ -40,6 +42,7 @@ from llm_gym.lm.tensors import (
 )
 from llm_gym.policies import TransformersPolicy
 from llm_gym.run.budget import check_run
+from llm_gym.run.config import rubric_weights
 from llm_gym.run.describe import describe_run
 from llm_gym.run.files import LineFile, RunWriteError, told, write_text
 from llm_gym.run.lock import FolderLock
@@ -58,7 +61,14 @@ from llm_gym.samplers.weights import export_model, write_weights
 from llm_gym.train.checkpoints import latest_checkpoint, load_checkpoint, save_checkpoint
 from llm_gym.train.config import CHECKPOINT_TOKENS, GRPOConfig
 from llm_gym.train.evaluation import evaluate_greedy
-from llm_gym.train.loss import group_advantages, grpo_loss, microbatches, sampled
+from llm_gym.train.loss import (
+    group_advantages,
+    grpo_loss,
+    microbatches,
+    sampled,
+    truncated_is_weights,
+    update_stats,
+)
 from llm_gym.train.pipeline import AsyncBatches
 from llm_gym.train.run_folder import (
     METRICS_FILE,
@@ -72,7 +82,19 @@ from llm_gym.train.run_folder import (
 from llm_gym.wrappers import AdaptiveKLController
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
     from llm_gym.policies.base import Policy
+
+# What an env object (not an id) cannot be asked for: each makes envs of its own from
+# config.env (the asynchronous driver's, an agent's, Ray's workers, the held-out evaluation)
+# or wraps the ones it makes (curriculum, rubric).
+_ENV_OBJECT_CONFLICTS = (
+    ("asynchronous", "--async"), ("agent", "--agent"), ("ray_address", "--ray"),
+    ("curriculum", "--curriculum"), ("eval_episodes", "--eval-episodes"),
+)  # fmt: skip
 
 __all__ = ["GRPOTrainer"]
 
@@ -81,10 +103,48 @@ class GRPOTrainer:
     """A prepared run, as ``Rollout`` is one (every input error raised before generating);
     ``train()`` runs it. ``policy`` generates (``config.backend``), ``scorer`` (the model
     being trained) re-scores; ``version`` counts the optimizer's steps, and a vLLM sampler gets
-    the new weights after each (``llm_gym.samplers.weights``)."""
+    the new weights after each (``llm_gym.samplers.weights``).
 
-    def __init__(self, config: GRPOConfig) -> None:
-        self.config = config
+    As a library, as TRL's: ``model`` (a transformers model, or a peft one whose adapters
+    train) and its ``tokenizer`` train in place of the one ``config.model`` names, on their
+    own device and dtype; ``env`` is an env id (played with ``config``'s env args), a
+    Gymnasium vector env of ``groups × group_size`` sub-envs in tokens mode observing
+    ``("tokens", "history", "policy_mask")``, whose groups of ``group_size`` consecutive
+    sub-envs play one item (the native vector env's ``repeats=group_size,
+    group_repeats=True``), or a callable making one.
+    """
+
+    def __init__(
+        self,
+        config: GRPOConfig,
+        model: PreTrainedModel | None = None,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        env: str | gym.vector.VectorEnv | Callable[[], gym.vector.VectorEnv] | None = None,
+    ) -> None:
+        if (model is None) != (tokenizer is None):
+            given, missing = ("model", "tokenizer") if tokenizer is None else ("tokenizer", "model")
+            raise ValueError(
+                f"{given} was given without its {missing}: pass a model object and its "
+                "tokenizer together, or neither (config.model names the model)"
+            )
+        if config.resume and (model is not None or env is not None):
+            raise ValueError(
+                "resume reloads a run from its folder by name; a model or env object cannot "
+                "be resumed into yet: resume with GRPOTrainer(GRPOConfig.resumed(out))"
+            )
+        if isinstance(env, str):
+            config, env = dataclasses.replace(config, env=env), None
+        elif env is not None:
+            given = [flag for name, flag in _ENV_OBJECT_CONFLICTS if getattr(config, name)]
+            if set(rubric_weights(config.rubric)) - {"task"}:  # parts beyond the task's reward
+                given.append("--rubric")
+            if given:
+                raise ValueError(
+                    f"env as an object does not go with {', '.join(given)}, which make envs of "
+                    "their own from config.env: pass the env id, or leave them off "
+                    "(eval_episodes=0; evaluate with trainer.evaluate() on an id's run)"
+                )
+        self.config, self.given_model, self.given_env = config, (model, tokenizer), env
         self.out = Path(config.out)
         # Before the folder is looked at: one run at a time in it, until train() ends.
         self.lock = FolderLock(self.out)
@@ -95,12 +155,29 @@ class GRPOTrainer:
             raise
 
     def _prepare(self, config: GRPOConfig) -> None:
-        self.device, self.dtype = resolve_device(config.device), resolve_dtype(config.dtype)
-        self._check_sizes(config)  # before anything is allocated
+        given, tokenizer = self.given_model
+        if given is not None:  # the model's own device and dtype
+            parameter = next(given.parameters())
+            self.device, self.dtype = parameter.device, parameter.dtype
+        else:
+            self.device, self.dtype = resolve_device(config.device), resolve_dtype(config.dtype)
+            self._check_sizes(config)  # before anything is allocated
         checkpoint = claim_out(config)  # on --resume the newest one, checked whole
         state, tensors = load_checkpoint(checkpoint) if checkpoint else (None, None)
         torch.manual_seed(config.seed)
-        if config.lora_rank:  # the base model, frozen, with adapters that train
+        if given is not None:
+            self.model, self.tokenizer = given, tokenizer
+            if config.lora_rank and is_lora(given):
+                raise ValueError(
+                    f"model is a peft model already, and lora_rank={config.lora_rank} would wrap "
+                    "it again: leave lora_rank 0 (its adapters train)"
+                )
+            if config.lora_rank:  # adapters on the given model, which stays frozen
+                self.model = with_lora(
+                    given, config.lora_rank, alpha=config.lora_alpha,
+                    dropout=config.lora_dropout, target_modules=config.lora_target_modules,
+                )  # fmt: skip
+        elif config.lora_rank:  # the base model, frozen, with adapters that train
             base, self.tokenizer = load_model(config.model, device=self.device, dtype=self.dtype)
             if checkpoint:
                 self.model = load_lora(base, checkpoint, trainable=True)
@@ -115,6 +192,7 @@ class GRPOTrainer:
             self.model, self.tokenizer = load_model(
                 checkpoint or config.model, device=self.device, dtype=self.dtype
             )
+        self.lora = is_lora(self.model)
         self.scorer = TransformersPolicy(
             self.model, self.tokenizer, input_mode="tokens", generate=False
         )  # the model being trained
@@ -144,48 +222,64 @@ class GRPOTrainer:
 
     def _check_sizes(self, config: GRPOConfig) -> None:
         # A sub-env per response, each generating up to max_new_tokens a turn.
-        turns = config.max_tool_calls + 1 if config.tools else 1
-        tokens, batch = config.max_new_tokens * turns + 1, config.groups * config.group_size
+        tokens, batch = self.max_length(config) + 1, config.groups * config.group_size
         batches = [("--minibatch-size", min(config.minibatch_size, batch), tokens, True)]
         if config.backend == "transformers":  # else a server generates, in its own memory
             batches.append(("--groups × --group-size", batch, tokens, False))
         if config.eval_episodes:
             batches.append(("--eval-episodes", min(32, config.eval_episodes), tokens, False))
         copy = config.asynchronous and config.backend == "transformers"  # samples meanwhile
-        copies = 1 + (config.kl_coef > 0) + copy
+        copies = 1 + (config.kl_coef > 0 or config.kl_loss_coef > 0) + copy
         records = ("--eval-episodes", config.eval_episodes) if config.eval_episodes else None
         check_run(config, self.device, batches, records, copies=copies, train=True)
+
+    @staticmethod
+    def max_length(config: GRPOConfig) -> int:
+        """The most tokens a response may hold: ``max_new_tokens`` a turn (dr_grpo's
+        constant)."""
+        return config.max_new_tokens * (config.max_tool_calls + 1 if config.tools else 1)
 
     def _set_up(self, config: GRPOConfig, state: Any, tensors: Any) -> None:
         self._publish(write=False)
         # The judges of --rubric, if any: their parts score each step's answers (a group
         # judge each group's), not the evaluation, which reads the task's success.
         self.rubric = run_rubric(config, self.tokenizer, config.group_size)
-        self.envs = task_envs(
-            config, self.tokenizer, config.groups * config.group_size,
-            repeats=config.group_size, group_repeats=True, **self.rubric.env_options(),
-        )  # fmt: skip
+        self.envs = self._envs(config)
         self.part_names = rubric_part_names(self.envs)
         self.curriculum = self.envs if config.curriculum else None  # before KL wraps it
         self.multi_turn = multi_turn(self.envs)  # tools, games: iterations reseed themselves
         self.kl_controller, kl_ref = None, None
+        # The starting model, frozen, for the KL penalty and the KL term in the loss: with
+        # LoRA the model itself, its adapter disabled (no copy); a given model's copy.
+        self.reference: Any = None
+        if config.kl_coef > 0 or config.kl_loss_coef > 0:
+            if self.lora:
+                self.reference = AdapterDisabled(self.scorer)
+            elif self.given_model[0] is not None:
+                frozen = copy.deepcopy(self.model).requires_grad_(False).eval()
+                self.reference = TransformersPolicy(
+                    frozen, self.tokenizer, input_mode="tokens", generate=False
+                )
+            else:
+                local = dataclasses.replace(config, ray_address=None)
+                self.reference = reference_scorer(local, config.model)
         if config.kl_coef > 0:
             target = config.kl_target  # none: a constant coefficient
             if target is not None:
                 self.kl_controller = AdaptiveKLController(config.kl_coef, target, config.kl_horizon)
             if config.asynchronous:  # each sub-env charges its own; the controller is shared
-                kl_ref = reference_scorer(config, config.model)
+                kl_ref = self.reference
+                if config.ray_address is not None:  # one Ray actor the env workers share
+                    kl_ref = reference_scorer(config, config.model)
             else:
                 # Below float32, generation's log-probs are mostly rounding noise against a
                 # forward's: re-score the responses in the same forward path as the reference.
                 served_dtype = config.backend_args.get("dtype", config.dtype)
                 exact = config.dtype == served_dtype == "float32"
                 gen = None if exact else self.scorer
-                # With LoRA the reference is the model itself, its adapter disabled: no copy.
-                ref = AdapterDisabled(self.scorer) if config.lora_rank else None
                 self.envs = charge_kl(
                     self.envs, config, config.model, gen=gen, controller=self.kl_controller,
-                    ref=ref,
+                    ref=self.reference,
                 )  # fmt: skip
         if config.asynchronous:  # the vector env above only tells what the task is
             # One curriculum and one KL coefficient for every sub-env, moved by episodes in
@@ -216,6 +310,33 @@ class GRPOTrainer:
         if not state:  # set up without error: only now does an earlier run (--overwrite) go
             clear_out(self.out)
             config.save()  # what --resume continues
+
+    def _envs(self, config: GRPOConfig) -> gym.vector.VectorEnv:
+        # A sub-env per response, each group's on one item: the task's, or the env given.
+        size = config.groups * config.group_size
+        if self.given_env is None:
+            return task_envs(
+                config, self.tokenizer, size, repeats=config.group_size, group_repeats=True,
+                **self.rubric.env_options(),
+            )  # fmt: skip
+        envs = self.given_env if isinstance(self.given_env, gym.vector.VectorEnv) else None
+        if envs is None:
+            envs = self.given_env()
+            if not isinstance(envs, gym.vector.VectorEnv):
+                raise TypeError(f"env() must make a gymnasium VectorEnv, got {type(envs).__name__}")
+        if envs.num_envs != size:
+            raise ValueError(
+                f"env has {envs.num_envs} sub-envs; the run steps groups × group_size = "
+                f"{config.groups} × {config.group_size} = {size}, a sub-env per response"
+            )
+        keys = getattr(envs.single_observation_space, "spaces", {})
+        if not {"tokens", "history", "policy_mask"} <= set(keys):
+            raise ValueError(
+                "env must observe 'tokens', 'history' and 'policy_mask' (input_mode='tokens', "
+                "observation_keys=('tokens', 'history', 'policy_mask')), got the keys "
+                f"{sorted(keys)}"
+            )
+        return envs
 
     def _episode_source(self, state: dict[str, Any] | None) -> EpisodeSource:
         # Where the episodes come from (the one choice; every iteration then asks alike), at
@@ -323,6 +444,9 @@ class GRPOTrainer:
         levels = {row["level"] for row in rows if row.get("level") is not None}
         config, names = self.config, self.task_names
         run = describe_run(config, self.answer_format, names, levels, config.backend)
+        if self.given_model[0] is not None:  # the object's name, not config.model's
+            name = getattr(unwrapped(self.model).config, "_name_or_path", "")
+            run["model"] = name or type(unwrapped(self.model)).__name__
         summary = {"interrupted": interrupted, **run, "before": self.before, "after": after}
         summary.update(iterations=len(rows), minutes_this_run=seconds / 60)
         restarts = self.driver.restarts if self.driver and config.ray_address else None
@@ -348,19 +472,24 @@ class GRPOTrainer:
         self.task_names.update(
             str(e.info["task"]) for e in episodes if e.info.get("task") is not None
         )
+        if self.given_env is not None:
+            _check_groups(episodes, config.group_size)
         summary = summarize(episodes, seconds, self.part_names)
         rewards = torch.tensor([e.reward for e in episodes], device=self.device)
-        advantages = group_advantages(rewards, config.group_size)
+        advantages = group_advantages(rewards, config.group_size, config.scale_rewards)
         # Each segment trains with its episode's advantage (an env episode has one; an agent's
         # as many as its calls make); asynchronous batches by the log-probs they were sampled
-        # with.
+        # with, and --tis-cap corrects toward them.
         rows = [(s, i) for i, e in enumerate(episodes) for s in e.segments]
         index = torch.tensor([i for _, i in rows], dtype=torch.long, device=self.device)
         behaviour = [s.log_probs for s, _ in rows] if config.asynchronous else None
-        loss = 0.0
+        sampler = [s.log_probs for s, _ in rows] if config.tis_cap is not None else None
+        update: dict[str, Any] = {"loss": 0.0}
         if rows:
             sequences, masks = [s.ids for s, _ in rows], [s.policy_mask for s, _ in rows]
-            loss = self._optimize(sequences, masks, advantages[index], behaviour)
+            update = self._optimize(
+                sequences, masks, advantages[index], behaviour, sampler_log_probs=sampler
+            )
         snapshot = getattr(self.source, "snapshot", None)
         if snapshot is not None:  # the shared curriculum and KL as this batch left them
             level, kl_coef = snapshot["level"], snapshot["kl_coef"]
@@ -375,7 +504,7 @@ class GRPOTrainer:
             "success": summary.accuracy,
             "kl": float(np.mean(np.concatenate([e.token_kl for e in episodes]))) if kl else None,
             "kl_coef": kl_coef if kl else None,
-            "loss": loss,
+            **update,  # the loss and the update's diagnostics
             "response_tokens": float(np.mean([e.policy_tokens for e in episodes])),
             "level": level if level is not None else getattr(self.envs.unwrapped, "level", None),
             "tokens_per_second": summary.tokens_per_second,
@@ -406,31 +535,56 @@ class GRPOTrainer:
         prompts = obs["tokens"]
         tokens = [np.concatenate([p, r.tokens]) for p, r in zip(prompts, responses, strict=True)]
         masks = [np.arange(len(t)) >= len(p) for t, p in zip(tokens, prompts, strict=True)]
-        return self._optimize(tokens, masks, advantages)
+        return self._optimize(tokens, masks, advantages)["loss"]
 
     def _optimize(
-        self, tokens: list[Any], masks: list[Any], advantages: torch.Tensor, behaviour: Any = None
-    ) -> float:
+        self,
+        tokens: list[Any],
+        masks: list[Any],
+        advantages: torch.Tensor,
+        behaviour: Any = None,
+        *,
+        sampler_log_probs: Any = None,
+    ) -> dict[str, Any]:
         # The optimizer steps over conversations `tokens`, the loss on each one's `masks`;
-        # `behaviour`: the log-probs each token was sampled with (asynchronous batches).
+        # `behaviour`: the log-probs each token was sampled with (asynchronous batches);
+        # `sampler_log_probs`: the same, for --tis-cap's weights. The loss and diagnostics.
         config, n = self.config, len(tokens)
         batches = microbatches(
             [len(t) for t in tokens], config.max_tokens_per_microbatch, config.minibatch_size
         )
 
-        def scored(rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        def padded(rows: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
             ids, attention = left_pad([tokens[i] for i in rows], self.pad_id, self.device)
             selected = left_pad([masks[i] for i in rows], False, self.device)[0].bool()
-            selected &= has_prefix(attention)
-            return selected_log_probs(self.model, ids, attention, selected), selected
+            return ids, attention, selected & has_prefix(attention)
+
+        def scored(rows: list[int], entropy: bool = False) -> tuple[torch.Tensor, ...]:
+            ids, attention, selected = padded(rows)
+            out = selected_log_probs(self.model, ids, attention, selected, entropy=entropy)
+            return (*out, selected) if entropy else (out, selected)
 
         # The old policy, through the very forward the update uses. With one epoch the first
-        # forward is the old policy itself (ratio 1, as TRL does): no second forward.
+        # forward is the old policy itself (ratio 1, as TRL does): no second forward. The
+        # reference's log-probs (--kl-loss-coef) in the same pass, once for every epoch.
         old: list[torch.Tensor | None] = [None] * len(batches)
-        if config.update_epochs > 1 and behaviour is None:
+        refs: list[torch.Tensor | None] = [None] * len(batches)
+        if (config.update_epochs > 1 and behaviour is None) or config.kl_loss_coef > 0:
             with torch.no_grad():
-                old = [scored(rows)[0] for rows in batches]
-        total = 0.0
+                for j, rows in enumerate(batches):
+                    if config.update_epochs > 1 and behaviour is None:
+                        old[j] = scored(rows)[0]
+                    if config.kl_loss_coef > 0:
+                        refs[j] = self._reference_log_probs(*padded(rows))
+        # dapo, cispo: every micro-batch divides by the batch's tokens, so they add up to the
+        # batch's loss; the others' micro-batch losses are means, each weighing its share.
+        per_batch_tokens = config.loss_type in ("dapo", "cispo")
+        num_tokens = sum(int(np.count_nonzero(np.asarray(m)[1:])) for m in masks)
+        options = {
+            "loss_type": config.loss_type, "clip_coef_high": config.clip_coef_high,
+            "importance_sampling_level": config.importance_sampling_level,
+        }  # fmt: skip
+        total, stats, grad_norm = 0.0, {}, 0.0
 
         def large(rows: list[int]) -> bool:
             # Large for the run's budget, not only in absolute terms: a budget of 2048 fills
@@ -453,25 +607,44 @@ class GRPOTrainer:
         if lean:
             set_host_mmap_threshold(LEAN_MMAP_THRESHOLD)
         try:
-            for _ in range(config.update_epochs):
+            for epoch in range(config.update_epochs):
                 self.optimizer.zero_grad(set_to_none=True)
-                total = 0.0
-                for rows, old_log_probs in zip(batches, old, strict=True):
+                # The diagnostics are the last epoch's (with one, of the sampling policy).
+                last, total, stats = epoch == config.update_epochs - 1, 0.0, {}
+                for rows, old_log_probs, ref in zip(batches, old, refs, strict=True):
                     # Train mode checkpoints (transformers does only in it); the sampler, on
                     # this model with the transformers backend, generates in eval mode.
                     self.model.train(checkpointing(rows))
-                    log_probs, mask = scored(rows)
+                    log_probs, entropy, mask = scored(rows, entropy=True)
                     if behaviour is not None:  # the ratio to the version that sampled each token
                         old_log_probs = sampled(mask, [behaviour[i] for i in rows])
                     elif old_log_probs is None:
                         old_log_probs = log_probs.detach()
+                    is_weights = None
+                    if sampler_log_probs is not None:  # toward the engine that sampled
+                        drawn = sampled(mask, [sampler_log_probs[i] for i in rows])
+                        is_weights, cut = truncated_is_weights(
+                            old_log_probs, drawn, mask, config.tis_cap
+                        )
+                        _add(stats, tis_truncated=float(cut.sum()))
                     adv = advantages[rows]
-                    loss = grpo_loss(log_probs, old_log_probs, mask, adv, config.clip_coef)
-                    # Each response weighs 1/n whatever its micro-batch: the same loss and
-                    # gradient for any split of the batch.
-                    (loss * len(rows) / n).backward()
-                    total += loss.item() * len(rows) / n
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.max_grad_norm)
+                    loss = grpo_loss(
+                        log_probs, old_log_probs, mask, adv, config.clip_coef, delta=config.delta,
+                        ref_log_probs=ref, beta=config.kl_loss_coef, num_tokens=num_tokens,
+                        max_length=self.max_length(config), is_weights=is_weights, **options,
+                    )  # fmt: skip
+                    # Each response weighs 1/n whatever its micro-batch (dapo, cispo: each
+                    # token 1/num_tokens): the same loss and gradient for any split.
+                    weight = 1.0 if per_batch_tokens else len(rows) / n
+                    (loss * weight).backward()
+                    total += loss.item() * weight
+                    if last:
+                        _add(stats, entropy=float(entropy[mask].sum()), **update_stats(
+                            log_probs, old_log_probs, mask, adv, config.clip_coef,
+                            delta=config.delta, **options,
+                        ))  # fmt: skip
+                norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.max_grad_norm)
+                grad_norm = float(norm)
                 self.optimizer.step()
                 self.version += 1
         finally:
@@ -479,7 +652,28 @@ class GRPOTrainer:
             if lean:
                 set_host_mmap_threshold(HEAP_MMAP_THRESHOLD)
         self._publish()
-        return total
+        tokens_seen = max(stats.get("tokens", 0.0), 1.0)
+        row = {
+            "loss": total,
+            "clip_fraction": (stats["clip_low"] + stats["clip_high"]) / tokens_seen,
+            "clip_fraction_low": stats["clip_low"] / tokens_seen,
+            "clip_fraction_high": stats["clip_high"] / tokens_seen,
+            "approx_kl": stats["approx_kl"] / tokens_seen,
+            "entropy": stats["entropy"] / tokens_seen,
+            "grad_norm": grad_norm,
+        }
+        if sampler_log_probs is not None:
+            row["tis_truncated"] = stats.get("tis_truncated", 0.0) / tokens_seen
+        return row
+
+    def _reference_log_probs(
+        self, ids: torch.Tensor, attention: torch.Tensor, selected: torch.Tensor
+    ) -> torch.Tensor:
+        # The starting model's log-probs (--kl-loss-coef): with LoRA the model, its adapter off.
+        off = self.model.disable_adapter() if self.lora else contextlib.nullcontext()
+        model = self.model if self.lora else self.reference.model
+        with torch.no_grad(), off:
+            return selected_log_probs(model, ids, attention, selected)
 
     def _sample(self, obs: dict[str, Any]) -> list[Any]:
         with self.sampling_lock:
@@ -633,3 +827,21 @@ class GRPOTrainer:
         if state["level"] is not None:
             base.set_level(state["level"])
         return obs
+
+
+def _add(totals: dict[str, float], **values: float) -> None:
+    for key, value in values.items():
+        totals[key] = totals.get(key, 0.0) + value
+
+
+def _check_groups(episodes: list[Any], group_size: int) -> None:
+    # A given env's groups must each play one item: GRPO compares a group's responses.
+    for start in range(0, len(episodes), group_size):
+        prompts = {json.dumps(e.prompt, sort_keys=True, default=str)
+                   for e in episodes[start : start + group_size]}  # fmt: skip
+        if len(prompts) > 1:
+            raise ValueError(
+                f"env's sub-envs {start}..{start + group_size - 1} (one group) played "
+                f"{len(prompts)} different prompts; a group must play one item: make the "
+                f"vector env with repeats={group_size}, group_repeats=True"
+            )

@@ -10,10 +10,10 @@ from typing import Any
 
 import torch
 
+from llm_gym.checks import check_choice
+from llm_gym.train.config import IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES, SCALE_REWARDS
+
 __all__ = [
-    "IMPORTANCE_SAMPLING_LEVELS",
-    "LOSS_TYPES",
-    "SCALE_REWARDS",
     "group_advantages",
     "grpo_loss",
     "log_importance_weights",
@@ -22,19 +22,6 @@ __all__ = [
     "truncated_is_weights",
     "update_stats",
 ]
-
-# TRL's names: "grpo" averages each response's tokens, then the responses; "bnpo" the batch's
-# tokens; "dr_grpo" divides the batch's token sum by rows × a fixed max length (Liu et al.,
-# 2025); "dapo" and "cispo" by the token count of the whole iteration's batch (Yu et al.,
-# 2025; MiniMax, 2025), cispo weighting each log-prob by its capped, detached ratio.
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo")
-IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")  # "sequence": GSPO (Zheng et al., 2025)
-SCALE_REWARDS = ("group", "batch", "none")
-
-
-def _choice(name: str, value: object, choices: Sequence[str]) -> None:
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
 
 
 def group_advantages(
@@ -52,7 +39,7 @@ def group_advantages(
     >>> group_advantages(r, 2, scale="none").tolist()
     [0.5, -0.5, 0.0, 0.0]
     """
-    _choice("scale", scale, SCALE_REWARDS)
+    check_choice("scale", scale, SCALE_REWARDS)
     groups = rewards.reshape(-1, group_size)
     centred = groups - groups.mean(1, keepdim=True)
     if scale == "none":
@@ -74,7 +61,7 @@ def log_importance_weights(
     >>> log_importance_weights(lp, old, torch.tensor([[True, True, False]]), "sequence")
     tensor([[-0.2500]])
     """
-    _choice("importance_sampling_level", level, IMPORTANCE_SAMPLING_LEVELS)
+    check_choice("importance_sampling_level", level, IMPORTANCE_SAMPLING_LEVELS)
     log_ratio = log_probs - old_log_probs
     if level == "token":
         return log_ratio
@@ -104,7 +91,8 @@ def grpo_loss(
     ``_compute_loss``. ``log_probs``/``old_log_probs``/``mask``/``ref_log_probs`` are
     ``(B, T)``, ``advantages`` ``(B,)``.
 
-    - ``loss_type``: how the per-token losses are aggregated (``LOSS_TYPES``); ``num_tokens``
+    - ``loss_type``: how the per-token losses are aggregated (``LOSS_TYPES``, in
+      ``llm_gym.train.config``, names each); ``num_tokens``
       (dapo, cispo: the whole batch's response tokens, so that a micro-batch's loss sums to
       the batch's; default this one's) and ``max_length`` (dr_grpo's constant) go with it.
     - ``clip_coef_high``: clip-higher's upper ε (default ``clip_coef``); for cispo the cap on
@@ -123,7 +111,7 @@ def grpo_loss(
     ...           loss_type="dr_grpo", max_length=4).item()
     -0.5
     """
-    _choice("loss_type", loss_type, LOSS_TYPES)
+    check_choice("loss_type", loss_type, LOSS_TYPES)
     if loss_type == "dr_grpo" and max_length is None:
         raise ValueError("loss_type 'dr_grpo' needs max_length (the longest response allowed)")
     if beta != 0.0 and ref_log_probs is None:
