@@ -78,12 +78,16 @@ def test_rollout_and_training_plots_are_pngs(tmp_path):
     plot_training(rows, {"success": 0.1, "reward": 0.2}, {"success": 0.5, "reward": 0.6},
                   tmp_path / "training.png", "chain_sum · tiny · GRPO")  # fmt: skip
     plot_training(rows[:1], None, None, tmp_path / "one.png", "one iteration, no evaluation")
-    for name in ("rollout", "empty", "training", "one"):
+    update = [{**row, "entropy": 2.0 - 0.1 * row["iteration"], "clip_fraction": 0.01,
+               "approx_kl": 0.002} for row in rows]  # fmt: skip
+    plot_training(update, None, None, tmp_path / "update.png", "with the update's diagnostics")
+    for name in ("rollout", "empty", "training", "one", "update"):
         width, height = png_size(tmp_path / f"{name}.png")
         assert 600 <= width <= 1200 and 300 <= height <= 1400, (name, width, height)
     # Panels: the rollout's KL adds one; training's level (it moves) adds one, its KL none.
     assert png_size(tmp_path / "rollout.png")[1] > png_size(tmp_path / "empty.png")[1]
     assert png_size(tmp_path / "training.png")[1] > png_size(tmp_path / "one.png")[1]
+    assert png_size(tmp_path / "update.png")[1] > png_size(tmp_path / "training.png")[1]
 
 
 def test_report_embeds_images_and_lists_numbers(tmp_path):

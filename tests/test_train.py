@@ -99,6 +99,25 @@ def test_train_writes_metrics_plot_checkpoint_and_resumes(tiny_dir, tmp_path):
     assert after["before"] == summary["before"]  # measured once, before the first iteration
 
 
+def test_train_with_trls_loss_variants_logs_the_update_and_resumes(tiny_dir, tmp_path):
+    out = tmp_path / "run"
+    # The KL penalty (--kl-coef) makes the tiny model's rewards differ, so that it updates.
+    variant = ["--loss-type", "dapo", "--clip-coef-high", "0.28", "--kl-loss-coef", "0.04",
+               "--update-epochs", "2", "--eval-episodes", "0", "--kl-coef", "0.5"]  # fmt: skip
+    assert main(train_args(tiny_dir, out, *variant)) == 0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    for row in rows:  # the second epoch's: its ratios moved off 1
+        assert row["entropy"] > 0 and row["approx_kl"] > 0 and row["grad_norm"] >= 0
+        parts = row["clip_fraction_low"] + row["clip_fraction_high"]
+        assert row["clip_fraction"] == pytest.approx(parts) and 0 <= parts <= 1
+    saved = json.loads((out / "run_config.json").read_text())
+    assert (saved["loss_type"], saved["clip_coef_high"], saved["kl_loss_coef"]) == (
+        "dapo", 0.28, 0.04)  # fmt: skip
+    assert main(train_args(tiny_dir, out, "--resume", "--iterations", "3")) == 0
+    resumed = json.loads((out / "summary.json").read_text())["config"]
+    assert (resumed["loss_type"], resumed["iterations"]) == ("dapo", 3)
+
+
 def test_an_update_moves_the_policy_toward_the_better_response(tiny_dir, tmp_path):
     config = GRPOConfig(
         model=tiny_dir, out=str(tmp_path), env_args={"task": "chain_sum"},
@@ -232,6 +251,9 @@ def test_an_iteration_on_cuda(tiny_dir, tmp_path):
          "device"),
         (["--kl-target", "1.0"], "kl_target needs kl_coef > 0"),
         (["--resume", "--overwrite"], "resume and overwrite contradict each other"),
+        (["--loss-type", "cispo"], "loss_type 'cispo' caps the ratio at clip_coef_high"),
+        (["--tis-cap", "2", "--async"], "tis_cap (--tis-cap) with --async"),
+        (["--loss-type", "cispo", "--clip-coef-high", "5", "--delta", "2"], "cispo has none"),
     ],
 )  # fmt: skip
 def test_bad_input_gets_one_line(tiny_dir, tmp_path, capsys, extra, message):
@@ -246,6 +268,9 @@ def test_bad_input_gets_one_line(tiny_dir, tmp_path, capsys, extra, message):
         (["--group-size", "1"], "expected a number >= 2, got '1'"),
         (["--learning-rate", "0"], "expected a number > 0.0, got '0'"),
         (["--dtype", "int8"], "invalid choice: 'int8'"),
+        (["--loss-type", "ppo"], "invalid choice: 'ppo'"),
+        (["--scale-rewards", "std"], "invalid choice: 'std'"),
+        (["--delta", "0.9"], "expected a number > 1.0, got '0.9'"),
     ],
 )
 def test_bad_numbers_are_refused_by_the_parser(tiny_dir, tmp_path, capsys, extra, message):
@@ -263,6 +288,11 @@ def test_bad_numbers_are_refused_by_the_parser(tiny_dir, tmp_path, capsys, extra
         ("kl_coef", -1.0, "kl_coef must be a finite number >= 0, got -1.0"),
         ("dtype", "fp8", "dtype must be one of"),
         ("max_tool_calls", 0, "max_tool_calls must be an int >= 1, got 0"),
+        ("loss_type", "ppo", "loss_type must be one of ('grpo', 'bnpo', 'dr_grpo', 'dapo'"),
+        ("importance_sampling_level", "episode", "importance_sampling_level must be one of"),
+        ("kl_loss_coef", -0.1, "kl_loss_coef must be a finite number >= 0, got -0.1"),
+        ("tis_cap", 0, "tis_cap must be None or a finite number > 0, got 0"),
+        ("clip_coef_high", float("inf"), "clip_coef_high must be None or a finite number > 0"),
     ],
 )
 def test_bad_config_values_name_the_field(field, value, message):

@@ -152,14 +152,16 @@ def plot_training(
     """A training run's PNG from its per-iteration metrics ``rows`` (``iteration``, ``reward``,
     ``success``, ``kl``, ``response_tokens``, ``level``): reward and success per iteration with
     their running means, and the greedy ``success`` of the evaluation ``before`` (at 0) and
-    ``after`` (after the last iteration) marked; KL (only when there is KL), response length,
-    and the level when it moves, each in its own panel."""
+    ``after`` (after the last iteration) marked; KL (only when there is KL), the update's
+    diagnostics (``entropy``, ``clip_fraction``, ``approx_kl``, where the rows hold them),
+    response length, and the level when it moves, each in its own panel."""
     plt = _pyplot()
     steps = np.array([r["iteration"] for r in rows], dtype=float)
     has_kl = any(r.get("kl") is not None for r in rows)
     levels = [r.get("level") for r in rows]
     moved = len({v for v in levels if v is not None}) > 1
-    panels = 2 + has_kl + moved
+    has_update = any(r.get("entropy") is not None for r in rows)
+    panels = 2 + has_kl + has_update + moved
     fig, axes = plt.subplots(panels, 1, figsize=(8, 2.6 * panels + 0.8), sharex=True)
     fig.suptitle(title, fontsize=11)
     ax = axes[0]
@@ -187,6 +189,19 @@ def plot_training(
         axes[panel].plot(steps, _floats(kl), ".-", color="tab:purple")
         axes[panel].set_title("KL to the reference model", fontsize=10)
         axes[panel].set_ylabel("nats / token", fontsize=9)
+        panel += 1
+    if has_update:  # what every GRPO user watches: entropy, clipping, the step's KL
+        ax = axes[panel]
+        ax.plot(steps, _floats([r.get("entropy") for r in rows]), ".-", color="tab:green",
+                label="entropy (nats/token)")  # fmt: skip
+        ax.set_ylabel("entropy", fontsize=9)
+        right = ax.twinx()
+        for key, color in (("clip_fraction", "tab:red"), ("approx_kl", "tab:brown")):
+            right.plot(steps, _floats([r.get(key) for r in rows]), ".--", color=color, label=key)
+        right.set_ylabel("clip fraction / approx KL", fontsize=9)
+        ax.set_title("the update: policy entropy, clipped share, KL old → new", fontsize=10)
+        handles = ax.get_legend_handles_labels()[0] + right.get_legend_handles_labels()[0]
+        ax.legend(handles=handles, fontsize=7, loc="upper right")
         panel += 1
     lengths = _floats([r.get("response_tokens") for r in rows])
     axes[panel].plot(steps, lengths, ".-", color="tab:gray")
