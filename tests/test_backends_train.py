@@ -60,13 +60,16 @@ def test_train_with_vllm_from_the_command_line_resumes(tmp_path):
     flags = [
         "train", "--backend", "vllm", "--env-arg", "task=chain_sum", "--groups", "1",
         "--group-size", "4", "--max-new-tokens", "24", "--eval-episodes", "0",
-        "--save-every", "1", "--out", str(out), "--no-progress",
+        "--save-every", "1", "--out", str(out), "--no-progress", "--tis-cap", "2",
     ]  # fmt: skip
     assert main([*flags, "--iterations", "2"]) == 0
     assert main(["train", "--out", str(out), "--resume", "--iterations", "3", "--no-progress"]) == 0
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [row["iteration"] for row in rows] == [0, 1, 2]
     assert [row["versions"] for row in rows] == [[0], [1], [2]]  # resumed at version 2
+    # Truncated importance sampling toward vLLM's log-probs (--tis-cap, kept by the resume):
+    # in float32 both engines agree to FP32_TOLERANCE, so no weight reaches the cap of 2.
+    assert [row["tis_truncated"] for row in rows] == [0.0, 0.0, 0.0]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["backend"] == "vllm" and summary["iterations"] == 3
     # The served copy holds the last update (the last checkpoint's weights), not the start's.
