@@ -185,5 +185,8 @@ def profile(
     for label in runs[0]:
         ms = statistics.median(r[label] for r in runs) * 1e3
         share = statistics.median(r[label] / r["total (under cProfile)"] for r in runs)
-        per_part = statistics.median(r[label] / r[per] for r in runs)
-        print(f"    {label:56} {ms:10.1f} {share:8.1%} {per_part:9.3f}")
+        # The part a step is measured per can be absent from a path (on CUDA the forward
+        # runs elsewhere than on the CPU): then there is no ratio to it, not a division by 0.
+        ratios = [r[label] / r[per] for r in runs if r[per] > 0]
+        per_part = f"{statistics.median(ratios):9.3f}" if ratios else f"{'n/a':>9}"
+        print(f"    {label:56} {ms:10.1f} {share:8.1%} {per_part}")
