@@ -104,6 +104,30 @@ class OwnTime:
         self.own.append(time.perf_counter() - start - self.inside)
 
 
+def compare_greedy(
+    raw: torch.Tensor, responses: list, eos_id: int, *, exact: bool
+) -> tuple[int, int]:
+    """The tokens raw ``generate`` produced (each row up to its first EOS) and how many rows
+    equal the policy's ``responses``. In float32 every row must be equal: the policy then
+    does raw generate's work, token for token. Below it (bf16 on a GPU), two kernels' logits
+    differ by rounding, and greedy decoding follows the other branch at a near-tie; the
+    benchmark still compares like with like as long as both generate about as many tokens,
+    so the totals must be within 10%."""
+    raw_tokens, same = 0, 0
+    for row, response in zip(raw, responses, strict=True):
+        ends = (row == eos_id).nonzero()
+        n = int(ends[0]) + 1 if len(ends) else len(row)
+        raw_tokens += n
+        equal = np.array_equal(row[:n].cpu().numpy(), response.tokens)
+        same += equal
+        assert equal or not exact, "policy and raw generate differ in float32"
+    policy_tokens = sum(len(r.tokens) for r in responses)
+    assert abs(policy_tokens - raw_tokens) <= 0.1 * raw_tokens, (
+        f"policy and raw generate differ in length: {policy_tokens} against {raw_tokens} tokens"
+    )
+    return raw_tokens, same
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=16, help="GSM8K questions in the batch")
@@ -144,14 +168,11 @@ def main() -> None:
 
     responses = policy(obs)
     raw = raw_generate()[:, prompt_ids.shape[1] :]
-    raw_tokens = 0
-    for row, response in zip(raw, responses, strict=True):
-        ends = (row == eos_id).nonzero()
-        n = int(ends[0]) + 1 if len(ends) else len(row)
-        raw_tokens += n
-        assert np.array_equal(row[:n].cpu().numpy(), response.tokens), (
-            "policy and raw generate differ"
-        )
+    raw_tokens, same = compare_greedy(raw, responses, eos_id, exact=dtype == torch.float32)
+    if same < len(responses):
+        differ = len(responses) - same
+        print(f"note: {differ} of {len(responses)} greedy responses differ from raw generate's "
+              f"({args.dtype}: a near-tie's argmax can flip between kernels)")  # fmt: skip
     policy_tokens = sum(len(r.tokens) for r in responses)
 
     policy_call = OwnTime(model, "generate", lambda: policy(obs))

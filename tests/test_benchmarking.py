@@ -6,6 +6,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).parents[1] / "scripts" / "benchmarking.py"
 
 
@@ -38,3 +40,28 @@ def test_a_profile_per_a_part_that_ran_gives_its_ratio(capsys):
     benchmarking.profile(work, parts, per="the work", reps=2, what="a step")
     lines = [line for line in capsys.readouterr().out.splitlines() if "the work" in line]
     assert lines[0].split()[-1] == "1.000"
+
+
+def test_greedy_responses_must_match_raw_generate_exactly_in_float32_only():
+    import numpy as np
+    import torch
+
+    spec = importlib.util.spec_from_file_location("bench_policy", SCRIPT.parent / "bench_policy.py")
+    bench_policy = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(SCRIPT.parent))
+    spec.loader.exec_module(bench_policy)
+
+    class Response:
+        def __init__(self, tokens):
+            self.tokens = np.array(tokens)
+
+    raw = torch.tensor([[5, 6, 2, 0], [7, 8, 9, 2], [3, 2, 0, 0]])  # EOS = 2, then padding
+    same = [Response([5, 6, 2]), Response([7, 8, 9, 2]), Response([3, 2])]
+    assert bench_policy.compare_greedy(raw, same, 2, exact=True) == (9, 3)
+    flipped = [Response([5, 6, 2]), Response([7, 4, 9, 2]), Response([3, 2])]  # a near-tie
+    assert bench_policy.compare_greedy(raw, flipped, 2, exact=False) == (9, 2)
+    with pytest.raises(AssertionError, match="differ in float32"):
+        bench_policy.compare_greedy(raw, flipped, 2, exact=True)
+    longer = [Response([5, 6, 1, 1, 1, 2]), Response([7, 8, 9, 2]), Response([3, 2])]
+    with pytest.raises(AssertionError, match="differ in length: 12 against 9 tokens"):
+        bench_policy.compare_greedy(raw, longer, 2, exact=False)
