@@ -11,6 +11,7 @@ from policy_fixture import scripted_policy
 from llm_gym.cli import main
 from llm_gym.episodes import Episode, EpisodeSource, Segment
 from llm_gym.train import GRPOConfig, GRPOTrainer, group_advantages, grpo_loss
+from llm_gym.train.grpo import adamw
 
 
 @pytest.fixture(autouse=True)
@@ -219,23 +220,54 @@ def test_kl_penalty_in_bfloat16_compares_like_with_like(tiny_dir, tmp_path):
     assert trainer.envs.coef == pytest.approx(0.1 * 0.8)  # adaptive: KL 0 < target, -20%
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_an_iteration_on_cuda(tiny_dir, tmp_path):
+# The device-dependent tests run on the CPU everywhere and on CUDA where there is a GPU.
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs a CUDA GPU")),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_iteration_on_the_device_updates_the_weights(tiny_dir, tmp_path, device):
+    # GSM8K on one question; in each group one response is right and one wrong, so the
+    # advantages are ±0.7, never all zero, and the update must move the weights.
+    rows = [{"question": "What is 2 + 3?", "answer": "#### 5"}]
     config = GRPOConfig(
-        model=tiny_dir, out=str(tmp_path), env_args={"task": "chain_sum"}, groups=2,
-        group_size=2, max_new_tokens=4, eval_episodes=2, kl_coef=0.1, device="cuda",
-        dtype="bfloat16", progress=False,
+        model=tiny_dir, out=str(tmp_path), env="LLMChat-GSM8K-v0", env_args={"dataset": rows},
+        groups=2, group_size=2, max_new_tokens=4, eval_episodes=2, device=device,
+        learning_rate=1e-3, progress=False,
     )  # fmt: skip
     trainer = GRPOTrainer(config)
+    assert trainer.optimizer.defaults["fused"] is True  # torch's fused AdamW, on either
+    trainer.policy = scripted_policy(trainer.tokenizer, lambda i, _: f"It is {5 + i % 2}")
     weights = [p.detach().clone() for p in trainer.model.parameters()]
     row = trainer.iteration(0)
-    assert np.isfinite(row["loss"]) and row["kl"] == pytest.approx(0.0, abs=1e-6)  # vs itself
+    assert row["success"] == 0.5 and np.isfinite(row["loss"]) and row["grad_norm"] > 0
     params = list(trainer.model.parameters())
     assert any(not torch.equal(w, p) for w, p in zip(weights, params, strict=True))  # updated
-    assert all(p.device.type == "cuda" for p in params)
-    result = trainer.evaluate()  # two greedy episodes of at most 4 tokens, on the GPU
+    assert all(p.device.type == device for p in params)
+    result = trainer.evaluate()  # two greedy episodes of at most 4 tokens, on the device
     assert set(result) == {"success", "reward", "response_tokens"}
     assert result["success"] in (0.0, 0.5, 1.0) and 1 <= result["response_tokens"] <= 4
+    trainer.close()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_adamw_is_fused_and_steps_as_torchs_loop(device):
+    torch.manual_seed(0)
+    fused_param = torch.nn.Parameter(torch.randn(64, 32, device=device))
+    loop_param = torch.nn.Parameter(fused_param.detach().clone())
+    fused = adamw([fused_param], 1e-2)
+    loop = torch.optim.AdamW([loop_param], lr=1e-2, foreach=False)
+    assert fused.defaults["fused"] is True and fused.defaults["weight_decay"] == 0.01
+    for _ in range(5):
+        grad = torch.randn(64, 32, device=device)
+        fused_param.grad, loop_param.grad = grad.clone(), grad.clone()
+        fused.step()
+        loop.step()
+    assert not torch.equal(fused_param, torch.zeros_like(fused_param))
+    torch.testing.assert_close(fused_param, loop_param, atol=1e-6, rtol=1e-5)
 
 
 # -- errors -----------------------------------------------------------------------------

@@ -296,7 +296,7 @@ class GRPOTrainer:
                 **self.rubric.env_options(),
             )  # fmt: skip
         trained = [p for p in self.model.parameters() if p.requires_grad]  # LoRA: adapters
-        self.optimizer = torch.optim.AdamW(trained, lr=config.learning_rate)
+        self.optimizer = adamw(trained, config.learning_rate)
         self.start, self.before = 0, None
         self._drawn_level = getattr(self.envs.unwrapped, "level", None)
         # What the env plays, for the summary: its answer format and the tasks it names.
@@ -845,3 +845,14 @@ def _check_groups(episodes: list[Any], group_size: int) -> None:
                 f"{len(prompts)} different prompts; a group must play one item: make the "
                 f"vector env with repeats={group_size}, group_repeats=True"
             )
+
+
+def adamw(params: list[torch.nn.Parameter], lr: float) -> torch.optim.AdamW:
+    """torch's AdamW (its defaults: betas 0.9/0.999, eps 1e-8, weight decay 0.01), fused into
+    one kernel wherever torch has one (CUDA, CPU): the loop over parameters and its
+    temporaries the size of the weights go. Elsewhere (a device or dtype without the fused
+    kernel) torch's default implementation."""
+    try:
+        return torch.optim.AdamW(params, lr=lr, fused=True)
+    except RuntimeError:  # "fused=True requires all the params to be ... on a supported device"
+        return torch.optim.AdamW(params, lr=lr)
