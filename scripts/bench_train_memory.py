@@ -215,7 +215,7 @@ def setup_today(args: argparse.Namespace, info: dict[str, Any]) -> Any:
 def setup_new(
     args: argparse.Namespace, info: dict[str, Any], budget: int, checkpointing: bool | None
 ) -> Any:
-    import llm_gym.train.grpo as grpo
+    import llm_gym.train.update as update_module
     from llm_gym.train import GRPOConfig, GRPOTrainer
 
     folder = tempfile.mkdtemp(prefix="bench_train_memory_")
@@ -233,14 +233,14 @@ def setup_new(
     info["model"], info["optimizer"] = trainer.model, trainer.optimizer
     tokens, masks, advantages = make_batch(args, trainer.model.config.vocab_size)
     # Each forward's rows, and whether it ran checkpointed (train mode, layers flagged).
-    forwards, scored = [], grpo.selected_log_probs
+    forwards, scored = [], update_module.selected_log_probs
 
     def recording(model: torch.nn.Module, ids: torch.Tensor, *a: Any, **k: Any) -> torch.Tensor:
         flagged = any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
         forwards.append(f"{ids.shape[0]}{'c' if model.training and flagged else ''}")
         return scored(model, ids, *a, **k)
 
-    grpo.selected_log_probs = recording
+    update_module.selected_log_probs = recording
 
     def update() -> float:
         loss = trainer._optimize(tokens, masks, advantages)["loss"]

@@ -11,7 +11,7 @@ from policy_fixture import scripted_policy
 from llm_gym.cli import main
 from llm_gym.episodes import Episode, EpisodeSource, Segment
 from llm_gym.train import GRPOConfig, GRPOTrainer, group_advantages, grpo_loss
-from llm_gym.train.grpo import adamw
+from llm_gym.train.update import adamw
 
 
 @pytest.fixture(autouse=True)

@@ -207,11 +207,11 @@ def test_checkpointing_by_default_only_where_a_micro_batch_is_large(
     tiny_dir, tmp_path, monkeypatch
 ):
     from llm_gym.lm.tensors import HEAP_MMAP_THRESHOLD, LEAN_MMAP_THRESHOLD
-    from llm_gym.train import grpo
+    from llm_gym.train import update
 
     thresholds = []  # glibc's mmap threshold: lowered for a large update only, then restored
     monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
-    monkeypatch.setattr(grpo, "set_host_mmap_threshold", thresholds.append)
+    monkeypatch.setattr(update, "set_host_mmap_threshold", thresholds.append)
     lean = trainer(tiny_dir, tmp_path, "auto")
     assert lean.config.gradient_checkpointing is None
     modes = []

@@ -205,6 +205,12 @@ class GRPOConfig(RunConfig):
                 "or 'transformers'"
             )
 
+    @property
+    def max_response_tokens(self) -> int:
+        """The most tokens a response may hold: ``max_new_tokens`` a turn (dr_grpo's
+        constant, and the length the memory check sizes a batch by)."""
+        return self.max_new_tokens * (self.max_tool_calls + 1 if self.tools else 1)
+
     def _check_loss(self) -> None:
         check_choice("loss_type", self.loss_type, LOSS_TYPES)
         check_choice("importance_sampling_level", self.importance_sampling_level,

@@ -3,12 +3,10 @@ the iteration; one iteration serves tools, KL and curriculum alike)."""
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import json
 import math
-import os
 import sys
 import threading
 import time
@@ -32,14 +30,6 @@ from llm_gym.episodes import (
 )
 from llm_gym.lm.loading import load_model
 from llm_gym.lm.lora import AdapterDisabled, is_lora, load_lora, unwrapped, with_lora
-from llm_gym.lm.tensors import (
-    HEAP_MMAP_THRESHOLD,
-    LEAN_MMAP_THRESHOLD,
-    has_prefix,
-    left_pad,
-    selected_log_probs,
-    set_host_mmap_threshold,
-)
 from llm_gym.policies import TransformersPolicy
 from llm_gym.run.budget import check_run
 from llm_gym.run.config import rubric_weights
@@ -59,15 +49,10 @@ from llm_gym.run.setup import (
 )
 from llm_gym.samplers.weights import export_model, write_weights
 from llm_gym.train.checkpoints import latest_checkpoint, load_checkpoint, save_checkpoint
-from llm_gym.train.config import CHECKPOINT_TOKENS, GRPOConfig
+from llm_gym.train.config import GRPOConfig
 from llm_gym.train.evaluation import evaluate_greedy
 from llm_gym.train.loss import (
     group_advantages,
-    grpo_loss,
-    microbatches,
-    sampled,
-    truncated_is_weights,
-    update_stats,
 )
 from llm_gym.train.pipeline import AsyncBatches
 from llm_gym.train.run_folder import (
@@ -79,6 +64,7 @@ from llm_gym.train.run_folder import (
     earlier_rows,
     write_summary,
 )
+from llm_gym.train.update import GRPOUpdate, adamw
 from llm_gym.wrappers import AdaptiveKLController
 
 if TYPE_CHECKING:
@@ -222,7 +208,7 @@ class GRPOTrainer:
 
     def _check_sizes(self, config: GRPOConfig) -> None:
         # A sub-env per response, each generating up to max_new_tokens a turn.
-        tokens, batch = self.max_length(config) + 1, config.groups * config.group_size
+        tokens, batch = config.max_response_tokens + 1, config.groups * config.group_size
         batches = [("--minibatch-size", min(config.minibatch_size, batch), tokens, True)]
         if config.backend == "transformers":  # else a server generates, in its own memory
             batches.append(("--groups × --group-size", batch, tokens, False))
@@ -232,12 +218,6 @@ class GRPOTrainer:
         copies = 1 + (config.kl_coef > 0 or config.kl_loss_coef > 0) + copy
         records = ("--eval-episodes", config.eval_episodes) if config.eval_episodes else None
         check_run(config, self.device, batches, records, copies=copies, train=True)
-
-    @staticmethod
-    def max_length(config: GRPOConfig) -> int:
-        """The most tokens a response may hold: ``max_new_tokens`` a turn (dr_grpo's
-        constant)."""
-        return config.max_new_tokens * (config.max_tool_calls + 1 if config.tools else 1)
 
     def _set_up(self, config: GRPOConfig, state: Any, tensors: Any) -> None:
         self._publish(write=False)
@@ -297,6 +277,9 @@ class GRPOTrainer:
             )  # fmt: skip
         trained = [p for p in self.model.parameters() if p.requires_grad]  # LoRA: adapters
         self.optimizer = adamw(trained, config.learning_rate)
+        self.updater = GRPOUpdate(
+            self.model, self.optimizer, config, self.pad_id, reference=self.reference
+        )
         self.start, self.before = 0, None
         self._drawn_level = getattr(self.envs.unwrapped, "level", None)
         # What the env plays, for the summary: its answer format and the tasks it names.
@@ -546,134 +529,14 @@ class GRPOTrainer:
         *,
         sampler_log_probs: Any = None,
     ) -> dict[str, Any]:
-        # The optimizer steps over conversations `tokens`, the loss on each one's `masks`;
-        # `behaviour`: the log-probs each token was sampled with (asynchronous batches);
-        # `sampler_log_probs`: the same, for --tis-cap's weights. The loss and diagnostics.
-        config, n = self.config, len(tokens)
-        batches = microbatches(
-            [len(t) for t in tokens], config.max_tokens_per_microbatch, config.minibatch_size
+        # The update (llm_gym.train.update), then the sampler gets its weights: the loss and
+        # the update's diagnostics.
+        row = self.updater(
+            tokens, masks, advantages, behaviour, sampler_log_probs=sampler_log_probs
         )
-
-        def padded(rows: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-            ids, attention = left_pad([tokens[i] for i in rows], self.pad_id, self.device)
-            selected = left_pad([masks[i] for i in rows], False, self.device)[0].bool()
-            return ids, attention, selected & has_prefix(attention)
-
-        def scored(rows: list[int], entropy: bool = False) -> tuple[torch.Tensor, ...]:
-            ids, attention, selected = padded(rows)
-            out = selected_log_probs(self.model, ids, attention, selected, entropy=entropy)
-            return (*out, selected) if entropy else (out, selected)
-
-        # The old policy, through the very forward the update uses. With one epoch the first
-        # forward is the old policy itself (ratio 1, as TRL does): no second forward. The
-        # reference's log-probs (--kl-loss-coef) in the same pass, once for every epoch.
-        old: list[torch.Tensor | None] = [None] * len(batches)
-        refs: list[torch.Tensor | None] = [None] * len(batches)
-        if (config.update_epochs > 1 and behaviour is None) or config.kl_loss_coef > 0:
-            with torch.no_grad():
-                for j, rows in enumerate(batches):
-                    if config.update_epochs > 1 and behaviour is None:
-                        old[j] = scored(rows)[0]
-                    if config.kl_loss_coef > 0:
-                        refs[j] = self._reference_log_probs(*padded(rows))
-        # dapo, cispo: every micro-batch divides by the batch's tokens, so they add up to the
-        # batch's loss; the others' micro-batch losses are means, each weighing its share.
-        per_batch_tokens = config.loss_type in ("dapo", "cispo")
-        num_tokens = sum(int(np.count_nonzero(np.asarray(m)[1:])) for m in masks)
-        options = {
-            "loss_type": config.loss_type, "clip_coef_high": config.clip_coef_high,
-            "importance_sampling_level": config.importance_sampling_level,
-        }  # fmt: skip
-        total, stats, grad_norm = 0.0, {}, 0.0
-
-        def large(rows: list[int]) -> bool:
-            # Large for the run's budget, not only in absolute terms: a budget of 2048 fills
-            # micro-batches of 1400 tokens of long sequences, whose activations are its peak.
-            threshold = min(CHECKPOINT_TOKENS, config.max_tokens_per_microbatch // 2)
-            return len(rows) * max(len(tokens[i]) for i in rows) >= threshold
-
-        def checkpointing(rows: list[int]) -> bool:
-            if config.gradient_checkpointing is not None:
-                return config.gradient_checkpointing
-            return large(rows)
-
-        # On CPU a large update's peak is the process's memory: its freed activations go back
-        # to the system at once, and sampling gets glibc's usual threshold back after it
-        # (unless the environment sets the threshold itself).
-        lean = (
-            self.device.type == "cpu" and "MALLOC_MMAP_THRESHOLD_" not in os.environ
-            and any(large(rows) for rows in batches)
-        )  # fmt: skip
-        if lean:
-            set_host_mmap_threshold(LEAN_MMAP_THRESHOLD)
-        try:
-            for epoch in range(config.update_epochs):
-                self.optimizer.zero_grad(set_to_none=True)
-                # The diagnostics are the last epoch's (with one, of the sampling policy).
-                last, total, stats = epoch == config.update_epochs - 1, 0.0, {}
-                for rows, old_log_probs, ref in zip(batches, old, refs, strict=True):
-                    # Train mode checkpoints (transformers does only in it); the sampler, on
-                    # this model with the transformers backend, generates in eval mode.
-                    self.model.train(checkpointing(rows))
-                    log_probs, entropy, mask = scored(rows, entropy=True)
-                    if behaviour is not None:  # the ratio to the version that sampled each token
-                        old_log_probs = sampled(mask, [behaviour[i] for i in rows])
-                    elif old_log_probs is None:
-                        old_log_probs = log_probs.detach()
-                    is_weights = None
-                    if sampler_log_probs is not None:  # toward the engine that sampled
-                        drawn = sampled(mask, [sampler_log_probs[i] for i in rows])
-                        is_weights, cut = truncated_is_weights(
-                            old_log_probs, drawn, mask, config.tis_cap
-                        )
-                        _add(stats, tis_truncated=float(cut.sum()))
-                    adv = advantages[rows]
-                    loss = grpo_loss(
-                        log_probs, old_log_probs, mask, adv, config.clip_coef, delta=config.delta,
-                        ref_log_probs=ref, beta=config.kl_loss_coef, num_tokens=num_tokens,
-                        max_length=self.max_length(config), is_weights=is_weights, **options,
-                    )  # fmt: skip
-                    # Each response weighs 1/n whatever its micro-batch (dapo, cispo: each
-                    # token 1/num_tokens): the same loss and gradient for any split.
-                    weight = 1.0 if per_batch_tokens else len(rows) / n
-                    (loss * weight).backward()
-                    total += loss.item() * weight
-                    if last:
-                        _add(stats, entropy=float(entropy[mask].sum()), **update_stats(
-                            log_probs, old_log_probs, mask, adv, config.clip_coef,
-                            delta=config.delta, **options,
-                        ))  # fmt: skip
-                norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.max_grad_norm)
-                grad_norm = float(norm)
-                self.optimizer.step()
-                self.version += 1
-        finally:
-            self.model.eval()
-            if lean:
-                set_host_mmap_threshold(HEAP_MMAP_THRESHOLD)
+        self.version += self.config.update_epochs
         self._publish()
-        tokens_seen = max(stats.get("tokens", 0.0), 1.0)
-        row = {
-            "loss": total,
-            "clip_fraction": (stats["clip_low"] + stats["clip_high"]) / tokens_seen,
-            "clip_fraction_low": stats["clip_low"] / tokens_seen,
-            "clip_fraction_high": stats["clip_high"] / tokens_seen,
-            "approx_kl": stats["approx_kl"] / tokens_seen,
-            "entropy": stats["entropy"] / tokens_seen,
-            "grad_norm": grad_norm,
-        }
-        if sampler_log_probs is not None:
-            row["tis_truncated"] = stats.get("tis_truncated", 0.0) / tokens_seen
         return row
-
-    def _reference_log_probs(
-        self, ids: torch.Tensor, attention: torch.Tensor, selected: torch.Tensor
-    ) -> torch.Tensor:
-        # The starting model's log-probs (--kl-loss-coef): with LoRA the model, its adapter off.
-        off = self.model.disable_adapter() if self.lora else contextlib.nullcontext()
-        model = self.model if self.lora else self.reference.model
-        with torch.no_grad(), off:
-            return selected_log_probs(model, ids, attention, selected)
 
     def _sample(self, obs: dict[str, Any]) -> list[Any]:
         with self.sampling_lock:
@@ -829,11 +692,6 @@ class GRPOTrainer:
         return obs
 
 
-def _add(totals: dict[str, float], **values: float) -> None:
-    for key, value in values.items():
-        totals[key] = totals.get(key, 0.0) + value
-
-
 def _check_groups(episodes: list[Any], group_size: int) -> None:
     # A given env's groups must each play one item: GRPO compares a group's responses.
     for start in range(0, len(episodes), group_size):
@@ -845,14 +703,3 @@ def _check_groups(episodes: list[Any], group_size: int) -> None:
                 f"{len(prompts)} different prompts; a group must play one item: make the "
                 f"vector env with repeats={group_size}, group_repeats=True"
             )
-
-
-def adamw(params: list[torch.nn.Parameter], lr: float) -> torch.optim.AdamW:
-    """torch's AdamW (its defaults: betas 0.9/0.999, eps 1e-8, weight decay 0.01), fused into
-    one kernel wherever torch has one (CUDA, CPU): the loop over parameters and its
-    temporaries the size of the weights go. Elsewhere (a device or dtype without the fused
-    kernel) torch's default implementation."""
-    try:
-        return torch.optim.AdamW(params, lr=lr, fused=True)
-    except RuntimeError:  # "fused=True requires all the params to be ... on a supported device"
-        return torch.optim.AdamW(params, lr=lr)

@@ -1,0 +1,213 @@
+"""GRPO's update of a model on one batch of token sequences: micro-batches by a token
+budget, the old policy's and the reference's log-probs, the loss (``llm_gym.train.loss``,
+TRL's variants) over each micro-batch, the optimizer's steps, and what the update did (its
+diagnostics, a metrics row's part). ``GRPOTrainer`` runs one per iteration."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from llm_gym.lm.lora import is_lora
+from llm_gym.lm.tensors import (
+    HEAP_MMAP_THRESHOLD,
+    LEAN_MMAP_THRESHOLD,
+    has_prefix,
+    left_pad,
+    selected_log_probs,
+    set_host_mmap_threshold,
+)
+from llm_gym.train.config import CHECKPOINT_TOKENS
+from llm_gym.train.loss import (
+    grpo_loss,
+    microbatches,
+    sampled,
+    truncated_is_weights,
+    update_stats,
+)
+
+if TYPE_CHECKING:
+    from llm_gym.train.config import GRPOConfig
+
+__all__ = ["GRPOUpdate", "adamw"]
+
+
+def adamw(params: list[torch.nn.Parameter], lr: float) -> torch.optim.AdamW:
+    """torch's AdamW (its defaults: betas 0.9/0.999, eps 1e-8, weight decay 0.01), fused into
+    one kernel wherever torch has one (CUDA, CPU): the loop over parameters and its
+    temporaries the size of the weights go. Elsewhere (a device or dtype without the fused
+    kernel) torch's default implementation."""
+    try:
+        return torch.optim.AdamW(params, lr=lr, fused=True)
+    except RuntimeError:  # "fused=True requires all the params to be ... on a supported device"
+        return torch.optim.AdamW(params, lr=lr)
+
+
+class GRPOUpdate:
+    """The update of ``model`` by ``optimizer`` with ``config``'s GRPO settings (loss type,
+    clipping, KL term, truncated IS, epochs, micro-batches, checkpointing), padding with
+    ``pad_id``; ``reference``: a scorer of the starting model (``.model``) for
+    ``kl_loss_coef`` (a LoRA model is its own, its adapter disabled)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        config: GRPOConfig,
+        pad_id: int,
+        *,
+        reference: Any = None,
+    ) -> None:
+        if config.kl_loss_coef > 0 and reference is None and not is_lora(model):
+            raise ValueError("kl_loss_coef > 0 needs the reference (the starting model's scorer)")
+        self.model, self.optimizer, self.config = model, optimizer, config
+        self.pad_id, self.reference = pad_id, reference
+        self.device = next(model.parameters()).device
+
+    def __call__(
+        self,
+        tokens: list[Any],
+        masks: list[Any],
+        advantages: torch.Tensor,
+        behaviour: Any = None,
+        *,
+        sampler_log_probs: Any = None,
+    ) -> dict[str, Any]:
+        """``update_epochs`` optimizer steps over the conversations ``tokens``, the loss on
+        each one's ``masks`` (``(T,)`` bools) with its ``advantages``; ``behaviour``: the
+        log-probs each policy token was sampled with (asynchronous batches: the ratio's
+        denominator); ``sampler_log_probs``: the same, for ``tis_cap``'s weights. The
+        metrics row's part: the loss and the update's diagnostics."""
+        config, n = self.config, len(tokens)
+        batches = microbatches(
+            [len(t) for t in tokens], config.max_tokens_per_microbatch, config.minibatch_size
+        )
+
+        def padded(rows: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            ids, attention = left_pad([tokens[i] for i in rows], self.pad_id, self.device)
+            selected = left_pad([masks[i] for i in rows], False, self.device)[0].bool()
+            return ids, attention, selected & has_prefix(attention)
+
+        def scored(rows: list[int], entropy: bool = False) -> tuple[torch.Tensor, ...]:
+            ids, attention, selected = padded(rows)
+            out = selected_log_probs(self.model, ids, attention, selected, entropy=entropy)
+            return (*out, selected) if entropy else (out, selected)
+
+        # The old policy, through the very forward the update uses. With one epoch the first
+        # forward is the old policy itself (ratio 1, as TRL does): no second forward. The
+        # reference's log-probs (--kl-loss-coef) in the same pass, once for every epoch.
+        old: list[torch.Tensor | None] = [None] * len(batches)
+        refs: list[torch.Tensor | None] = [None] * len(batches)
+        if (config.update_epochs > 1 and behaviour is None) or config.kl_loss_coef > 0:
+            with torch.no_grad():
+                for j, rows in enumerate(batches):
+                    if config.update_epochs > 1 and behaviour is None:
+                        old[j] = scored(rows)[0]
+                    if config.kl_loss_coef > 0:
+                        refs[j] = self._reference_log_probs(*padded(rows))
+        # dapo, cispo: every micro-batch divides by the batch's tokens, so they add up to the
+        # batch's loss; the others' micro-batch losses are means, each weighing its share.
+        per_batch_tokens = config.loss_type in ("dapo", "cispo")
+        num_tokens = sum(int(np.count_nonzero(np.asarray(m)[1:])) for m in masks)
+        options = {
+            "loss_type": config.loss_type, "clip_coef_high": config.clip_coef_high,
+            "importance_sampling_level": config.importance_sampling_level,
+        }  # fmt: skip
+        total, stats, grad_norm = 0.0, {}, 0.0
+
+        def large(rows: list[int]) -> bool:
+            # Large for the run's budget, not only in absolute terms: a budget of 2048 fills
+            # micro-batches of 1400 tokens of long sequences, whose activations are its peak.
+            threshold = min(CHECKPOINT_TOKENS, config.max_tokens_per_microbatch // 2)
+            return len(rows) * max(len(tokens[i]) for i in rows) >= threshold
+
+        def checkpointing(rows: list[int]) -> bool:
+            if config.gradient_checkpointing is not None:
+                return config.gradient_checkpointing
+            return large(rows)
+
+        # On CPU a large update's peak is the process's memory: its freed activations go back
+        # to the system at once, and sampling gets glibc's usual threshold back after it
+        # (unless the environment sets the threshold itself).
+        lean = (
+            self.device.type == "cpu" and "MALLOC_MMAP_THRESHOLD_" not in os.environ
+            and any(large(rows) for rows in batches)
+        )  # fmt: skip
+        if lean:
+            set_host_mmap_threshold(LEAN_MMAP_THRESHOLD)
+        try:
+            for epoch in range(config.update_epochs):
+                self.optimizer.zero_grad(set_to_none=True)
+                # The diagnostics are the last epoch's (with one, of the sampling policy).
+                last, total, stats = epoch == config.update_epochs - 1, 0.0, {}
+                for rows, old_log_probs, ref in zip(batches, old, refs, strict=True):
+                    # Train mode checkpoints (transformers does only in it); the sampler, on
+                    # this model with the transformers backend, generates in eval mode.
+                    self.model.train(checkpointing(rows))
+                    log_probs, entropy, mask = scored(rows, entropy=True)
+                    if behaviour is not None:  # the ratio to the version that sampled each token
+                        old_log_probs = sampled(mask, [behaviour[i] for i in rows])
+                    elif old_log_probs is None:
+                        old_log_probs = log_probs.detach()
+                    is_weights = None
+                    if sampler_log_probs is not None:  # toward the engine that sampled
+                        drawn = sampled(mask, [sampler_log_probs[i] for i in rows])
+                        is_weights, cut = truncated_is_weights(
+                            old_log_probs, drawn, mask, config.tis_cap
+                        )
+                        _add(stats, tis_truncated=float(cut.sum()))
+                    adv = advantages[rows]
+                    loss = grpo_loss(
+                        log_probs, old_log_probs, mask, adv, config.clip_coef, delta=config.delta,
+                        ref_log_probs=ref, beta=config.kl_loss_coef, num_tokens=num_tokens,
+                        max_length=config.max_response_tokens, is_weights=is_weights, **options,
+                    )  # fmt: skip
+                    # Each response weighs 1/n whatever its micro-batch (dapo, cispo: each
+                    # token 1/num_tokens): the same loss and gradient for any split.
+                    weight = 1.0 if per_batch_tokens else len(rows) / n
+                    (loss * weight).backward()
+                    total += loss.item() * weight
+                    if last:
+                        _add(stats, entropy=float(entropy[mask].sum()), **update_stats(
+                            log_probs, old_log_probs, mask, adv, config.clip_coef,
+                            delta=config.delta, **options,
+                        ))  # fmt: skip
+                norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.max_grad_norm)
+                grad_norm = float(norm)
+                self.optimizer.step()
+        finally:
+            self.model.eval()
+            if lean:
+                set_host_mmap_threshold(HEAP_MMAP_THRESHOLD)
+        tokens_seen = max(stats.get("tokens", 0.0), 1.0)
+        row = {
+            "loss": total,
+            "clip_fraction": (stats["clip_low"] + stats["clip_high"]) / tokens_seen,
+            "clip_fraction_low": stats["clip_low"] / tokens_seen,
+            "clip_fraction_high": stats["clip_high"] / tokens_seen,
+            "approx_kl": stats["approx_kl"] / tokens_seen,
+            "entropy": stats["entropy"] / tokens_seen,
+            "grad_norm": grad_norm,
+        }
+        if sampler_log_probs is not None:
+            row["tis_truncated"] = stats.get("tis_truncated", 0.0) / tokens_seen
+        return row
+
+    def _reference_log_probs(
+        self, ids: torch.Tensor, attention: torch.Tensor, selected: torch.Tensor
+    ) -> torch.Tensor:
+        # The starting model's log-probs (--kl-loss-coef): with LoRA the model, its adapter off.
+        lora = is_lora(self.model)
+        off = self.model.disable_adapter() if lora else contextlib.nullcontext()
+        model = self.model if lora else self.reference.model
+        with torch.no_grad(), off:
+            return selected_log_probs(model, ids, attention, selected)
+
+
+def _add(totals: dict[str, float], **values: float) -> None:
+    for key, value in values.items():
+        totals[key] = totals.get(key, 0.0) + value
