@@ -11,7 +11,7 @@ from policy_fixture import scripted_policy
 from llm_gym.cli import main
 from llm_gym.episodes import Episode, EpisodeSource, Segment
 from llm_gym.train import GRPOConfig, GRPOTrainer, group_advantages, grpo_loss
-from llm_gym.train.update import adamw
+from llm_gym.train.update import MasterAdamW, adamw
 
 
 @pytest.fixture(autouse=True)
@@ -268,6 +268,42 @@ def test_adamw_is_fused_and_steps_as_torchs_loop(device):
         loop.step()
     assert not torch.equal(fused_param, torch.zeros_like(fused_param))
     torch.testing.assert_close(fused_param, loop_param, atol=1e-6, rtol=1e-5)
+
+
+def test_bfloat16_weights_learn_as_float32_masters_would(tiny_dir, tmp_path):
+    # 100 steps at lr 1e-6: plain AdamW on bfloat16 weights rounds every step away; the
+    # trainer's optimizer keeps float32 masters, so its weights are the float32 run's, rounded.
+    config = GRPOConfig(
+        model=tiny_dir, out=str(tmp_path), env_args={"task": "chain_sum"}, groups=1,
+        group_size=2, max_new_tokens=4, eval_episodes=0, dtype="bfloat16", learning_rate=1e-6,
+        progress=False,
+    )  # fmt: skip
+    trainer = GRPOTrainer(config)
+    assert isinstance(trainer.optimizer, MasterAdamW)
+    params = [p for p in trainer.model.parameters() if p.requires_grad][:4]
+    start = [p.detach().clone() for p in params]
+    reference = [torch.nn.Parameter(p.detach().float().clone()) for p in params]
+    float32 = torch.optim.AdamW(reference, lr=1e-6)
+    plain = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    plain_adamw = torch.optim.AdamW(plain, lr=1e-6)
+    generator = torch.Generator().manual_seed(0)
+    grads = [torch.randn(p.shape, generator=generator).to(p.dtype) for p in params]
+    for _ in range(100):
+        for weight in trainer.model.parameters():
+            weight.grad = torch.zeros_like(weight)
+        for weight, ref, bare, grad in zip(params, reference, plain, grads, strict=True):
+            weight.grad, ref.grad, bare.grad = grad.clone(), grad.float(), grad.clone()
+        trainer.optimizer.step()
+        float32.step()
+        plain_adamw.step()
+    for weight, ref, bare, before in zip(params, reference, plain, start, strict=True):
+        assert weight.dtype == torch.bfloat16
+        assert torch.equal(weight, ref.to(torch.bfloat16))  # the masters' run, rounded
+        # Plain AdamW: most weights never moved (only those near 0, whose spacing is finer).
+        assert (bare == before).float().mean() > 0.5
+        assert not torch.equal(bare, ref.to(torch.bfloat16))
+    assert any(not torch.equal(w, b) for w, b in zip(params, start, strict=True))
+    trainer.close()
 
 
 # -- errors -----------------------------------------------------------------------------

@@ -201,7 +201,7 @@ def check_run(
 ) -> None:
     """Check a run of ``config`` (a ``RunConfig``) on ``device`` before it loads anything:
     each of ``batches`` — ``(flag, sequences, tokens, with_grad)`` — with the
-    model's ``copies`` (weights; with ``train`` also gradients and AdamW's two moments) in the
+    model's ``copies`` (weights; with ``train`` also gradients and AdamW's state) in the
     device's memory, and ``records`` — ``(flag, count)`` episodes kept — in the host's. A
     one-line ``ValueError`` naming the first flag that does not fit."""
     from llm_gym.lm.loading import model_folder
@@ -211,7 +211,10 @@ def check_run(
         return
     model, params = shape
     dtype_bytes = DTYPE_BYTES.get(config.dtype, 4)
-    fixed = params * dtype_bytes * (copies + (3 if train else 0))
+    # Training adds the gradients and AdamW's two moments; below float32, float32 masters
+    # and moments (llm_gym.train.update.MasterAdamW): 12 bytes a parameter.
+    optimizer = 2 * dtype_bytes if dtype_bytes >= 4 else 12
+    fixed = params * (dtype_bytes * (copies + train) + (optimizer if train else 0))
     free = available_memory(device)
     for flag, sequences, tokens, grad in batches:
         each = per_sequence(model, tokens, dtype_bytes, train=grad)

@@ -33,18 +33,85 @@ from llm_gym.train.loss import (
 if TYPE_CHECKING:
     from llm_gym.train.config import GRPOConfig
 
-__all__ = ["GRPOUpdate", "adamw"]
+__all__ = ["GRPOUpdate", "MasterAdamW", "adamw"]
 
 
-def adamw(params: list[torch.nn.Parameter], lr: float) -> torch.optim.AdamW:
+def adamw(params: list[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
     """torch's AdamW (its defaults: betas 0.9/0.999, eps 1e-8, weight decay 0.01), fused into
     one kernel wherever torch has one (CUDA, CPU): the loop over parameters and its
     temporaries the size of the weights go. Elsewhere (a device or dtype without the fused
-    kernel) torch's default implementation."""
+    kernel) torch's default implementation. Weights below float32 (bfloat16, float16) step
+    through float32 masters (``MasterAdamW``): AdamW's small steps round away in them."""
+    if any(p.dtype in (torch.bfloat16, torch.float16) for p in params):
+        return MasterAdamW(params, lr)
     try:
         return torch.optim.AdamW(params, lr=lr, fused=True)
     except RuntimeError:  # "fused=True requires all the params to be ... on a supported device"
         return torch.optim.AdamW(params, lr=lr)
+
+
+class MasterAdamW(torch.optim.Optimizer):
+    """AdamW over float32 master copies of low-precision ``params``: each step casts the
+    weights' gradients to float32, steps the masters (``adamw``'s, with float32 moments) and
+    rounds them back into the weights. A bfloat16 weight near 0.05 moves only by steps above
+    2e-4; at lr 1e-6 AdamW's steps are 1e-6, so plain AdamW on bfloat16 weights leaves them
+    exactly where they were, step after step (mixed-precision training's master weights,
+    Micikevicius et al., 2018). The masters cost 4 bytes a parameter; the state dict holds
+    them, so a resumed run goes on from them, not from the rounded weights.
+
+    >>> w = torch.nn.Parameter(torch.full((4,), 0.05, dtype=torch.bfloat16))
+    >>> start = w[0].item()  # bfloat16's 0.05: 0.050048828125
+    >>> plain, master = torch.optim.AdamW([w], lr=1e-6), MasterAdamW([w], lr=1e-6)
+    >>> for _ in range(300):
+    ...     w.grad = torch.ones_like(w)
+    ...     plain.step()
+    >>> w[0].item() == start  # 300 steps of 1e-6, each rounded away
+    True
+    >>> for _ in range(300):
+    ...     w.grad = torch.ones_like(w)
+    ...     master.step()
+    >>> round(master.masters[0][0].item(), 6), w[0].item()  # the master's, rounded
+    (0.049749, 0.0498046875)
+    """
+
+    def __init__(self, params: list[torch.nn.Parameter], lr: float) -> None:
+        self.params = list(params)
+        self.masters = [
+            torch.nn.Parameter(p.detach().float().clone(), requires_grad=p.requires_grad)
+            for p in self.params
+        ]
+        self.inner = adamw(self.masters, lr)
+        # An Optimizer over the weights, for what reads one (schedulers, clip_grad_norm_
+        # callers, zero_grad); its step is the masters'.
+        super().__init__(self.params, dict(self.inner.defaults))
+        self.param_groups = self.inner.param_groups
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:
+        for weight, master in zip(self.params, self.masters, strict=True):
+            master.grad = None if weight.grad is None else weight.grad.float()
+        self.inner.step()
+        for weight, master in zip(self.params, self.masters, strict=True):
+            weight.copy_(master)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"inner": self.inner.state_dict(), "masters": [m.detach() for m in self.masters]}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if "masters" not in state_dict:
+            raise ValueError(
+                "state_dict is not a MasterAdamW's (it holds no float32 masters): a run "
+                "trained in float32 resumes in float32"
+            )
+        with torch.no_grad():
+            for master, saved in zip(self.masters, state_dict["masters"], strict=True):
+                master.copy_(saved)
+        self.inner.load_state_dict(state_dict["inner"])
+        self.param_groups = self.inner.param_groups
 
 
 class GRPOUpdate:
