@@ -306,6 +306,33 @@ def test_bfloat16_weights_learn_as_float32_masters_would(tiny_dir, tmp_path):
     trainer.close()
 
 
+def test_master_adamw_resumes_from_its_masters(tmp_path):
+    # A checkpoint's optimizer state holds the float32 masters: a resumed optimizer steps on
+    # exactly as the uninterrupted one, not from the rounded bfloat16 weights.
+    torch.manual_seed(0)
+    grads = [torch.randn(8, 4).to(torch.bfloat16) for _ in range(5)]
+    weights = torch.nn.Parameter(torch.randn(8, 4).to(torch.bfloat16))
+    whole = MasterAdamW([weights], lr=1e-3)
+    for grad in grads[:3]:
+        weights.grad = grad.clone()
+        whole.step()
+    torch.save(whole.state_dict(), tmp_path / "optimizer.pt")
+    resumed_weights = torch.nn.Parameter(weights.detach().clone())
+    resumed = MasterAdamW([resumed_weights], lr=1e-3)
+    resumed.load_state_dict(torch.load(tmp_path / "optimizer.pt", weights_only=True))
+    assert torch.equal(resumed.masters[0], whole.masters[0])
+    assert not torch.equal(resumed.masters[0], weights.detach().float())  # finer than bf16
+    for grad in grads[3:]:
+        weights.grad, resumed_weights.grad = grad.clone(), grad.clone()
+        whole.step()
+        resumed.step()
+    assert torch.equal(resumed_weights, weights) and torch.equal(
+        resumed.masters[0], whole.masters[0]
+    )
+    with pytest.raises(ValueError, match="holds no float32 masters"):
+        resumed.load_state_dict(torch.optim.AdamW([weights], lr=1e-3).state_dict())
+
+
 # -- errors -----------------------------------------------------------------------------
 
 
