@@ -329,8 +329,18 @@ def test_master_adamw_resumes_from_its_masters(tmp_path):
     assert torch.equal(resumed_weights, weights) and torch.equal(
         resumed.masters[0], whole.masters[0]
     )
-    with pytest.raises(ValueError, match="holds no float32 masters"):
-        resumed.load_state_dict(torch.optim.AdamW([weights], lr=1e-3).state_dict())
+    # A plain AdamW's state (a checkpoint from before the masters): its moments, in float32,
+    # and masters that start from the weights.
+    plain = torch.optim.AdamW([weights], lr=1e-3)
+    weights.grad = grads[0].clone()
+    plain.step()
+    older = MasterAdamW([weights], lr=1e-3)
+    older.load_state_dict(plain.state_dict())
+    moment = older.inner.state[older.masters[0]]["exp_avg"]
+    assert moment.dtype == torch.float32 and torch.equal(
+        moment, plain.state[weights]["exp_avg"].float()
+    )
+    assert torch.equal(older.masters[0], weights.detach().float())
 
 
 # -- errors -----------------------------------------------------------------------------

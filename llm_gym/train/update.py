@@ -57,7 +57,9 @@ class MasterAdamW(torch.optim.Optimizer):
     2e-4; at lr 1e-6 AdamW's steps are 1e-6, so plain AdamW on bfloat16 weights leaves them
     exactly where they were, step after step (mixed-precision training's master weights,
     Micikevicius et al., 2018). The masters cost 4 bytes a parameter; the state dict holds
-    them, so a resumed run goes on from them, not from the rounded weights.
+    them, so a resumed run goes on from them, not from the rounded weights (a plain AdamW's
+    state, from a checkpoint written before the masters, loads too: its moments in float32,
+    the masters from the weights).
 
     >>> w = torch.nn.Parameter(torch.full((4,), 0.05, dtype=torch.bfloat16))
     >>> start = w[0].item()  # bfloat16's 0.05: 0.050048828125
@@ -102,11 +104,10 @@ class MasterAdamW(torch.optim.Optimizer):
         return {"inner": self.inner.state_dict(), "masters": [m.detach() for m in self.masters]}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if "masters" not in state_dict:
-            raise ValueError(
-                "state_dict is not a MasterAdamW's (it holds no float32 masters): a run "
-                "trained in float32 resumes in float32"
-            )
+        if "masters" not in state_dict:  # a plain AdamW's (a checkpoint from before masters)
+            self.inner.load_state_dict(state_dict)  # its moments, in float32; masters: weights
+            self.param_groups = self.inner.param_groups
+            return
         with torch.no_grad():
             for master, saved in zip(self.masters, state_dict["masters"], strict=True):
                 master.copy_(saved)
