@@ -160,10 +160,11 @@ class GRPOUpdate:
             selected = left_pad([masks[i] for i in rows], False, self.device)[0].bool()
             return ids, attention, selected & has_prefix(attention)
 
-        def scored(rows: list[int], entropy: bool = False) -> tuple[torch.Tensor, ...]:
+        def scored(rows: list[int], entropy: bool = False) -> tuple[Any, Any, torch.Tensor]:
+            # (log-probs, the entropy where asked for else None, the scored positions)
             ids, attention, selected = padded(rows)
             out = selected_log_probs(self.model, ids, attention, selected, entropy=entropy)
-            return (*out, selected) if entropy else (out, selected)
+            return (*out, selected) if entropy else (out, None, selected)
 
         # The old policy, through the very forward the update uses. With one epoch the first
         # forward is the old policy itself (ratio 1, as TRL does): no second forward. The
@@ -216,7 +217,7 @@ class GRPOUpdate:
                     # Train mode checkpoints (transformers does only in it); the sampler, on
                     # this model with the transformers backend, generates in eval mode.
                     self.model.train(checkpointing(rows))
-                    log_probs, entropy, mask = scored(rows, entropy=True)
+                    log_probs, entropy, mask = scored(rows, entropy=last)  # the diagnostic's
                     if behaviour is not None:  # the ratio to the version that sampled each token
                         old_log_probs = sampled(mask, [behaviour[i] for i in rows])
                     elif old_log_probs is None:
