@@ -213,7 +213,11 @@ def test_kl_penalty_in_bfloat16_compares_like_with_like(tiny_dir, tmp_path):
         dtype="bfloat16", progress=False,
     )  # fmt: skip
     trainer = GRPOTrainer(config)
-    assert trainer.model.dtype == torch.bfloat16
+    # --precision auto on the CPU: float32 weights; sampling, the re-scoring and the
+    # reference (float32 weights too) compute in bfloat16 under autocast.
+    assert trainer.model.dtype == trainer.reference.model.dtype == torch.float32
+    assert trainer.scorer.compute_dtype == trainer.reference.compute_dtype == torch.bfloat16
+    assert trainer.policy.compute_dtype == torch.bfloat16
     row = trainer.iteration(0)
     assert row["kl"] == 0.0 and row["kl_coef"] == 0.1
     assert row["reward"] == row["task_reward"]
@@ -275,11 +279,13 @@ def test_bfloat16_weights_learn_as_float32_masters_would(tiny_dir, tmp_path):
     # trainer's optimizer keeps float32 masters, so its weights are the float32 run's, rounded.
     config = GRPOConfig(
         model=tiny_dir, out=str(tmp_path), env_args={"task": "chain_sum"}, groups=1,
-        group_size=2, max_new_tokens=4, eval_episodes=0, dtype="bfloat16", learning_rate=1e-6,
+        group_size=2, max_new_tokens=4, eval_episodes=0, precision="bf16", learning_rate=1e-6,
         progress=False,
     )  # fmt: skip
     trainer = GRPOTrainer(config)
     assert isinstance(trainer.optimizer, MasterAdamW)
+    # --dtype auto: bfloat16 weights sample in bfloat16, whatever the CPU.
+    assert trainer.model.dtype == trainer.policy.compute_dtype == torch.bfloat16
     params = [p for p in trainer.model.parameters() if p.requires_grad][:4]
     start = [p.detach().clone() for p in params]
     reference = [torch.nn.Parameter(p.detach().float().clone()) for p in params]

@@ -21,6 +21,7 @@ from llm_gym.lm.tensors import (
 from llm_gym.policies import TransformersPolicy
 from llm_gym.train import GRPOConfig, GRPOTrainer, grpo_loss
 from llm_gym.train.loss import microbatches
+from tests.test_train import DEVICES
 
 
 @pytest.fixture(autouse=True)
@@ -265,3 +266,40 @@ def test_freed_tensors_go_back_to_the_system_on_cpu():
     # (its threshold raised to 20 MB by the first round) they came from the heap, and those
     # the small blocks pin stay (measured: 34 MB).
     assert kept["set"] < 5e6 and kept["default"] > 30e6, kept
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_on_cuda_checkpointing_follows_the_free_memory(tiny_dir, tmp_path, monkeypatch, device):
+    # On CUDA the default checkpoints a micro-batch whose estimated activations, with the
+    # gradients and AdamW's state still to come, would not fit in the free memory; the rule
+    # runs on any device when asked (by_memory), the free memory given.
+    from llm_gym.run.budget import activation_bytes
+    from llm_gym.train import update
+
+    lean = trainer(tiny_dir, tmp_path, "memory", device=device)
+    assert lean.updater.by_memory == (device == "cuda")
+    lean.updater.by_memory = True
+    modes = []
+    lean.model.model.register_forward_pre_hook(lambda module, args: modes.append(module.training))
+    lean.optimizer.step = lambda: None
+    tokens, masks = batch([30, 20], prompt=5, vocab=256)
+    need = activation_bytes(lean.model.config.to_dict(), 50, 4)  # packed: 30 + 20 tokens
+    params = sum(p.numel() for p in lean.model.parameters())
+    pending = 4 * params + 8 * params  # the gradients, AdamW's moments before its first step
+    cases = [(10**15, False), (0, True)]
+    if device == "cpu":  # at the boundary (on CUDA torch's cached memory adds to the free)
+        cases += [(2 * (need + pending), False), (need + pending, True)]
+    for free, checkpointed in cases:
+        monkeypatch.setattr(update, "available_memory", lambda device, free=free: free)
+        lean.updater.stepped = False  # before the first step: AdamW's moments still to come
+        modes.clear()
+        lean._optimize(tokens, masks, torch.tensor([1.0, -1.0], device=device))
+        assert modes == [checkpointed], free
+    forced = trainer(tiny_dir, tmp_path, "forced", device=device, gradient_checkpointing=False)
+    forced.updater.by_memory = True
+    monkeypatch.setattr(update, "available_memory", lambda device: 0)
+    forced.optimizer.step = lambda: None
+    modes.clear()
+    forced.model.model.register_forward_pre_hook(lambda m, args: modes.append(m.training))
+    forced._optimize(tokens, masks, torch.tensor([1.0, -1.0], device=device))
+    assert modes == [False]  # the flag still decides when given

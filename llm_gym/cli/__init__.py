@@ -26,10 +26,11 @@ from llm_gym.cli._args import (
     resumed_config,
 )
 from llm_gym.cli._envs import envs_table
-from llm_gym.run.config import BACKENDS, DTYPE_NAMES, RolloutConfig
+from llm_gym.run.config import BACKENDS, DTYPE_CHOICES, DTYPE_NAMES, RolloutConfig
 from llm_gym.train.config import (
     IMPORTANCE_SAMPLING_LEVELS,
     LOSS_TYPES,
+    PRECISIONS,
     SCALE_REWARDS,
     GRPOConfig,
 )
@@ -120,13 +121,21 @@ def _add_train(commands: Any) -> None:
         help="responses per forward in the update (memory, not the math)")  # fmt: skip
     add("--max-tokens-per-microbatch", type=number(int, 1),
         default=defaults.max_tokens_per_microbatch,
-        help="padded tokens per forward in the update, at most (memory, not the math: a "
+        help="tokens per forward in the update, at most (memory, not the math: a "
         "batch is split into micro-batches, shortest first, their gradients summed)")  # fmt: skip
     add("--gradient-checkpointing", action=argparse.BooleanOptionalAction,
         default=defaults.gradient_checkpointing,
         help="keep only each layer's input in the update and recompute the rest in the "
-        "backward (less memory, about a third more time; default: %(default)s, on for "
-        "micro-batches of 2048 padded tokens or half the budget, if less, or more)")  # fmt: skip
+        "backward (less memory, about a third more time; default: %(default)s, on CUDA where "
+        "a micro-batch's activations would not fit in the free memory, on the CPU for "
+        "micro-batches of 2048 tokens or half the budget, if less, or more)")  # fmt: skip
+    add("--packing", action=argparse.BooleanOptionalAction, default=defaults.packing,
+        help="pack each micro-batch's responses into one row: no padding computed, the same "
+        "loss and gradients (default: %(default)s)")  # fmt: skip
+    add("--precision", choices=PRECISIONS, default=defaults.precision,
+        help="how the update computes: fp32; bf16-mixed (float32 weights and AdamW, bfloat16 "
+        "autocast); bf16 (bfloat16 weights, float32 masters in AdamW); auto: bf16-mixed on a "
+        "GPU with bfloat16, fp32 elsewhere (default: %(default)s)")  # fmt: skip
     add("--clip-coef", type=number(float, 0.0, False), default=defaults.clip_coef,
         help="the surrogate's ratio clip: 1 +- this")  # fmt: skip
     # GRPO as TRL runs it (docs/training.md, "Loss variants").
@@ -311,8 +320,9 @@ def _add_gateway(commands: Any) -> None:
     add("--vllm-python", default=None, metavar="PATH",
         help="--backend vllm: the vLLM environment's python")  # fmt: skip
     add("--device", default=defaults.device, help="'auto', 'cpu', 'cuda' or 'cuda:N'")
-    add("--dtype", choices=DTYPE_NAMES, default=defaults.dtype,
-        help="the model's dtype (default: %(default)s)")  # fmt: skip
+    add("--dtype", choices=DTYPE_CHOICES, default=defaults.dtype,
+        help="the model's dtype ('auto': bfloat16 where the device runs it fast, else "
+        "float32; default: %(default)s)")  # fmt: skip
     add("--seed", type=number(int, 0), default=defaults.seed, help="seeds the sampling")
     add("--threads", type=number(int, 1), default=None, help="torch CPU threads")
     add("--host", default="127.0.0.1", help="the address to bind (default: %(default)s)")
@@ -341,7 +351,8 @@ def _gateway(args: argparse.Namespace) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     try:
-        device, dtype = resolve_device(config.device), resolve_dtype(config.dtype)
+        device = resolve_device(config.device)
+        dtype = resolve_dtype(config.dtype, device)
         model, tokenizer = load_model(config.model, device=device, dtype=dtype)
         policy = make_policy(model, tokenizer, config)
         sampler = getattr(policy, "sampler", policy)

@@ -21,7 +21,7 @@ import gymnasium as gym
 from gymnasium.envs.registration import load_env_creator
 
 from llm_gym.rewards.answers import ANSWER_FORMATS
-from llm_gym.run.config import BACKENDS, DTYPE_NAMES
+from llm_gym.run.config import BACKENDS, DTYPE_CHOICES
 from llm_gym.tools.calls import TOOL_FORMATS
 from llm_gym.train.config import CONFIG_FILE, RESUMABLE, GRPOConfig, load_config
 
@@ -155,8 +155,10 @@ def add_run_options(parser: argparse.ArgumentParser, config: type) -> tuple[Call
         "log(q/p)")  # fmt: skip
     add("--device", default=defaults.device,
         help="'auto' (CUDA when there is a GPU), 'cpu', 'cuda' or 'cuda:N'")  # fmt: skip
-    add("--dtype", choices=DTYPE_NAMES, default=defaults.dtype,
-        help="the models' dtype (default: %(default)s)")  # fmt: skip
+    add("--dtype", choices=DTYPE_CHOICES, default=defaults.dtype,
+        help="the dtype the models run in: sampling, the reference, a judge, a vLLM server "
+        "('auto': bfloat16 where the device runs it fast, else float32; default: "
+        "%(default)s); train's --precision says how the update computes")  # fmt: skip
     add("--backend", choices=BACKENDS, default=defaults.backend,
         help="what generates: transformers' generate here, a vLLM server llm_gym starts "
         "(needs scripts/setup_vllm.sh), or an OpenAI-compatible server at --base-url")  # fmt: skip

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 if TYPE_CHECKING:
-    pass
+    from llm_gym.lm.packing import Packed
 
 __all__ = [
     "HEAP_MMAP_THRESHOLD",
@@ -264,11 +264,14 @@ def selected_log_probs(
     *,
     chunk_rows: int | None = None,
     entropy: bool = False,
+    packed: Packed | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``(B, T)`` float32 log π(ids[t] | ids[:t]) at the ``selected`` positions of a padded
     batch, 0 elsewhere, with autograd: the same values as ``token_log_probs`` of the whole
     logits, without ever holding them. With ``entropy``, also the ``(B, T)`` entropy of π at
-    those positions (no gradient), from the same chunks of logits.
+    those positions (no gradient), from the same chunks of logits. ``packed``: the same
+    sequences packed into one row (``llm_gym.lm.packing.pack``), which the model runs on
+    instead: no padding token is computed, and the result is the same.
 
     The model's last hidden states at the positions that predict a selected token go through
     its output layer ``chunk_rows`` rows at a time, forward and backward (``LinearLogProbs``):
@@ -286,6 +289,15 @@ def selected_log_probs(
     transformed = any(getattr(config, name, None) not in (None, 1.0) for name in _LOGIT_TRANSFORMS)
     rows, positions = selected.nonzero(as_tuple=True)
     out = torch.zeros(ids.shape, dtype=torch.float32, device=ids.device)
+    if packed is None:
+        forward = {"input_ids": ids, "attention_mask": attention.long(), "use_cache": False}
+        forward["position_ids"] = position_ids(attention)
+        before = (rows, positions - 1)  # where the positions predicting the selected ones sit
+    else:
+        forward = packed.model_kwargs()
+        index = torch.zeros(ids.shape, dtype=torch.long, device=ids.device)
+        index[packed.rows, packed.cols] = torch.arange(len(packed.rows), device=ids.device)
+        before = (0, index[rows, positions - 1])
     entropies = torch.zeros(rows.shape, dtype=torch.float32, device=ids.device)
 
     def result(picked: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -295,23 +307,18 @@ def selected_log_probs(
         return log_probs, torch.zeros_like(out).index_put_((rows, positions), entropies)
 
     if not isinstance(head, torch.nn.Linear) or base is None or transformed:
-        logits = forward_logits(model, ids, attention)[rows, positions - 1]
+        logits = model(**forward).logits[before]
         if entropy:
             with torch.no_grad():
                 rows_at_once = max(1, _DEVICE_CHUNK_ELEMENTS // max(logits.shape[-1], 1))
                 entropies = torch.cat([_entropy(c) for c in logits.split(rows_at_once)])
         return result(log_probs_of(logits, ids[rows, positions]))
-    hidden = base(
-        input_ids=ids,
-        attention_mask=attention.long(),
-        position_ids=position_ids(attention),
-        use_cache=False,
-    ).last_hidden_state
+    hidden = base(**forward).last_hidden_state
     if chunk_rows is None:
         budget = _CHUNK_ELEMENTS if ids.device.type == "cpu" else _DEVICE_CHUNK_ELEMENTS
         chunk_rows = max(1, budget // head.weight.shape[0])
     picked = LinearLogProbs.apply(
-        hidden[rows, positions - 1], head.weight, head.bias, ids[rows, positions], chunk_rows,
+        hidden[before], head.weight, head.bias, ids[rows, positions], chunk_rows,
         entropies if entropy else None,
     )  # fmt: skip
     return result(picked)
@@ -358,6 +365,10 @@ class LinearLogProbs(torch.autograd.Function):
                 entropies[start:stop] = _entropy(logits)
         ctx.save_for_backward(hidden, weight, bias, targets)
         ctx.rows = rows
+        # Under autocast (mixed precision) the backward's products run in its dtype too: a
+        # custom Function's backward runs outside the forward's autocast otherwise.
+        kind = hidden.device.type
+        ctx.autocast = (kind, torch.get_autocast_dtype(kind), torch.is_autocast_enabled(kind))
         return out
 
     @staticmethod
@@ -367,21 +378,26 @@ class LinearLogProbs(torch.autograd.Function):
         grad_hidden = torch.empty_like(hidden) if needs_hidden else None
         grad_weight = torch.zeros_like(weight) if needs_weight else None
         grad_bias = torch.zeros_like(bias) if bias is not None and needs_bias else None
-        for start in range(0, hidden.shape[0], ctx.rows):
-            stop = start + ctx.rows
-            chunk = hidden[start:stop]
-            logits = F.linear(chunk, weight, bias).float()
-            # d log_softmax(z)[t] / dz = onehot(t) - softmax(z), times the incoming gradient.
-            g = grad_out[start:stop, None].float()
-            dlogits = torch.softmax(logits, dim=-1).mul_(-g)
-            dlogits.scatter_add_(-1, targets[start:stop, None], g)
-            dlogits = dlogits.to(weight.dtype)
-            if grad_hidden is not None:
-                grad_hidden[start:stop] = dlogits @ weight
-            if grad_weight is not None:
-                grad_weight.addmm_(dlogits.T, chunk)
-            if grad_bias is not None:
-                grad_bias += dlogits.sum(0)
+        kind, dtype, mixed = ctx.autocast
+        with torch.autocast(kind, dtype=dtype, enabled=mixed):
+            for start in range(0, hidden.shape[0], ctx.rows):
+                stop = start + ctx.rows
+                chunk = hidden[start:stop]
+                logits = F.linear(chunk, weight, bias).float()
+                # d log_softmax(z)[t] / dz = onehot(t) - softmax(z), times the incoming gradient.
+                g = grad_out[start:stop, None].float()
+                dlogits = torch.softmax(logits, dim=-1).mul_(-g)
+                dlogits.scatter_add_(-1, targets[start:stop, None], g)
+                dlogits = dlogits.to(weight.dtype)
+                if grad_hidden is not None:
+                    grad_hidden[start:stop] = dlogits @ weight
+                if grad_weight is not None:
+                    if mixed:  # the product in autocast's dtype (addmm_ in place never is)
+                        grad_weight += dlogits.T @ chunk
+                    else:  # in place: no (V, H) temporary
+                        grad_weight.addmm_(dlogits.T, chunk)
+                if grad_bias is not None:
+                    grad_bias += dlogits.sum(0)
         return grad_hidden, grad_weight, grad_bias, None, None, None
 
 

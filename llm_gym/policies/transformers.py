@@ -272,7 +272,7 @@ def dist_mask(
 
 # Constructor arguments get_new_version copies from the policy's attributes of the same name.
 _ARGUMENTS = ("model", "tokenizer", "input_mode", "generate", "return_log_probs", "pad_output")
-_ARGUMENTS += ("num_samples", "chat_template_name", "chat_template", "device")
+_ARGUMENTS += ("num_samples", "chat_template_name", "chat_template", "device", "compute_dtype")
 _SAMPLE_COUNTS = ("n", "num_return_sequences")  # a scorer samples nothing
 
 
@@ -305,6 +305,8 @@ class TransformersPolicy:
         chat_template_name / chat_template: the template for ``"history"`` inputs (default:
             chosen from the tokenizer, as ChatEnv does; pass the env's ``template_kwargs``).
         device: where inputs go; default the model's device.
+        compute_dtype: the dtype its forwards compute in (autocast below the weights' dtype;
+            None: the weights').
     """
 
     def __init__(
@@ -321,6 +323,7 @@ class TransformersPolicy:
         chat_template_name: str | None = None,
         chat_template: str | None = None,
         device: str | torch.device | None = None,
+        compute_dtype: torch.dtype | None = None,
     ) -> None:
         check_tokenizer(tokenizer)
         self.input_mode = check_choice("input_mode", input_mode, INPUT_MODES)
@@ -340,7 +343,7 @@ class TransformersPolicy:
             }
         self.sampler = TransformersSampler(
             model, tokenizer, generate_kwargs=generate_kwargs, num_samples=num_samples,
-            return_log_probs=return_log_probs, device=device,
+            return_log_probs=return_log_probs, device=device, compute_dtype=compute_dtype,
         )  # fmt: skip
         template = {"chat_template_name": chat_template_name, "chat_template": chat_template}
         self._encoder = Encoder(tokenizer, self.vocab_size, template)
@@ -356,6 +359,7 @@ class TransformersPolicy:
     model = property(lambda self: self.sampler.model, doc="The transformers model.")
     tokenizer = property(lambda self: self.sampler.tokenizer, doc="The model's tokenizer.")
     device = property(lambda self: self.sampler.device, doc="Where inputs go.")
+    compute_dtype = property(lambda self: self.sampler.compute_dtype, doc="Its forwards' dtype.")
     vocab_size = property(lambda self: self.sampler.vocab_size, doc="The embedding's rows.")
     num_samples = property(lambda self: self.sampler.num_samples, doc="Samples per prompt.")
     return_log_probs = property(lambda self: self.sampler.return_log_probs)
@@ -511,7 +515,8 @@ class TransformersPolicy:
         ids, attention = left_pad([e.ids for e in encoded], self.pad_token_id, self.device)
         selected = dist_mask(mask, encoded, attention) & has_prefix(attention)
         check_length(self.model, ids.shape[1])
-        logits = forward_logits(self.model, ids, attention)
+        with self.sampler.precision():
+            logits = forward_logits(self.model, ids, attention)
         # Line the logits up with the tokens they predict; position 0 predicts nothing.
         aligned = F.pad(logits[:, :-1], (0, 0, 1, 0))
         return MaskedCategorical(aligned, selected), ids

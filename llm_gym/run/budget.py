@@ -23,6 +23,7 @@ from typing import Any
 __all__ = [
     "MAX_ENVS",
     "RECORD_BYTES",
+    "activation_bytes",
     "available_memory",
     "check_batch",
     "check_count",
@@ -141,6 +142,24 @@ def _dims(config: Mapping[str, Any]) -> tuple[int, int, int, int, int, int] | No
     return hidden, layers, kv_heads, head_dim, intermediate, vocab
 
 
+def activation_bytes(config: Mapping[str, Any], tokens: int, dtype_bytes: int) -> int | None:
+    """Bytes a forward of ``tokens`` tokens keeps for its backward without activation
+    checkpointing, the output layer aside: about 12 hidden-sized and 5 intermediate-sized
+    values a token and layer (the norms' outputs, q, k, v, the attention's output, the
+    residuals, the MLP's gate, up, their product; 1.8 MB a token for SmolLM2-135M in float32,
+    as measured). None when ``config`` lacks the sizes.
+
+    >>> activation_bytes({"hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9,
+    ...                   "intermediate_size": 1536, "vocab_size": 49152}, 1, 4)
+    1751040
+    """
+    dims = _dims(config)
+    if dims is None:
+        return None
+    hidden, layers, _, _, intermediate, _ = dims
+    return tokens * layers * (12 * hidden + 5 * intermediate) * dtype_bytes
+
+
 def per_sequence(
     config: Mapping[str, Any], tokens: int, dtype_bytes: int, train: bool = False
 ) -> int | None:
@@ -198,10 +217,11 @@ def check_run(
     records: tuple[str, int] | None = None,
     copies: int = 1,
     train: bool = False,
+    dtype: str = "float32",
 ) -> None:
     """Check a run of ``config`` (a ``RunConfig``) on ``device`` before it loads anything:
-    each of ``batches`` — ``(flag, sequences, tokens, with_grad)`` — with the
-    model's ``copies`` (weights; with ``train`` also gradients and AdamW's state) in the
+    each of ``batches`` — ``(flag, sequences, tokens, with_grad)`` — with the model's
+    ``copies`` in ``dtype`` (weights; with ``train`` also gradients and AdamW's state) in the
     device's memory, and ``records`` — ``(flag, count)`` episodes kept — in the host's. A
     one-line ``ValueError`` naming the first flag that does not fit."""
     from llm_gym.lm.loading import model_folder
@@ -210,7 +230,7 @@ def check_run(
     if shape is None:
         return
     model, params = shape
-    dtype_bytes = DTYPE_BYTES.get(config.dtype, 4)
+    dtype_bytes = DTYPE_BYTES[dtype]
     # Training adds the gradients and AdamW's two moments; below float32, float32 masters
     # and moments (llm_gym.train.update.MasterAdamW): 12 bytes a parameter.
     optimizer = 2 * dtype_bytes if dtype_bytes >= 4 else 12

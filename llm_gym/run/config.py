@@ -17,11 +17,14 @@ from llm_gym.checks import check_choice, check_int, check_number
 from llm_gym.run.budget import MAX_ENVS, check_count
 
 __all__ = [
-    "BACKENDS", "DTYPE_NAMES", "RUBRIC_PARTS", "RolloutConfig", "RunConfig", "is_url",
-    "rubric_weights",
+    "BACKENDS", "DTYPE_CHOICES", "DTYPE_NAMES", "RUBRIC_PARTS", "RolloutConfig", "RunConfig",
+    "is_url", "rubric_weights",
 ]  # fmt: skip
 
 DTYPE_NAMES = ("bfloat16", "float16", "float32")
+# --dtype: a name, or "auto": bfloat16 where the device runs it fast, else float32
+# (llm_gym.lm.precision).
+DTYPE_CHOICES = ("auto", *DTYPE_NAMES)
 # What generates: transformers' generate in this process, a vLLM server llm_gym starts, or an
 # OpenAI-compatible server the user runs (docs/policies.md, "Generation backends").
 BACKENDS = ("transformers", "vllm", "openai")
@@ -87,7 +90,7 @@ class RunConfig:
     kl_coef: float = 0.05  # the KL penalty's coefficient, where there is a reference
     estimator: str = "k1"
     device: str = "auto"
-    dtype: str = "float32"
+    dtype: str = "auto"  # sampling's, the reference's, a judge's, a vLLM server's
     seed: int = 0
     backend: str = "transformers"
     base_url: str | None = None  # backend "openai": the server
@@ -115,7 +118,7 @@ class RunConfig:
         check_int("max_new_tokens", self.max_new_tokens, 1)
         check_number("temperature", self.temperature, 0)
         check_number("kl_coef", self.kl_coef, 0)
-        check_choice("dtype", self.dtype, DTYPE_NAMES)
+        check_choice("dtype", self.dtype, DTYPE_CHOICES)
         check_int("seed", self.seed, 0)
         check_choice("backend", self.backend, BACKENDS)
         if (self.backend == "openai") != (self.base_url is not None):

@@ -30,6 +30,7 @@ from llm_gym.run.report import REPORT_FILE, write_report
 from llm_gym.run.setup import (
     async_episodes,
     charge_kl,
+    dtype_name,
     make_policy,
     reference_scorer,
     resolve_device,
@@ -90,14 +91,15 @@ class Rollout:
                 f"{episodes} already holds {done} episodes from an earlier run; pass another "
                 "--out, or --overwrite to start over"
             )
-        device, dtype = resolve_device(config.device), resolve_dtype(config.dtype)
+        device = resolve_device(config.device)
+        dtype = resolve_dtype(config.dtype, device)
         # Sizes checked before anything is allocated: a sub-env per conversation.
         turns = config.max_tool_calls + 1 if config.tools else 1
         tokens = config.max_new_tokens * turns + 1
         local = config.backend == "transformers"  # else a server generates, in its memory
         batches = [("--num-envs", config.num_envs, tokens, False)] if local else []
         records = None if config.episodes is None else ("--episodes", config.episodes)
-        check_run(config, device, batches, records)
+        check_run(config, device, batches, records, dtype=dtype_name(dtype))
         model, tokenizer = load_model(config.model, device=device, dtype=dtype)
         context = getattr(model.config, "max_position_embeddings", None)
         if context is not None and config.max_new_tokens >= context:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,9 +15,10 @@ from llm_gym.checks import check_choice
 from llm_gym.episodes import AsyncEpisodes
 from llm_gym.lm.loading import load_model
 from llm_gym.lm.lora import is_adapter_folder
+from llm_gym.lm.precision import fast_dtype, runs_fast
 from llm_gym.policies import SamplerPolicy, TransformersPolicy
 from llm_gym.rubrics import JUDGE_NEW_TOKENS, RunRubric, judge_rubric
-from llm_gym.run.config import DTYPE_NAMES, RunConfig, is_url, rubric_weights
+from llm_gym.run.config import DTYPE_CHOICES, DTYPE_NAMES, RunConfig, is_url, rubric_weights
 from llm_gym.run.describe import answer_format_of
 from llm_gym.samplers import OpenAISampler, VLLMSampler
 from llm_gym.samplers.weights import export_model
@@ -36,6 +38,7 @@ __all__ = [
     "SERVER_LOG",
     "async_episodes",
     "charge_kl",
+    "dtype_name",
     "env_kwargs",
     "kl_sub_env",
     "make_policy",
@@ -66,9 +69,32 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return resolved
 
 
-def resolve_dtype(dtype: str) -> torch.dtype:
-    """A torch dtype from its name (``"float32"``, ``"bfloat16"``, ``"float16"``)."""
-    return DTYPES[check_choice("dtype", dtype, DTYPE_NAMES)]
+def resolve_dtype(dtype: str, device: torch.device | None = None) -> torch.dtype:
+    """A torch dtype from its name (``"float32"``, ``"bfloat16"``, ``"float16"``), or for
+    ``"auto"`` the one ``device`` (None: ``resolve_device``'s) runs fast: bfloat16 where it
+    has the instructions for it, else float32. A named dtype below float32 that ``device``
+    runs slowly warns, once per dtype and device type."""
+    check_choice("dtype", dtype, DTYPE_CHOICES)
+    device = resolve_device(device)
+    if dtype == "auto":
+        return fast_dtype(device)
+    resolved = DTYPES[dtype]
+    if not runs_fast(resolved, device) and (dtype, device.type) not in _WARNED:
+        _WARNED.add((dtype, device.type))
+        warnings.warn(
+            f"dtype {dtype!r} runs slowly on this {device.type} (it has no {dtype} matrix "
+            "instructions, so they fall back to plain loops): 'auto' or 'float32' runs faster",
+            stacklevel=2,
+        )
+    return resolved
+
+
+_WARNED: set[tuple[str, str]] = set()  # (dtype, device type): resolve_dtype's warning, once
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"``: what a vLLM server's ``--dtype`` takes."""
+    return str(dtype).removeprefix("torch.")
 
 
 def env_kwargs(
@@ -106,16 +132,22 @@ def make_policy(
     config: RunConfig,
     *,
     served: str | Path | None = None,
+    compute_dtype: torch.dtype | None = None,
 ) -> TransformersPolicy | SamplerPolicy:
     """A tokens-mode policy over ``config.backend`` that samples ``max_new_tokens`` at
     ``temperature`` (greedy at 0): a ``TransformersPolicy`` of ``model``, or a
     ``SamplerPolicy`` over a vLLM server started from ``served`` (default: ``config.model``;
-    its log in ``config.out``) or over the server at ``config.base_url``."""
+    its log in ``config.out``) or over the server at ``config.base_url``. ``compute_dtype``:
+    what ``model`` computes in (``TransformersPolicy``'s) and a vLLM server's dtype (None:
+    ``config.dtype``'s)."""
     if config.backend == "transformers":
         kwargs: dict[str, Any] = {"max_new_tokens": config.max_new_tokens, "do_sample": False}
         if config.temperature > 0:
             kwargs.update(do_sample=True, temperature=config.temperature)
-        return TransformersPolicy(model, tokenizer, input_mode="tokens", generate_kwargs=kwargs)
+        return TransformersPolicy(
+            model, tokenizer, input_mode="tokens", generate_kwargs=kwargs,
+            compute_dtype=compute_dtype,
+        )  # fmt: skip
     sampling = {
         "max_new_tokens": config.max_new_tokens,
         "temperature": config.temperature,
@@ -127,10 +159,11 @@ def make_policy(
     else:
         engine = dict(config.backend_args)
         device = resolve_device(config.device)
+        dtype = dtype_name(compute_dtype or resolve_dtype(config.dtype, device))
         if served is None and is_adapter_folder(config.model):  # vLLM loads whole models
             served = export_model(model, tokenizer, Path(config.out) / "served-model")
         sampler = VLLMSampler(
-            served or config.model, dtype=engine.pop("dtype", config.dtype),
+            served or config.model, dtype=engine.pop("dtype", dtype),
             device=str(device), engine_args=engine, python=config.vllm_python,
             log_path=Path(config.out) / SERVER_LOG, **sampling,
         )  # fmt: skip
@@ -170,20 +203,28 @@ def kl_sub_env(env_fn: Callable[[], gym.Env], ref: Scorer, **kwargs: Any) -> gym
     return single_wrappers.RetrieveKL(env_fn(), None, ref, **kwargs)
 
 
-def reference_scorer(config: RunConfig, reference: str) -> Scorer:
+def reference_scorer(
+    config: RunConfig, reference: str, *, weights: torch.dtype | None = None
+) -> Scorer:
     """The frozen ``reference`` model ('default' or a folder) as a scorer: a
     ``TransformersPolicy`` here, or with ``config.ray_address`` one Ray actor every env worker
-    shares (``RayLogProbModel``)."""
-    device, dtype = resolve_device(config.device), resolve_dtype(config.dtype)
+    shares (``RayLogProbModel``). It computes in ``config.dtype``, its weights loaded in
+    ``weights`` (None: that dtype; a trainer's: the trained weights', so that both score
+    alike)."""
+    device = resolve_device(config.device)
+    dtype = resolve_dtype(config.dtype, device)
+    weights = weights or dtype
+    compute = weights if weights != torch.float32 else dtype
+    kwargs = {"input_mode": "tokens", "compute_dtype": compute}
     if config.ray_address is not None:
         from llm_gym.episodes.ray import RayLogProbModel, connect
 
         connect(config.ray_address)
-        factory = functools.partial(load_model, reference, device=device, dtype=dtype)
-        return RayLogProbModel(factory, policy_kwargs={"input_mode": "tokens"}, timeout=600)
-    model, tokenizer = load_model(reference, device=device, dtype=dtype)
+        factory = functools.partial(load_model, reference, device=device, dtype=weights)
+        return RayLogProbModel(factory, policy_kwargs=kwargs, timeout=600)
+    model, tokenizer = load_model(reference, device=device, dtype=weights)
     model.requires_grad_(False)
-    return TransformersPolicy(model, tokenizer, input_mode="tokens", generate=False)
+    return TransformersPolicy(model, tokenizer, generate=False, **kwargs)
 
 
 def charge_kl(
@@ -223,8 +264,10 @@ def run_rubric(
             temperature=0.0, seed=config.seed, vocab_size=len(tokenizer),
         )  # fmt: skip
     else:
-        device, dtype = resolve_device(config.device), resolve_dtype(config.dtype)
-        model, tokenizer = load_model(config.judge, device=device, dtype=dtype)
+        device = resolve_device(config.device)
+        model, tokenizer = load_model(
+            config.judge, device=device, dtype=resolve_dtype(config.dtype, device)
+        )
         model.requires_grad_(False)
         kwargs = {"do_sample": False, "max_new_tokens": JUDGE_NEW_TOKENS * group_size}
         sampler = TransformersPolicy(model, tokenizer, input_mode="tokens", generate_kwargs=kwargs)

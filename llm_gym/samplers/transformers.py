@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from llm_gym.checks import check_bool, check_int, check_number
+from llm_gym.lm.precision import autocast
 from llm_gym.lm.tensors import (
     first_eos_lengths,
     first_id,
@@ -176,6 +177,9 @@ class TransformersSampler:
         seed: each ``sample`` call draws from torch's generator seeded with it (the global
             generator state is kept); None: the global generator.
         device: where inputs go; default the model's device.
+        compute_dtype: the dtype its forwards compute in, below the weights' (bfloat16 or
+            float16 over float32 weights: torch's autocast, as mixed-precision training's
+            forward does); None: the weights'.
 
     ``version`` is the policy version every ``Sample`` carries (a trainer bumps it).
     ``with_settings(temperature=, top_p=, max_new_tokens=, seed=)`` gives a sampler sharing
@@ -192,6 +196,7 @@ class TransformersSampler:
         return_log_probs: bool = True,
         seed: int | None = None,
         device: str | torch.device | None = None,
+        compute_dtype: torch.dtype | None = None,
     ) -> None:
         if not (callable(model) and hasattr(model, "generate") and hasattr(model, "config")):
             raise TypeError(
@@ -212,6 +217,11 @@ class TransformersSampler:
         self.return_log_probs = check_bool("return_log_probs", return_log_probs)
         self.seed = check_int("seed", seed, 0, optional=True)
         self.device = torch.device(device) if device is not None else model.device
+        if compute_dtype is not None and not isinstance(compute_dtype, torch.dtype):
+            raise TypeError(
+                f"compute_dtype must be a torch.dtype or None, got {type(compute_dtype).__name__}"
+            )
+        self.compute_dtype = compute_dtype
         self.generate_kwargs, self.num_samples = generation_settings(
             model, generate_kwargs, num_samples, True
         )
@@ -260,6 +270,7 @@ class TransformersSampler:
             self.model, self.tokenizer, generate_kwargs=kwargs, num_samples=self.num_samples,
             return_log_probs=self.return_log_probs,
             seed=self.seed if seed is None else seed, device=self.device,
+            compute_dtype=self.compute_dtype,
         )  # fmt: skip
         configured.version = self.version
         return configured
@@ -272,7 +283,7 @@ class TransformersSampler:
             return []
         ids, attention = left_pad(prompts, self.pad_token_id, self.device)
         settings = self.generate_kwargs | {"pad_token_id": self.pad_token_id}
-        with torch.inference_mode(), self._generator():
+        with torch.inference_mode(), self._generator(), self.precision():
             new, log_probs = generate_with_log_probs(
                 self.model, ids, attention, log_probs=self.return_log_probs, **settings
             )
@@ -317,9 +328,14 @@ class TransformersSampler:
         if keep:
             selected[:, :-keep] = False
         window = slice(-keep, None) if keep else slice(None)
-        with torch.inference_mode():
+        with torch.inference_mode(), self.precision():
             log_probs = selected_log_probs(self.model, ids, attention, selected)
             return log_probs[:, window].cpu().numpy()
+
+    def precision(self) -> contextlib.AbstractContextManager[object]:
+        """The context the model's forwards run in: autocast to ``compute_dtype`` where it is
+        below the weights' dtype, else nothing."""
+        return autocast(self.device, self.compute_dtype, self.model.dtype)
 
     def _generator(self) -> contextlib.AbstractContextManager[None]:
         """A seeded call's own generator state (the global one restored after), else none."""

@@ -24,6 +24,7 @@ __all__ = [
     "CONFIG_FILE",
     "IMPORTANCE_SAMPLING_LEVELS",
     "LOSS_TYPES",
+    "PRECISIONS",
     "SCALE_REWARDS",
     "RESUMABLE",
     "GRPOConfig",
@@ -32,7 +33,7 @@ __all__ = [
     "resume_conflicts",
 ]
 
-CONFIG_FILE = "run_config.json"
+CONFIG_FILE = "run_config.json"  # the run's GRPOConfig, written when the run starts
 # The choices of GRPO's loss (llm_gym.train.loss tells each), here where the options are
 # checked without torch. TRL's names: "grpo" averages each response's tokens, then the
 # responses; "bnpo" the batch's tokens; "dr_grpo" divides the batch's token sum by rows × a
@@ -42,17 +43,22 @@ CONFIG_FILE = "run_config.json"
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")  # "sequence": GSPO (Zheng et al., 2025)
 SCALE_REWARDS = ("group", "batch", "none")
-# Padded tokens of a micro-batch from which activation checkpointing is on by default (or
+# How the update computes (llm_gym.train.update.PRECISION_WEIGHTS): "fp32" in float32;
+# "bf16-mixed" float32 weights and optimizer, the forward and backward under bfloat16
+# autocast (TRL's bf16=True, Lightning's "bf16-mixed"); "bf16" bfloat16 weights, stepped
+# through float32 masters; "auto" bf16-mixed on a GPU with bfloat16, fp32 elsewhere.
+PRECISIONS = ("auto", "fp32", "bf16-mixed", "bf16")
+# Tokens of a micro-batch from which activation checkpointing is on by default on the CPU (or
 # half the run's token budget, if less): below, the activations are small and recomputing them
 # costs a third more time for little.
-CHECKPOINT_TOKENS = 2048  # the run's GRPOConfig, written when the run starts
+CHECKPOINT_TOKENS = 2048
 # What a resumed run may change: how long it goes on, how it saves and reports, where it
 # runs. Everything else (task, model, GRPO's settings, seed) would make it another run.
 RESUMABLE = (
     "iterations", "save_every", "keep_checkpoints", "eval_episodes", "progress", "device",
     "out", "resume", "overwrite",
     # the update's memory, not its math
-    "minibatch_size", "max_tokens_per_microbatch", "gradient_checkpointing",
+    "minibatch_size", "max_tokens_per_microbatch", "gradient_checkpointing", "packing",
     "save_optimizer", "save_dtype",  # what a checkpoint holds
     # how the samples are drawn, not what is learned from them
     "num_agents", "agent_timeout",
@@ -78,11 +84,16 @@ class GRPOConfig(RunConfig):
     learning_rate: float = 5e-5
     update_epochs: int = 1
     minibatch_size: int = 8  # responses per forward in the update, at most
-    # The update's memory: padded tokens per forward at most, and activation checkpointing
-    # (None: for micro-batches of min(CHECKPOINT_TOKENS, half the budget) padded tokens or
-    # more, where it pays).
+    # The update's memory: tokens per forward at most, and activation checkpointing (None:
+    # on CUDA where a micro-batch's activations would not fit in the free memory; on the CPU
+    # for micro-batches of min(CHECKPOINT_TOKENS, half the budget) tokens or more).
     max_tokens_per_microbatch: int = 4096
     gradient_checkpointing: bool | None = None
+    # The update's arithmetic (PRECISIONS); --dtype is what sampling and the reference run in.
+    precision: str = "auto"
+    # Each micro-batch's sequences packed into one row (llm_gym.lm.packing): no padding
+    # computed, the budget counts real tokens; the loss and gradients are the padded ones.
+    packing: bool = True
     clip_coef: float = 0.2
     # GRPO as TRL 1.16 runs it (llm_gym.train.loss; docs/training.md, "Loss variants"): the
     # loss's aggregation, clip-higher's upper ε (cispo: its cap on the ratio), two-sided
@@ -130,6 +141,13 @@ class GRPOConfig(RunConfig):
             check_int(name, getattr(self, name), 1)
         if self.gradient_checkpointing is not None:
             check_bool("gradient_checkpointing", self.gradient_checkpointing)
+        check_choice("precision", self.precision, PRECISIONS)
+        check_bool("packing", self.packing)
+        if self.precision == "bf16" and self.dtype not in ("auto", "bfloat16"):
+            raise ValueError(
+                f"precision 'bf16' trains bfloat16 weights, which sample and score in bfloat16: "
+                f"dtype must be 'bfloat16' or 'auto', got {self.dtype!r}"
+            )
         check_int("lora_rank", self.lora_rank, 0)
         check_number("lora_alpha", self.lora_alpha, 0, strict=True, optional=True)
         check_number("lora_dropout", self.lora_dropout, 0)

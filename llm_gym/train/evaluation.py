@@ -31,17 +31,22 @@ def evaluate_greedy(
     seed: int,
     num_envs: int = 32,
     policy: Policy | None = None,
+    compute_dtype: torch.dtype | None = None,
 ) -> dict[str, float]:
     """Greedy-decode ``episodes`` episodes of ``config``'s task (no curriculum) from ``seed``'s
     questions, the same ones whatever ``num_envs`` and the model's turns; their mean
     ``success``, ``reward``, ``response_tokens`` (and with tools ``tool_calls_per_episode``).
-    ``policy`` replaces the greedy ``TransformersPolicy`` of ``model``."""
+    ``policy`` replaces the greedy ``TransformersPolicy`` of ``model`` (computing in
+    ``compute_dtype``: ``TransformersPolicy``'s)."""
     tools = bool(config.tools)
     envs = task_envs(replace(config, curriculum=0), tokenizer, min(num_envs, episodes))
     turns = multi_turn(envs)
     if policy is None:  # not make_policy: GRPOConfig refuses temperature 0
         kwargs = {"max_new_tokens": config.max_new_tokens, "do_sample": False}
-        policy = TransformersPolicy(model, tokenizer, input_mode="tokens", generate_kwargs=kwargs)
+        policy = TransformersPolicy(
+            model, tokenizer, input_mode="tokens", generate_kwargs=kwargs,
+            compute_dtype=compute_dtype,
+        )  # fmt: skip
     records: list[Episode] = []
     try:
         obs, _ = envs.reset(seed=seed)

@@ -39,6 +39,7 @@ from llm_gym.run.lock import FolderLock
 from llm_gym.run.setup import (
     async_episodes,
     charge_kl,
+    dtype_name,
     env_kwargs,
     make_policy,
     reference_scorer,
@@ -64,7 +65,7 @@ from llm_gym.train.run_folder import (
     earlier_rows,
     write_summary,
 )
-from llm_gym.train.update import GRPOUpdate, adamw
+from llm_gym.train.update import PRECISION_WEIGHTS, GRPOUpdate, adamw, resolve_precision
 from llm_gym.wrappers import AdaptiveKLController
 
 if TYPE_CHECKING:
@@ -145,8 +146,16 @@ class GRPOTrainer:
         if given is not None:  # the model's own device and dtype
             parameter = next(given.parameters())
             self.device, self.dtype = parameter.device, parameter.dtype
-        else:
-            self.device, self.dtype = resolve_device(config.device), resolve_dtype(config.dtype)
+            self.precision = resolve_precision(config.precision, self.device, self.dtype)
+        else:  # the trained weights' dtype is the precision's
+            self.device = resolve_device(config.device)
+            self.precision = resolve_precision(config.precision, self.device)
+            self.dtype = PRECISION_WEIGHTS[self.precision]
+        # What sampling, scoring and the reference compute in: --dtype, by autocast over
+        # float32 weights (as the update does under bf16-mixed); weights below float32, theirs.
+        low = self.dtype != torch.float32
+        self.compute_dtype = self.dtype if low else resolve_dtype(config.dtype, self.device)
+        if given is None:
             self._check_sizes(config)  # before anything is allocated
         checkpoint = claim_out(config)  # on --resume the newest one, checked whole
         state, tensors = load_checkpoint(checkpoint) if checkpoint else (None, None)
@@ -180,8 +189,9 @@ class GRPOTrainer:
             )
         self.lora = is_lora(self.model)
         self.scorer = TransformersPolicy(
-            self.model, self.tokenizer, input_mode="tokens", generate=False
-        )  # the model being trained
+            self.model, self.tokenizer, input_mode="tokens", generate=False,
+            compute_dtype=self.compute_dtype,
+        )  # the model being trained  # fmt: skip
         self.pad_id = self.scorer.pad_token_id
         if config.gradient_checkpointing is not False:  # layers' inputs kept, rest recomputed
             model = unwrapped(self.model)
@@ -197,7 +207,9 @@ class GRPOTrainer:
         sampling_model = self.model
         if config.asynchronous and config.backend == "transformers":
             sampling_model = copy.deepcopy(self.model)  # samples while this one trains
-        self.policy = make_policy(sampling_model, self.tokenizer, config, served=served)
+        self.policy = make_policy(
+            sampling_model, self.tokenizer, config, served=served, compute_dtype=self.compute_dtype
+        )
         self.sampling_lock = threading.Lock()  # no update lands in the middle of a batch
         self.driver: Any = None  # --async: the AsyncEpisodes behind the source
         try:
@@ -217,7 +229,8 @@ class GRPOTrainer:
         copy = config.asynchronous and config.backend == "transformers"  # samples meanwhile
         copies = 1 + (config.kl_coef > 0 or config.kl_loss_coef > 0) + copy
         records = ("--eval-episodes", config.eval_episodes) if config.eval_episodes else None
-        check_run(config, self.device, batches, records, copies=copies, train=True)
+        dtype = dtype_name(self.dtype)
+        check_run(config, self.device, batches, records, copies=copies, train=True, dtype=dtype)
 
     def _set_up(self, config: GRPOConfig, state: Any, tensors: Any) -> None:
         self._publish(write=False)
@@ -238,11 +251,12 @@ class GRPOTrainer:
             elif self.given_model[0] is not None:
                 frozen = copy.deepcopy(self.model).requires_grad_(False).eval()
                 self.reference = TransformersPolicy(
-                    frozen, self.tokenizer, input_mode="tokens", generate=False
-                )
-            else:
+                    frozen, self.tokenizer, input_mode="tokens", generate=False,
+                    compute_dtype=self.compute_dtype,
+                )  # fmt: skip
+            else:  # in the trained weights' dtype: its log-probs start equal to the policy's
                 local = dataclasses.replace(config, ray_address=None)
-                self.reference = reference_scorer(local, config.model)
+                self.reference = reference_scorer(local, config.model, weights=self.dtype)
         if config.kl_coef > 0:
             target = config.kl_target  # none: a constant coefficient
             if target is not None:
@@ -250,12 +264,13 @@ class GRPOTrainer:
             if config.asynchronous:  # each sub-env charges its own; the controller is shared
                 kl_ref = self.reference
                 if config.ray_address is not None:  # one Ray actor the env workers share
-                    kl_ref = reference_scorer(config, config.model)
+                    kl_ref = reference_scorer(config, config.model, weights=self.dtype)
             else:
                 # Below float32, generation's log-probs are mostly rounding noise against a
                 # forward's: re-score the responses in the same forward path as the reference.
-                served_dtype = config.backend_args.get("dtype", config.dtype)
-                exact = config.dtype == served_dtype == "float32"
+                computed = dtype_name(self.compute_dtype)
+                served_dtype = config.backend_args.get("dtype", computed)
+                exact = computed == served_dtype == "float32"
                 gen = None if exact else self.scorer
                 self.envs = charge_kl(
                     self.envs, config, config.model, gen=gen, controller=self.kl_controller,
@@ -581,8 +596,8 @@ class GRPOTrainer:
     def _greedy_evaluation(self, policy: Policy | None) -> dict[str, float]:
         config = self.config
         return evaluate_greedy(
-            self.model, self.tokenizer, config,
-            episodes=config.eval_episodes, seed=config.eval_seed, policy=policy,
+            self.model, self.tokenizer, config, episodes=config.eval_episodes,
+            seed=config.eval_seed, policy=policy, compute_dtype=self.compute_dtype,
         )  # fmt: skip
 
     def _agent_evaluation(self, policy: Policy | None) -> dict[str, float]:

@@ -17,6 +17,7 @@ __all__ = [
     "group_advantages",
     "grpo_loss",
     "log_importance_weights",
+    "microbatch_tokens",
     "microbatches",
     "sampled",
     "truncated_is_weights",
@@ -236,15 +237,29 @@ def sampled(mask: torch.Tensor, log_probs: Sequence[Any]) -> torch.Tensor:
     return old
 
 
-def microbatches(lengths: Sequence[int], max_tokens: int, max_rows: int) -> list[list[int]]:
+def microbatch_tokens(lengths: Sequence[int], packed: bool = False) -> int:
+    """The tokens a forward over sequences of ``lengths`` computes: rows × the longest when
+    they are padded, their sum when ``packed`` into one row (``llm_gym.lm.packing``).
+
+    >>> microbatch_tokens([700, 20]), microbatch_tokens([700, 20], packed=True)
+    (1400, 720)
+    """
+    return sum(lengths) if packed else len(lengths) * max(lengths, default=0)
+
+
+def microbatches(
+    lengths: Sequence[int], max_tokens: int, max_rows: int, packed: bool = False
+) -> list[list[int]]:
     """The indices of sequences of ``lengths``, shortest first, in micro-batches of at most
-    ``max_rows`` sequences whose padded size (rows × the longest) is at most ``max_tokens``
-    (a longer sequence goes alone): an update's memory is then bounded by the token budget,
-    not by the batch. Sorting by length keeps the padding small; the loss is the same for
-    any split (each response weighs 1/n).
+    ``max_rows`` sequences whose size (``microbatch_tokens``: padded, or ``packed``) is at
+    most ``max_tokens`` (a longer sequence goes alone): an update's memory is then bounded by
+    the token budget, not by the batch. Sorting by length keeps the padding small; the loss
+    is the same for any split (each response weighs 1/n).
 
     >>> microbatches([700, 20, 30, 650, 25], max_tokens=1400, max_rows=8)
     [[1, 4, 2], [3, 0]]
+    >>> microbatches([700, 20, 30, 650, 25], max_tokens=1400, max_rows=8, packed=True)
+    [[1, 4, 2, 3], [0]]
     >>> microbatches([5, 5, 5], max_tokens=100, max_rows=2)
     [[0, 1], [2]]
     """
@@ -252,7 +267,8 @@ def microbatches(lengths: Sequence[int], max_tokens: int, max_rows: int) -> list
     batches: list[list[int]] = []
     current: list[int] = []
     for i in order:  # ascending: the newest sequence is the longest of its batch
-        if current and (len(current) == max_rows or (len(current) + 1) * lengths[i] > max_tokens):
+        grown = [lengths[j] for j in current] + [lengths[i]]
+        if current and (len(current) == max_rows or microbatch_tokens(grown, packed) > max_tokens):
             batches.append(current)
             current = []
         current.append(i)

@@ -12,7 +12,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from llm_gym.lm.lora import is_lora
+from llm_gym.checks import check_choice
+from llm_gym.lm.lora import is_lora, unwrapped
+from llm_gym.lm.packing import pack, supports_packing, use_packed_sdpa
+from llm_gym.lm.precision import autocast, runs_fast
 from llm_gym.lm.tensors import (
     HEAP_MMAP_THRESHOLD,
     LEAN_MMAP_THRESHOLD,
@@ -21,9 +24,11 @@ from llm_gym.lm.tensors import (
     selected_log_probs,
     set_host_mmap_threshold,
 )
-from llm_gym.train.config import CHECKPOINT_TOKENS
+from llm_gym.run.budget import activation_bytes, available_memory
+from llm_gym.train.config import CHECKPOINT_TOKENS, PRECISIONS
 from llm_gym.train.loss import (
     grpo_loss,
+    microbatch_tokens,
     microbatches,
     sampled,
     truncated_is_weights,
@@ -33,7 +38,42 @@ from llm_gym.train.loss import (
 if TYPE_CHECKING:
     from llm_gym.train.config import GRPOConfig
 
-__all__ = ["GRPOUpdate", "MasterAdamW", "adamw"]
+__all__ = ["PRECISION_WEIGHTS", "GRPOUpdate", "MasterAdamW", "adamw", "resolve_precision"]
+
+# The trained weights' dtype under each precision (GRPOConfig.precision).
+PRECISION_WEIGHTS = {"fp32": torch.float32, "bf16-mixed": torch.float32, "bf16": torch.bfloat16}
+
+
+def resolve_precision(
+    precision: str, device: torch.device, weights: torch.dtype | None = None
+) -> str:
+    """``precision`` (one of ``PRECISIONS``) with ``"auto"`` resolved for ``device`` and, for
+    a model given, its ``weights``' dtype: weights below float32 train as they are ("bf16":
+    through float32 masters); else "bf16-mixed" on a GPU that runs bfloat16 fast, "fp32"
+    elsewhere (on a CPU autocast's casts cost more than its products save). A precision
+    that the given weights contradict is a ``ValueError``.
+
+    >>> resolve_precision("auto", torch.device("cpu"))
+    'fp32'
+    >>> resolve_precision("bf16-mixed", torch.device("cpu"), torch.bfloat16)
+    Traceback (most recent call last):
+    ...
+    ValueError: precision 'bf16-mixed' trains float32 weights; the model given holds ...
+    """
+    check_choice("precision", precision, PRECISIONS)
+    low = weights is not None and weights != torch.float32
+    if precision == "auto":
+        if low:
+            return "bf16"
+        fast = device.type == "cuda" and runs_fast(torch.bfloat16, device)
+        return "bf16-mixed" if fast else "fp32"
+    if weights is not None and low != (PRECISION_WEIGHTS[precision] != torch.float32):
+        wanted = "'bf16' or 'auto'" if low else "'fp32', 'bf16-mixed' or 'auto'"
+        raise ValueError(
+            f"precision {precision!r} trains {str(PRECISION_WEIGHTS[precision])[6:]} weights; "
+            f"the model given holds {weights}: pass precision={wanted}"
+        )
+    return precision
 
 
 def adamw(params: list[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
@@ -117,9 +157,11 @@ class MasterAdamW(torch.optim.Optimizer):
 
 class GRPOUpdate:
     """The update of ``model`` by ``optimizer`` with ``config``'s GRPO settings (loss type,
-    clipping, KL term, truncated IS, epochs, micro-batches, checkpointing), padding with
-    ``pad_id``; ``reference``: a scorer of the starting model (``.model``) for
-    ``kl_loss_coef`` (a LoRA model is its own, its adapter disabled)."""
+    clipping, KL term, truncated IS, epochs, micro-batches, checkpointing, precision), padding
+    with ``pad_id``; ``reference``: a scorer of the starting model (``.model``) for
+    ``kl_loss_coef`` (a LoRA model is its own, its adapter disabled). Under "bf16-mixed" every
+    forward of the update (the old policy's, the reference's, the loss's) and its backward run
+    under bfloat16 autocast over the float32 weights."""
 
     def __init__(
         self,
@@ -134,7 +176,23 @@ class GRPOUpdate:
             raise ValueError("kl_loss_coef > 0 needs the reference (the starting model's scorer)")
         self.model, self.optimizer, self.config = model, optimizer, config
         self.pad_id, self.reference = pad_id, reference
-        self.device = next(model.parameters()).device
+        weights = next(model.parameters())
+        self.device = weights.device
+        self.precision = resolve_precision(config.precision, self.device, weights.dtype)
+        mixed = torch.bfloat16 if self.precision == "bf16-mixed" else None
+        self.autocast = lambda: autocast(self.device, mixed, weights.dtype)
+        # Packing: each micro-batch one row, no padding computed (llm_gym.lm.packing); a
+        # model whose attention could not keep the sequences apart runs padded.
+        # Activation checkpointing by default: on CUDA where a micro-batch's activations would
+        # not fit in the free memory; on the CPU for large micro-batches (whose activations
+        # are the process's peak).
+        self.by_memory = self.device.type == "cuda"
+        self.stepped = False  # AdamW's state exists from the first step on
+        self.packing = config.packing and supports_packing(unwrapped(model))
+        if self.packing:
+            use_packed_sdpa(unwrapped(model))
+            if reference is not None and not is_lora(model):
+                use_packed_sdpa(reference.model)
 
     def __call__(
         self,
@@ -151,19 +209,25 @@ class GRPOUpdate:
         denominator); ``sampler_log_probs``: the same, for ``tis_cap``'s weights. The
         metrics row's part: the loss and the update's diagnostics."""
         config, n = self.config, len(tokens)
+        lengths = [len(t) for t in tokens]
         batches = microbatches(
-            [len(t) for t in tokens], config.max_tokens_per_microbatch, config.minibatch_size
+            lengths, config.max_tokens_per_microbatch, config.minibatch_size, packed=self.packing
         )
 
-        def padded(rows: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        def padded(rows: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any]:
+            # The left-padded layout the loss reads, and the packed row the model runs on.
             ids, attention = left_pad([tokens[i] for i in rows], self.pad_id, self.device)
             selected = left_pad([masks[i] for i in rows], False, self.device)[0].bool()
-            return ids, attention, selected & has_prefix(attention)
+            packed = pack([tokens[i] for i in rows], self.device) if self.packing else None
+            return ids, attention, selected & has_prefix(attention), packed
 
         def scored(rows: list[int], entropy: bool = False) -> tuple[Any, Any, torch.Tensor]:
             # (log-probs, the entropy where asked for else None, the scored positions)
-            ids, attention, selected = padded(rows)
-            out = selected_log_probs(self.model, ids, attention, selected, entropy=entropy)
+            ids, attention, selected, packed = padded(rows)
+            with self.autocast():
+                out = selected_log_probs(
+                    self.model, ids, attention, selected, entropy=entropy, packed=packed
+                )
             return (*out, selected) if entropy else (out, None, selected)
 
         # The old policy, through the very forward the update uses. With one epoch the first
@@ -192,11 +256,15 @@ class GRPOUpdate:
             # Large for the run's budget, not only in absolute terms: a budget of 2048 fills
             # micro-batches of 1400 tokens of long sequences, whose activations are its peak.
             threshold = min(CHECKPOINT_TOKENS, config.max_tokens_per_microbatch // 2)
-            return len(rows) * max(len(tokens[i]) for i in rows) >= threshold
+            return microbatch_tokens([lengths[i] for i in rows], self.packing) >= threshold
 
         def checkpointing(rows: list[int]) -> bool:
             if config.gradient_checkpointing is not None:
                 return config.gradient_checkpointing
+            if self.by_memory:
+                return self._short_of_memory(
+                    microbatch_tokens([lengths[i] for i in rows], self.packing)
+                )
             return large(rows)
 
         # On CPU a large update's peak is the process's memory: its freed activations go back
@@ -248,6 +316,7 @@ class GRPOUpdate:
                 norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.max_grad_norm)
                 grad_norm = float(norm)
                 self.optimizer.step()
+                self.stepped = True
         finally:
             self.model.eval()
             if lean:
@@ -266,15 +335,37 @@ class GRPOUpdate:
             row["tis_truncated"] = stats.get("tis_truncated", 0.0) / tokens_seen
         return row
 
+    def _short_of_memory(self, tokens: int) -> bool:
+        # The micro-batch's activations (estimated from the model's shape) against the
+        # device's free memory, less what the backward and the step still allocate: the
+        # gradients and, before the first step, AdamW's moments (and masters).
+        config = getattr(unwrapped(self.model), "config", None)
+        weights = next(self.model.parameters()).dtype
+        shape = config.to_dict() if config is not None else {}
+        need = activation_bytes(shape, tokens, 4 if weights == torch.float32 else 2)
+        free = available_memory(self.device)
+        if need is None or free is None:
+            return True  # nothing to tell by: the safe side
+        if self.device.type == "cuda":  # what torch holds cached is free to it too
+            free += torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(
+                self.device
+            )
+        trained = [p for p in self.model.parameters() if p.requires_grad]
+        pending = sum(p.numel() * p.element_size() for p in trained)  # the gradients
+        if not self.stepped:
+            state = 12 if weights != torch.float32 else 8  # moments; masters below float32
+            pending += state * sum(p.numel() for p in trained)
+        return need > 0.9 * (free - pending)
+
     def _reference_log_probs(
-        self, ids: torch.Tensor, attention: torch.Tensor, selected: torch.Tensor
+        self, ids: torch.Tensor, attention: torch.Tensor, selected: torch.Tensor, packed: Any
     ) -> torch.Tensor:
         # The starting model's log-probs (--kl-loss-coef): with LoRA the model, its adapter off.
         lora = is_lora(self.model)
         off = self.model.disable_adapter() if lora else contextlib.nullcontext()
         model = self.model if lora else self.reference.model
-        with torch.no_grad(), off:
-            return selected_log_probs(model, ids, attention, selected)
+        with torch.no_grad(), off, self.autocast():
+            return selected_log_probs(model, ids, attention, selected, packed=packed)
 
 
 def _add(totals: dict[str, float], **values: float) -> None:
