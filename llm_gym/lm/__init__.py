@@ -1,6 +1,7 @@
 """The language model: tensor work in torch alone (``tensors``: padding, positions, log-probs,
-EOS lengths) and loading weights offline (``loading``: the default
-SmolLM2, GPT-2's BPE, tiny random LMs). The loaders import transformers on first use."""
+EOS lengths), padding-free packing (``packing``), the dtypes a device runs fast and autocast
+(``precision``), and loading weights offline (``loading``: the default SmolLM2, GPT-2's BPE,
+tiny random LMs). The loaders import transformers on first use."""
 
 from llm_gym._lazy import lazy_exports
 from llm_gym.lm import tensors
