@@ -1,53 +1,101 @@
 """Peak memory and seconds of ONE GRPO update (forward + backward + AdamW step) on a fixed
-batch, four ways side by side (issue 42, item 6):
+batch, several ways side by side (issue 42, item 6; issue 51, item 6: GPUs, precisions, LoRA,
+packing, ragged batches, tokens per second and MFU):
 
 - ``today``: the update llm_gym's trainer ran before bf8f545 (``git show bf8f545^:
   llm_gym/train/grpo.py``, ``_optimize``): ``TransformersPolicy.get_dist`` over minibatches of
   8 sequences (the whole ``(B, T, V)`` logits), ``dist.log_prob(ids)``, ``grpo_loss``,
-  ``(loss * rows / n).backward()``, no activation checkpointing, the model in eval mode.
+  ``(loss * rows / n).backward()``, no activation checkpointing, the model in eval mode;
+  always float32 weights (``--precision`` does not apply), on ``--device``.
 - ``new``: llm_gym's update now, ``GRPOTrainer._optimize`` of a trainer built from
-  ``GRPOConfig(model="default", ...)``: micro-batches by ``max_tokens_per_microbatch`` (4096;
-  ``new-2048``, ``new-8192`` run the same with that budget), activation checkpointing as
-  GRPOConfig decides by default (for micro-batches of ``CHECKPOINT_TOKENS`` padded tokens, or
-  half the budget if less, or more; ``new-<budget>-ckpt`` / ``-nockpt`` force it on / off),
-  ``selected_log_probs`` (the taken tokens' log-probs through the output layer in chunks).
+  ``GRPOConfig(model=<--model>, device=<--device>, precision=<--precision>, ...)``:
+  micro-batches by ``max_tokens_per_microbatch`` (4096), each packed into one row without
+  padding (``packing=True``, GRPOConfig's default), activation checkpointing as GRPOConfig
+  decides by default (for micro-batches of ``CHECKPOINT_TOKENS`` tokens, or half the budget
+  if less, or more), ``selected_log_probs`` (the taken tokens' log-probs through the output
+  layer in chunks). Its variants, written ``new[-<budget>][-ckpt|-nockpt][-lora<rank>]
+  [-nopack][@<precision>]`` in this order: ``new-2048``, ``new-8192``: that token budget;
+  ``-ckpt`` / ``-nockpt``: checkpointing forced on / off; ``-lora16``: LoRA adapters of rank
+  16 (``lora_rank=16``, the base weights frozen); ``-nopack``: ``packing=False``, each
+  micro-batch left-padded to its longest sequence (the update before packing);
+  ``@fp32``, ``@bf16-mixed``, ``@bf16``: that precision instead of ``--precision``, e.g.
+  ``new@bf16-mixed``, ``new-lora16@bf16``.
 - ``floor`` (computed, not measured): fp32 weights + gradients + AdamW's two moments, 4 ×
   params × 4 bytes, plus the checkpointed activations of one micro-batch, num_hidden_layers ×
-  its padded tokens × hidden_size × 4 bytes.
+  its tokens (the largest micro-batch's, without padding) × hidden_size × 4 bytes. A float32
+  floor: it bounds the fp32 ``new`` cases, not LoRA's.
 - ``trl``: TRL's ``GRPOTrainer`` (its defaults: ``loss_type="dapo"``, its fused LM head; with
-  ``gradient_checkpointing=True``, CPU, no bf16) on the same batch, without generating: its
+  ``gradient_checkpointing=True``, ``bf16=False``) on the same batch, without generating: its
   ``compute_loss(model, inputs)`` on ``inputs`` in the format ``_generate_and_score_completions``
-  returns, ``accelerator.backward``, ``clip_grad_norm_`` to ``max_grad_norm`` and the optimizer
-  of ``trainer.create_optimizer()`` (AdamW, fused: transformers' default ``optim``), as
-  ``Trainer.train`` would for one step with ``per_device_train_batch_size`` = the batch.
+  returns (prompts left-padded, completions right-padded), ``accelerator.backward``,
+  ``clip_grad_norm_`` to ``max_grad_norm`` and the optimizer of ``trainer.create_optimizer()``
+  (AdamW, fused: transformers' default ``optim``), as ``Trainer.train`` would for one step
+  with ``per_device_train_batch_size`` = the batch; the same ``--model`` (float32 weights).
   ``trl-<rows>`` (e.g. ``trl-4``): ``rows`` sequences a forward and gradient accumulation over
   the batch, as ``_prepare_inputs`` slices a generation batch (still one optimizer step).
+  ``-bf16`` (``trl-bf16``, ``trl-4-bf16``): with ``bf16=True``, TRL's mixed precision (float32
+  weights and optimizer, its forwards under bfloat16 autocast: ``accelerator.autocast()``).
+  ``--precision`` does not apply to TRL's cases.
+
+The model, ``--model``: ``default`` (SmolLM2-135M-Instruct, ``load_default_model``), a model
+folder (``save_pretrained``'s), or the name of a shape, built with random weights (seeded by
+``--seed``; no download): ``SmolLM2-135M`` (hidden 576, 30 layers, 9 heads, 3 kv heads,
+intermediate 1536), ``SmolLM2-360M`` (960, 32, 15, 5, 2560) or ``SmolLM2-1.7B`` (2048, 24, 32,
+32, 8192), each a ``LlamaConfig`` with vocabulary 49152, tied embeddings, 8192 positions and
+SmolLM2's rope_theta (1e5; 1.3e5 for 1.7B). The random model is saved in float32 with the
+default model's tokenizer (the SmolLM2 family shares it) into a temporary folder, which every
+case loads (``new``'s ``model=`` and TRL's).
 
 The batch: ``--sequences`` (16) sequences of ``--seq-len`` (700) tokens, ``--prompt-len`` (100)
-prompt + the rest response, random token ids within the vocabulary from ``--seed``;
-advantages alternate +1, -1. The model: SmolLM2-135M-Instruct (``load_default_model``),
-float32, CPU, learning rate 5e-5, gradient clipping at 1.0, clip coefficient 0.2.
+prompt + the rest response; or, with ``--lengths LOW-HIGH`` (e.g. ``50-700``), a ragged batch:
+each sequence's length drawn uniformly from LOW to HIGH (both included) from ``--seed``, its
+prompt ``min(--prompt-len, length // 2)`` tokens. Random token ids within the vocabulary from
+``--seed``; advantages alternate +1, -1. Learning rate 5e-5, gradient clipping at 1.0, clip
+coefficient 0.2. ``--device`` (``cpu``, ``cuda``) and ``--precision`` (``fp32``,
+``bf16-mixed``: float32 weights and optimizer, forward and backward under bfloat16 autocast;
+``bf16``: bfloat16 weights, float32 master copies in the optimizer) as GRPOConfig takes them.
 
-Each case runs in its own Python process, so that its peak RSS (``ru_maxrss``) is its alone:
-the model and optimizer are set up first (timed apart: ``setup s``), every weight is read once
-(they load memory-mapped, and would otherwise become resident only during the update), the
-RSS is read, then exactly one update is timed (``update s``). ``own GB`` is the peak RSS
+Each case runs in its own Python process, so that its peak is its alone: the model and
+optimizer are set up first (timed apart: ``setup s``), then the update is timed (``update s``).
+On the CPU: every weight is read once (they load memory-mapped, and would otherwise become
+resident only during the update), the RSS is read, then exactly one update is timed (it takes
+minutes); ``peak GB`` is the process's peak RSS (``ru_maxrss``) and ``own GB`` the peak RSS
 minus the RSS before the update: what the update itself adds (gradients and AdamW's moments
-included, as they are allocated by the first update). The gradient norm before clipping
-(what ``clip_grad_norm_`` returns) is recorded in every case: equal norms say the three
-implementations compute the same gradient; at ratio 1 the loss value itself is
-``-mean(advantages)`` (0 here).
+included, as they are allocated by the first update). On CUDA (issue 51's protocol): after
+setup ``torch.cuda.reset_peak_memory_stats()``, then three updates (``--updates``), each
+between ``torch.cuda.synchronize()`` calls; ``peak GB`` is ``torch.cuda.max_memory_allocated()``
+over them, ``before`` the memory allocated after setup, and ``update s`` the median of updates
+2 and 3 (the first pays for CUDA's and the kernels' warm-up). The loss and the gradient norm
+before clipping (what ``clip_grad_norm_`` returns) are the first update's in every case: equal
+norms say the implementations compute the same gradient; at ratio 1 the loss value itself is
+``-mean(advantages)`` (0 here) for llm_gym.
+
+Throughput, for every case: ``tok/s``, the batch's real tokens (prompt + response, no padding)
+over ``update s``; ``MFU``, the model-FLOPs utilisation: 6 × N × those tokens / ``update s`` /
+the peak, where N counts all the model's parameters (embeddings included, the tied input and
+output embedding once, as transformers' ``num_parameters()`` counts them; in the LoRA cases the
+base model's and the adapters', although their backward skips the frozen weights' gradients, so
+their MFU overstates the work done), attention's own FLOPs and activation checkpointing's
+recomputation not counted. The peak is ``--peak-tflops``, by default bfloat16's dense peak as
+issue 51 sets it for the CUDA device's name: 790 where it contains ``H200``, 989 where it
+contains ``H100``; else (the CPU, other GPUs) there is none and MFU is ``n/a``. The same peak
+for every precision (an fp32 case's MFU is against bfloat16's peak too).
 
 Run (offline; 15-30 minutes on 2 shared cores; ``today`` peaks near 16 GB, ``trl`` near 8)::
 
     HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench_train_memory.py
     .venv/bin/python scripts/bench_train_memory.py --cases new,new-2048-ckpt,trl --threads 1
+    .venv/bin/python scripts/bench_train_memory.py --lengths 50-700 --cases new,new-nopack
+    python scripts/bench_train_memory.py --device cuda --model SmolLM2-1.7B \\
+        --cases new,new@bf16-mixed,new-lora16,trl,trl-bf16 --json out.json
 
-On a CPU that other work shares, ``--threads 1`` gives steadier seconds: with 2 threads a
-descheduled thread leaves the other spinning, and wall and CPU time both grow with the load.
-RSS counts what glibc's allocator keeps of freed tensors: the trainer (the ``new`` cases) sets
-its mmap threshold to 1 MiB around a large update; ``MALLOC_MMAP_THRESHOLD_`` in the
-environment (the cases inherit it) sets it for every case, TRL's too.
+``--json PATH`` writes every case's numbers and the goals. ``scripts/gpu_check.sh`` runs it
+on a GPU (docs/training.md). On a CPU that other work shares, ``--threads 1`` gives steadier
+seconds: with 2 threads a descheduled thread leaves the other spinning, and wall and CPU time
+both grow with the load. RSS counts what glibc's allocator keeps of freed tensors: the trainer
+(the ``new`` cases) sets its mmap threshold to 1 MiB around a large update on the CPU;
+``MALLOC_MMAP_THRESHOLD_`` in the environment (the cases inherit it) sets it for every case,
+TRL's too.
 
 Last run (idle 2-core CPU, ``--cases new,new-2048,trl --threads 1``, torch 2.13,
 transformers 5.24, TRL 1.16; peak GB, update s): new 2.84, 173 (floor 2.39: 1.19x; without
@@ -64,6 +112,7 @@ import json
 import os
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -71,7 +120,7 @@ import time
 import traceback
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -79,44 +128,158 @@ import numpy as np
 import torch
 
 CASES = ("today", "new", "new-2048", "new-8192", "trl")
-# new[-<budget>][-ckpt|-nockpt]: the new path with that token budget (default 4096) and
-# activation checkpointing as GRPOConfig decides by default, or forced on or off.
-CHECKPOINTING = {"": None, "ckpt": True, "nockpt": False}
+# new[-<budget>][-ckpt|-nockpt][-lora<rank>][-nopack][@<precision>]: the new path with that
+# token budget (default 4096), activation checkpointing as GRPOConfig decides by default or
+# forced on or off, LoRA adapters, without packing, in another precision than --precision.
+CHECKPOINTING = {"ckpt": True, "nockpt": False}
+PRECISIONS = ("fp32", "bf16-mixed", "bf16")
 LEARNING_RATE, MAX_GRAD_NORM, CLIP_COEF, MINIBATCH = 5e-5, 1.0, 0.2, 8
 DEFAULT_BUDGET = 4096  # GRPOConfig.max_tokens_per_microbatch's default
 GB = 1e9
-LABELS = {
-    "today": "today's path (get_dist, minibatch 8)",
-    "new": "new path (llm_gym _optimize, 4096 tokens)",
-    "trl": "TRL 1.16 GRPOTrainer (checkpointing)",
-}
+# Random-weight models of SmolLM2's shapes (their config.json's), for --model.
+SHAPES = {
+    "SmolLM2-135M": {
+        "hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9,
+        "num_key_value_heads": 3, "intermediate_size": 1536, "rope_theta": 100000.0,
+    },
+    "SmolLM2-360M": {
+        "hidden_size": 960, "num_hidden_layers": 32, "num_attention_heads": 15,
+        "num_key_value_heads": 5, "intermediate_size": 2560, "rope_theta": 100000.0,
+    },
+    "SmolLM2-1.7B": {
+        "hidden_size": 2048, "num_hidden_layers": 24, "num_attention_heads": 32,
+        "num_key_value_heads": 32, "intermediate_size": 8192, "rope_theta": 130000.0,
+    },
+}  # fmt: skip
+SHAPE_COMMON = {
+    "vocab_size": 49152, "tie_word_embeddings": True, "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-5, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2,
+}  # fmt: skip
+# bfloat16's dense peak TFLOP/s by CUDA device name, as issue 51 sets them (--peak-tflops).
+PEAK_TFLOPS = {"H200": 790.0, "H100": 989.0}
+CUDA_UPDATES = 3  # on CUDA: three updates, the median of the 2nd and 3rd counts
 
 
-def parse_new(case: str) -> tuple[int, bool | None] | None:
-    """``new[-<budget>][-ckpt|-nockpt]`` -> (budget, gradient_checkpointing); None otherwise."""
-    name, *rest = case.split("-")
+class NewCase(NamedTuple):
+    budget: int
+    checkpointing: bool | None  # None: as GRPOConfig decides
+    lora: int  # LoRA's rank; 0: none
+    packing: bool
+    precision: str | None  # None: --precision
+
+
+class TRLCase(NamedTuple):
+    rows: int | None  # sequences a forward; None: the whole batch
+    bf16: bool
+
+
+def parse_new(case: str) -> NewCase | None:
+    """``new[-<budget>][-ckpt|-nockpt][-lora<rank>][-nopack][@<precision>]`` -> its
+    settings; None otherwise."""
+    name, at, precision = case.partition("@")
+    if at and precision not in PRECISIONS:
+        return None
+    head, *rest = name.split("-")
+    if head != "new":
+        return None
     budget = int(rest.pop(0)) if rest and rest[0].isdigit() else DEFAULT_BUDGET
-    if name != "new" or len(rest) > 1 or (rest and rest[0] not in CHECKPOINTING):
+    checkpointing = CHECKPOINTING[rest.pop(0)] if rest and rest[0] in CHECKPOINTING else None
+    lora = 0
+    if rest and rest[0].startswith("lora") and rest[0][4:].isdigit():
+        lora = int(rest.pop(0)[4:])
+    packing = not (rest and rest[0] == "nopack")
+    if not packing:
+        rest.pop(0)
+    if rest or budget <= 0 or (lora == 0 and "-lora" in name):
         return None
-    return budget, CHECKPOINTING[rest[0] if rest else ""]
+    return NewCase(budget, checkpointing, lora, packing, precision or None)
 
 
-def parse_trl(case: str) -> tuple[int | None] | None:
-    """``trl[-<rows>]`` -> (sequences per forward, None: the whole batch); None otherwise."""
-    name, _, rows = case.partition("-")
-    if name != "trl" or (rows and not rows.isdigit()):
+def parse_trl(case: str) -> TRLCase | None:
+    """``trl[-<rows>][-bf16]`` -> (sequences per forward, None: the whole batch; bf16);
+    None otherwise."""
+    head, *rest = case.split("-")
+    if head != "trl":
         return None
-    return (int(rows) if rows else None,)
+    rows = int(rest.pop(0)) if rest and rest[0].isdigit() else None
+    bf16 = bool(rest) and rest[0] == "bf16"
+    if bf16:
+        rest.pop(0)
+    if rest or rows == 0:
+        return None
+    return TRLCase(rows, bf16)
 
 
-def label(case: str) -> str:
-    if case in LABELS:
-        return LABELS[case]
-    if parse_trl(case):
-        return f"TRL, {parse_trl(case)[0]} a forward, gradient accumulation"
-    budget, checkpointing = parse_new(case)
-    forced = {None: "", True: ", ckpt forced", False: ", no ckpt"}[checkpointing]
-    return f"new path, {budget} tokens a micro-batch{forced}"
+def known(case: str) -> bool:
+    return case == "today" or parse_new(case) is not None or parse_trl(case) is not None
+
+
+def label(case: str, precision: str) -> str:
+    """What ``case`` runs, in words (``precision``: --precision)."""
+    if case == "today":
+        return "today's path (get_dist, minibatch 8), fp32"
+    trl = parse_trl(case)
+    if trl:
+        rows = "the batch a forward" if trl.rows is None else f"{trl.rows} a forward, accumulated"
+        return f"TRL GRPOTrainer (checkpointing), {rows}, {'bf16' if trl.bf16 else 'fp32'}"
+    new = parse_new(case)
+    parts = [f"llm_gym _optimize, {new.budget} tokens a micro-batch"]
+    parts += (
+        [] if new.checkpointing is None else ["ckpt forced" if new.checkpointing else "no ckpt"]
+    )
+    parts += [f"LoRA {new.lora}"] if new.lora else []
+    parts += ["packed" if new.packing else "padded (packing=False)"]
+    return ", ".join([*parts, new.precision or precision])
+
+
+# -- the batch and the model -----------------------------------------------------------
+
+
+def parse_lengths(text: str) -> tuple[int, int]:
+    """``LOW-HIGH`` -> (LOW, HIGH), 2 <= LOW <= HIGH (every sequence needs a prompt token and
+    a response token)."""
+    low, sep, high = text.partition("-")
+    if not sep or not low.isdigit() or not high.isdigit() or not 2 <= int(low) <= int(high):
+        raise argparse.ArgumentTypeError(f"expected LOW-HIGH with 2 <= LOW <= HIGH, got {text!r}")
+    return int(low), int(high)
+
+
+def sequence_lengths(args: argparse.Namespace) -> list[int]:
+    """Each sequence's length: ``--seq-len``, or drawn uniformly from ``--lengths``."""
+    if args.lengths is None:
+        return [args.seq_len] * args.sequences
+    low, high = args.lengths
+    rng = np.random.default_rng([args.seed, 1])  # apart from the token ids' stream
+    return [int(n) for n in rng.integers(low, high + 1, size=args.sequences)]
+
+
+def prompt_lengths(args: argparse.Namespace, lengths: list[int]) -> list[int]:
+    return [min(args.prompt_len, n // 2) if args.lengths else args.prompt_len for n in lengths]
+
+
+def make_batch(args: argparse.Namespace, vocab: int) -> tuple[list, list, torch.Tensor]:
+    """The fixed batch: token ids, response masks, advantages (+1, -1, +1, ...)."""
+    rng = np.random.default_rng(args.seed)
+    lengths = sequence_lengths(args)
+    tokens = [rng.integers(0, vocab, size=n) for n in lengths]
+    masks = [np.arange(n) >= p for n, p in zip(lengths, prompt_lengths(args, lengths), strict=True)]
+    advantages = torch.tensor([1.0 if i % 2 == 0 else -1.0 for i in range(args.sequences)])
+    return tokens, masks, advantages
+
+
+def save_random_model(shape: str, folder: str, seed: int) -> None:
+    """A ``LlamaForCausalLM`` of ``shape`` (``SHAPES``) with random weights (``seed``), in
+    float32, and the default model's tokenizer, saved into ``folder``."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from llm_gym.lm.loading import load_default_model
+
+    _, tokenizer = load_default_model()
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(LlamaConfig(**SHAPES[shape], **SHAPE_COMMON))
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
 
 
 # -- one case, in its own process -------------------------------------------------------
@@ -132,13 +295,23 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
-def make_batch(args: argparse.Namespace, vocab: int) -> tuple[list, list, torch.Tensor]:
-    """The fixed batch: token ids, response masks, advantages (+1, -1, +1, ...)."""
-    rng = np.random.default_rng(args.seed)
-    tokens = [rng.integers(0, vocab, size=args.seq_len) for _ in range(args.sequences)]
-    masks = [np.arange(args.seq_len) >= args.prompt_len for _ in range(args.sequences)]
-    advantages = torch.tensor([1.0 if i % 2 == 0 else -1.0 for i in range(args.sequences)])
-    return tokens, masks, advantages
+class Memory:
+    """The memory a case is measured by: on CUDA the allocated bytes
+    (``torch.cuda.memory_allocated``, its peak ``max_memory_allocated``), on the CPU the
+    process's RSS (its peak ``ru_maxrss``); ``sync`` waits for the device's queued work."""
+
+    def __init__(self, device: str) -> None:
+        self.cuda = torch.device(device).type == "cuda"
+
+    def now(self) -> int:
+        return torch.cuda.memory_allocated() if self.cuda else rss_bytes()
+
+    def peak(self) -> int:
+        return torch.cuda.max_memory_allocated() if self.cuda else peak_rss_bytes()
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
 
 
 def record_grad_norms() -> list[float]:
@@ -156,15 +329,17 @@ def record_grad_norms() -> list[float]:
     return norms
 
 
-def time_steps(optimizer: torch.optim.Optimizer) -> list[tuple[float, int]]:
-    """Each of ``optimizer``'s steps from now on: its wall seconds, and the peak RSS as it
+def time_steps(optimizer: torch.optim.Optimizer, memory: Memory) -> list[tuple[float, int]]:
+    """Each of ``optimizer``'s steps from now on: its wall seconds, and the peak memory as it
     began (the forwards' and backwards' peak)."""
     steps: list[tuple[float, int]] = []
     original = optimizer.step
 
     def step(*a: Any, **k: Any) -> Any:
-        peak, start = peak_rss_bytes(), time.perf_counter()
+        memory.sync()
+        peak, start = memory.peak(), time.perf_counter()
         out = original(*a, **k)
+        memory.sync()
         steps.append((time.perf_counter() - start, peak))
         return out
 
@@ -180,16 +355,17 @@ def adamw_kind(optimizer: torch.optim.Optimizer) -> str:
 
 
 def setup_today(args: argparse.Namespace, info: dict[str, Any]) -> Any:
-    from llm_gym.lm.loading import load_default_model
+    from llm_gym.lm.loading import load_model
     from llm_gym.policies import TransformersPolicy
     from llm_gym.train.loss import grpo_loss
 
-    model, tokenizer = load_default_model()
+    model, tokenizer = load_model(args.model, device=args.device)
     info["model"] = model
     scorer = TransformersPolicy(model, tokenizer, input_mode="tokens", generate=False)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE)
     info["optimizer"] = optimizer
     tokens, masks, advantages = make_batch(args, model.config.vocab_size)
+    advantages = advantages.to(args.device)
     n = len(tokens)
     batches = [range(i, min(i + MINIBATCH, n)) for i in range(0, n, MINIBATCH)]
     info["forwards"] = "+".join(str(len(rows)) for rows in batches)
@@ -212,25 +388,27 @@ def setup_today(args: argparse.Namespace, info: dict[str, Any]) -> Any:
     return update
 
 
-def setup_new(
-    args: argparse.Namespace, info: dict[str, Any], budget: int, checkpointing: bool | None
-) -> Any:
+def setup_new(args: argparse.Namespace, info: dict[str, Any], case: NewCase) -> Any:
     import llm_gym.train.update as update_module
     from llm_gym.train import GRPOConfig, GRPOTrainer
 
     folder = tempfile.mkdtemp(prefix="bench_train_memory_")
     info["cleanup"].append(lambda: shutil.rmtree(folder, ignore_errors=True))
+    info["precision"] = case.precision or args.precision
     config = GRPOConfig(
-        model="default", out=str(Path(folder) / "run"), eval_episodes=0, progress=False,
+        model=args.model, device=args.device, precision=info["precision"],
+        packing=case.packing, lora_rank=case.lora,
+        out=str(Path(folder) / "run"), eval_episodes=0, progress=False,
         groups=max(1, args.sequences // 8), group_size=8, learning_rate=LEARNING_RATE,
-        max_tokens_per_microbatch=budget, max_grad_norm=MAX_GRAD_NORM, clip_coef=CLIP_COEF,
+        max_tokens_per_microbatch=case.budget, max_grad_norm=MAX_GRAD_NORM, clip_coef=CLIP_COEF,
         minibatch_size=MINIBATCH,
     )  # fmt: skip
-    if checkpointing is not None:  # else GRPOConfig's default
-        config.gradient_checkpointing = checkpointing
+    if case.checkpointing is not None:  # else GRPOConfig's default
+        config.gradient_checkpointing = case.checkpointing
     trainer = GRPOTrainer(config)
     info["cleanup"].insert(0, lambda: (trainer.close(), trainer.lock.release()))
     info["model"], info["optimizer"] = trainer.model, trainer.optimizer
+    info["weights"] = str(next(trainer.model.parameters()).dtype).removeprefix("torch.")
     tokens, masks, advantages = make_batch(args, trainer.model.config.vocab_size)
     # Each forward's rows, and whether it ran checkpointed (train mode, layers flagged).
     forwards, scored = [], update_module.selected_log_probs
@@ -243,6 +421,7 @@ def setup_new(
     update_module.selected_log_probs = recording
 
     def update() -> float:
+        forwards.clear()
         loss = trainer._optimize(tokens, masks, advantages)["loss"]
         info["forwards"] = "+".join(forwards)
         return loss
@@ -250,29 +429,33 @@ def setup_new(
     return update
 
 
-def setup_trl(args: argparse.Namespace, info: dict[str, Any], rows: int | None) -> Any:
+def setup_trl(args: argparse.Namespace, info: dict[str, Any], case: TRLCase) -> Any:
     import trl
     from datasets import Dataset
     from trl import GRPOConfig as TRLConfig
     from trl import GRPOTrainer as TRLTrainer
     from trl.trainer.utils import split_tensor_dict
 
-    from llm_gym.lm.loading import load_default_model
+    from llm_gym.lm.loading import load_model
 
     info["trl_version"] = trl.__version__
-    model, tokenizer = load_default_model()
+    model, tokenizer = load_model(args.model)  # float32, on the CPU: TRL's Trainer moves it
     info["model"] = model
     folder = tempfile.mkdtemp(prefix="bench_train_memory_trl_")
     info["cleanup"].append(lambda: shutil.rmtree(folder, ignore_errors=True))
-    n, response = args.sequences, args.seq_len - args.prompt_len
-    rows = rows or n  # per forward; the rest of the batch by gradient accumulation
+    tokens, masks, advantages = make_batch(args, model.config.vocab_size)
+    lengths = [len(t) for t in tokens]
+    prompts = prompt_lengths(args, lengths)
+    n, response = args.sequences, max(a - b for a, b in zip(lengths, prompts, strict=True))
+    rows = case.rows or n  # per forward; the rest of the batch by gradient accumulation
     if n % rows:
         raise ValueError(f"trl-{rows}: {n} sequences do not split into forwards of {rows}")
     accumulated = n // rows
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # gradient_checkpointing's new name
         config = TRLConfig(
-            output_dir=folder, use_cpu=True, bf16=False, report_to="none",
+            output_dir=folder, use_cpu=torch.device(args.device).type == "cpu", bf16=case.bf16,
+            report_to="none",
             per_device_train_batch_size=rows, gradient_accumulation_steps=accumulated,
             num_generations=8,
             max_completion_length=response, gradient_checkpointing=True,
@@ -289,6 +472,7 @@ def setup_trl(args: argparse.Namespace, info: dict[str, Any], rows: int | None) 
         processing_class=tokenizer,
     )  # fmt: skip
     info["loss_type"] = trainer.loss_type
+    info["precision"] = "bf16 autocast" if case.bf16 else "fp32"
     model = trainer.model
     # What Trainer.train() does before its loop (transformers 5): checkpointing on.
     if config.activation_checkpointing:
@@ -302,19 +486,28 @@ def setup_trl(args: argparse.Namespace, info: dict[str, Any], rows: int | None) 
     )
     optimizer = info["optimizer"] = trainer.create_optimizer()
     trainer.current_gradient_accumulation_steps = accumulated  # set by Trainer's loop
-    tokens, masks, advantages = make_batch(args, model.config.vocab_size)
-    ids = torch.from_numpy(np.stack(tokens)).to(trainer.accelerator.device)
-    prompt, completion = ids[:, : args.prompt_len], ids[:, args.prompt_len :]
-    completion_mask = torch.from_numpy(np.stack(masks)[:, args.prompt_len :]).long()
+    # As _generate_and_score_completions pads them: prompts on the left, completions on the
+    # right (a uniform batch has no padding).
+    pad, width = tokenizer.pad_token_id, max(prompts)
+    prompt = torch.full((n, width), pad, dtype=torch.long)
+    prompt_mask = torch.zeros((n, width), dtype=torch.long)
+    completion = torch.full((n, response), pad, dtype=torch.long)
+    completion_mask = torch.zeros((n, response), dtype=torch.long)
+    for i, (ids, mask, p) in enumerate(zip(tokens, masks, prompts, strict=True)):
+        ids = torch.from_numpy(ids)
+        prompt[i, width - p :], prompt_mask[i, width - p :] = ids[:p], 1
+        completion[i, : len(ids) - p] = ids[p:]
+        completion_mask[i, : len(ids) - p] = torch.from_numpy(mask[p:]).long()
+    device = trainer.accelerator.device
     # The keys _generate_and_score_completions returns with num_iterations 1, no vLLM, no
     # reference model (beta 0), text only: old_per_token_logps absent (None).
     inputs = {
-        "prompt_ids": prompt,
-        "prompt_mask": torch.ones_like(prompt),
-        "completion_ids": completion,
-        "completion_mask": completion_mask,
-        "advantages": advantages,
-        "num_items_in_batch": completion_mask.sum(),
+        "prompt_ids": prompt.to(device),
+        "prompt_mask": prompt_mask.to(device),
+        "completion_ids": completion.to(device),
+        "completion_mask": completion_mask.to(device),
+        "advantages": advantages.to(device),
+        "num_items_in_batch": completion_mask.sum().to(device),
     }
     # As _prepare_inputs buffers a generation batch: one slice per accumulation step, each
     # keeping the whole batch's num_items_in_batch (the dapo loss divides by it).
@@ -338,45 +531,68 @@ def setup_trl(args: argparse.Namespace, info: dict[str, Any], rows: int | None) 
 
 
 def run_one(case: str, args: argparse.Namespace) -> dict[str, Any]:
-    """Set ``case`` up, then time exactly one update; its numbers."""
+    """Set ``case`` up, then time its update(s); its numbers."""
     if args.threads:
         torch.set_num_threads(args.threads)
+    memory = Memory(args.device)
+    updates = args.updates or (CUDA_UPDATES if memory.cuda else 1)
     result: dict[str, Any] = {"case": case, "threads": torch.get_num_threads()}
+    result["device"] = torch.cuda.get_device_name() if memory.cuda else "cpu"
     info: dict[str, Any] = {"cleanup": []}
     result["rss_start"] = rss_bytes()
+    lengths = sequence_lengths(args)
+    result["tokens"], result["padded_tokens"] = sum(lengths), len(lengths) * max(lengths)
     start = time.perf_counter()
     try:
         if case == "today":
             update = setup_today(args, info)
         elif parse_new(case):
-            update = setup_new(args, info, *parse_new(case))
+            update = setup_new(args, info, parse_new(case))
         elif parse_trl(case):
-            update = setup_trl(args, info, parse_trl(case)[0])
+            update = setup_trl(args, info, parse_trl(case))
         else:
             raise ValueError(f"unknown case {case!r}")
         result["setup_s"] = time.perf_counter() - start
         model = info.pop("model")
-        result["params"] = sum(p.numel() for p in model.parameters())
+        parameters = list(model.parameters())  # each tensor once: tied embeddings count once
+        result["params"] = sum(p.numel() for p in parameters)
+        result["trainable"] = sum(p.numel() for p in parameters if p.requires_grad)
         result["layers"] = model.config.num_hidden_layers
         result["hidden"] = model.config.hidden_size
         result["attention"] = model.config._attn_implementation
         optimizer = info.pop("optimizer")
         result["adamw"] = f"{type(optimizer).__name__} {adamw_kind(optimizer)}"
-        # The weights are loaded memory-mapped: read each once, so that they are resident
-        # before the update and the RSS after setup counts them.
-        with torch.no_grad():
-            for p in model.parameters():
-                p.sum()
-        norms, steps = record_grad_norms(), time_steps(optimizer)
-        result["rss_before"], result["peak_before"] = rss_bytes(), peak_rss_bytes()
-        start, cpu = time.perf_counter(), time.process_time()
-        loss = update()
-        result["update_s"] = time.perf_counter() - start
-        result["update_cpu_s"] = time.process_time() - cpu  # all threads
-        result["peak"], result["rss_after"] = peak_rss_bytes(), rss_bytes()
-        result["loss"], result["grad_norm"] = float(loss), norms[-1] if norms else None
-        result["step_s"] = sum(seconds for seconds, _ in steps)
+        if memory.cuda:
+            memory.sync()
+            torch.cuda.reset_peak_memory_stats()
+        else:
+            # The weights are loaded memory-mapped: read each once, so that they are resident
+            # before the update and the RSS after setup counts them.
+            with torch.no_grad():
+                for p in parameters:
+                    p.sum()
+        del parameters
+        norms, steps = record_grad_norms(), time_steps(optimizer, memory)
+        result["rss_before"], result["peak_before"] = memory.now(), memory.peak()
+        walls, cpus, losses = [], [], []
+        for _ in range(updates):
+            memory.sync()
+            start, cpu = time.perf_counter(), time.process_time()
+            losses.append(update())
+            memory.sync()
+            walls.append(time.perf_counter() - start)
+            cpus.append(time.process_time() - cpu)  # all threads
+        timed = slice(1, None) if updates > 1 else slice(None)  # past the warm-up update
+        result["updates"], result["update_walls"] = updates, walls
+        result["update_s"] = statistics.median(walls[timed])
+        result["update_cpu_s"] = statistics.median(cpus[timed])
+        result["peak"], result["rss_after"] = memory.peak(), memory.now()
+        result["host_peak"] = peak_rss_bytes()
+        result["loss"], result["grad_norm"] = float(losses[0]), norms[0] if norms else None
+        result["step_s"] = statistics.median([s for s, _ in steps][timed]) if steps else 0.0
         result["peak_before_step"] = steps[0][1] if steps else None
+        result["tokens_per_s"] = result["tokens"] / result["update_s"]
+        result["flops"] = 6 * result["params"] * result["tokens"]  # per update (MFU's)
     except Exception as error:  # the case cannot be built or run: say why, no numbers
         traceback.print_exc()
         result["error"] = f"{type(error).__name__}: {error}".splitlines()[0][:300]
@@ -390,13 +606,17 @@ def run_one(case: str, args: argparse.Namespace) -> dict[str, Any]:
 # -- the parent: one process per case, the table and the goals ---------------------------
 
 
-def run_child(case: str, args: argparse.Namespace) -> dict[str, Any]:
+def run_child(case: str, args: argparse.Namespace, model: str) -> dict[str, Any]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     command = [
         sys.executable, __file__, "--one", case, "--seq-len", str(args.seq_len),
         "--prompt-len", str(args.prompt_len), "--sequences", str(args.sequences),
         "--seed", str(args.seed), "--threads", str(args.threads or 0),
+        "--device", args.device, "--precision", args.precision, "--model", model,
+        "--updates", str(args.updates),
     ]  # fmt: skip
+    if args.lengths:
+        command += ["--lengths", "-".join(map(str, args.lengths))]
     try:
         done = subprocess.run(
             command, capture_output=True, text=True, env=env, timeout=args.timeout
@@ -415,16 +635,29 @@ def run_child(case: str, args: argparse.Namespace) -> dict[str, Any]:
     return {"case": case, "error": f"exit {done.returncode}{killed}, no result"}
 
 
-def budget_of(case: str) -> int:
-    return parse_new(case)[0]
+def peak_tflops(args: argparse.Namespace, device: str) -> float | None:
+    """The peak MFU is measured against: --peak-tflops, else by the device's name."""
+    if args.peak_tflops:
+        return args.peak_tflops
+    return next((tflops for name, tflops in PEAK_TFLOPS.items() if name in device), None)
+
+
+def add_mfu(result: dict[str, Any], args: argparse.Namespace) -> None:
+    """``result``'s MFU (None: no peak known) and the peak it is of."""
+    if "flops" not in result:
+        return
+    peak = result["peak_tflops"] = peak_tflops(args, result.get("device", ""))
+    achieved = result["flops"] / result["update_s"]
+    result["mfu"] = None if peak is None else achieved / (peak * 1e12)
 
 
 def floor_bytes(result: dict[str, Any], args: argparse.Namespace, budget: int) -> dict:
     """The floor of a new-path update with ``budget``: its parts and how they are computed."""
     from llm_gym.train.loss import microbatches
 
-    split = microbatches([args.seq_len] * args.sequences, budget, MINIBATCH)
-    tokens = max(len(rows) for rows in split) * args.seq_len  # all one length: no padding
+    lengths = sequence_lengths(args)
+    split = microbatches(lengths, budget, MINIBATCH)
+    tokens = max(sum(lengths[i] for i in rows) for rows in split)  # no padding
     params, layers, hidden = result["params"], result["layers"], result["hidden"]
     state, activations = 4 * params * 4, layers * tokens * hidden * 4
     return {"state": state, "activations": activations, "total": state + activations,
@@ -435,37 +668,61 @@ def gb(value: float | None) -> str:
     return "-" if value is None else f"{value / GB:.2f}"
 
 
-def print_table(results: list[dict[str, Any]], floors: dict[int, dict]) -> None:
+def print_table(
+    results: list[dict[str, Any]], floors: dict[int, dict], args: argparse.Namespace
+) -> None:
+    width = max([len(r["case"]) for r in results] + [len("floor-4096"), 4])
     print(
-        f"\n{'case':<50} {'peak GB':>7} {'fwd+bwd':>7} {'before':>6} {'own GB':>6} "
-        f"{'update s':>8} {'cpu s':>7} {'step s':>6} {'setup s':>7} {'forwards':>9} "
-        f"{'loss':>9} {'grad norm':>9}"
+        f"\n{'case':<{width}} {'peak GB':>7} {'fwd+bwd':>7} {'before':>6} {'own GB':>6} "
+        f"{'update s':>8} {'cpu s':>7} {'step s':>6} {'setup s':>7} {'tok/s':>8} {'MFU':>6} "
+        f"{'forwards':>9} {'loss':>9} {'grad norm':>9}"
     )
     for r in results:
-        name = label(r["case"])
         if "error" in r:
-            print(f"{name:<50} FAILED: {r['error']}")
+            print(f"{r['case']:<{width}} FAILED: {r['error']}")
             continue
         own = r["peak"] - r["rss_before"]
+        mfu = "n/a" if r.get("mfu") is None else f"{100 * r['mfu']:.1f}%"
         print(
-            f"{name:<50} {gb(r['peak']):>7} {gb(r['peak_before_step']):>7} "
-            f"{gb(r['rss_before']):>6} {gb(own):>6} {r['update_s']:8.1f} "
-            f"{r['update_cpu_s']:7.1f} {r['step_s']:6.1f} {r['setup_s']:7.1f} "
-            f"{r.get('forwards', ''):>9} {r['loss']:9.2e} {r['grad_norm']:9.4f}"
+            f"{r['case']:<{width}} {gb(r['peak']):>7} {gb(r['peak_before_step']):>7} "
+            f"{gb(r['rss_before']):>6} {gb(own):>6} {r['update_s']:8.2f} "
+            f"{r['update_cpu_s']:7.1f} {r['step_s']:6.2f} {r['setup_s']:7.1f} "
+            f"{r['tokens_per_s']:8.0f} {mfu:>6} {r.get('forwards', ''):>9} "
+            f"{r['loss']:9.2e} {r['grad_norm']:9.4f}"
         )
         if r["peak"] <= r["peak_before"]:
-            print(f"{'':<50} (the peak was reached before the update: setup's, not its)")
+            print(f"{'':<{width}} (the peak was reached before the update: setup's, not its)")
     for budget, floor in floors.items():
-        name = f"floor (computed), {budget} tokens a micro-batch"
-        print(f"{name:<50} {gb(floor['total']):>7}")
-    print("\n(GB = 10^9 bytes; peak: the process's peak RSS; fwd+bwd: the peak RSS as the")
-    print(" optimizer's step began; before: RSS after setup (weights resident), before the update;")
-    print(" own: peak - before, what the update adds (gradients and AdamW's moments included);")
-    print(" update s: wall clock; cpu s: the process's CPU time, all threads; step s: of which")
-    print(" the optimizer's step, wall; forwards: sequences per forward, c: checkpointed;")
-    print(" grad norm: before clipping, as clip_grad_norm_ returns it)")
+        print(f"{f'floor-{budget}':<{width}} {gb(floor['total']):>7}")
+    cuda = any(r.get("device", "cpu") != "cpu" for r in results)
+    updates = max((r.get("updates", 1) for r in results), default=1)
+    print("\ncases:")
+    for r in results:
+        print(f"  {r['case']:<{width}} {label(r['case'], args.precision)}")
+    for budget in floors:
+        name = f"floor-{budget}"
+        print(f"  {name:<{width}} computed: fp32 weights, gradients, AdamW; one micro-batch's")
+    if cuda:
+        print(
+            "\n(GB = 10^9 bytes; peak: torch.cuda.max_memory_allocated over the updates; fwd+bwd:"
+        )
+        print(" the same as the first optimizer step began; before: allocated after setup; own:")
+        print(f" peak - before; update s: median wall clock of updates 2-{updates} (synchronized);")
+    else:
+        print("\n(GB = 10^9 bytes; peak: the process's peak RSS; fwd+bwd: the peak RSS as the")
+        print(" optimizer's step began; before: RSS after setup (weights resident), before the")
+        print(" update; own: peak - before, what the update adds (gradients and AdamW's moments")
+        print(" included); update s: wall clock;")
+    print(" cpu s: the process's CPU time, all threads; step s: of which the optimizer's step;")
+    print(" tok/s: real (non-padding) tokens / update s; MFU: 6 x params x tokens / update s /")
+    print(" peak (n/a: no peak known); forwards: sequences per forward, c: checkpointed;")
+    print(" grad norm: before clipping, as clip_grad_norm_ returns it; loss, grad norm: update 1)")
     kinds = {r["case"]: r["adamw"] for r in results if "adamw" in r}
     print("optimizers: " + "; ".join(f"{case} {kind}" for case, kind in kinds.items()))
+    peaks = {r.get("peak_tflops") for r in results if "mfu" in r} - {None}
+    devices = {r["device"] for r in results if "device" in r}
+    print(f"device: {', '.join(sorted(devices))}; MFU's peak: "
+          f"{', '.join(f'{p:g} TFLOP/s' for p in sorted(peaks)) or 'none'}")  # fmt: skip
 
 
 def print_floor(floor: dict, budget: int) -> None:
@@ -478,15 +735,21 @@ def print_floor(floor: dict, budget: int) -> None:
     )
 
 
-def print_goals(by_case: dict[str, dict], floors: dict[int, dict]) -> None:
+Goal = tuple[str, float | None, str, bool | None, str]  # name, value, target, met, note
+GOAL_KEYS = ("goal", "value", "target", "met", "note")
+
+
+def goals(by_case: dict[str, dict], floors: dict[int, dict], args: argparse.Namespace) -> list:
+    """Issue 42's goals (the default model, fp32, on the CPU) and issue 51's packing goal."""
+
     def ok(r: dict | None) -> bool:
         return r is not None and "error" not in r
 
     new, today = by_case.get("new"), by_case.get("today")
     trls = {case: r for case, r in by_case.items() if parse_trl(case)}
-    print(f"\n{'goal (issue 42)':<50} {'value':>10} {'target':>10} met")
-    rows: list[tuple[str, float | None, str, bool | None, str]] = []
-    if ok(new):
+    rows: list[Goal] = []
+    issue42 = args.device == "cpu" and args.model == "default" and args.precision == "fp32"
+    if issue42 and ok(new):
         peak = new["peak"] / GB
         rows.append(("new peak (GB)", peak, "<= 4.00", peak <= 4.0, ""))
         if DEFAULT_BUDGET in floors:
@@ -515,12 +778,33 @@ def print_goals(by_case: dict[str, dict], floors: dict[int, dict]) -> None:
                 rows.append((f"today's s / new s ({clock})", ratio, "", None, ""))
             own = (today["peak"] - today["rss_before"]) / (new["peak"] - new["rss_before"])
             rows.append(("today's own GB / new own GB", own, "", None, ""))
-    else:
+    elif issue42:
         rows.append(("new path", None, "", None, "missing or failed: no goals to check"))
-    for label, value, target, met, note in rows:
+    # Issue 51: packing >= 1.3x the padded update's tokens per second on a ragged batch.
+    for case, padded in by_case.items():
+        parsed = parse_new(case)
+        if parsed is None or parsed.packing:
+            continue
+        packed_case = case.replace("-nopack", "")
+        packed = by_case.get(packed_case)
+        name = f"{packed_case} tok/s / {case} tok/s"
+        if not (ok(packed) and ok(padded)):
+            rows.append((name, None, ">= 1.30", None, "a case missing or failed"))
+            continue
+        ratio = packed["tokens_per_s"] / padded["tokens_per_s"]
+        note = "" if args.lengths else "(a uniform batch has no padding to save)"
+        rows.append((name, ratio, ">= 1.30", ratio >= 1.3 if args.lengths else None, note))
+    return rows
+
+
+def print_goals(rows: list[Goal]) -> None:
+    if not rows:
+        return
+    print(f"\n{'goal (issues 42, 51)':<50} {'value':>10} {'target':>10} met")
+    for name, value, target, met, note in rows:
         shown = f"{value:10.3f}" if value is not None else f"{'-':>10}"
         verdict = "" if met is None else ("yes" if met else "NO")
-        print(f"{label:<50} {shown} {target:>10} {verdict} {note}".rstrip())
+        print(f"{name:<50} {shown} {target:>10} {verdict} {note}".rstrip())
 
 
 def print_loss_check(by_case: dict[str, dict], args: argparse.Namespace) -> None:
@@ -534,13 +818,15 @@ def print_loss_check(by_case: dict[str, dict], args: argparse.Namespace) -> None
     # how they average it, per response (llm_gym, TRL's "grpo") or per token ("dapo").
     per_response = -float(advantages.mean())
     per_token = -float((advantages * counts).sum() / counts.sum())
+    same = bool((counts == counts[0]).all())
     print(
         f"\nTRL's loss_type: {trl.get('loss_type')!r} (optimizer {trl.get('adamw')}, "
         f"checkpointing {'on' if trl.get('checkpointing') else 'OFF'}). At ratio 1 llm_gym's "
         f"loss, per response then over responses, is {per_response:.6f}; with TRL's dapo "
-        f"normalisation (all response tokens of the batch) {per_token:.6f} — equal here, as "
-        f"every response has {int(counts[0])} tokens."
-    )
+        f"normalisation (all response tokens of the batch) {per_token:.6f}"
+        + (f" — equal here, as every response has {int(counts[0])} tokens." if same else
+           " — they differ here: the responses' lengths differ, and so do the gradients.")
+    )  # fmt: skip
     if new is not None and "error" not in new:
         print(
             f"loss: llm_gym {new['loss']:.6f}, TRL {trl['loss']:.6f}; gradient norm before "
@@ -550,68 +836,136 @@ def print_loss_check(by_case: dict[str, dict], args: argparse.Namespace) -> None
         )
 
 
+def resolve_model(args: argparse.Namespace, cleanup: list) -> str:
+    """What every case loads: ``default``, a folder, or a random model of a shape saved into
+    a temporary folder now."""
+    if args.model == "default" or args.model not in SHAPES:
+        return args.model
+    folder = tempfile.mkdtemp(prefix=f"bench_train_memory_{args.model}_")
+    cleanup.append(lambda: shutil.rmtree(folder, ignore_errors=True))
+    start = time.perf_counter()
+    save_random_model(args.model, folder, args.seed)
+    print(f"  random {args.model} saved in {time.perf_counter() - start:.0f} s", flush=True)
+    return folder
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument(
         "--cases", default=",".join(CASES),
-        help=f"comma-separated, of {CASES}, new-<budget>[-ckpt|-nockpt], trl-<rows>",
+        help=f"comma-separated, of {CASES}, "
+        "new[-<budget>][-ckpt|-nockpt][-lora<rank>][-nopack][@<precision>], trl[-<rows>][-bf16]",
     )  # fmt: skip
     parser.add_argument("--seq-len", type=int, default=700, help="tokens per sequence")
     parser.add_argument("--prompt-len", type=int, default=100, help="of which prompt")
     parser.add_argument("--sequences", type=int, default=16, help="sequences in the batch")
-    parser.add_argument("--seed", type=int, default=0, help="the token ids' seed")
+    parser.add_argument(
+        "--lengths", type=parse_lengths, default=None, metavar="LOW-HIGH",
+        help="a ragged batch: lengths drawn uniformly in LOW..HIGH from --seed "
+        "(default: all --seq-len)",
+    )  # fmt: skip
+    parser.add_argument("--seed", type=int, default=0, help="the batch's and random model's seed")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--precision", default="fp32", choices=PRECISIONS, help="new's cases'")
+    parser.add_argument(
+        "--model", default="default",
+        help=f"'default', a model folder, or a random model of a shape: {', '.join(SHAPES)}",
+    )  # fmt: skip
+    parser.add_argument(
+        "--updates", type=int, default=0,
+        help=f"updates per case (0: 1 on the CPU, {CUDA_UPDATES} on CUDA; past one, the "
+        "median of all but the first counts)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--peak-tflops", type=float, default=None,
+        help="MFU's peak (default: by the CUDA device's name, "
+        + ", ".join(f"{name} {tflops:g}" for name, tflops in PEAK_TFLOPS.items())
+        + "; else none: MFU n/a)",
+    )  # fmt: skip
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per case at most")
+    parser.add_argument("--json", help="write the results and goals here")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if not 0 < args.prompt_len < args.seq_len:
+    if args.lengths is None and not 0 < args.prompt_len < args.seq_len:
         parser.error("--prompt-len must be between 0 and --seq-len")
+    if args.updates < 0:
+        parser.error("--updates must be 0 (by the device) or more")
     if args.one:
         print(json.dumps(run_one(args.one, args)), flush=True)
         return
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     for case in cases:
-        if case != "today" and parse_new(case) is None and parse_trl(case) is None:
+        if not known(case):
             parser.error(
-                f"--cases: each one of {CASES}, new-<budget>[-ckpt|-nockpt] or trl-<rows>, "
-                f"got {case!r}"
+                f"--cases: each one of {CASES}, new[-<budget>][-ckpt|-nockpt][-lora<rank>]"
+                f"[-nopack][@<precision>] or trl[-<rows>][-bf16], got {case!r}"
             )
+    if args.model not in SHAPES and args.model != "default" and not Path(args.model).is_dir():
+        parser.error(
+            f"--model: 'default', a folder or one of {', '.join(SHAPES)}, got {args.model!r}"
+        )
     if args.threads:
         torch.set_num_threads(args.threads)
+    lengths = sequence_lengths(args)
+    batch = (
+        f"{args.sequences} sequences × {args.seq_len} tokens ({args.prompt_len} prompt + "
+        f"{args.seq_len - args.prompt_len} response)" if args.lengths is None else
+        f"{args.sequences} sequences of {args.lengths[0]}-{args.lengths[1]} tokens "
+        f"({sum(lengths)} tokens, {len(lengths) * max(lengths)} padded to the longest)"
+    )  # fmt: skip
     print(
-        f"one GRPO update on {args.sequences} sequences × {args.seq_len} tokens "
-        f"({args.prompt_len} prompt + {args.seq_len - args.prompt_len} response), "
-        f"SmolLM2-135M-Instruct float32 on CPU; {torch.get_num_threads()} torch threads of "
-        f"{os.cpu_count()} cores, torch {torch.__version__}; each case in its own process",
+        f"one GRPO update on {batch}, model {args.model}, --precision {args.precision}, on "
+        f"{args.device}; {torch.get_num_threads()} torch threads of {os.cpu_count()} cores, "
+        f"torch {torch.__version__}; each case in its own process",
         flush=True,
     )
+    cleanup: list = []
     results, started = [], time.perf_counter()
-    for case in cases:
-        print(f"  {case} ...", flush=True)
-        result = run_child(case, args)
-        results.append(result)
-        if "error" in result:
-            print(f"  {case} FAILED: {result['error']}", flush=True)
-        else:
-            print(
-                f"  {case}: peak {gb(result['peak'])} GB, update {result['update_s']:.1f} s",
-                flush=True,
-            )
+    try:
+        model = resolve_model(args, cleanup)
+        for case in cases:
+            print(f"  {case} ...", flush=True)
+            result = run_child(case, args, model)
+            add_mfu(result, args)
+            results.append(result)
+            if "error" in result:
+                print(f"  {case} FAILED: {result['error']}", flush=True)
+            else:
+                print(
+                    f"  {case}: peak {gb(result['peak'])} GB, update {result['update_s']:.2f} s, "
+                    f"{result['tokens_per_s']:.0f} tokens/s",
+                    flush=True,
+                )
+    finally:
+        for step in cleanup:
+            step()
     by_case = {r["case"]: r for r in results}
-    measured = next((r for r in results if "params" in r), None)
+    measured = next(
+        (r for r in results if "params" in r and r.get("trainable") == r["params"]), None
+    )
     floors = {}
     if measured is not None:
-        budgets = sorted({budget_of(c) for c in cases if parse_new(c)} or {DEFAULT_BUDGET})
+        budgets = sorted({parse_new(c).budget for c in cases if parse_new(c)} or {DEFAULT_BUDGET})
         for budget in budgets:
             floors[budget] = floor_bytes(measured, args, budget)
-    print_table(results, floors)
+    print_table(results, floors, args)
     for budget, floor in floors.items():
         print_floor(floor, budget)
     print_loss_check(by_case, args)
-    print_goals(by_case, floors)
+    rows = goals(by_case, floors, args)
+    print_goals(rows)
     attention = {r.get("attention") for r in results if r.get("attention")}
-    print(f"\n(attention: {', '.join(sorted(attention))}; whole benchmark "
-          f"{time.perf_counter() - started:.0f} s)")  # fmt: skip
+    seconds = time.perf_counter() - started
+    print(f"\n(attention: {', '.join(sorted(attention))}; whole benchmark {seconds:.0f} s)")
+    if args.json:
+        report = {
+            "args": {k: v for k, v in vars(args).items() if k != "one"},
+            "lengths": lengths, "results": results, "seconds": seconds,
+            "floors": floors,
+            "goals": [dict(zip(GOAL_KEYS, row, strict=True)) for row in rows],
+        }  # fmt: skip
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
 
 
 if __name__ == "__main__":
