@@ -38,8 +38,8 @@ packing, ragged batches, tokens per second and MFU):
   ``--precision`` does not apply to TRL's cases.
 
 The model, ``--model``: ``default`` (SmolLM2-135M-Instruct, ``load_default_model``), a model
-folder (``save_pretrained``'s), or the name of a shape, built with random weights (seeded by
-``--seed``; no download): ``SmolLM2-135M`` (hidden 576, 30 layers, 9 heads, 3 kv heads,
+folder (``save_pretrained``'s), or the name of a shape, built with random weights (drawn on
+``--device`` from ``--seed``; no download): ``SmolLM2-135M`` (hidden 576, 30 layers, 9 heads, 3 kv heads,
 intermediate 1536), ``SmolLM2-360M`` (960, 32, 15, 5, 2560) or ``SmolLM2-1.7B`` (2048, 24, 32,
 32, 8192), each a ``LlamaConfig`` with vocabulary 49152, tied embeddings, 8192 positions and
 SmolLM2's rope_theta (1e5; 1.3e5 for 1.7B). The random model is saved in float32 with the
@@ -267,19 +267,24 @@ def make_batch(args: argparse.Namespace, vocab: int) -> tuple[list, list, torch.
     return tokens, masks, advantages
 
 
-def save_random_model(shape: str, folder: str, seed: int) -> None:
-    """A ``LlamaForCausalLM`` of ``shape`` (``SHAPES``) with random weights (``seed``), in
-    float32, and the default model's tokenizer, saved into ``folder``."""
+def save_random_model(shape: str, folder: str, seed: int, device: str = "cpu") -> None:
+    """A ``LlamaForCausalLM`` of ``shape`` (``SHAPES``) with random weights (``seed``; drawn
+    on ``device``, where a GPU draws 1.7B of them in a second), in float32, and the default
+    model's tokenizer, saved into ``folder``."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from llm_gym.lm.loading import load_default_model
 
     _, tokenizer = load_default_model()
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(LlamaConfig(**SHAPES[shape], **SHAPE_COMMON))
+    with torch.device(device):
+        model = LlamaForCausalLM(LlamaConfig(**SHAPES[shape], **SHAPE_COMMON))
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
+    del model
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()  # the cases run in processes of their own
 
 
 # -- one case, in its own process -------------------------------------------------------
@@ -844,7 +849,7 @@ def resolve_model(args: argparse.Namespace, cleanup: list) -> str:
     folder = tempfile.mkdtemp(prefix=f"bench_train_memory_{args.model}_")
     cleanup.append(lambda: shutil.rmtree(folder, ignore_errors=True))
     start = time.perf_counter()
-    save_random_model(args.model, folder, args.seed)
+    save_random_model(args.model, folder, args.seed, args.device)
     print(f"  random {args.model} saved in {time.perf_counter() - start:.0f} s", flush=True)
     return folder
 
