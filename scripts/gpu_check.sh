@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The GPU check of issue 51 (item 8): on one CUDA GPU, offline, in at most --budget seconds
-# (360), run every CUDA test, the KL, policy and env benches in bfloat16, the update's memory
-# and speed bench (bench_train_memory.py: the default SmolLM2-135M and a random SmolLM2-1.7B,
-# llm_gym fp32 / bf16-mixed / LoRA 16 and TRL fp32 / bf16, 16 x 700 tokens; the 135M at
-# 64 x 2048) and README's main job; print one table (step, status, seconds, key figures) and
-# write it as JSON.
+# (360), in this order: every CUDA test, the KL, policy and env benches in bfloat16, the
+# update's memory and speed bench (bench_train_memory.py: the default SmolLM2-135M and a
+# random SmolLM2-1.7B, llm_gym fp32 / bf16-mixed / LoRA 16 and TRL fp32 / bf16, 16 x 700
+# tokens), README's main job, and the bench on the 135M at 64 x 2048; print one table (step,
+# status, seconds, key figures) and write it as JSON. Exit status 0 when every step passed.
 #
 #   bash scripts/gpu_check.sh [--dry-run] [--json PATH] [--budget SECONDS]
 #
@@ -81,14 +81,14 @@ CASES="new,new@bf16-mixed,new-lora16,trl,trl-bf16"
 NAMES=() TIMEOUTS=() COMMANDS=()
 step() { NAMES+=("$1"); TIMEOUTS+=("$2"); COMMANDS+=("$3"); }
 step gpu 30 "$PY -c 'import sys, torch; print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda, torch.cuda.get_device_name() if torch.cuda.is_available() else \"NO CUDA DEVICE\"); sys.exit(not torch.cuda.is_available())'"
-step tests 90 "$PY -m pytest -q -m '' -k cuda -p no:cacheprovider ${TEST_FILES:-tests/}"
-step bench_kl 60 "$PY scripts/bench_kl.py --device cuda --dtype bfloat16 --num-envs 32 --rounds 3 --max-new-tokens 32 --no-install"
-step bench_policy 45 "$PY scripts/bench_policy.py --device cuda --dtype bfloat16 --n 16 --rounds 3 --max-new-tokens 32"
-step bench_env 45 "$PY scripts/bench_env.py --device cuda --dtype bfloat16 --num-envs 128 --turns 256 --torchrl-turns 32 --repeats 3 --no-install"
-step train_memory_135m 90 "$BTM --model default --sequences 16 --seq-len 700 --cases $CASES --timeout 60 --json $LOGS/train_memory_135m.json"
-step main_job 150 "$MAIN"
-step train_memory_1.7b 150 "$BTM --model SmolLM2-1.7B --sequences 16 --seq-len 700 --cases $CASES --timeout 60 --json $LOGS/train_memory_1.7b.json"
-step train_memory_135m_64x2048 120 "$BTM --model default --sequences 64 --seq-len 2048 --cases $CASES --timeout 60 --json $LOGS/train_memory_135m_64x2048.json"
+step tests 75 "$PY -m pytest -q -m '' -k cuda -p no:cacheprovider ${TEST_FILES:-tests/}"
+step bench_kl 50 "$PY scripts/bench_kl.py --device cuda --dtype bfloat16 --num-envs 32 --rounds 3 --max-new-tokens 32 --no-install"
+step bench_policy 40 "$PY scripts/bench_policy.py --device cuda --dtype bfloat16 --n 16 --rounds 3 --max-new-tokens 32"
+step bench_env 40 "$PY scripts/bench_env.py --device cuda --dtype bfloat16 --num-envs 128 --turns 256 --torchrl-turns 32 --repeats 3 --no-install"
+step train_memory_135m 80 "$BTM --model default --sequences 16 --seq-len 700 --cases $CASES --timeout 60 --json $LOGS/train_memory_135m.json"
+step train_memory_1.7b 120 "$BTM --model SmolLM2-1.7B --sequences 16 --seq-len 700 --cases $CASES --timeout 60 --json $LOGS/train_memory_1.7b.json"
+step main_job 120 "$MAIN"
+step train_memory_135m_64x2048 90 "$BTM --model default --sequences 64 --seq-len 2048 --cases $CASES --timeout 60 --json $LOGS/train_memory_135m_64x2048.json"
 
 if ((DRY)); then
     echo "# gpu_check.sh --dry-run: python $PY; GSM8K $GSM8K_NOTE; JSON $JSON; budget ${BUDGET} s"

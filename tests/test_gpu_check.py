@@ -21,7 +21,7 @@ def dry_run() -> dict[str, str]:
     return steps
 
 
-def test_the_dry_run_lists_every_gpu_step_on_cuda():
+def test_the_dry_run_lists_every_gpu_step_on_the_gpu():
     steps = dry_run()
     tests = steps["tests"]
     assert "pytest" in tests and "-k cuda" in tests and "-m ''" in tests
