@@ -39,12 +39,12 @@ packing, ragged batches, tokens per second and MFU):
 
 The model, ``--model``: ``default`` (SmolLM2-135M-Instruct, ``load_default_model``), a model
 folder (``save_pretrained``'s), or the name of a shape, built with random weights (drawn on
-``--device`` from ``--seed``; no download): ``SmolLM2-135M`` (hidden 576, 30 layers, 9 heads, 3 kv heads,
-intermediate 1536), ``SmolLM2-360M`` (960, 32, 15, 5, 2560) or ``SmolLM2-1.7B`` (2048, 24, 32,
-32, 8192), each a ``LlamaConfig`` with vocabulary 49152, tied embeddings, 8192 positions and
-SmolLM2's rope_theta (1e5; 1.3e5 for 1.7B). The random model is saved in float32 with the
-default model's tokenizer (the SmolLM2 family shares it) into a temporary folder, which every
-case loads (``new``'s ``model=`` and TRL's).
+``--device`` from ``--seed``; no download): ``SmolLM2-135M`` (hidden 576, 30 layers, 9 heads,
+3 kv heads, intermediate 1536), ``SmolLM2-360M`` (960, 32, 15, 5, 2560) or ``SmolLM2-1.7B``
+(2048, 24, 32, 32, 8192), each a ``LlamaConfig`` with vocabulary 49152, tied embeddings, 8192
+positions and SmolLM2's rope_theta (1e5; 1.3e5 for 1.7B). The random model is saved in
+float32 with the default model's tokenizer (the SmolLM2 family shares it) into a temporary
+folder, which every case loads (``new``'s ``model=`` and TRL's).
 
 The batch: ``--sequences`` (16) sequences of ``--seq-len`` (700) tokens, ``--prompt-len`` (100)
 prompt + the rest response; or, with ``--lengths LOW-HIGH`` (e.g. ``50-700``), a ragged batch:
@@ -415,12 +415,14 @@ def setup_new(args: argparse.Namespace, info: dict[str, Any], case: NewCase) -> 
     info["model"], info["optimizer"] = trainer.model, trainer.optimizer
     info["weights"] = str(next(trainer.model.parameters()).dtype).removeprefix("torch.")
     tokens, masks, advantages = make_batch(args, trainer.model.config.vocab_size)
-    # Each forward's rows, and whether it ran checkpointed (train mode, layers flagged).
+    # Each forward's sequences, whether they ran packed into one row, and whether it ran
+    # checkpointed (train mode, layers flagged).
     forwards, scored = [], update_module.selected_log_probs
 
     def recording(model: torch.nn.Module, ids: torch.Tensor, *a: Any, **k: Any) -> torch.Tensor:
         flagged = any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
-        forwards.append(f"{ids.shape[0]}{'c' if model.training and flagged else ''}")
+        packed = "p" if k.get("packed") is not None else ""
+        forwards.append(f"{ids.shape[0]}{packed}{'c' if model.training and flagged else ''}")
         return scored(model, ids, *a, **k)
 
     update_module.selected_log_probs = recording
@@ -661,8 +663,8 @@ def floor_bytes(result: dict[str, Any], args: argparse.Namespace, budget: int) -
     from llm_gym.train.loss import microbatches
 
     lengths = sequence_lengths(args)
-    split = microbatches(lengths, budget, MINIBATCH)
-    tokens = max(sum(lengths[i] for i in rows) for rows in split)  # no padding
+    split = microbatches(lengths, budget, MINIBATCH, packed=True)
+    tokens = max(sum(lengths[i] for i in rows) for rows in split)  # packed: no padding
     params, layers, hidden = result["params"], result["layers"], result["hidden"]
     state, activations = 4 * params * 4, layers * tokens * hidden * 4
     return {"state": state, "activations": activations, "total": state + activations,
@@ -720,7 +722,8 @@ def print_table(
         print(" included); update s: wall clock;")
     print(" cpu s: the process's CPU time, all threads; step s: of which the optimizer's step;")
     print(" tok/s: real (non-padding) tokens / update s; MFU: 6 x params x tokens / update s /")
-    print(" peak (n/a: no peak known); forwards: sequences per forward, c: checkpointed;")
+    print(" peak (n/a: no peak known); forwards: sequences per forward, p: packed into one")
+    print(" row, c: checkpointed;")
     print(" grad norm: before clipping, as clip_grad_norm_ returns it; loss, grad norm: update 1)")
     kinds = {r["case"]: r["adamw"] for r in results if "adamw" in r}
     print("optimizers: " + "; ".join(f"{case} {kind}" for case, kind in kinds.items()))
