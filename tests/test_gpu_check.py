@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import llm_gym
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -51,7 +53,9 @@ def test_the_dry_run_lists_every_gpu_step_on_the_gpu():
 
 def test_bench_train_memory_on_the_cpu_reports_tokens_per_second(tmp_path):
     out = tmp_path / "bench.json"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    # The script imports the llm_gym these tests import (the scripts' folder is its sys.path[0]).
+    path = [str(Path(llm_gym.__file__).parents[1]), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(filter(None, path))}
     done = subprocess.run(
         [sys.executable, "scripts/bench_train_memory.py", "--cases", "new,new-nopack",
          "--sequences", "8", "--lengths", "16-40", "--prompt-len", "8", "--threads", "1",
