@@ -104,11 +104,13 @@ peak, 1.03x the time). The trainer lowers glibc's mmap threshold around a large 
 CPU (``set_host_mmap_threshold``); before it: new 3.83-4.20, 136-140; new-2048 (then not
 checkpointed) 4.72, 120; today 16.27, 139; trl-4 6.47, 158.
 
-Ragged, packed against padded (the 2-core CPU shared with other work, ``--lengths 50-700
---sequences 16 --cases new,new-nopack --threads 1``: 5865 real tokens; the padded update's
-micro-batches compute 7148): new 3.02 GB, 173.9 s, 34 tokens/s; new-nopack 4.10 GB, 200.6 s,
-29 tokens/s; packing 1.15x the tokens per second (issue 51's goal, 1.3x, not met here: the
-padded micro-batches, sorted by length, hold only 1.22x the real tokens) at 0.74x the peak.
+Ragged, packed against padded (the idle 2-core CPU, ``--lengths 50-700 --sequences 16
+--cases new,new-nopack --threads 2``: 5865 real tokens; the padded update's micro-batches
+compute 7148): new 3.04 GB, 103.2 s, 57 tokens/s (forwards 8p+7pc+1p); new-nopack 4.08 GB,
+116.1 s, 51 tokens/s (8+6c+2); packing 1.12x the tokens per second (issue 51's goal, 1.3x,
+not met here: the padded micro-batches, sorted by length, hold only 1.22x the real tokens, and
+the packed update's checkpointed micro-batch holds one sequence more) at 0.74x the peak. With
+one thread on a CPU shared with other work: 34 and 29 tokens/s, 1.15x.
 """
 
 from __future__ import annotations
