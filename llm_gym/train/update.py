@@ -34,6 +34,7 @@ from llm_gym.train.loss import (
     truncated_is_weights,
     update_stats,
 )
+from llm_gym.train.sharding import all_reduce, is_sharded
 
 if TYPE_CHECKING:
     from llm_gym.train.config import GRPOConfig
@@ -188,6 +189,10 @@ class GRPOUpdate:
         # are the process's peak).
         self.by_memory = self.device.type == "cuda"
         self.stepped = False  # AdamW's state exists from the first step on
+        # Sharded (llm_gym.train.sharding): every process runs as many forwards and backwards
+        # as the others (their collectives pair up), its loss divided by the whole batch's
+        # counts, the gradients summed.
+        self.sharded = is_sharded(model)
         self.packing = config.packing and supports_packing(unwrapped(model))
         if self.packing:
             use_packed_sdpa(unwrapped(model))
@@ -213,6 +218,15 @@ class GRPOUpdate:
         batches = microbatches(
             lengths, config.max_tokens_per_microbatch, config.minibatch_size, packed=self.packing
         )
+        num_tokens = sum(int(np.count_nonzero(np.asarray(m)[1:])) for m in masks)
+        real = len(batches)  # the micro-batches past these are a sharded update's fillers
+        if self.sharded:
+            if not n:
+                raise ValueError("a sharded update needs responses on every process, got none")
+            n, num_tokens = all_reduce([n, num_tokens], device=self.device)
+            n, num_tokens = int(n), int(num_tokens)
+            most = int(all_reduce([real], "max", self.device)[0])
+            batches += [batches[0][:1]] * (most - real)  # forwards and backwards of weight 0
 
         def padded(rows: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any]:
             # The left-padded layout the loss reads, and the packed row the model runs on.
@@ -225,7 +239,7 @@ class GRPOUpdate:
             # (log-probs, the entropy where asked for else None, the scored positions)
             ids, attention, selected, packed = padded(rows)
             with self.autocast():
-                out = selected_log_probs(
+                out = self._log_probs(
                     self.model, ids, attention, selected, entropy=entropy, packed=packed
                 )
             return (*out, selected) if entropy else (out, None, selected)
@@ -245,7 +259,6 @@ class GRPOUpdate:
         # dapo, cispo: every micro-batch divides by the batch's tokens, so they add up to the
         # batch's loss; the others' micro-batch losses are means, each weighing its share.
         per_batch_tokens = config.loss_type in ("dapo", "cispo")
-        num_tokens = sum(int(np.count_nonzero(np.asarray(m)[1:])) for m in masks)
         options = {
             "loss_type": config.loss_type, "clip_coef_high": config.clip_coef_high,
             "importance_sampling_level": config.importance_sampling_level,
@@ -267,6 +280,10 @@ class GRPOUpdate:
                 )
             return large(rows)
 
+        checkpointed = [checkpointing(rows) for rows in batches]
+        if self.sharded:  # the same on every process: a recompute gathers the layer's weights
+            checkpointed = [v > 0 for v in all_reduce(checkpointed, "max", self.device)]
+
         # On CPU a large update's peak is the process's memory: its freed activations go back
         # to the system at once, and sampling gets glibc's usual threshold back after it
         # (unless the environment sets the threshold itself).
@@ -281,11 +298,16 @@ class GRPOUpdate:
                 self.optimizer.zero_grad(set_to_none=True)
                 # The diagnostics are the last epoch's (with one, of the sampling policy).
                 last, total, stats = epoch == config.update_epochs - 1, 0.0, {}
-                for rows, old_log_probs, ref in zip(batches, old, refs, strict=True):
+                for j, (rows, old_log_probs, ref) in enumerate(
+                    zip(batches, old, refs, strict=True)
+                ):
                     # Train mode checkpoints (transformers does only in it); the sampler, on
                     # this model with the transformers backend, generates in eval mode.
-                    self.model.train(checkpointing(rows))
+                    self.model.train(checkpointed[j])
                     log_probs, entropy, mask = scored(rows, entropy=last)  # the diagnostic's
+                    if j >= real:  # a filler: its collectives, no gradient
+                        (log_probs.sum() * 0.0).backward()
+                        continue
                     if behaviour is not None:  # the ratio to the version that sampled each token
                         old_log_probs = sampled(mask, [behaviour[i] for i in rows])
                     elif old_log_probs is None:
@@ -314,13 +336,17 @@ class GRPOUpdate:
                             delta=config.delta, **options,
                         ))  # fmt: skip
                 norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.max_grad_norm)
-                grad_norm = float(norm)
+                grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
                 self.optimizer.step()
                 self.stepped = True
         finally:
             self.model.eval()
             if lean:
                 set_host_mmap_threshold(HEAP_MMAP_THRESHOLD)
+        if self.sharded:  # the whole batch's sums
+            keys = ("clip_low", "clip_high", "approx_kl", "entropy", "tokens", "tis_truncated")
+            summed = all_reduce([total, *(stats.get(k, 0.0) for k in keys)], device=self.device)
+            total, stats = summed[0], dict(zip(keys, summed[1:], strict=True))
         tokens_seen = max(stats.get("tokens", 0.0), 1.0)
         row = {
             "loss": total,
@@ -365,7 +391,14 @@ class GRPOUpdate:
         off = self.model.disable_adapter() if lora else contextlib.nullcontext()
         model = self.model if lora else self.reference.model
         with torch.no_grad(), off, self.autocast():
-            return selected_log_probs(model, ids, attention, selected, packed=packed)
+            return self._log_probs(model, ids, attention, selected, packed=packed)
+
+    def _log_probs(self, model: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        # selected_log_probs; on a sharded model its root's forward method of that name
+        # (llm_gym.train.sharding.shard_model), which gathers the root's weights for it.
+        if self.sharded and model is self.model:
+            return model.selected_log_probs(*args, **kwargs)
+        return selected_log_probs(model, *args, **kwargs)
 
 
 def _add(totals: dict[str, float], **values: float) -> None:

@@ -1,0 +1,91 @@
+"""The update sharded across processes with PyTorch's FSDP2 (``fully_shard``): each process
+holds a slice of every weight, gradient and AdamW moment, gathers a layer's weights for its
+forward and backward, and reduce-scatters the gradients. ``GRPOUpdate`` runs on a sharded
+model as on a whole one; the loss of each process divides by the whole batch's counts (its
+responses, its tokens), so the gradients are reduced as plain sums and the update equals one
+process's over the whole batch.
+
+The process group is torch's default one (``torch.distributed.init_process_group``, as
+``torchrun`` sets it up): NCCL on CUDA, gloo on the CPU.
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+import torch.distributed as dist
+
+from llm_gym.lm.lora import unwrapped
+from llm_gym.lm.tensors import selected_log_probs
+
+__all__ = ["all_reduce", "is_sharded", "shard_model", "world_size"]
+
+
+def world_size() -> int:
+    """The processes of the default group (1 without one)."""
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    """Whether ``shard_model`` (or any ``fully_shard``) sharded ``model``."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule) or isinstance(unwrapped(model), FSDPModule)
+
+
+def shard_model(model: torch.nn.Module, precision: str = "fp32") -> torch.nn.Module:
+    """``model`` sharded in place over every process of the default group: ``fully_shard`` on
+    each decoder layer (the classes the model names in ``_no_split_modules``) and on the root.
+    ``precision`` "bf16-mixed" computes in bfloat16 over the float32 shards and reduces the
+    gradients in float32 (``MixedPrecisionPolicy``). The gradients are reduced as sums, never
+    averages (``GRPOUpdate``'s losses divide by the whole batch's counts already; and under
+    gloo FSDP2's averaged gradients once came out summed, pytorch#162338)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import (
+        FSDPModule,
+        MixedPrecisionPolicy,
+        fully_shard,
+        register_fsdp_forward_method,
+    )
+
+    if world_size() == 1 and not dist.is_initialized():
+        raise RuntimeError(
+            "shard_model needs torch.distributed's default process group: run under torchrun "
+            "(or llm-gym train --nproc-per-node N), or call init_process_group first"
+        )
+    device = next(model.parameters()).device
+    mesh = init_device_mesh(device.type, (world_size(),))
+    policy = MixedPrecisionPolicy()
+    if precision == "bf16-mixed":
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    blocks = set(getattr(unwrapped(model), "_no_split_modules", None) or ())
+    if not blocks:
+        raise ValueError(
+            f"{type(unwrapped(model)).__name__} names no decoder layer (_no_split_modules): "
+            "shard_model shards a transformers causal LM"
+        )
+    for module in list(model.modules()):
+        if type(module).__name__ in blocks:
+            fully_shard(module, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)
+    # The update runs the decoder and the output layer by hand (selected_log_probs), not the
+    # root's forward: as a forward method of the root, the root's own weights (embedding,
+    # final norm, output layer) are gathered for it and their gradients reduced after it.
+    model.selected_log_probs = types.MethodType(selected_log_probs, model)
+    register_fsdp_forward_method(model, "selected_log_probs")
+    return model
+
+
+def all_reduce(values: list[float], op: str = "sum", device: torch.device | None = None) -> list:
+    """``values`` summed (``op`` "sum") or maxed ("max") over the processes of the default
+    group, in float64; the values themselves with one process."""
+    if world_size() == 1:
+        return list(values)
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+    return tensor.tolist()

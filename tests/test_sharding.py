@@ -1,0 +1,98 @@
+"""The update sharded with FSDP2 across processes (issue 52, item 2), on the CPU over gloo:
+two processes, each with its half of the batch, end with the weights one process reaches on
+the whole batch, whatever each one's number of micro-batches."""
+
+import json
+import socket
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from llm_gym.train import GRPOConfig
+from llm_gym.train.update import GRPOUpdate, adamw
+
+LENGTHS = [30, 25, 21, 9, 12, 7]  # the first half: three micro-batches of 40; the second: one
+ADVANTAGES = [1.0, -1.0, 0.5, -0.5, 2.0, -2.0]
+
+
+def batch(lengths):
+    rng = np.random.default_rng(0)
+    tokens = [rng.integers(0, 256, size=n) for n in lengths]
+    return tokens, [np.arange(n) >= 4 for n in lengths]
+
+
+def config(folder, **options):
+    return GRPOConfig(
+        model=folder, max_tokens_per_microbatch=40, learning_rate=1e-3, gradient_checkpointing=False,
+        **options,
+    )  # fmt: skip
+
+
+def update(model, options, rows):
+    tokens, masks = batch(LENGTHS)
+    updater = GRPOUpdate(model, adamw(list(model.parameters()), 1e-3), config("x", **options), 0)
+    advantages = torch.tensor([ADVANTAGES[i] for i in rows])
+    return updater([tokens[i] for i in rows], [masks[i] for i in rows], advantages)
+
+
+def sharded_process(rank, world, port, folder, options, out):
+    import torch.distributed as dist
+    from transformers import AutoModelForCausalLM
+
+    from llm_gym.train.sharding import is_sharded, shard_model
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)  # fmt: skip
+    try:
+        model = AutoModelForCausalLM.from_pretrained(folder)
+        shard_model(model)
+        assert is_sharded(model)
+        half = len(LENGTHS) // world
+        row = update(model, options, list(range(rank * half, (rank + 1) * half)))
+        weights = {k: v.full_tensor() for k, v in model.state_dict().items()}
+        if rank == 0:
+            torch.save(weights, f"{out}/weights.pt")
+            with open(f"{out}/row.json", "w") as f:
+                json.dump(row, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    "options", [{}, {"loss_type": "dapo", "update_epochs": 2, "clip_coef_high": 0.28}]
+)
+def test_two_processes_sharded_update_as_one_does(tiny_dir, tmp_path, options):
+    from transformers import AutoModelForCausalLM
+
+    mp.spawn(
+        sharded_process, args=(2, free_port(), tiny_dir, options, str(tmp_path)), nprocs=2
+    )
+    sharded = torch.load(tmp_path / "weights.pt")
+    sharded_row = json.loads((tmp_path / "row.json").read_text())
+    whole = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    start = {k: v.clone() for k, v in whole.state_dict().items()}
+    row = update(whole, options, list(range(len(LENGTHS))))
+    for key in ("loss", "grad_norm", "approx_kl", "entropy", "clip_fraction"):
+        # (after a first epoch's AdamW step, summation order's 1e-9 shows at 1e-5)
+        assert sharded_row[key] == pytest.approx(row[key], abs=1e-6, rel=1e-4), key
+    assert row["grad_norm"] > 0
+    moved = [k for k, v in whole.state_dict().items() if not torch.equal(v, start[k])]
+    assert moved  # the update did something to compare
+    for key, value in whole.state_dict().items():
+        torch.testing.assert_close(sharded[key], value, atol=1e-5, rtol=0, msg=key)
+
+
+def test_shard_model_without_a_process_group_says_how_to_run():
+    from llm_gym.train.sharding import shard_model
+
+    with pytest.raises(RuntimeError, match="needs torch.distributed's default process group"):
+        shard_model(torch.nn.Linear(2, 2))
