@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from llm_gym.lm.lora import with_lora
 from llm_gym.train import GRPOConfig
 from llm_gym.train.update import GRPOUpdate, adamw
 
@@ -25,19 +26,27 @@ def batch(lengths):
 
 def config(folder, **options):
     return GRPOConfig(
-        model=folder, max_tokens_per_microbatch=40, learning_rate=1e-3, gradient_checkpointing=False,
-        **options,
+        model=folder, max_tokens_per_microbatch=40, learning_rate=1e-3,
+        gradient_checkpointing=False, **options,
     )  # fmt: skip
+
+
+def prepared(model, lora):
+    if lora:  # the same adapters everywhere: LoRA's A from the same seed (B starts at 0)
+        torch.manual_seed(0)
+        model = with_lora(model, 4)
+    return model
 
 
 def update(model, options, rows):
     tokens, masks = batch(LENGTHS)
-    updater = GRPOUpdate(model, adamw(list(model.parameters()), 1e-3), config("x", **options), 0)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    updater = GRPOUpdate(model, adamw(trained, 1e-3), config("x", **options), 0)
     advantages = torch.tensor([ADVANTAGES[i] for i in rows])
     return updater([tokens[i] for i in rows], [masks[i] for i in rows], advantages)
 
 
-def sharded_process(rank, world, port, folder, options, out):
+def sharded_process(rank, world, port, folder, lora, options, out):
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM
 
@@ -47,7 +56,7 @@ def sharded_process(rank, world, port, folder, options, out):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)  # fmt: skip
     try:
-        model = AutoModelForCausalLM.from_pretrained(folder)
+        model = prepared(AutoModelForCausalLM.from_pretrained(folder), lora)
         shard_model(model)
         assert is_sharded(model)
         half = len(LENGTHS) // world
@@ -68,17 +77,21 @@ def free_port():
 
 
 @pytest.mark.parametrize(
-    "options", [{}, {"loss_type": "dapo", "update_epochs": 2, "clip_coef_high": 0.28}]
+    ("lora", "options"),
+    [
+        (False, {}),
+        (False, {"loss_type": "dapo", "update_epochs": 2, "clip_coef_high": 0.28}),
+        (True, {"kl_loss_coef": 0.1}),  # the adapters sharded; the reference: adapters off
+    ],
 )
-def test_two_processes_sharded_update_as_one_does(tiny_dir, tmp_path, options):
+def test_two_processes_sharded_update_as_one_does(tiny_dir, tmp_path, lora, options):
     from transformers import AutoModelForCausalLM
 
-    mp.spawn(
-        sharded_process, args=(2, free_port(), tiny_dir, options, str(tmp_path)), nprocs=2
-    )
+    args = (2, free_port(), tiny_dir, lora, options, str(tmp_path))
+    mp.spawn(sharded_process, args=args, nprocs=2)
     sharded = torch.load(tmp_path / "weights.pt")
     sharded_row = json.loads((tmp_path / "row.json").read_text())
-    whole = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    whole = prepared(AutoModelForCausalLM.from_pretrained(tiny_dir), lora)
     start = {k: v.clone() for k, v in whole.state_dict().items()}
     row = update(whole, options, list(range(len(LENGTHS))))
     for key in ("loss", "grad_norm", "approx_kl", "entropy", "clip_fraction"):
