@@ -109,3 +109,70 @@ def test_shard_model_without_a_process_group_says_how_to_run():
 
     with pytest.raises(RuntimeError, match="needs torch.distributed's default process group"):
         shard_model(torch.nn.Linear(2, 2))
+
+
+def checkpointed_process(rank, world, port, folder, out, resume):
+    # resume=False: an update, the checkpoint (whole weights, sharded optimizer), a second
+    # update; resume=True: from that checkpoint, the second update alone.
+    import torch.distributed as dist
+    from transformers import AutoModelForCausalLM
+
+    from llm_gym.train.sharding import full_weights, load_optimizer, save_optimizer, shard_model
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)  # fmt: skip
+    try:
+        model = AutoModelForCausalLM.from_pretrained(f"{out}/saved" if resume else folder)
+        shard_model(model)
+        optimizer = adamw(list(model.parameters()), 1e-3)
+        updater = GRPOUpdate(model, optimizer, config("x"), 0)
+        half = len(LENGTHS) // world
+        rows = list(range(rank * half, (rank + 1) * half))
+        tokens, masks = batch(LENGTHS)
+
+        def step():
+            advantages = torch.tensor([ADVANTAGES[i] for i in rows])
+            updater([tokens[i] for i in rows], [masks[i] for i in rows], advantages)
+
+        if resume:
+            load_optimizer(model, optimizer, f"{out}/optimizer")
+        else:
+            step()
+            weights = full_weights(model)
+            assert (weights is None) == (rank != 0)
+            if rank == 0:
+                model.save_pretrained(f"{out}/saved", state_dict=weights)
+            save_optimizer(model, optimizer, f"{out}/optimizer")
+        step()
+        weights = full_weights(model)
+        if rank == 0:
+            torch.save(weights, f"{out}/{'resumed' if resume else 'uninterrupted'}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_sharded_checkpoint_resumes_exactly_and_on_one_process(tiny_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    for resume in (False, True):
+        args = (2, free_port(), tiny_dir, str(tmp_path), resume)
+        mp.spawn(checkpointed_process, args=args, nprocs=2)
+    uninterrupted = torch.load(tmp_path / "uninterrupted.pt")
+    resumed = torch.load(tmp_path / "resumed.pt")
+    assert uninterrupted.keys() == resumed.keys()
+    for key, value in uninterrupted.items():
+        assert torch.equal(resumed[key], value), key  # the same shards, the same steps
+    # One process resumes the two's checkpoint: an ordinary model folder, DCP's optimizer
+    # state resharded onto a plain AdamW.
+    from llm_gym.train.sharding import load_optimizer
+
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "saved")
+    optimizer = adamw(list(model.parameters()), 1e-3)
+    load_optimizer(model, optimizer, tmp_path / "optimizer")
+    assert optimizer.state  # AdamW's moments and step, from the shards
+    updater = GRPOUpdate(model, optimizer, config("x"), 0)
+    tokens, masks = batch(LENGTHS)
+    updater(tokens, masks, torch.tensor(ADVANTAGES))
+    for key, value in model.state_dict().items():
+        torch.testing.assert_close(value, uninterrupted[key], atol=1e-6, rtol=0, msg=key)

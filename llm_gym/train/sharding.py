@@ -11,7 +11,9 @@ The process group is torch's default one (``torch.distributed.init_process_group
 
 from __future__ import annotations
 
+import os
 import types
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -19,7 +21,15 @@ import torch.distributed as dist
 from llm_gym.lm.lora import unwrapped
 from llm_gym.lm.tensors import selected_log_probs
 
-__all__ = ["all_reduce", "is_sharded", "shard_model", "world_size"]
+__all__ = [
+    "all_reduce",
+    "full_weights",
+    "is_sharded",
+    "load_optimizer",
+    "save_optimizer",
+    "shard_model",
+    "world_size",
+]
 
 
 def world_size() -> int:
@@ -89,3 +99,49 @@ def all_reduce(values: list[float], op: str = "sum", device: torch.device | None
     tensor = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(tensor, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
     return tensor.tolist()
+
+
+def full_weights(model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
+    """The whole weights of a sharded ``model`` (a state dict of plain CPU tensors, gathered
+    a tensor at a time) on the first process, None on the others; every process must call it.
+    What ``save_pretrained(state_dict=...)`` writes as an ordinary model folder, which
+    ``--model``, ``from_pretrained`` and vLLM load."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    weights = get_model_state_dict(model, options=options)
+    return weights if dist.get_rank() == 0 else None
+
+
+def save_optimizer(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: str | os.PathLike[str]
+) -> None:
+    """``optimizer``'s state (of ``model``'s weights, sharded or not) into ``folder`` with
+    ``torch.distributed.checkpoint``: each process writes its own shards, and any number of
+    processes loads it back (``load_optimizer``), DCP resharding it; every process must call
+    it."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    state = {"optimizer": get_optimizer_state_dict(model, optimizer)}
+    with warnings.catch_warnings():  # one process without a group: what is meant here
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        dcp.save(state, checkpoint_id=folder)
+
+
+def load_optimizer(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: str | os.PathLike[str]
+) -> None:
+    """``optimizer``'s state from ``save_optimizer``'s ``folder``, written by any number of
+    processes, resharded for this run's (one process: a plain model and optimizer)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        get_optimizer_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    state = {"optimizer": get_optimizer_state_dict(model, optimizer)}  # the layout to fill
+    with warnings.catch_warnings():  # one process without a group: what is meant here
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        dcp.load(state, checkpoint_id=folder)
+    set_optimizer_state_dict(model, optimizer, state["optimizer"])
