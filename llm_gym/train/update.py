@@ -182,8 +182,6 @@ class GRPOUpdate:
         self.precision = resolve_precision(config.precision, self.device, weights.dtype)
         mixed = torch.bfloat16 if self.precision == "bf16-mixed" else None
         self.autocast = lambda: autocast(self.device, mixed, weights.dtype)
-        # Packing: each micro-batch one row, no padding computed (llm_gym.lm.packing); a
-        # model whose attention could not keep the sequences apart runs padded.
         # Activation checkpointing by default: on CUDA where a micro-batch's activations would
         # not fit in the free memory; on the CPU for large micro-batches (whose activations
         # are the process's peak).
@@ -193,6 +191,8 @@ class GRPOUpdate:
         # as the others (their collectives pair up), its loss divided by the whole batch's
         # counts, the gradients summed.
         self.sharded = is_sharded(model)
+        # Packing: each micro-batch one row, no padding computed (llm_gym.lm.packing); a
+        # model whose attention could not keep the sequences apart runs padded.
         self.packing = config.packing and supports_packing(unwrapped(model))
         if self.packing:
             use_packed_sdpa(unwrapped(model))
