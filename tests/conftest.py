@@ -4,12 +4,20 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 # The real GSM8K files sit in ../shared beside the clone; the package reads the same variable.
 _SHARED_GSM8K = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"
 if _SHARED_GSM8K.is_dir():
     os.environ.setdefault("LLM_GYM_GSM8K_PATH", str(_SHARED_GSM8K))
 GSM8K_PATH = Path(os.environ.get("LLM_GYM_GSM8K_PATH", _SHARED_GSM8K))
+
+# The device-dependent tests take these: the CPU everywhere, CUDA where there is a GPU.
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs a CUDA GPU")),
+]  # fmt: skip
 
 
 @pytest.fixture(scope="session")

@@ -7,13 +7,13 @@ import copy
 import numpy as np
 import pytest
 import torch
+from conftest import DEVICES
+from policy_fixture import scripted_policy
 
 from llm_gym.lm.packing import PACKED_SDPA, pack, supports_packing, use_packed_sdpa
 from llm_gym.lm.tensors import has_prefix, left_pad, selected_log_probs
 from llm_gym.train import GRPOConfig, GRPOTrainer
 from llm_gym.train.loss import microbatches
-from tests.policy_fixture import scripted_policy
-from tests.test_train import DEVICES
 
 CPU = torch.device("cpu")
 

@@ -8,6 +8,8 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from conftest import DEVICES
+from policy_fixture import scripted_policy
 
 from llm_gym.cli import build_parser
 from llm_gym.lm.precision import autocast, fast_dtype, runs_fast
@@ -15,8 +17,6 @@ from llm_gym.lm.tensors import LinearLogProbs
 from llm_gym.run import setup
 from llm_gym.train import GRPOConfig, GRPOTrainer
 from llm_gym.train.update import MasterAdamW, resolve_precision
-from tests.policy_fixture import scripted_policy
-from tests.test_train import DEVICES
 
 CPU = torch.device("cpu")
 

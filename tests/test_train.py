@@ -6,12 +6,16 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import DEVICES
 from policy_fixture import scripted_policy
 
 from llm_gym.cli import main
 from llm_gym.episodes import Episode, EpisodeSource, Segment
+from llm_gym.lm.precision import runs_fast
 from llm_gym.train import GRPOConfig, GRPOTrainer, group_advantages, grpo_loss
 from llm_gym.train.update import MasterAdamW, adamw
+
+CPU = torch.device("cpu")
 
 
 @pytest.fixture(autouse=True)
@@ -87,6 +91,10 @@ def test_train_writes_metrics_plot_checkpoint_and_resumes(tiny_dir, tmp_path):
     assert summary["config"]["iterations"] == 2 and summary["interrupted"] is False
     assert summary["env"] == "LLMChat-ReasoningGym-v0" and summary["task"]["name"] == "chain_sum"
     assert summary["levels"] == [0] and summary["answer_format"] == "last_number"
+    # What --precision auto and --dtype auto came to on this CPU, and packing on.
+    assert (summary["precision"], summary["packing"]) == ("fp32", True)
+    assert summary["dtype"] == ("bfloat16" if runs_fast(torch.bfloat16, CPU) else "float32")
+    assert summary["config"]["precision"] == summary["config"]["dtype"] == "auto"
     report = (out / "report.md").read_text()
     assert "![training](training.png)" in report and "| greedy success before |" in report
 
@@ -224,14 +232,6 @@ def test_kl_penalty_in_bfloat16_compares_like_with_like(tiny_dir, tmp_path):
     assert trainer.envs.coef == pytest.approx(0.1 * 0.8)  # adaptive: KL 0 < target, -20%
 
 
-# The device-dependent tests run on the CPU everywhere and on CUDA where there is a GPU.
-DEVICES = [
-    "cpu",
-    pytest.param("cuda", marks=pytest.mark.skipif(
-        not torch.cuda.is_available(), reason="needs a CUDA GPU")),
-]  # fmt: skip
-
-
 @pytest.mark.parametrize("device", DEVICES)
 def test_an_iteration_on_the_device_updates_the_weights(tiny_dir, tmp_path, device):
     # GSM8K on one question; in each group one response is right and one wrong, so the
@@ -365,6 +365,7 @@ def test_master_adamw_resumes_from_its_masters(tmp_path):
         (["--loss-type", "cispo"], "loss_type 'cispo' caps the ratio at clip_coef_high"),
         (["--tis-cap", "2", "--async"], "tis_cap (--tis-cap) with --async"),
         (["--loss-type", "cispo", "--clip-coef-high", "5", "--delta", "2"], "cispo has none"),
+        (["--precision", "bf16", "--dtype", "float32"], "precision 'bf16' trains bfloat16"),
     ],
 )  # fmt: skip
 def test_bad_input_gets_one_line(tiny_dir, tmp_path, capsys, extra, message):

@@ -9,6 +9,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from conftest import DEVICES
 
 from llm_gym.lm.tensors import (
     LinearLogProbs,
@@ -21,7 +22,6 @@ from llm_gym.lm.tensors import (
 from llm_gym.policies import TransformersPolicy
 from llm_gym.train import GRPOConfig, GRPOTrainer, grpo_loss
 from llm_gym.train.loss import microbatches
-from tests.test_train import DEVICES
 
 
 @pytest.fixture(autouse=True)

@@ -448,7 +448,10 @@ class GRPOTrainer:
         summary = {"interrupted": interrupted, **run, "before": self.before, "after": after}
         summary.update(iterations=len(rows), minutes_this_run=seconds / 60)
         restarts = self.driver.restarts if self.driver and config.ray_address else None
-        summary.update(device=str(self.device), worker_restarts=restarts, config=asdict(config))
+        summary.update(device=str(self.device), worker_restarts=restarts)
+        # What "auto" came to on this machine: the update's precision, the compute dtype.
+        summary.update(precision=self.precision, dtype=dtype_name(self.compute_dtype))
+        summary.update(packing=self.updater.packing, config=asdict(config))
         if rows and rows[-1].get("parts"):  # a rubric's parts, as the last iteration paid them
             summary["parts"] = rows[-1]["parts"]
         rubric = getattr(self, "rubric", None)
