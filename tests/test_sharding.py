@@ -46,7 +46,15 @@ def update(model, options, rows):
     return updater([tokens[i] for i in rows], [masks[i] for i in rows], advantages)
 
 
-def sharded_process(rank, world, port, folder, lora, options, out):
+# (LoRA, the update's options): every case runs in the same two processes (one start-up).
+CASES = [
+    (False, {}),
+    (False, {"loss_type": "dapo", "update_epochs": 2, "clip_coef_high": 0.28}),
+    (True, {"kl_loss_coef": 0.1}),  # the adapters sharded; the reference: adapters off
+]
+
+
+def sharded_process(rank, world, port, folder, out):
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM
 
@@ -56,16 +64,17 @@ def sharded_process(rank, world, port, folder, lora, options, out):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)  # fmt: skip
     try:
-        model = prepared(AutoModelForCausalLM.from_pretrained(folder), lora)
-        shard_model(model)
-        assert is_sharded(model)
-        half = len(LENGTHS) // world
-        row = update(model, options, list(range(rank * half, (rank + 1) * half)))
-        weights = {k: v.full_tensor() for k, v in model.state_dict().items()}
-        if rank == 0:
-            torch.save(weights, f"{out}/weights.pt")
-            with open(f"{out}/row.json", "w") as f:
-                json.dump(row, f)
+        for case, (lora, options) in enumerate(CASES):
+            model = prepared(AutoModelForCausalLM.from_pretrained(folder), lora)
+            shard_model(model)
+            assert is_sharded(model)
+            half = len(LENGTHS) // world
+            row = update(model, options, list(range(rank * half, (rank + 1) * half)))
+            weights = {k: v.full_tensor() for k, v in model.state_dict().items()}
+            if rank == 0:
+                torch.save(weights, f"{out}/weights-{case}.pt")
+                with open(f"{out}/row-{case}.json", "w") as f:
+                    json.dump(row, f)
     finally:
         dist.destroy_process_group()
 
@@ -76,32 +85,25 @@ def free_port():
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize(
-    ("lora", "options"),
-    [
-        (False, {}),
-        (False, {"loss_type": "dapo", "update_epochs": 2, "clip_coef_high": 0.28}),
-        (True, {"kl_loss_coef": 0.1}),  # the adapters sharded; the reference: adapters off
-    ],
-)
-def test_two_processes_sharded_update_as_one_does(tiny_dir, tmp_path, lora, options):
+def test_two_processes_sharded_update_as_one_does(tiny_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    args = (2, free_port(), tiny_dir, lora, options, str(tmp_path))
-    mp.spawn(sharded_process, args=args, nprocs=2)
-    sharded = torch.load(tmp_path / "weights.pt")
-    sharded_row = json.loads((tmp_path / "row.json").read_text())
-    whole = prepared(AutoModelForCausalLM.from_pretrained(tiny_dir), lora)
-    start = {k: v.clone() for k, v in whole.state_dict().items()}
-    row = update(whole, options, list(range(len(LENGTHS))))
-    for key in ("loss", "grad_norm", "approx_kl", "entropy", "clip_fraction"):
-        # (after a first epoch's AdamW step, summation order's 1e-9 shows at 1e-5)
-        assert sharded_row[key] == pytest.approx(row[key], abs=1e-6, rel=1e-4), key
-    assert row["grad_norm"] > 0
-    moved = [k for k, v in whole.state_dict().items() if not torch.equal(v, start[k])]
-    assert moved  # the update did something to compare
-    for key, value in whole.state_dict().items():
-        torch.testing.assert_close(sharded[key], value, atol=1e-5, rtol=0, msg=key)
+    mp.spawn(sharded_process, args=(2, free_port(), tiny_dir, str(tmp_path)), nprocs=2)
+    for case, (lora, options) in enumerate(CASES):
+        sharded = torch.load(tmp_path / f"weights-{case}.pt")
+        sharded_row = json.loads((tmp_path / f"row-{case}.json").read_text())
+        whole = prepared(AutoModelForCausalLM.from_pretrained(tiny_dir), lora)
+        start = {k: v.clone() for k, v in whole.state_dict().items()}
+        row = update(whole, options, list(range(len(LENGTHS))))
+        for key in ("loss", "grad_norm", "approx_kl", "entropy", "clip_fraction"):
+            # (after a first epoch's AdamW step, summation order's 1e-9 shows at 1e-5)
+            assert sharded_row[key] == pytest.approx(row[key], abs=1e-6, rel=1e-4), (case, key)
+        assert row["grad_norm"] > 0
+        moved = [k for k, v in whole.state_dict().items() if not torch.equal(v, start[k])]
+        assert moved  # the update did something to compare
+        for key, value in whole.state_dict().items():
+            message = f"case {case}: {key}"
+            torch.testing.assert_close(sharded[key], value, atol=1e-5, rtol=0, msg=message)
 
 
 def test_shard_model_without_a_process_group_says_how_to_run():
