@@ -136,9 +136,10 @@ import numpy as np
 import torch
 
 CASES = ("today", "new", "new-2048", "new-8192", "trl")
-# new[-<budget>][-ckpt|-nockpt][-lora<rank>][-nopack][@<precision>]: the new path with that
-# token budget (default 4096), activation checkpointing as GRPOConfig decides by default or
-# forced on or off, LoRA adapters, without packing, in another precision than --precision.
+# new[-<budget>][-ckpt|-nockpt][-lora<rank>][-nopack][-fsdp2][@<precision>]: the new path
+# with that token budget (default 4096), activation checkpointing as GRPOConfig decides by
+# default or forced on or off, LoRA adapters, without packing, sharded with FSDP2 over
+# --nproc-per-node processes, in another precision than --precision.
 CHECKPOINTING = {"ckpt": True, "nockpt": False}
 PRECISIONS = ("fp32", "bf16-mixed", "bf16")
 LEARNING_RATE, MAX_GRAD_NORM, CLIP_COEF, MINIBATCH = 5e-5, 1.0, 0.2, 8
@@ -174,6 +175,7 @@ class NewCase(NamedTuple):
     lora: int  # LoRA's rank; 0: none
     packing: bool
     precision: str | None  # None: --precision
+    sharded: bool = False  # FSDP2 over --nproc-per-node processes, each its rows of the batch
 
 
 class TRLCase(NamedTuple):
@@ -182,7 +184,7 @@ class TRLCase(NamedTuple):
 
 
 def parse_new(case: str) -> NewCase | None:
-    """``new[-<budget>][-ckpt|-nockpt][-lora<rank>][-nopack][@<precision>]`` -> its
+    """``new[-<budget>][-ckpt|-nockpt][-lora<rank>][-nopack][-fsdp2][@<precision>]`` -> its
     settings; None otherwise."""
     name, at, precision = case.partition("@")
     if at and precision not in PRECISIONS:
@@ -198,9 +200,25 @@ def parse_new(case: str) -> NewCase | None:
     packing = not (rest and rest[0] == "nopack")
     if not packing:
         rest.pop(0)
+    sharded = bool(rest) and rest[0] == "fsdp2"
+    if sharded:
+        rest.pop(0)
     if rest or budget <= 0 or (lora == 0 and "-lora" in name):
         return None
-    return NewCase(budget, checkpointing, lora, packing, precision or None)
+    return NewCase(budget, checkpointing, lora, packing, precision or None, sharded)
+
+
+def sharded_variant(case: str) -> str:
+    """A ``new`` case's FSDP2 variant: ``new`` -> ``new-fsdp2``, ``new-lora16@bf16`` ->
+    ``new-lora16-fsdp2@bf16``."""
+    name, at, precision = case.partition("@")
+    return f"{name}-fsdp2{at}{precision}"
+
+
+def single_variant(case: str) -> str:
+    """A sharded case's one-process counterpart: ``new-fsdp2@bf16`` -> ``new@bf16``."""
+    name, at, precision = case.partition("@")
+    return f"{name.removesuffix('-fsdp2')}{at}{precision}"
 
 
 def parse_trl(case: str) -> TRLCase | None:
@@ -222,8 +240,9 @@ def known(case: str) -> bool:
     return case == "today" or parse_new(case) is not None or parse_trl(case) is not None
 
 
-def label(case: str, precision: str) -> str:
-    """What ``case`` runs, in words (``precision``: --precision)."""
+def label(case: str, precision: str, nproc: int = 1) -> str:
+    """What ``case`` runs, in words (``precision``: --precision; ``nproc``: the processes a
+    sharded case runs on)."""
     if case == "today":
         return "today's path (get_dist, minibatch 8), fp32"
     trl = parse_trl(case)
@@ -231,7 +250,10 @@ def label(case: str, precision: str) -> str:
         rows = "the batch a forward" if trl.rows is None else f"{trl.rows} a forward, accumulated"
         return f"TRL GRPOTrainer (checkpointing), {rows}, {'bf16' if trl.bf16 else 'fp32'}"
     new = parse_new(case)
-    parts = [f"llm_gym _optimize, {new.budget} tokens a micro-batch"]
+    parts = [
+        f"llm_gym GRPOUpdate, FSDP2 over {nproc} processes, {new.budget} tokens a micro-batch"
+        if new.sharded else f"llm_gym _optimize, {new.budget} tokens a micro-batch"
+    ]  # fmt: skip
     parts += (
         [] if new.checkpointing is None else ["ckpt forced" if new.checkpointing else "no ckpt"]
     )
@@ -334,8 +356,8 @@ def record_grad_norms() -> list[float]:
     original = torch.nn.utils.clip_grad_norm_
 
     def recording(*a: Any, **k: Any) -> torch.Tensor:
-        norm = original(*a, **k)
-        norms.append(float(norm))
+        norm = original(*a, **k)  # sharded: a DTensor, whose whole value every process gathers
+        norms.append(float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm))
         return norm
 
     torch.nn.utils.clip_grad_norm_ = recording
@@ -401,9 +423,9 @@ def setup_today(args: argparse.Namespace, info: dict[str, Any]) -> Any:
     return update
 
 
-def setup_new(args: argparse.Namespace, info: dict[str, Any], case: NewCase) -> Any:
-    import llm_gym.train.update as update_module
-    from llm_gym.train import GRPOConfig, GRPOTrainer
+def new_config(args: argparse.Namespace, info: dict[str, Any], case: NewCase) -> Any:
+    """The ``GRPOConfig`` of a ``new`` case (its ``out`` a temporary folder)."""
+    from llm_gym.train import GRPOConfig
 
     folder = tempfile.mkdtemp(prefix="bench_train_memory_")
     info["cleanup"].append(lambda: shutil.rmtree(folder, ignore_errors=True))
@@ -418,26 +440,104 @@ def setup_new(args: argparse.Namespace, info: dict[str, Any], case: NewCase) -> 
     )  # fmt: skip
     if case.checkpointing is not None:  # else GRPOConfig's default
         config.gradient_checkpointing = case.checkpointing
+    return config
+
+
+def record_forwards(model: torch.nn.Module) -> list[str]:
+    """Each forward of the update from now on: its sequences, whether they ran packed into one
+    row (``p``), and whether it ran checkpointed (``c``: train mode, layers flagged)."""
+    import llm_gym.train.update as update_module
+
+    forwards: list[str] = []
+
+    def note(module: torch.nn.Module, ids: torch.Tensor, packed: Any) -> None:
+        flagged = any(getattr(m, "gradient_checkpointing", False) for m in module.modules())
+        checkpointed = "c" if module.training and flagged else ""
+        forwards.append(f"{ids.shape[0]}{'p' if packed is not None else ''}{checkpointed}")
+
+    if hasattr(model, "selected_log_probs"):  # sharded: the root's FSDP forward method
+        method = model.selected_log_probs
+
+        def sharded(ids: torch.Tensor, *a: Any, **k: Any) -> torch.Tensor:
+            note(model, ids, k.get("packed"))
+            return method(ids, *a, **k)
+
+        model.selected_log_probs = sharded
+        return forwards
+    scored = update_module.selected_log_probs
+
+    def recording(module: torch.nn.Module, ids: torch.Tensor, *a: Any, **k: Any) -> torch.Tensor:
+        note(module, ids, k.get("packed"))
+        return scored(module, ids, *a, **k)
+
+    update_module.selected_log_probs = recording
+    return forwards
+
+
+def setup_new(args: argparse.Namespace, info: dict[str, Any], case: NewCase) -> Any:
+    from llm_gym.train import GRPOTrainer
+
+    config = new_config(args, info, case)
     trainer = GRPOTrainer(config)
     info["cleanup"].insert(0, lambda: (trainer.close(), trainer.lock.release()))
     info["model"], info["optimizer"] = trainer.model, trainer.optimizer
     info["weights"] = str(next(trainer.model.parameters()).dtype).removeprefix("torch.")
     tokens, masks, advantages = make_batch(args, trainer.model.config.vocab_size)
-    # Each forward's sequences, whether they ran packed into one row, and whether it ran
-    # checkpointed (train mode, layers flagged).
-    forwards, scored = [], update_module.selected_log_probs
-
-    def recording(model: torch.nn.Module, ids: torch.Tensor, *a: Any, **k: Any) -> torch.Tensor:
-        flagged = any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
-        packed = "p" if k.get("packed") is not None else ""
-        forwards.append(f"{ids.shape[0]}{packed}{'c' if model.training and flagged else ''}")
-        return scored(model, ids, *a, **k)
-
-    update_module.selected_log_probs = recording
+    forwards = record_forwards(trainer.model)
 
     def update() -> float:
         forwards.clear()
         loss = trainer._optimize(tokens, masks, advantages)["loss"]
+        info["forwards"] = "+".join(forwards)
+        return loss
+
+    return update
+
+
+def setup_sharded(
+    args: argparse.Namespace, info: dict[str, Any], case: NewCase, rows: range
+) -> Any:
+    """A ``-fsdp2`` case on this process (one of torchrun's): the model loaded as the trainer
+    loads it (the precision's weights, its LoRA adapters from the config's seed, checkpointing
+    enabled unless forced off), sharded (``shard_model``), ``adamw`` over what trains and
+    ``GRPOUpdate`` with the ``new`` case's config, on this process's ``rows`` of the batch.
+    (The trainer does not run over several processes yet.)"""
+    from llm_gym.lm.loading import load_model
+    from llm_gym.lm.lora import unwrapped, with_lora
+    from llm_gym.train.sharding import shard_model
+    from llm_gym.train.update import PRECISION_WEIGHTS, GRPOUpdate, adamw
+
+    config = new_config(args, info, case)
+    device = torch.device(args.device)
+    if device.type == "cuda":  # one GPU a process
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    torch.manual_seed(config.seed)  # as the trainer, before LoRA draws its adapters
+    model, tokenizer = load_model(
+        args.model, device=device, dtype=PRECISION_WEIGHTS[info["precision"]]
+    )
+    if case.lora:
+        model = with_lora(
+            model, case.lora, alpha=config.lora_alpha, dropout=config.lora_dropout,
+            target_modules=config.lora_target_modules,
+        )  # fmt: skip
+    if config.gradient_checkpointing is not False:  # as GRPOTrainer enables it
+        base = unwrapped(model)
+        enable = getattr(base, "activation_checkpointing_enable", None)
+        (enable or base.gradient_checkpointing_enable)({"use_reentrant": False})
+    shard_model(model, info["precision"])
+    info["model"] = model
+    info["weights"] = str(next(model.parameters()).dtype).removeprefix("torch.")
+    trained = [p for p in model.parameters() if p.requires_grad]
+    optimizer = info["optimizer"] = adamw(trained, config.learning_rate)
+    updater = GRPOUpdate(model, optimizer, config, tokenizer.pad_token_id)
+    tokens, masks, advantages = make_batch(args, unwrapped(model).config.vocab_size)
+    tokens, masks = [tokens[i] for i in rows], [masks[i] for i in rows]
+    advantages = advantages[rows.start : rows.stop]  # on the CPU, as the trainer's
+    forwards = record_forwards(model)
+
+    def update() -> float:
+        forwards.clear()
+        loss = updater(tokens, masks, advantages)["loss"]  # the whole batch's (summed)
         info["forwards"] = "+".join(forwards)
         return loss
 
@@ -545,8 +645,9 @@ def setup_trl(args: argparse.Namespace, info: dict[str, Any], case: TRLCase) -> 
     return update
 
 
-def run_one(case: str, args: argparse.Namespace) -> dict[str, Any]:
-    """Set ``case`` up, then time its update(s); its numbers."""
+def run_one(case: str, args: argparse.Namespace, rank: int = 0, world: int = 1) -> dict[str, Any]:
+    """Set ``case`` up, then time its update(s); its numbers. A sharded case: this process's,
+    ``rank`` of ``world`` (its rows of the batch, its memory, its seconds)."""
     if args.threads:
         torch.set_num_threads(args.threads)
     memory = Memory(args.device)
@@ -556,11 +657,18 @@ def run_one(case: str, args: argparse.Namespace) -> dict[str, Any]:
     info: dict[str, Any] = {"cleanup": []}
     result["rss_start"] = rss_bytes()
     lengths = sequence_lengths(args)
+    n = len(lengths)
+    rows = range(rank * n // world, (rank + 1) * n // world)  # this process's
+    lengths = [lengths[i] for i in rows]
     result["tokens"], result["padded_tokens"] = sum(lengths), len(lengths) * max(lengths)
+    if world > 1:
+        result.update(rank=rank, world_size=world, rows=[rows.start, rows.stop])
     start = time.perf_counter()
     try:
         if case == "today":
             update = setup_today(args, info)
+        elif parse_new(case) and parse_new(case).sharded:
+            update = setup_sharded(args, info, parse_new(case), rows)
         elif parse_new(case):
             update = setup_new(args, info, parse_new(case))
         elif parse_trl(case):
@@ -570,7 +678,7 @@ def run_one(case: str, args: argparse.Namespace) -> dict[str, Any]:
         result["setup_s"] = time.perf_counter() - start
         model = info.pop("model")
         parameters = list(model.parameters())  # each tensor once: tied embeddings count once
-        result["params"] = sum(p.numel() for p in parameters)
+        result["params"] = sum(p.numel() for p in parameters)  # sharded: the whole tensors'
         result["trainable"] = sum(p.numel() for p in parameters if p.requires_grad)
         result["layers"] = model.config.num_hidden_layers
         result["hidden"] = model.config.hidden_size
@@ -584,14 +692,16 @@ def run_one(case: str, args: argparse.Namespace) -> dict[str, Any]:
             # The weights are loaded memory-mapped: read each once, so that they are resident
             # before the update and the RSS after setup counts them.
             with torch.no_grad():
-                for p in parameters:
-                    p.sum()
+                for p in parameters:  # sharded: this process's shard
+                    (p.to_local() if hasattr(p, "to_local") else p).sum()
         del parameters
         norms, steps = record_grad_norms(), time_steps(optimizer, memory)
         result["rss_before"], result["peak_before"] = memory.now(), memory.peak()
         walls, cpus, losses = [], [], []
         for _ in range(updates):
             memory.sync()
+            if world > 1:  # every process starts its update together
+                torch.distributed.barrier()
             start, cpu = time.perf_counter(), time.process_time()
             losses.append(update())
             memory.sync()
@@ -618,26 +728,61 @@ def run_one(case: str, args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def run_rank(case: str, args: argparse.Namespace) -> dict[str, Any] | None:
+    """A sharded case on this process, one of torchrun's (its environment: ``RANK``,
+    ``WORLD_SIZE``, ``LOCAL_RANK``): the default group (gloo on the CPU, NCCL on CUDA, one
+    GPU a process), ``run_one`` on its rows; rank 0 gathers every process's numbers (in rank
+    order) and returns them, the others None."""
+    import torch.distributed as dist
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if torch.device(args.device).type == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if torch.device(args.device).type == "cuda" else "gloo")
+    try:
+        result = run_one(case, args, rank, world)
+        gathered: list[Any] = [None] * world
+        dist.all_gather_object(gathered, result)
+    finally:
+        dist.destroy_process_group()
+    return {"case": case, "ranks": gathered} if rank == 0 else None
+
+
 # -- the parent: one process per case, the table and the goals ---------------------------
 
 
 def run_child(case: str, args: argparse.Namespace, model: str) -> dict[str, Any]:
+    """``case`` in a process of its own (a sharded one: torchrun's ``--nproc-per-node``
+    processes); its result."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    launch = [sys.executable]
+    new = parse_new(case)
+    if new and new.sharded:
+        launch += [
+            "-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={args.nproc_per_node}",
+        ]  # fmt: skip
     command = [
-        sys.executable, __file__, "--one", case, "--seq-len", str(args.seq_len),
+        *launch, __file__, "--one", case, "--seq-len", str(args.seq_len),
         "--prompt-len", str(args.prompt_len), "--sequences", str(args.sequences),
         "--seed", str(args.seed), "--threads", str(args.threads or 0),
         "--device", args.device, "--precision", args.precision, "--model", model,
-        "--updates", str(args.updates),
+        "--updates", str(args.updates), "--nproc-per-node", str(args.nproc_per_node),
     ]  # fmt: skip
     if args.lengths:
         command += ["--lengths", "-".join(map(str, args.lengths))]
+    # In a session of its own: on a timeout torchrun's processes go with it.
+    child = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        start_new_session=True,
+    )  # fmt: skip
     try:
-        done = subprocess.run(
-            command, capture_output=True, text=True, env=env, timeout=args.timeout
-        )
+        stdout, stderr = child.communicate(timeout=args.timeout)
     except subprocess.TimeoutExpired:
+        os.killpg(child.pid, 9)
+        child.communicate()
         return {"case": case, "error": f"no result within --timeout {args.timeout} s"}
+    done = subprocess.CompletedProcess(command, child.returncode, stdout, stderr)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if lines:
         result = json.loads(lines[-1])
@@ -648,6 +793,16 @@ def run_child(case: str, args: argparse.Namespace, model: str) -> dict[str, Any]
     killed = " (killed: out of memory?)" if done.returncode in (-9, 137) else ""
     print("\n".join(tail), file=sys.stderr)
     return {"case": case, "error": f"exit {done.returncode}{killed}, no result"}
+
+
+def per_rank(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """A case's rows: a sharded case's one a process, named ``<case>/r<rank>``."""
+    if "ranks" not in result:
+        return [result]
+    return [
+        {**r, "case": f"{result['case']}/r{r.get('rank', i)}", "sharded_case": result["case"]}
+        for i, r in enumerate(result["ranks"])
+    ]
 
 
 def peak_tflops(args: argparse.Namespace, device: str) -> float | None:
@@ -713,7 +868,9 @@ def print_table(
     updates = max((r.get("updates", 1) for r in results), default=1)
     print("\ncases:")
     for r in results:
-        print(f"  {r['case']:<{width}} {label(r['case'], args.precision)}")
+        case = r.get("sharded_case", r["case"])
+        rows = f"; rank {r['rank']}: rows {r['rows'][0]}-{r['rows'][1] - 1}" if "rows" in r else ""
+        print(f"  {r['case']:<{width}} {label(case, args.precision, args.nproc_per_node)}{rows}")
     for budget in floors:
         name = f"floor-{budget}"
         print(f"  {name:<{width}} computed: fp32 weights, gradients, AdamW; one micro-batch's")
@@ -796,6 +953,7 @@ def goals(by_case: dict[str, dict], floors: dict[int, dict], args: argparse.Name
             rows.append(("today's own GB / new own GB", own, "", None, ""))
     elif issue42:
         rows.append(("new path", None, "", None, "missing or failed: no goals to check"))
+    rows += sharded_goals(by_case)
     # Issue 51: packing >= 1.3x the padded update's tokens per second on a ragged batch.
     for case, padded in by_case.items():
         parsed = parse_new(case)
@@ -813,12 +971,70 @@ def goals(by_case: dict[str, dict], floors: dict[int, dict], args: argparse.Name
     return rows
 
 
+def sharded_ranks(by_case: dict[str, dict]) -> dict[str, list[dict]]:
+    """Each sharded case's rows, one a process, in rank order."""
+    ranks: dict[str, list[dict]] = {}
+    for r in by_case.values():
+        if "sharded_case" in r:
+            ranks.setdefault(r["sharded_case"], []).append(r)
+    return ranks
+
+
+def sharded_goals(by_case: dict[str, dict]) -> list[Goal]:
+    """Issue 52's goal: each process's peak at most 0.7x the one process's on the whole batch
+    (its weights, gradients and AdamW's moments divided among the processes); the RSS's or the
+    allocator's own part (peak - before) beside it, and the gradient norms' agreement."""
+    rows: list[Goal] = []
+    for case, ranks in sharded_ranks(by_case).items():
+        base = single_variant(case)
+        single = by_case.get(base)
+        name = f"{case} max rank peak / {base} peak"
+        failed = [r for r in ranks if "error" in r]
+        if single is None or "error" in single or failed:
+            rows.append((name, None, "<= 0.70", None, "a case missing or failed"))
+            continue
+        ratio = max(r["peak"] for r in ranks) / single["peak"]
+        rows.append((name, ratio, "<= 0.70", ratio <= 0.7, ""))
+        own = max(r["peak"] - r["rss_before"] for r in ranks)
+        own_single = single["peak"] - single["rss_before"]
+        rows.append((f"{case} max rank own GB / {base} own GB", own / own_single, "", None, ""))
+        slowest = max(r["update_s"] for r in ranks)
+        rows.append((f"{case} update s (slowest rank) / {base} s", slowest / single["update_s"],
+                     "", None, ""))  # fmt: skip
+        norms = {r["grad_norm"] for r in ranks}
+        if single["grad_norm"] and None not in norms:
+            worst = max(abs(x - single["grad_norm"]) / single["grad_norm"] for x in norms)
+            rows.append((f"{case} grad norm vs {base}'s (relative)", worst, "<= 1e-4",
+                         worst <= 1e-4, ""))  # fmt: skip
+    return rows
+
+
+def print_sharded(by_case: dict[str, dict]) -> None:
+    """Each sharded case against its one process: peaks, seconds, gradient norms."""
+    for case, ranks in sharded_ranks(by_case).items():
+        single = by_case.get(single_variant(case))
+        if single is None or "error" in single or any("error" in r for r in ranks):
+            continue
+        peaks = ", ".join(f"r{r['rank']} {gb(r['peak'])}" for r in ranks)
+        seconds = ", ".join(f"r{r['rank']} {r['update_s']:.2f}" for r in ranks)
+        tokens = sum(r["tokens"] for r in ranks) / max(r["update_s"] for r in ranks)
+        print(
+            f"\n{case} over {len(ranks)} processes against {single['case']}: peak GB {peaks} "
+            f"against {gb(single['peak'])}; update s {seconds} against "
+            f"{single['update_s']:.2f}; the batch's tokens/s {tokens:.0f} against "
+            f"{single['tokens_per_s']:.0f}; gradient norm before clipping "
+            + ", ".join(f"r{r['rank']} {r['grad_norm']:.6f}" for r in ranks)
+            + f" against {single['grad_norm']:.6f}"
+        )
+
+
 def print_goals(rows: list[Goal]) -> None:
     if not rows:
         return
-    print(f"\n{'goal (issues 42, 51)':<50} {'value':>10} {'target':>10} met")
+    print(f"\n{'goal (issues 42, 51, 52)':<50} {'value':>10} {'target':>10} met")
     for name, value, target, met, note in rows:
-        shown = f"{value:10.3f}" if value is not None else f"{'-':>10}"
+        small = value is not None and 0 < abs(value) < 1e-3  # a relative difference
+        shown = f"{'-':>10}" if value is None else f"{value:10.1e}" if small else f"{value:10.3f}"
         verdict = "" if met is None else ("yes" if met else "NO")
         print(f"{name:<50} {shown} {target:>10} {verdict} {note}".rstrip())
 
@@ -898,7 +1114,16 @@ def main() -> None:
         + ", ".join(f"{name} {tflops:g}" for name, tflops in PEAK_TFLOPS.items())
         + "; else none: MFU n/a)",
     )  # fmt: skip
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    parser.add_argument(
+        "--threads", type=int, default=0,
+        help="torch threads a process (0: torch's default; under torchrun, 1 unless "
+        "OMP_NUM_THREADS says otherwise)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--nproc-per-node", type=int, default=1, metavar="N",
+        help="past 1: each new case also sharded with FSDP2 over N processes (torchrun; gloo "
+        "on the CPU, NCCL and a GPU each on CUDA), each with its 1/N of the batch",
+    )  # fmt: skip
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per case at most")
     parser.add_argument("--json", help="write the results and goals here")
     parser.add_argument("--one", help=argparse.SUPPRESS)
@@ -907,16 +1132,40 @@ def main() -> None:
         parser.error("--prompt-len must be between 0 and --seq-len")
     if args.updates < 0:
         parser.error("--updates must be 0 (by the device) or more")
+    if args.nproc_per_node < 1:
+        parser.error("--nproc-per-node must be 1 or more")
     if args.one:
-        print(json.dumps(run_one(args.one, args)), flush=True)
+        new = parse_new(args.one)
+        if new and new.sharded:
+            result = run_rank(args.one, args)
+            if result is not None:
+                print(json.dumps(result), flush=True)
+        else:
+            print(json.dumps(run_one(args.one, args)), flush=True)
         return
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     for case in cases:
         if not known(case):
             parser.error(
                 f"--cases: each one of {CASES}, new[-<budget>][-ckpt|-nockpt][-lora<rank>]"
-                f"[-nopack][@<precision>] or trl[-<rows>][-bf16], got {case!r}"
+                f"[-nopack][-fsdp2][@<precision>] or trl[-<rows>][-bf16], got {case!r}"
             )
+    if args.nproc_per_node > 1:  # each new case, then its sharded variant
+        cases = [
+            variant for case in cases for variant in (
+                [case, sharded_variant(case)]
+                if parse_new(case) and not parse_new(case).sharded
+                and sharded_variant(case) not in cases else [case]
+            )
+        ]  # fmt: skip
+    sharded = [case for case in cases if parse_new(case) and parse_new(case).sharded]
+    if sharded and args.nproc_per_node < 2:
+        parser.error(f"--cases {sharded[0]}: a sharded case needs --nproc-per-node 2 or more")
+    if sharded and args.sequences % args.nproc_per_node:
+        parser.error(
+            f"--sequences {args.sequences} does not divide by --nproc-per-node "
+            f"{args.nproc_per_node}: each process takes an equal share of the batch"
+        )
     if args.model not in SHAPES and args.model != "default" and not Path(args.model).is_dir():
         parser.error(
             f"--model: 'default', a folder or one of {', '.join(SHAPES)}, got {args.model!r}"
@@ -942,17 +1191,17 @@ def main() -> None:
         model = resolve_model(args, cleanup)
         for case in cases:
             print(f"  {case} ...", flush=True)
-            result = run_child(case, args, model)
-            add_mfu(result, args)
-            results.append(result)
-            if "error" in result:
-                print(f"  {case} FAILED: {result['error']}", flush=True)
-            else:
-                print(
-                    f"  {case}: peak {gb(result['peak'])} GB, update {result['update_s']:.2f} s, "
-                    f"{result['tokens_per_s']:.0f} tokens/s",
-                    flush=True,
-                )
+            for result in per_rank(run_child(case, args, model)):
+                add_mfu(result, args)
+                results.append(result)
+                if "error" in result:
+                    print(f"  {result['case']} FAILED: {result['error']}", flush=True)
+                else:
+                    print(
+                        f"  {result['case']}: peak {gb(result['peak'])} GB, update "
+                        f"{result['update_s']:.2f} s, {result['tokens_per_s']:.0f} tokens/s",
+                        flush=True,
+                    )
     finally:
         for step in cleanup:
             step()
@@ -969,6 +1218,7 @@ def main() -> None:
     for budget, floor in floors.items():
         print_floor(floor, budget)
     print_loss_check(by_case, args)
+    print_sharded(by_case)
     rows = goals(by_case, floors, args)
     print_goals(rows)
     attention = {r.get("attention") for r in results if r.get("attention")}
