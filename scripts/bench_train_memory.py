@@ -1,6 +1,6 @@
 """Peak memory and seconds of ONE GRPO update (forward + backward + AdamW step) on a fixed
 batch, several ways side by side (issue 42, item 6; issue 51, item 6: GPUs, precisions, LoRA,
-packing, ragged batches, tokens per second and MFU):
+packing, ragged batches, tokens per second and MFU; issue 52, item 6: sharded with FSDP2):
 
 - ``today``: the update llm_gym's trainer ran before bf8f545 (``git show bf8f545^:
   llm_gym/train/grpo.py``, ``_optimize``): ``TransformersPolicy.get_dist`` over minibatches of
@@ -14,12 +14,30 @@ packing, ragged batches, tokens per second and MFU):
   decides by default (for micro-batches of ``CHECKPOINT_TOKENS`` tokens, or half the budget
   if less, or more), ``selected_log_probs`` (the taken tokens' log-probs through the output
   layer in chunks). Its variants, written ``new[-<budget>][-ckpt|-nockpt][-lora<rank>]
-  [-nopack][@<precision>]`` in this order: ``new-2048``, ``new-8192``: that token budget;
-  ``-ckpt`` / ``-nockpt``: checkpointing forced on / off; ``-lora16``: LoRA adapters of rank
-  16 (``lora_rank=16``, the base weights frozen); ``-nopack``: ``packing=False``, each
-  micro-batch left-padded to its longest sequence (the update before packing);
-  ``@fp32``, ``@bf16-mixed``, ``@bf16``: that precision instead of ``--precision``, e.g.
-  ``new@bf16-mixed``, ``new-lora16@bf16``.
+  [-nopack][-fsdp2][@<precision>]`` in this order: ``new-2048``, ``new-8192``: that token
+  budget; ``-ckpt`` / ``-nockpt``: checkpointing forced on / off; ``-lora16``: LoRA adapters
+  of rank 16 (``lora_rank=16``, the base weights frozen); ``-nopack``: ``packing=False``, each
+  micro-batch left-padded to its longest sequence (the update before packing); ``-fsdp2``:
+  sharded (below); ``@fp32``, ``@bf16-mixed``, ``@bf16``: that precision instead of
+  ``--precision``, e.g. ``new@bf16-mixed``, ``new-lora16@bf16``.
+- ``new...-fsdp2`` (e.g. ``new-fsdp2``, ``new-lora16-fsdp2@bf16-mixed``): the same update
+  sharded with FSDP2 over ``--nproc-per-node`` P processes, which ``torch.distributed.run
+  --standalone`` starts (the default process group: gloo on the CPU; NCCL on CUDA, one GPU a
+  process, ``cuda:<LOCAL_RANK>``). The trainer does not run over several processes yet, so
+  each process builds the update itself, with the ``new`` case's ``GRPOConfig``: the model
+  loaded whole as the trainer loads it (the precision's weights; LoRA's adapters drawn after
+  ``torch.manual_seed(seed)``; checkpointing enabled unless forced off), then
+  ``llm_gym.train.sharding.shard_model(model, precision)`` (``fully_shard`` on each decoder
+  layer and the root), ``adamw`` over what trains and ``GRPOUpdate(model, optimizer, config,
+  pad_id)`` called on the process's rows of the batch, ``[rank·n/P, (rank+1)·n/P)``
+  (``--sequences`` n must divide by P). Each process measures itself as a case's process does
+  (below), every one starting each update together (a barrier); rank 0 gathers their numbers
+  (``all_gather_object``), and the table has a row per process, ``new-fsdp2/r0``,
+  ``new-fsdp2/r1``, ...: its peak, its seconds, its tokens (its rows'), the gradient norm
+  (the whole batch's, gathered: it equals the one process's). With ``--nproc-per-node``
+  past 1 each ``new`` case in ``--cases`` is followed by its ``-fsdp2`` variant; a ``-fsdp2``
+  case named without it is an error. Under torchrun each process runs one torch thread unless
+  ``--threads`` or ``OMP_NUM_THREADS`` says otherwise.
 - ``floor`` (computed, not measured): fp32 weights + gradients + AdamW's two moments, 4 ×
   params × 4 bytes, plus the checkpointed activations of one micro-batch, num_hidden_layers ×
   its tokens (the largest micro-batch's, without padding) × hidden_size × 4 bytes. A float32
@@ -70,8 +88,9 @@ before clipping (what ``clip_grad_norm_`` returns) are the first update's in eve
 norms say the implementations compute the same gradient; at ratio 1 the loss value itself is
 ``-mean(advantages)`` (0 here) for llm_gym.
 
-Throughput, for every case: ``tok/s``, the batch's real tokens (prompt + response, no padding)
-over ``update s``; ``MFU``, the model-FLOPs utilisation: 6 × N × those tokens / ``update s`` /
+Throughput, for every case: ``tok/s``, the batch's real tokens (prompt + response, no padding;
+a sharded case's row: its process's rows', so that its MFU is its device's) over ``update
+s``; ``MFU``, the model-FLOPs utilisation: 6 × N × those tokens / ``update s`` /
 the peak, where N counts all the model's parameters (embeddings included, the tied input and
 output embedding once, as transformers' ``num_parameters()`` counts them; in the LoRA cases the
 base model's and the adapters', although their backward skips the frozen weights' gradients, so
@@ -86,14 +105,26 @@ Run (offline; 15-30 minutes on 2 shared cores; ``today`` peaks near 16 GB, ``trl
     HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench_train_memory.py
     .venv/bin/python scripts/bench_train_memory.py --cases new,new-2048-ckpt,trl --threads 1
     .venv/bin/python scripts/bench_train_memory.py --lengths 50-700 --cases new,new-nopack
+    .venv/bin/python scripts/bench_train_memory.py --cases new --nproc-per-node 2 --threads 1
     python scripts/bench_train_memory.py --device cuda --model SmolLM2-1.7B \\
         --cases new,new@bf16-mixed,new-lora16,trl,trl-bf16 --json out.json
 
-``--json PATH`` writes every case's numbers and the goals. ``scripts/gpu_check.sh`` runs it
-on a GPU (docs/training.md). On a CPU that other work shares, ``--threads 1`` gives steadier
-seconds: with 2 threads a descheduled thread leaves the other spinning, and wall and CPU time
-both grow with the load. RSS counts what glibc's allocator keeps of freed tensors: the trainer
-(the ``new`` cases) sets its mmap threshold to 1 MiB around a large update on the CPU;
+Issue 52's goal, for each sharded case against its one-process case (``new-fsdp2`` against
+``new``): the largest process's peak at most 0.70x the one process's (the weights, gradients
+and AdamW's moments divided among the processes; the activations of a micro-batch are not);
+beside it the same ratio of ``own GB``, the slowest process's seconds over the one
+process's, and the gradient norms' relative difference (at most 1e-4: a correctness check).
+A line under the table prints each process's peak, seconds and gradient norm against the
+one process's, and the batch's tokens per second (all the processes' tokens over the slowest
+one's seconds).
+
+``--json PATH`` writes every case's numbers (a sharded case's a row per process, with its
+``rank``, ``world_size``, ``rows`` and ``sharded_case``) and the goals.
+``scripts/gpu_check.sh`` runs it on a GPU (docs/training.md). On a CPU that other work
+shares, ``--threads 1`` gives steadier seconds: with 2 threads a descheduled thread leaves
+the other spinning, and wall and CPU time both grow with the load. RSS counts what glibc's
+allocator keeps of freed tensors: the trainer (the ``new`` cases, sharded too: in
+``GRPOUpdate``) sets its mmap threshold to 1 MiB around a large update on the CPU;
 ``MALLOC_MMAP_THRESHOLD_`` in the environment (the cases inherit it) sets it for every case,
 TRL's too.
 
@@ -111,6 +142,16 @@ compute 7148): new 3.04 GB, 103.2 s, 57 tokens/s (forwards 8p+7pc+1p); new-nopac
 not met here: the padded micro-batches, sorted by length, hold only 1.22x the real tokens, and
 the packed update's checkpointed micro-batch holds one sequence more) at 0.74x the peak. With
 one thread on a CPU shared with other work: 34 and 29 tokens/s, 1.15x.
+
+Sharded with FSDP2 over two processes (the 2-core CPU, shared with a test suite, ``--cases new
+--nproc-per-node 2 --threads 1``, gloo, torch 2.13; peak GB, own GB, update s): new 2.78,
+1.79, 361; new-fsdp2/r0 (sequences 0-7) 1.55, 0.88, 347; new-fsdp2/r1 (8-15) 1.54, 0.88,
+347. Each process's peak 0.56x the one process's (the goal: at most 0.70x), its own GB 0.49x
+(the weights, gradients and AdamW's moments halved; not the activations: each process's
+largest micro-batch, checkpointed, holds 5 × 700 tokens as the one process's does); 0.96x the
+seconds on twice the cores (each process 197-200 s of CPU against 351). Gradient norm before
+clipping 12.64422 on both processes against 12.64347 (6.0e-5 relative). Forwards: 5pc+3pc a
+process against 5pc+5pc+5pc+1p.
 """
 
 from __future__ import annotations
