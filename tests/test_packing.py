@@ -120,6 +120,10 @@ def test_only_plain_causal_attention_is_packed_by_sdpa():
         MistralConfig(**sizes, sliding_window=4, attn_implementation="sdpa")
     )
     eager = LlamaForCausalLM(LlamaConfig(**sizes, attn_implementation="eager"))
-    assert [supports_packing(m) for m in (plain, windowed, eager)] == [True, False, False]
+    remote = type("RemoteLlama", (LlamaForCausalLM,), {"__module__": "transformers_modules.x"})
+    custom = remote(LlamaConfig(**sizes, attn_implementation="sdpa"))  # trust_remote_code's
+    assert [supports_packing(m) for m in (plain, windowed, eager, custom)] == [
+        True, False, False, False,
+    ]  # fmt: skip
     use_packed_sdpa(eager)  # only SDPA is switched
     assert eager.config._attn_implementation == "eager"

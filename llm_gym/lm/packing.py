@@ -121,12 +121,15 @@ def packed_sdpa(
 
 
 def supports_packing(model: torch.nn.Module) -> bool:
-    """Whether ``model``'s attention keeps packed sequences apart: a variable-length one
-    (flash attention, ``packed_sdpa``), or SDPA, which ``use_packed_sdpa`` switches, where
-    plain causal attention is the model's (no sliding window, no soft-capped scores: those
-    ``packed_sdpa`` does not compute)."""
+    """Whether ``model``'s attention keeps packed sequences apart: one of transformers' own
+    models (remote code may build its masks without the packed positions) on a
+    variable-length attention (flash attention, ``packed_sdpa``), or on SDPA, which
+    ``use_packed_sdpa`` switches, where plain causal attention is the model's (no sliding
+    window, no soft-capped scores: those ``packed_sdpa`` does not compute)."""
     config = getattr(model, "config", None)
     implementation = getattr(config, "_attn_implementation", None)
+    if not type(model).__module__.startswith("transformers."):
+        return False  # remote code may build its masks without the packed positions
     if implementation in _VARLEN:
         return True
     windowed = getattr(config, "sliding_window", None) is not None and getattr(
