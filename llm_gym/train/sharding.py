@@ -39,6 +39,8 @@ def world_size() -> int:
 
 def is_sharded(model: torch.nn.Module) -> bool:
     """Whether ``shard_model`` (or any ``fully_shard``) sharded ``model``."""
+    if not dist.is_available():  # a torch built without torch.distributed shards nothing
+        return False
     from torch.distributed.fsdp import FSDPModule
 
     return isinstance(model, FSDPModule) or isinstance(unwrapped(model), FSDPModule)
