@@ -34,6 +34,9 @@ def test_pack_lays_out_each_sequence_and_maps_back_to_the_padded_layout():
     ids, _ = left_pad(tokens, 0, CPU)
     assert torch.equal(packed.unpad(packed.ids), ids)  # 0 is the padding here too
     assert torch.equal(packed.pad(ids), packed.ids)
+    for bad in ([], [np.array([1]), np.array([], dtype=int)]):
+        with pytest.raises(ValueError, match="sequences must be one or more sequences of at"):
+            pack(bad, CPU)
 
 
 def test_microbatches_count_real_tokens_when_packed():

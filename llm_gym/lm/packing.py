@@ -66,6 +66,11 @@ class Packed:
 def pack(sequences: Sequence[Sequence[int] | np.ndarray], device: torch.device) -> Packed:
     """``sequences`` packed into one row on ``device`` (see ``Packed``)."""
     lengths = np.array([len(s) for s in sequences], dtype=np.int64)
+    if not len(lengths) or lengths.min() < 1:
+        raise ValueError(
+            "sequences must be one or more sequences of at least one token each, got lengths "
+            f"{lengths.tolist()[:8]}"
+        )
     width = int(lengths.max())
     starts = np.concatenate([[0], np.cumsum(lengths)])
     ids = np.concatenate([np.asarray(s, dtype=np.int64) for s in sequences])
