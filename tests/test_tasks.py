@@ -27,6 +27,9 @@ TASKS = {
     "LLMChat-ReasoningGym-v0": {"task": "basic_arithmetic"},
     "LLMChat-Products-v0": {"level": 1},
 }
+GSM8K_ROWS = [
+    {"question": f"What is {a} + {a}?", "answer": f"#### {2 * a}"} for a in range(11)
+]  # an epoch that does not divide by 8: the shards wrap into the next one alike
 MATH_ROWS = [
     {"problem": "What is half of one?", "solution": r"Half is $\boxed{\frac{1}{2}}$."},
     {"problem": "Compute $2^3$.", "solution": r"$2^3 = \boxed{8}$"},
@@ -106,6 +109,30 @@ def test_group_repeats_give_a_group_the_same_question(env_id):
     obs, _ = envs.reset(seed=0)
     last = [h[-1]["content"] for h in obs["history"]]
     assert last[0] == last[1] and last[2] == last[3] and last[0] != last[2]
+
+
+@pytest.mark.parametrize("env_id", ["LLMChat-Countdown-v0", "LLMChat-GSM8K-v0"])
+def test_shards_serve_a_larger_vector_env_s_sub_envs_items(env_id):
+    # Two processes' vector envs of 4 (shards (0, 8) and (4, 8)) play, episode after episode,
+    # exactly what one vector env of 8 plays: the split does not change the items.
+    kwargs = {"repeats": 2, "group_repeats": True}
+    kwargs |= {"level": 1} if "Countdown" in env_id else {"dataset": GSM8K_ROWS}
+    whole = gym.make_vec(env_id, num_envs=8, **kwargs)
+    parts = [gym.make_vec(env_id, num_envs=4, shards=(k, 8), **kwargs) for k in (0, 4)]
+    assert [p.unwrapped.shards for p in parts] == [(0, 8), (4, 8)]
+
+    def prompts(obs):
+        return [h[-1]["content"] for h in obs["history"]]
+
+    seen = prompts(whole.reset(seed=5)[0])
+    split = [q for p in parts for q in prompts(p.reset(seed=5)[0])]
+    for _ in range(3):
+        assert split == seen and seen[0] == seen[1] and len(set(seen)) > 1
+        seen = prompts(whole.step(["1"] * 8)[0])
+        split = [q for p in parts for q in prompts(p.step(["1"] * 4)[0])]
+    for bad in [(1, 8), (6, 8), (-4, 8), (0, 7), "0,8", (0.0, 8)]:  # (1, 8): splits a group
+        with pytest.raises(ValueError, match=r"shards must be \(first, total\), ints with 0 <="):
+            gym.make_vec(env_id, num_envs=4, shards=bad, **kwargs)
 
 
 # -- Countdown -------------------------------------------------------------------------

@@ -144,6 +144,10 @@ class DatasetChatVectorEnv(VectorEnv):
     on the task requires), sub-envs ``b*G .. b*G+G-1`` always hold the same item, each
     episode: a GRPO group side by side. Otherwise an item's copies may span two steps.
 
+    ``shards=(first, total)``: these N sub-envs are sub-envs ``first .. first + N - 1`` of a
+    vector env of ``total`` (a process's part of one run split across processes): they serve
+    exactly the items those sub-envs would, so the split does not change what is played.
+
     Observations are ``batch_space(single_observation_space, N)``: a dict of N-tuples.
     Actions are a sequence of N responses (``str``, token arrays or ``Response``).
 
@@ -158,7 +162,9 @@ class DatasetChatVectorEnv(VectorEnv):
 
     metadata = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": []}
 
-    def __init__(self, env: VectorHooks, num_envs: int) -> None:
+    def __init__(
+        self, env: VectorHooks, num_envs: int, shards: tuple[int, int] | None = None
+    ) -> None:
         if not isinstance(env, VectorHooks):
             lacks = [name for name in _HOOKS if not hasattr(env, name)]
             raise TypeError(
@@ -183,11 +189,13 @@ class DatasetChatVectorEnv(VectorEnv):
                 f"env must serve the whole stream (shard=None) to be split among the sub-envs, "
                 f"got shard={env.shard}"
             )
+        first, total = self._check_shards(shards)
         # One env holds the task's settings; each sub-env is a shard of its source and a
         # conversation, stepped here together.
         self.single_env: VectorHooks = env
+        self.shards = (first, total)
         self.sources = [
-            env.source.fork(Shard(i, self.num_envs, env.repeats)) for i in range(self.num_envs)
+            env.source.fork(Shard(first + i, total, env.repeats)) for i in range(self.num_envs)
         ]
         self._conversations: list[Conversation | None] = [None] * self.num_envs
         self._items: list[dict[str, Any] | None] = [None] * self.num_envs
@@ -198,6 +206,23 @@ class DatasetChatVectorEnv(VectorEnv):
         self.action_space = batch_space(self.single_action_space, self.num_envs)
         self._out = create_empty_array(self.single_observation_space, self.num_envs)
         self._pool: ThreadPoolExecutor | None = None  # runs tool calls; made on first use
+
+    def _check_shards(self, shards: tuple[int, int] | None) -> tuple[int, int]:
+        if shards is None:
+            return 0, self.num_envs
+        ok = (
+            isinstance(shards, (tuple, list)) and len(shards) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in shards)
+            and 0 <= shards[0] and shards[0] + self.num_envs <= shards[1]
+            and shards[0] % self.group_size == 0 and shards[1] % self.group_size == 0
+        )  # fmt: skip
+        if not ok:
+            raise ValueError(
+                f"shards must be (first, total), ints with 0 <= first and first + num_envs <= "
+                f"total, both multiples of the group size {self.group_size}; got {shards!r} "
+                f"with num_envs={self.num_envs}"
+            )
+        return int(shards[0]), int(shards[1])
 
     # -- Gymnasium API ------------------------------------------------------------------
 
@@ -487,12 +512,14 @@ def _made(env: gym.Env) -> gym.Env:
     return env
 
 
-def make_task_vector_env(num_envs: int = 1, **kwargs: object) -> DatasetChatVectorEnv:
+def make_task_vector_env(
+    num_envs: int = 1, shards: tuple[int, int] | None = None, **kwargs: object
+) -> DatasetChatVectorEnv:
     """The ``vector_entry_point`` of every task's env id: ``num_envs`` conversations of
-    ``make_task_env(**kwargs)``.
+    ``make_task_env(**kwargs)`` (``shards``: ``DatasetChatVectorEnv``'s).
 
     >>> envs = make_task_vector_env(2, task_factory="llm_gym.tasks:countdown_task", level=0)
     >>> envs.reset(seed=0)[1]["target"].shape
     (2,)
     """
-    return DatasetChatVectorEnv(make_task_env(**kwargs), num_envs)
+    return DatasetChatVectorEnv(make_task_env(**kwargs), num_envs, shards)
