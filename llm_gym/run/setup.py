@@ -38,6 +38,7 @@ __all__ = [
     "SERVER_LOG",
     "async_episodes",
     "charge_kl",
+    "compute_dtype",
     "dtype_name",
     "env_kwargs",
     "kl_sub_env",
@@ -203,6 +204,12 @@ def kl_sub_env(env_fn: Callable[[], gym.Env], ref: Scorer, **kwargs: Any) -> gym
     return single_wrappers.RetrieveKL(env_fn(), None, ref, **kwargs)
 
 
+def compute_dtype(config: RunConfig, device: torch.device, weights: torch.dtype) -> torch.dtype:
+    """What a model of ``weights`` computes in on ``device``: ``config.dtype`` (by autocast)
+    over float32 weights; weights below float32, their own."""
+    return weights if weights != torch.float32 else resolve_dtype(config.dtype, device)
+
+
 def reference_scorer(
     config: RunConfig, reference: str, *, weights: torch.dtype | None = None
 ) -> Scorer:
@@ -212,10 +219,8 @@ def reference_scorer(
     ``weights`` (None: that dtype; a trainer's: the trained weights', so that both score
     alike)."""
     device = resolve_device(config.device)
-    dtype = resolve_dtype(config.dtype, device)
-    weights = weights or dtype
-    compute = weights if weights != torch.float32 else dtype
-    kwargs = {"input_mode": "tokens", "compute_dtype": compute}
+    weights = weights or resolve_dtype(config.dtype, device)
+    kwargs = {"input_mode": "tokens", "compute_dtype": compute_dtype(config, device, weights)}
     if config.ray_address is not None:
         from llm_gym.episodes.ray import RayLogProbModel, connect
 

@@ -39,6 +39,7 @@ from llm_gym.run.lock import FolderLock
 from llm_gym.run.setup import (
     async_episodes,
     charge_kl,
+    compute_dtype,
     dtype_name,
     env_kwargs,
     make_policy,
@@ -153,8 +154,7 @@ class GRPOTrainer:
             self.dtype = PRECISION_WEIGHTS[self.precision]
         # What sampling, scoring and the reference compute in: --dtype, by autocast over
         # float32 weights (as the update does under bf16-mixed); weights below float32, theirs.
-        low = self.dtype != torch.float32
-        self.compute_dtype = self.dtype if low else resolve_dtype(config.dtype, self.device)
+        self.compute_dtype = compute_dtype(config, self.device, self.dtype)
         if given is None:
             self._check_sizes(config)  # before anything is allocated
         checkpoint = claim_out(config)  # on --resume the newest one, checked whole
@@ -188,10 +188,10 @@ class GRPOTrainer:
                 checkpoint or config.model, device=self.device, dtype=self.dtype
             )
         self.lora = is_lora(self.model)
-        self.scorer = TransformersPolicy(
+        self.scorer = TransformersPolicy(  # the model being trained
             self.model, self.tokenizer, input_mode="tokens", generate=False,
             compute_dtype=self.compute_dtype,
-        )  # the model being trained  # fmt: skip
+        )  # fmt: skip
         self.pad_id = self.scorer.pad_token_id
         if config.gradient_checkpointing is not False:  # layers' inputs kept, rest recomputed
             model = unwrapped(self.model)
