@@ -4,6 +4,7 @@ an uninterrupted one, Ctrl-C at any moment of a save, one-line errors on broken 
 import json
 import os
 import shutil
+import warnings
 
 import pytest
 import torch
@@ -115,10 +116,19 @@ def test_checkpoints_rotate_and_load_as_models(tiny_dir, tmp_path, smollm2_token
     }
 
 
-def test_lean_checkpoints_save_the_last_weights_in_the_save_dtype(tiny_dir, tmp_path, capsys):
-    GRPOTrainer(
-        config(tiny_dir, tmp_path, iterations=2, save_every=1, save_dtype="bfloat16")
-    ).train()
+def test_lean_checkpoints_save_the_last_weights_in_the_save_dtype(
+    tiny_dir, tmp_path, capsys, monkeypatch
+):
+    from llm_gym.run import setup
+
+    monkeypatch.setattr(setup, "_WARNED", set())  # a slow dtype would warn here, whatever ran
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        GRPOTrainer(
+            config(tiny_dir, tmp_path, iterations=2, save_every=1, save_dtype="bfloat16")
+        ).train()
+    # A dtype to store in, not to compute in: no word about the CPU's bfloat16 speed.
+    assert not [w for w in caught if "runs slowly" in str(w.message)]
     first, last = checkpoints(tmp_path)
     sizes = [(path / "model.safetensors").stat().st_size for path in (first, last)]
     assert sizes[1] < 0.51 * sizes[0]  # bfloat16 weights beside float32's

@@ -37,6 +37,7 @@ from llm_gym.run.describe import describe_run
 from llm_gym.run.files import LineFile, RunWriteError, told, write_text
 from llm_gym.run.lock import FolderLock
 from llm_gym.run.setup import (
+    DTYPES,
     async_episodes,
     charge_kl,
     compute_dtype,
@@ -45,7 +46,6 @@ from llm_gym.run.setup import (
     make_policy,
     reference_scorer,
     resolve_device,
-    resolve_dtype,
     run_rubric,
     task_envs,
 )
@@ -655,7 +655,7 @@ class GRPOTrainer:
         if keep_optimizer:
             tensors["optimizer"] = self.optimizer.state_dict()
         elif self.config.save_dtype is not None:
-            dtype = resolve_dtype(self.config.save_dtype)
+            dtype = DTYPES[self.config.save_dtype]  # storage, not compute: no speed to warn of
         return save_checkpoint(
             self.out, iteration, self.model, self.tokenizer, state, tensors,
             self.config.keep_checkpoints, dtype,
