@@ -112,3 +112,58 @@ def test_bad_token_inputs_name_the_argument(tiny, method, args, error, message):
     with pytest.raises(error, match=message):
         getattr(policy, method)(*args)
     assert len(policy.sample(PROMPTS)) == 2  # still usable
+
+
+def streams(*rows, iteration=1):
+    from llm_gym.samplers.transformers import stream_generators
+
+    return [stream_generators(0, iteration, row) for row in rows]
+
+
+def test_each_row_drawn_from_its_generator_is_the_same_in_any_batch(tiny):
+    # A row's sample depends on its generator alone: not on which prompts share its batch
+    # (padding included), nor on torch's generator, nor on the batch's order.
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, 256, size=n) for n in (5, 9, 3, 7)]
+    policy = policy_for(tiny, max_tokens=10, top_k=40, temperature=0.8)
+    torch.manual_seed(1)
+    whole = policy.sample(prompts, generators=streams(0, 1, 2, 3))
+    torch.manual_seed(2)
+    half = policy.sample(prompts[3:1:-1], generators=streams(3, 2))
+    for a, b in zip(whole[:1:-1], half, strict=True):
+        assert np.array_equal(a.tokens, b.tokens) and np.allclose(
+            a.log_probs, b.log_probs, atol=1e-5
+        )
+    other = policy.sample(prompts, generators=streams(0, 1, 2, 3, iteration=2))
+    assert sum(np.array_equal(a.tokens, b.tokens) for a, b in zip(whole, other)) <= 1
+    # The log-probs stay those of the raw logits: they score back to themselves.
+    scored = policy.score(prompts, [s.tokens for s in whole])
+    for s, log_probs in zip(whole, scored, strict=True):
+        np.testing.assert_allclose(s.log_probs, log_probs, atol=1e-4)
+
+
+def test_row_draws_follow_the_warped_distribution(smol):
+    # One token, 600 draws from SmolLM2 at temperature 0.5 and top-k 3: each of the 3 tokens
+    # at its warped probability (within 4 standard errors), none outside them.
+    model, tok = smol
+    prompt = np.array(tok("The capital of France is")["input_ids"])
+    kwargs = {"max_tokens": 1, "do_sample": True, "temperature": 0.5, "top_k": 3}
+    policy = TransformersPolicy(model, tok, input_mode="tokens", generate_kwargs=kwargs)
+    drawn = np.array(
+        [s.tokens[0] for s in policy.sample([prompt] * 600, generators=streams(*range(600)))]
+    )
+    with torch.no_grad():
+        logits = model(torch.as_tensor(prompt)[None]).logits[0, -1].float()
+    top = logits.topk(3)
+    probs = (top.values / 0.5).softmax(-1).numpy()
+    assert set(drawn.tolist()) <= set(top.indices.tolist())
+    for token, p in zip(top.indices.tolist(), probs, strict=True):
+        assert abs((drawn == token).mean() - p) < 4 * np.sqrt(p * (1 - p) / 600) + 1e-3
+
+
+def test_row_draws_refuse_what_they_cannot_apply_and_a_wrong_count(tiny):
+    policy = policy_for(tiny, typical_p=0.9)
+    with pytest.raises(ValueError, match=r"generate_kwargs\['typical_p'\]=0.9 is not applied"):
+        policy.sample(PROMPTS, generators=streams(0, 1))
+    with pytest.raises(ValueError, match=r"one generator per generated row \(2\), got 1"):
+        policy_for(tiny).sample(PROMPTS, generators=streams(0))

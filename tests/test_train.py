@@ -80,10 +80,14 @@ def test_train_writes_metrics_plot_checkpoint_and_resumes(tiny_dir, tmp_path):
     assert "tool_calls_per_episode" not in rows[0]  # tool metrics only with tools
     assert (out / "training.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     state = json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())
-    optimizer = torch.load(out / "checkpoint-1" / "optimizer.pt", weights_only=True)
-    assert state["iteration"] == 2 and "state" in optimizer["optimizer"]
+    # AdamW's state by torch.distributed.checkpoint (what any world size loads back).
+    optimizer = out / "checkpoint-1" / "optimizer"
+    assert state["iteration"] == 2 and (optimizer / ".metadata").is_file()
+    weights = (out / "checkpoint-1" / "model.safetensors").stat().st_size
+    assert sum(f.stat().st_size for f in optimizer.iterdir()) > 1.9 * weights  # two moments
     last = torch.load(out / "checkpoint-2" / "optimizer.pt", weights_only=True)
-    assert "optimizer" not in last  # the run's last checkpoint: the weights alone
+    assert "optimizer" not in last and not (out / "checkpoint-2" / "optimizer").exists()
+    # the run's last checkpoint: the weights alone
     assert (out / "checkpoint-2" / "model.safetensors").is_file()
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
     summary = json.loads((out / "summary.json").read_text())

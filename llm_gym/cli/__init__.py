@@ -5,6 +5,7 @@ does. Bad input gets a one-line ``llm-gym: error: ...`` and exit code 2, never a
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -202,6 +203,33 @@ def _add_train(commands: Any) -> None:
         metavar="SECONDS", help="--agent: seconds a run may take; past it the run scores 0 "
         "with its error (default: %(default)s)")  # fmt: skip
     add("--resume", action="store_true", help="continue from the checkpoint in --out")
+    # Past one device: torchrun's own flags (docs/many-gpus.md).
+    add("--nproc-per-node", type=number(int, 1), default=1, metavar="N",
+        help="processes on this machine, one GPU each (gloo on the CPU): the update sharded "
+        "with FSDP2, the groups split between them (default: %(default)s)")  # fmt: skip
+    add(
+        "--nnodes",
+        type=number(int, 1),
+        default=1,
+        metavar="M",
+        help="machines in the run, each launching --nproc-per-node (default: %(default)s)",
+    )
+    add(
+        "--node-rank",
+        type=number(int, 0),
+        default=0,
+        help="this machine's rank among --nnodes, 0 to M-1 (default: %(default)s)",
+    )
+    add("--master-addr", default=None, metavar="HOST",
+        help="the address of --node-rank 0's machine, which every machine can reach "
+        "(default: one machine, a local rendezvous)")  # fmt: skip
+    add(
+        "--master-port",
+        type=number(int, 1),
+        default=29500,
+        metavar="PORT",
+        help="a free port on --master-addr's machine (default: %(default)s)",
+    )
     parser.set_defaults(config=GRPOConfig, job=_prepare_train, run=_train,
                         kept=_iterations_kept)  # fmt: skip
 
@@ -395,6 +423,8 @@ def _train(trainer: Any) -> int:
     from llm_gym.train.run_folder import METRICS_FILE, TRAINING_PLOT_FILE
 
     summary = trainer.train()
+    if not trainer.lead:  # across processes, the first one says it
+        return 0
     line = eval_line(summary["before"], summary["after"])
     if line is not None:
         print(line)
@@ -428,8 +458,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             config = resumed_config(args, given)
         else:
             config = make_config(args.config, args)
+        processes = _processes(args, config)
     except (ValueError, OSError) as error:
         return _usage_error(error)
+    if processes > 1 and "WORLD_SIZE" not in os.environ:  # not yet under a launcher
+        return _launch(args, argv)
     # Only a run needs torch and transformers (seconds to import).
     import torch
     import transformers
@@ -460,6 +493,50 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # what the run finished is on disk: say where; exit 130
         print(f"llm-gym: interrupted; {args.kept(prepared.out)}", file=sys.stderr)
         return 130
+
+
+def _processes(args: argparse.Namespace, config: Any) -> int:
+    # The processes of a train run across devices (1: this one), its flags checked.
+    if args.command != "train":
+        return 1
+    world = args.nproc_per_node * args.nnodes
+    if args.node_rank >= args.nnodes:
+        raise ValueError(f"--node-rank {args.node_rank} must be below --nnodes {args.nnodes}")
+    if args.nnodes > 1 and args.master_addr is None:
+        raise ValueError(
+            f"--nnodes {args.nnodes} needs --master-addr: the address of --node-rank 0's "
+            "machine, which every machine can reach"
+        )
+    if world > 1 and config.groups % world:
+        raise ValueError(
+            f"--groups {config.groups} does not divide by the {world} processes of the run "
+            f"(--nproc-per-node {args.nproc_per_node} x --nnodes {args.nnodes}): each process "
+            "samples whole groups (pass a multiple of the world size)"
+        )
+    return world
+
+
+def _launch(args: argparse.Namespace, argv: list[str]) -> int:
+    # The same command in --nproc-per-node processes through torch.distributed.run
+    # (torchrun), which sets each one's RANK, WORLD_SIZE, LOCAL_RANK and the rendezvous: what
+    # `torchrun --nproc-per-node N -m llm_gym train ...` runs. Under it, the flags say nothing.
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    launcher = ["--nproc-per-node", str(args.nproc_per_node), "--nnodes", str(args.nnodes)]
+    if args.master_addr is None:  # one machine: a free port, found by the launcher
+        launcher += ["--standalone"]
+    else:
+        launcher += ["--node-rank", str(args.node_rank), "--master-addr", args.master_addr,
+                     "--master-port", str(args.master_port)]  # fmt: skip
+    try:
+        run(get_args_parser().parse_args([*launcher, "-m", "llm_gym", *argv]))
+    except ChildFailedError as error:  # each process said its own error: the first one's code
+        first = min(error.failures)
+        return error.failures[first].exitcode or 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
 
 
 def _usage_error(error: Exception | str, code: int = EXIT_USAGE) -> int:

@@ -72,7 +72,9 @@ def play_episodes(
             )
         active = [i for i, record in enumerate(records) if record is None]
         start = time.perf_counter()
-        responses = policy({"tokens": tuple(running.obs["tokens"][i] for i in active)})
+        # "env_index": which sub-env each prompt is (a trainer draws each one's own stream).
+        obs_batch = {"tokens": tuple(running.obs["tokens"][i] for i in active), "env_index": active}
+        responses = policy(obs_batch)
         seconds += time.perf_counter() - start
         turns += 1
         # "" ends at once the throwaway episode a finished sub-env's autoreset began (multi-turn

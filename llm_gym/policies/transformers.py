@@ -378,10 +378,15 @@ class TransformersPolicy:
 
     # -- token level: the Sampler and Scorer protocols, by the sampler ----------------------
 
-    def sample(self, prompts: Sequence[np.ndarray]) -> list[Sample]:
+    def sample(
+        self,
+        prompts: Sequence[np.ndarray],
+        *,
+        generators: Sequence[torch.Generator] | None = None,
+    ) -> list[Sample]:
         """The sampler's ``sample``: one ``Sample`` per prompt (``num_samples`` consecutive
         ones per prompt when set), all generated in one left-padded batch."""
-        return self.sampler.sample(prompts)
+        return self.sampler.sample(prompts, generators=generators)
 
     def score(
         self, prompts: Sequence[np.ndarray], responses: Sequence[np.ndarray]
@@ -406,12 +411,15 @@ class TransformersPolicy:
         responses: ScoredResponse | Sequence[ScoredResponse] | None = None,
         *,
         response_only: bool = False,
+        generators: Sequence[torch.Generator] | None = None,
     ) -> Response | list[Response] | list[list[Response]] | LogProbOutput | list[LogProbOutput]:
         """Generate mode: Response(s) for ``obs``. Log-prob mode: score ``obs`` (+ responses).
 
         ``response_only=True`` (log-prob mode, with ``responses``): logits for the response
         positions only (``log_probs.prompt`` and ``.full`` are None); the vocabulary projection
         over the prompt costs as much as the rest of the forward pass on a small model.
+        ``generators`` (generate mode): one per response, each drawing its response's tokens
+        (``TransformersSampler.sample``'s).
         """
         values, batched = split_observation(obs, self.input_mode)
         if self.generate:
@@ -420,7 +428,7 @@ class TransformersPolicy:
                     "this policy generates (generate=True) and takes no responses; to score "
                     "responses use policy.get_new_version(generate=False)"
                 )
-            samples = self.sample(self._encoder.prompts(values))
+            samples = self.sample(self._encoder.prompts(values), generators=generators)
             rows = [s.tokens for s in samples]
             texts = self._encoder.codec.decode_many(rows, skip_special_tokens=False)
             results = [

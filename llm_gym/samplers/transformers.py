@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +36,7 @@ __all__ = [
     "check_length",
     "generate_with_log_probs",
     "generation_settings",
+    "stream_generators",
 ]
 
 DEFAULT_MAX_NEW_TOKENS = 256
@@ -147,6 +149,77 @@ def generate_with_log_probs(
     for step, logits in enumerate(out.logits):
         log_probs[:, step] = gather_log_probs(logits, new[:, step])
     return new, log_probs
+
+
+def stream_generators(seed: int, *key: int) -> torch.Generator:
+    """A CPU generator seeded by ``(seed, *key)`` through numpy's ``SeedSequence`` (keys that
+    differ anywhere give independent streams): a trainer's stream of one sub-env in one
+    iteration, ``stream_generators(seed, iteration, sub_env)``, which ``sample(generators=)``
+    draws that row's tokens from.
+
+    >>> a, b = stream_generators(0, 3, 5), stream_generators(0, 3, 5)
+    >>> bool(torch.rand(4, generator=a).equal(torch.rand(4, generator=b)))
+    True
+    """
+    state = np.random.SeedSequence([seed, *key]).generate_state(2, np.uint32)
+    return torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
+
+
+_WARPED = ("temperature", "top_k", "top_p", "min_p")  # applied by _RowDraws instead
+
+# Generation's sampling settings that the row draws apply themselves (HF's own warpers, in
+# HF's order), and the ones they cannot: refused by name rather than ignored.
+_ROW_UNSUPPORTED = {"typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "top_h": None}
+
+
+class _RowDraws:
+    """A logits processor that draws each row's next token from its own generator (inverse
+    CDF of the warped distribution, with a uniform in (0, 1]) and leaves only that token
+    possible: ``generate`` then runs greedy (``do_sample=False``) and picks it. A row's t-th
+    token uses its generator's t-th draw, whatever rows share its batch, so samples do not
+    depend on how a batch is split (across processes, or into groups). HF's multinomial draws
+    every row from one RNG call, which ties each row's sample to the whole batch."""
+
+    def __init__(self, generators: Sequence[torch.Generator], config: Any) -> None:
+        from transformers import (
+            LogitsProcessorList,
+            MinPLogitsWarper,
+            TemperatureLogitsWarper,
+            TopKLogitsWarper,
+            TopPLogitsWarper,
+        )
+
+        for name, neutral in _ROW_UNSUPPORTED.items():
+            value = getattr(config, name, neutral)
+            if value is not None and value != neutral:
+                raise ValueError(
+                    f"generate_kwargs[{name!r}]={value!r} is not applied when each row draws "
+                    f"from its own generator (generators=): leave {name} unset"
+                )
+        self.generators = list(generators)
+        self.warpers = LogitsProcessorList()
+        if config.temperature is not None and config.temperature != 1.0:
+            self.warpers.append(TemperatureLogitsWarper(config.temperature))
+        if config.top_k:
+            self.warpers.append(TopKLogitsWarper(config.top_k))
+        if config.top_p is not None and config.top_p < 1.0:
+            self.warpers.append(TopPLogitsWarper(config.top_p))
+        if config.min_p is not None:
+            self.warpers.append(MinPLogitsWarper(config.min_p))
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if len(self.generators) != scores.shape[0]:
+            raise ValueError(
+                f"generators must give one generator per generated row ({scores.shape[0]}), "
+                f"got {len(self.generators)}"
+            )
+        probs = self.warpers(input_ids, scores).float().softmax(-1)
+        cdf = probs.cumsum(-1)
+        # 1 - U[0, 1) is in (0, 1]: the first token whose CDF reaches it has probability > 0.
+        uniform = torch.cat([1 - torch.rand(1, generator=g) for g in self.generators])
+        target = (uniform.to(cdf.device) * cdf[:, -1]).unsqueeze(1)
+        tokens = torch.searchsorted(cdf, target).clamp_(max=scores.shape[1] - 1)
+        return torch.full_like(scores, -math.inf).scatter_(1, tokens, 0.0)
 
 
 def check_length(model: PreTrainedModel, length: int) -> None:
@@ -275,15 +348,29 @@ class TransformersSampler:
         configured.version = self.version
         return configured
 
-    def sample(self, prompts: Sequence[np.ndarray]) -> list[Sample]:
+    def sample(
+        self,
+        prompts: Sequence[np.ndarray],
+        *,
+        generators: Sequence[torch.Generator] | None = None,
+    ) -> list[Sample]:
         """One ``Sample`` per prompt (``num_samples`` consecutive ones per prompt when set), all
-        prompts generated in one left-padded batch with the sampler's ``generate_kwargs``."""
+        prompts generated in one left-padded batch with the sampler's ``generate_kwargs``.
+        ``generators`` (one per sample, ``stream_generators``): each sample's tokens are drawn
+        from its own generator, so that a sample does not depend on the others in its batch;
+        None: HF's sampling, from torch's generator."""
         prompts = check_token_batch("prompts", prompts, self.vocab_size, min_length=1)
         if not prompts:
             return []
         ids, attention = left_pad(prompts, self.pad_token_id, self.device)
         settings = self.generate_kwargs | {"pad_token_id": self.pad_token_id}
-        with torch.inference_mode(), self._generator(), self.precision():
+        if generators is not None and settings.get(
+            "do_sample", self.model.generation_config.do_sample
+        ):
+            config, _ = self.model._prepare_generation_config(None, **settings)
+            settings = {k: v for k, v in settings.items() if k not in _WARPED}
+            settings.update(do_sample=False, logits_processor=[_RowDraws(generators, config)])
+        with self._no_grad(), self._generator(), self.precision():
             new, log_probs = generate_with_log_probs(
                 self.model, ids, attention, log_probs=self.return_log_probs, **settings
             )
@@ -328,14 +415,24 @@ class TransformersSampler:
         if keep:
             selected[:, :-keep] = False
         window = slice(-keep, None) if keep else slice(None)
-        with torch.inference_mode(), self.precision():
-            log_probs = selected_log_probs(self.model, ids, attention, selected)
+        # A sharded model's own (llm_gym.train.sharding registers it as an FSDP forward).
+        forward = getattr(self.model, "selected_log_probs", None)
+        forward = forward or functools.partial(selected_log_probs, self.model)
+        with self._no_grad(), self.precision():
+            log_probs = forward(ids, attention, selected)
             return log_probs[:, window].cpu().numpy()
 
     def precision(self) -> contextlib.AbstractContextManager[object]:
         """The context the model's forwards run in: autocast to ``compute_dtype`` where it is
         below the weights' dtype, else nothing."""
         return autocast(self.device, self.compute_dtype, self.model.dtype)
+
+    def _no_grad(self) -> contextlib.AbstractContextManager[object]:
+        # inference_mode, but no_grad on an FSDP2 model: the weights it gathers under
+        # inference_mode would be inference tensors, which its next gather may not write.
+        if getattr(self.model, "_is_fsdp_managed_module", False):
+            return torch.no_grad()
+        return torch.inference_mode()
 
     def _generator(self) -> contextlib.AbstractContextManager[None]:
         """A seeded call's own generator state (the global one restored after), else none."""

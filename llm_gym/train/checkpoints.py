@@ -3,6 +3,11 @@
 trainer's state beside the weights; a LoRA run's hold its adapter (peft's files, which
 ``--model PATH`` loads onto their base and merges).
 
+AdamW's state sits in ``optimizer/``, written with ``torch.distributed.checkpoint`` (each
+process its own shards of a sharded run), which a run of any number of processes loads back.
+With several processes every one calls ``save_checkpoint``; the first writes all but the
+optimizer's shards (the weights gathered whole, as one process writes them) and renames.
+
 A checkpoint is written aside (``checkpoint-<iteration>.partial/``), flushed to disk and
 renamed into place, and only then are the oldest beyond ``keep`` deleted: a crash or Ctrl-C at
 any moment of a save leaves the previous checkpoint whole, and a folder named
@@ -24,11 +29,19 @@ import torch
 
 from llm_gym.lm.lora import ADAPTER_CONFIG, is_lora
 from llm_gym.run.files import Recorder, write_failure
+from llm_gym.train.sharding import (
+    barrier,
+    full_weights,
+    is_sharded,
+    process_rank,
+    save_optimizer,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 __all__ = [
+    "OPTIMIZER_FOLDER",
     "OPTIMIZER_STATE",
     "TRAINER_STATE",
     "checkpoints",
@@ -39,8 +52,9 @@ __all__ = [
 ]
 
 TRAINER_STATE = "trainer_state.json"  # iteration, evaluation, curriculum, stream, KL coef
-# The RNG states and, in a checkpoint a run resumes from exactly, the optimizer's state.
+# The RNG states (and, in a checkpoint of an llm_gym before DCP, the optimizer's state).
 OPTIMIZER_STATE = "optimizer.pt"
+OPTIMIZER_FOLDER = "optimizer"  # in a checkpoint a run resumes from exactly: AdamW's, by DCP
 _NAME = re.compile(r"checkpoint-(\d+)")
 _OURS = (TRAINER_STATE, OPTIMIZER_STATE)  # files no one but a save writes
 _ASIDE = re.compile(r"checkpoint-\d+\.(partial|deleting)")  # a save's or a deletion's, unfinished
@@ -81,31 +95,42 @@ def save_checkpoint(
     tensors: dict[str, Any],
     keep: int,
     dtype: torch.dtype | None = None,
+    *,
+    optimizer: torch.optim.Optimizer | None = None,
 ) -> Path:
     """Write ``checkpoint-<iteration>`` into ``out``: ``model`` and ``tokenizer`` as
     ``save_pretrained`` writes them (the weights in ``dtype``; None: the model's),
-    ``state`` (JSON) and ``tensors`` (``torch.save``) beside; then delete all but the newest
-    ``keep`` checkpoints. The checkpoint's folder."""
-    out = Path(out)
+    ``optimizer``'s state in ``optimizer/`` (None: none), ``state`` (JSON) and ``tensors``
+    (``torch.save``) beside; then delete all but the newest ``keep`` checkpoints. The
+    checkpoint's folder. Every process of a sharded run calls it."""
+    out, lead = Path(out), process_rank() == 0
     final, partial = out / f"checkpoint-{iteration}", out / f"checkpoint-{iteration}.partial"
-    stale = [p for p in out.glob("checkpoint-*") if _ASIDE.fullmatch(p.name)]
-    for path in stale:  # of saves interrupted
-        shutil.rmtree(path, ignore_errors=True)
     try:
-        partial.mkdir()  # not parents=True: a run folder that vanished is not made again
-        _write(partial, model, tokenizer, state, tensors, dtype)
+        if lead:
+            for path in [p for p in out.glob("checkpoint-*") if _ASIDE.fullmatch(p.name)]:
+                shutil.rmtree(path, ignore_errors=True)  # of saves interrupted
+            partial.mkdir()  # not parents=True: a run folder that vanished is not made again
+        barrier()
+        if optimizer is not None:
+            save_optimizer(model, optimizer, partial / OPTIMIZER_FOLDER)
+        weights = full_weights(model) if is_sharded(model) else None  # gathered on the first
+        if lead:
+            _write(partial, model, tokenizer, state, tensors, dtype, weights)
     except Exception as error:
         shutil.rmtree(partial, ignore_errors=True)  # no half-written checkpoint stays
         failure = write_failure(partial, error)
         if failure is None:
             raise
         raise failure from error
-    if final.exists():  # this iteration's checkpoint of an earlier run in the folder
-        _discard(final)
-    os.replace(partial, final)
-    _fsync(out)
-    for old in [p for p in run_checkpoints(out) if _NAME.fullmatch(p.name)][:-keep]:
-        _discard(old)
+    barrier()  # every process's shards are written
+    if lead:
+        if final.exists():  # this iteration's checkpoint of an earlier run in the folder
+            _discard(final)
+        os.replace(partial, final)
+        _fsync(out)
+        for old in [p for p in run_checkpoints(out) if _NAME.fullmatch(p.name)][:-keep]:
+            _discard(old)
+    barrier()
     return final
 
 
@@ -116,14 +141,17 @@ def _write(
     state: dict[str, Any],
     tensors: dict[str, Any],
     dtype: torch.dtype | None,
+    weights: dict[str, torch.Tensor] | None,
 ) -> None:
+    # weights: a sharded model's, gathered whole (None: the model's own).
     if dtype is None or dtype == model.dtype or is_lora(model):  # an adapter: small anyway
-        model.save_pretrained(partial, safe_serialization=True)
+        model.save_pretrained(partial, state_dict=weights, safe_serialization=True)
     else:  # a cast copy of each tensor once, so that tied weights stay one tensor
         cast: dict[int, torch.Tensor] = {}
+        whole = model.state_dict(keep_vars=True) if weights is None else weights
         weights = {
             name: cast.setdefault(id(tensor), tensor.detach().to(dtype))
-            for name, tensor in model.state_dict(keep_vars=True).items()
+            for name, tensor in whole.items()
         }
         model.save_pretrained(partial, state_dict=weights, safe_serialization=True)
     tokenizer.save_pretrained(partial)
@@ -136,8 +164,8 @@ def _write(
                 raise
             raise recorder.error from error
     (partial / TRAINER_STATE).write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
-    for path in partial.iterdir():  # on disk before the rename makes the checkpoint count
-        _fsync(path)
+    for path in [*partial.iterdir(), *partial.glob(f"{OPTIMIZER_FOLDER}/*")]:
+        _fsync(path)  # on disk before the rename makes the checkpoint count
     _fsync(partial)
 
 
@@ -153,6 +181,9 @@ def load_checkpoint(folder: str | Path) -> tuple[dict[str, Any], dict[str, Any]]
             raise FileNotFoundError(f"checkpoint file {path} is missing; {_older(folder)}")
     for path in weights:
         _check_safetensors(path, folder)
+    dcp = folder / OPTIMIZER_FOLDER
+    if dcp.exists() and not (dcp / ".metadata").is_file():  # DCP writes it last
+        raise FileNotFoundError(f"checkpoint file {dcp / '.metadata'} is missing; {_older(folder)}")
     try:
         state = json.loads((folder / TRAINER_STATE).read_text(encoding="utf-8"))
     except ValueError as error:

@@ -12,6 +12,7 @@ from llm_gym.episodes import Episode, multi_turn, play_episodes, summarize
 from llm_gym.policies import TransformersPolicy
 from llm_gym.run.config import RunConfig
 from llm_gym.run.setup import task_envs
+from llm_gym.train.sharding import gather_objects, process_rank, world_size
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -39,7 +40,12 @@ def evaluate_greedy(
     ``policy`` replaces the greedy ``TransformersPolicy`` of ``model`` (computing in
     ``compute_dtype``: ``TransformersPolicy``'s)."""
     tools = bool(config.tools)
-    envs = task_envs(replace(config, curriculum=0), tokenizer, min(num_envs, episodes))
+    # Across processes, each plays its part of the sub-envs (world | num_envs) and the
+    # episodes are gathered in the order one process plays them.
+    world, rank = world_size(), process_rank()
+    num_envs = -(-min(num_envs, episodes) // world) * world
+    shards = (rank * num_envs // world, num_envs) if world > 1 else None
+    envs = task_envs(replace(config, curriculum=0), tokenizer, num_envs // world, shards=shards)
     turns = multi_turn(envs)
     if policy is None:  # not make_policy: GRPOConfig refuses temperature 0
         kwargs = {"max_new_tokens": config.max_new_tokens, "do_sample": False}
@@ -52,9 +58,9 @@ def evaluate_greedy(
         obs, _ = envs.reset(seed=seed)
         while len(records) < episodes:
             if turns and records:  # round r of multi-turn episodes from seed + r
-                obs, _ = envs.reset(seed=seed + len(records) // envs.num_envs)
+                obs, _ = envs.reset(seed=seed + len(records) // num_envs)
             played, _, obs = play_episodes(envs, policy, obs)
-            records += played[: episodes - len(records)]
+            records += gather_objects(played)[: episodes - len(records)]
     finally:
         envs.close()
     summary = summarize(records, seconds=0.0)

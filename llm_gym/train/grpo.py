@@ -3,6 +3,7 @@ the iteration; one iteration serves tools, KL and curriculum alike)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
@@ -49,8 +50,14 @@ from llm_gym.run.setup import (
     run_rubric,
     task_envs,
 )
+from llm_gym.samplers.transformers import stream_generators
 from llm_gym.samplers.weights import export_model, write_weights
-from llm_gym.train.checkpoints import latest_checkpoint, load_checkpoint, save_checkpoint
+from llm_gym.train.checkpoints import (
+    OPTIMIZER_FOLDER,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from llm_gym.train.config import GRPOConfig
 from llm_gym.train.evaluation import evaluate_greedy
 from llm_gym.train.loss import (
@@ -65,6 +72,16 @@ from llm_gym.train.run_folder import (
     clear_out,
     earlier_rows,
     write_summary,
+)
+from llm_gym.train.sharding import (
+    barrier,
+    gather_objects,
+    join_processes,
+    launched_processes,
+    load_optimizer,
+    process_rank,
+    shard_model,
+    world_size,
 )
 from llm_gym.train.update import PRECISION_WEIGHTS, GRPOUpdate, adamw, resolve_precision
 from llm_gym.wrappers import AdaptiveKLController
@@ -82,6 +99,13 @@ if TYPE_CHECKING:
 _ENV_OBJECT_CONFLICTS = (
     ("asynchronous", "--async"), ("agent", "--agent"), ("ray_address", "--ray"),
     ("curriculum", "--curriculum"), ("eval_episodes", "--eval-episodes"),
+)  # fmt: skip
+# What a run across processes does not do yet: each needs every process to step alike (an
+# episode's turns, an agent's calls, an asynchronous batch) or to share one state (a
+# curriculum's level, an adaptive KL coefficient, a vLLM server's weights).
+_SHARDED_CONFLICTS = (
+    ("asynchronous", "--async"), ("agent", "--agent"), ("ray_address", "--ray"),
+    ("curriculum", "--curriculum"), ("kl_target", "--kl-target"),
 )  # fmt: skip
 
 __all__ = ["GRPOTrainer"]
@@ -134,13 +158,30 @@ class GRPOTrainer:
                 )
         self.config, self.given_model, self.given_env = config, (model, tokenizer), env
         self.out = Path(config.out)
-        # Before the folder is looked at: one run at a time in it, until train() ends.
-        self.lock = FolderLock(self.out)
+        if launched_processes() > 1 or world_size() > 1:
+            _check_sharded(config, model, env)
+        # Under torchrun: one process of several, each on its own device (docs/many-gpus.md).
+        device = model.device if model is not None else resolve_device(config.device)
+        self.process_device, self.joined = join_processes(device)
+        self.world, self.lead = world_size(), process_rank() == 0
+        # Before the folder is looked at: one run at a time in it, until train() ends (the
+        # first process holds the lock for all of them).
+        self.lock = FolderLock(self.out) if self.lead else None
         try:
             self._prepare(config)
         except BaseException:
-            self.lock.release()
+            self._leave()
             raise
+
+    def _leave(self) -> None:
+        # The folder let go, and the process group left if this trainer joined it.
+        if self.lock is not None:
+            self.lock.release()
+        if self.joined:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+            self.joined = False
 
     def _prepare(self, config: GRPOConfig) -> None:
         given, tokenizer = self.given_model
@@ -149,7 +190,7 @@ class GRPOTrainer:
             self.device, self.dtype = parameter.device, parameter.dtype
             self.precision = resolve_precision(config.precision, self.device, self.dtype)
         else:  # the trained weights' dtype is the precision's
-            self.device = resolve_device(config.device)
+            self.device = self.process_device
             self.precision = resolve_precision(config.precision, self.device)
             self.dtype = PRECISION_WEIGHTS[self.precision]
         # What sampling, scoring and the reference compute in: --dtype, by autocast over
@@ -158,6 +199,8 @@ class GRPOTrainer:
         if given is None:
             self._check_sizes(config)  # before anything is allocated
         checkpoint = claim_out(config)  # on --resume the newest one, checked whole
+        barrier()  # every process has looked before the first clears the folder
+        self.checkpoint = checkpoint
         state, tensors = load_checkpoint(checkpoint) if checkpoint else (None, None)
         torch.manual_seed(config.seed)
         if given is not None:
@@ -188,6 +231,8 @@ class GRPOTrainer:
                 checkpoint or config.model, device=self.device, dtype=self.dtype
             )
         self.lora = is_lora(self.model)
+        if self.world > 1:  # each process holds a slice of every weight (FSDP2)
+            shard_model(self.model, self.precision)
         self.scorer = TransformersPolicy(  # the model being trained
             self.model, self.tokenizer, input_mode="tokens", generate=False,
             compute_dtype=self.compute_dtype,
@@ -211,6 +256,12 @@ class GRPOTrainer:
             sampling_model, self.tokenizer, config, served=served, compute_dtype=self.compute_dtype
         )
         self.sampling_lock = threading.Lock()  # no update lands in the middle of a batch
+        # Each sub-env's own random stream in this iteration (see _sample); this process's
+        # sub-envs are sub-envs first.. of the whole run's.
+        self.streams: dict[int, torch.Generator] = {}
+        self._iteration = 0
+        self.num_envs = config.groups * config.group_size // self.world
+        self.shards = (process_rank() * self.num_envs, self.num_envs * self.world)
         self.driver: Any = None  # --async: the AsyncEpisodes behind the source
         try:
             self._set_up(config, state, tensors)
@@ -241,6 +292,11 @@ class GRPOTrainer:
         self.part_names = rubric_part_names(self.envs)
         self.curriculum = self.envs if config.curriculum else None  # before KL wraps it
         self.multi_turn = multi_turn(self.envs)  # tools, games: iterations reseed themselves
+        if self.multi_turn and self.world > 1:
+            raise ValueError(
+                f"{config.env} plays more than one turn an episode (tools, a game, max_turns), "
+                "which a run across processes does not train yet: run it in one process"
+            )
         self.kl_controller, kl_ref = None, None
         # The starting model, frozen, for the KL penalty and the KL term in the loss: with
         # LoRA the model itself, its adapter disabled (no copy); a given model's copy.
@@ -305,17 +361,25 @@ class GRPOTrainer:
         self.source: EpisodeSource = self._episode_source(state)
         # The held-out evaluation plays as the run does: the agent's runs, or the task's envs.
         self._held_out = self._greedy_evaluation if config.agent is None else self._agent_evaluation
-        if not state:  # set up without error: only now does an earlier run (--overwrite) go
+        if not state and self.lead:  # set up without error: only now does an earlier run go
             clear_out(self.out)
             config.save()  # what --resume continues
+        barrier()
 
     def _envs(self, config: GRPOConfig) -> gym.vector.VectorEnv:
         # A sub-env per response, each group's on one item: the task's, or the env given.
-        size = config.groups * config.group_size
+        # Across processes, each plays its part of the whole run's sub-envs.
+        size = self.num_envs
         if self.given_env is None:
+            shards = self.shards if self.world > 1 else None
+            if shards is not None and gym.spec(config.env).vector_entry_point is None:
+                raise ValueError(
+                    f"{config.env} has no native vector env, which a run across processes "
+                    "splits between them: run it in one process"
+                )
             return task_envs(
                 config, self.tokenizer, size, repeats=config.group_size, group_repeats=True,
-                **self.rubric.env_options(),
+                shards=shards, **self.rubric.env_options(),
             )  # fmt: skip
         envs = self.given_env if isinstance(self.given_env, gym.vector.VectorEnv) else None
         if envs is None:
@@ -339,7 +403,7 @@ class GRPOTrainer:
     def _episode_source(self, state: dict[str, Any] | None) -> EpisodeSource:
         # Where the episodes come from (the one choice; every iteration then asks alike), at
         # iteration `start`: a resumed run's source goes on where the run stopped.
-        config, size = self.config, self.config.groups * self.config.group_size
+        config, size = self.config, self.num_envs
         if config.agent is not None:  # an agent program plays batch k's items of (seed, k)
             return self._agent_episodes(self.policy, config.group_size, config.seed, self.start)
         if self.driver is not None:  # batch j is stream positions [j B, (j + 1) B)
@@ -373,21 +437,24 @@ class GRPOTrainer:
         try:
             return self._train()
         finally:
-            self.lock.release()
+            self._leave()
 
     def _train(self) -> dict[str, Any]:
         config, started = self.config, time.perf_counter()
         rows = earlier_rows(self.out, self.start)
         bar = tqdm(
             total=config.iterations, initial=self.start, unit="it",
-            disable=not config.progress, dynamic_ncols=True,
+            disable=not (config.progress and self.lead), dynamic_ncols=True,
         )  # fmt: skip
         try:
             if self.before is None and config.eval_episodes:
                 self.before = self.evaluate()
-            # The earlier rows are written aside first: a full disk cannot cost them.
-            write_text(self.out / METRICS_FILE, "".join(json.dumps(row) + "\n" for row in rows))
-            with LineFile(self.out / METRICS_FILE) as f:
+            metrics: Any = contextlib.nullcontext(_NOWHERE)  # the first process writes files
+            if self.lead:  # the earlier rows are written aside first: a full disk cannot cost them
+                lines = "".join(json.dumps(row) + "\n" for row in rows)
+                write_text(self.out / METRICS_FILE, lines)
+                metrics = LineFile(self.out / METRICS_FILE)
+            with metrics as f:
                 for iteration in range(self.start, config.iterations):
                     row = self.iteration(iteration)
                     rows.append(row)
@@ -452,12 +519,15 @@ class GRPOTrainer:
         # What "auto" came to on this machine: the update's precision, the compute dtype.
         summary.update(precision=self.precision, dtype=dtype_name(self.compute_dtype))
         summary.update(packing=self.updater.packing, config=asdict(config))
+        # How many processes ran it, and whether each held a slice of the model (FSDP2).
+        summary.update(world_size=self.world, sharding="fsdp2" if self.world > 1 else None)
         if rows and rows[-1].get("parts"):  # a rubric's parts, as the last iteration paid them
             summary["parts"] = rows[-1]["parts"]
         rubric = getattr(self, "rubric", None)
         if rubric is not None and rubric.judges:  # what the judges cost this run
             summary["judges"] = rubric.stats()
-        self.unwritten = write_summary(self.out, summary, rows, list(notes))
+        if self.lead:
+            self.unwritten = write_summary(self.out, summary, rows, list(notes))
         return summary
 
     def iteration(self, iteration: int) -> dict[str, Any]:
@@ -467,15 +537,18 @@ class GRPOTrainer:
         kl = config.kl_coef > 0
         # The next items are drawn in this iteration's step, at the level before it.
         self._drawn_level = getattr(self.envs.unwrapped, "level", None)
-        episodes = self.source.episodes(config.groups * config.group_size)
+        self.streams, self._iteration = {}, iteration
+        episodes = self.source.episodes(self.num_envs)
         # The sampling's seconds where the source tells them (not its env steps' or waits').
         seconds = getattr(self.source, "seconds", time.perf_counter() - start)
-        self.task_names.update(
-            str(e.info["task"]) for e in episodes if e.info.get("task") is not None
-        )
         if self.given_env is not None:
             _check_groups(episodes, config.group_size)
-        summary = summarize(episodes, seconds, self.part_names)
+        # This process trains on its own groups' episodes; the row tells of every process's.
+        everyone = gather_objects(episodes)
+        self.task_names.update(
+            str(e.info["task"]) for e in everyone if e.info.get("task") is not None
+        )
+        summary = summarize(everyone, seconds, self.part_names)
         rewards = torch.tensor([e.reward for e in episodes], device=self.device)
         advantages = group_advantages(rewards, config.group_size, config.scale_rewards)
         # Each segment trains with its episode's advantage (an env episode has one; an agent's
@@ -501,16 +574,16 @@ class GRPOTrainer:
         row = {
             "iteration": iteration,
             "reward": summary.mean_reward,
-            "task_reward": float(np.mean([e.reward_task or 0.0 for e in episodes])),
+            "task_reward": float(np.mean([e.reward_task or 0.0 for e in everyone])),
             "success": summary.accuracy,
-            "kl": float(np.mean(np.concatenate([e.token_kl for e in episodes]))) if kl else None,
+            "kl": float(np.mean(np.concatenate([e.token_kl for e in everyone]))) if kl else None,
             "kl_coef": kl_coef if kl else None,
             **update,  # the loss and the update's diagnostics
-            "response_tokens": float(np.mean([e.policy_tokens for e in episodes])),
+            "response_tokens": float(np.mean([e.policy_tokens for e in everyone])),
             "level": level if level is not None else getattr(self.envs.unwrapped, "level", None),
             "tokens_per_second": summary.tokens_per_second,
             # the policy versions that sampled the episodes: the last update's, never older
-            "versions": sorted({v for e in episodes for v in e.versions if v is not None}),
+            "versions": sorted({v for e in everyone for v in e.versions if v is not None}),
         }
         lag = getattr(self.source, "lag", None)
         if lag is not None:  # updates between the sampling policy and the trained one
@@ -558,7 +631,22 @@ class GRPOTrainer:
 
     def _sample(self, obs: dict[str, Any]) -> list[Any]:
         with self.sampling_lock:
-            return self.policy(obs)
+            rows = obs.get("env_index")
+            if (
+                rows is None
+                or self.driver is not None
+                or not isinstance(self.policy, TransformersPolicy)
+            ):
+                return self.policy(obs)
+            # Each sub-env draws its tokens from its own stream, seeded by (seed, iteration,
+            # sub-env of the whole run): a sample does not depend on which process drew it or
+            # beside which others, so the run's samples do not depend on its world size.
+            first, seed = self.shards[0], self.config.seed
+            generators = [
+                self.streams.setdefault(i, stream_generators(seed, self._iteration, first + i))
+                for i in rows
+            ]  # fmt: skip
+            return self.policy(obs, generators=generators)
 
     def _publish(self, write: bool = True) -> None:
         with self.sampling_lock:
@@ -633,7 +721,8 @@ class GRPOTrainer:
             "level": getattr(base, "level", None),
             "drawn_level": self._drawn_level,  # the current questions' level
             "successes": None if schedule is None else schedule.successes,
-            "positions": [getattr(source, "position", None) for source in sources],
+            # every process's sub-envs': the whole run's, in order
+            "positions": gather_objects([getattr(source, "position", None) for source in sources]),
         }
         snapshot = getattr(self.source, "snapshot", None)
         if snapshot is not None:  # as the last trained batch left them, not the next's
@@ -652,13 +741,12 @@ class GRPOTrainer:
         if keep_optimizer is None:
             keep_optimizer = iteration < self.config.iterations
         dtype = None
-        if keep_optimizer:
-            tensors["optimizer"] = self.optimizer.state_dict()
-        elif self.config.save_dtype is not None:
+        if not keep_optimizer and self.config.save_dtype is not None:
             dtype = DTYPES[self.config.save_dtype]  # storage, not compute: no speed to warn of
         return save_checkpoint(
             self.out, iteration, self.model, self.tokenizer, state, tensors,
             self.config.keep_checkpoints, dtype,
+            optimizer=self.optimizer if keep_optimizer else None,
         )  # fmt: skip
 
     def _restore(self, state: dict[str, Any], tensors: dict[str, Any]) -> None:
@@ -668,7 +756,14 @@ class GRPOTrainer:
                 f"the run in {self.out} has done {self.start} iterations; pass --iterations "
                 f"above {self.start} to train on"
             )
-        if "optimizer" in tensors:
+        if (self.checkpoint / OPTIMIZER_FOLDER).is_dir():  # resharded for this world size
+            load_optimizer(self.model, self.optimizer, self.checkpoint / OPTIMIZER_FOLDER)
+        elif "optimizer" in tensors:  # an llm_gym's before the optimizer went to DCP
+            if self.world > 1:
+                raise ValueError(
+                    f"{self.checkpoint} holds its optimizer's state in the format of one "
+                    "process (written by an earlier llm_gym): resume it in one process"
+                )
             self.optimizer.load_state_dict(tensors["optimizer"])
         else:  # the run's last checkpoint, saved without it (--save-optimizer keeps it)
             print(
@@ -702,12 +797,39 @@ class GRPOTrainer:
             )
         if state["drawn_level"] is not None:
             base.set_level(state["drawn_level"])
-        for source, position in zip(sources, state["positions"], strict=True):
+        # The saved positions are the whole run's sub-envs': this process's part of them.
+        first = self.shards[0] if self.world > 1 else 0
+        positions = state["positions"][first : first + len(sources)]
+        for source, position in zip(sources, positions, strict=True):
             source.seek(position - 1)  # the current question is drawn again
         obs, _ = self.envs.reset()
         if state["level"] is not None:
             base.set_level(state["level"])
         return obs
+
+
+def _check_sharded(config: GRPOConfig, model: Any, env: Any) -> None:
+    # What a run across processes needs, said before any process loads anything.
+    world = max(launched_processes(), world_size())
+    if config.groups % world:
+        raise ValueError(
+            f"--groups {config.groups} does not divide by the {world} processes of the run: "
+            "each process samples whole groups (pass a multiple of the world size)"
+        )
+    given = [flag for name, flag in _SHARDED_CONFLICTS if getattr(config, name)]
+    if config.backend != "transformers":
+        given.append(f"--backend {config.backend}")
+    if model is not None or env is not None:
+        given.append("a model or env object")
+    if given:
+        raise ValueError(
+            f"a run across {world} processes does not go with {', '.join(given)} yet: "
+            "run it in one process"
+        )
+
+
+# Where the processes past the first write their files: nowhere (the first writes them).
+_NOWHERE = type("_Nowhere", (), {"write": staticmethod(lambda line: None)})()
 
 
 def _check_groups(episodes: list[Any], group_size: int) -> None:

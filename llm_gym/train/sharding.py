@@ -23,9 +23,14 @@ from llm_gym.lm.tensors import selected_log_probs
 
 __all__ = [
     "all_reduce",
+    "barrier",
     "full_weights",
+    "gather_objects",
     "is_sharded",
+    "join_processes",
+    "launched_processes",
     "load_optimizer",
+    "process_rank",
     "save_optimizer",
     "shard_model",
     "world_size",
@@ -35,6 +40,51 @@ __all__ = [
 def world_size() -> int:
     """The processes of the default group (1 without one)."""
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def process_rank() -> int:
+    """This process's rank in the default group (0 without one)."""
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def launched_processes() -> int:
+    """The processes a launcher started for this job: ``torchrun``'s ``WORLD_SIZE`` (1 when
+    this process was started alone)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def join_processes(device: torch.device) -> tuple[torch.device, bool]:
+    """Under a launcher (``launched_processes() > 1``), join torch's default process group,
+    NCCL on CUDA and gloo on the CPU, unless this process has joined one already; the device
+    this process computes on (``cuda:LOCAL_RANK`` on CUDA: one GPU a process) and whether
+    this call joined (the caller then leaves with ``destroy_process_group``). Alone: ``device``
+    and False."""
+    if launched_processes() == 1 and not (dist.is_available() and dist.is_initialized()):
+        return device, False
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # what a bare "cuda" means in this process from now on
+    if dist.is_initialized():
+        return device, False
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return device, True
+
+
+def barrier() -> None:
+    """Wait for every process of the default group (nothing with one)."""
+    if world_size() > 1:
+        dist.barrier()
+
+
+def gather_objects(items: list) -> list:
+    """Every process's ``items`` (picklable), concatenated in rank order, on every process;
+    ``items`` itself with one process."""
+    if world_size() == 1:
+        return items
+    gathered: list = [None] * world_size()
+    dist.all_gather_object(gathered, items)
+    return [item for part in gathered for item in part]
 
 
 def is_sharded(model: torch.nn.Module) -> bool:
@@ -90,6 +140,9 @@ def shard_model(model: torch.nn.Module, precision: str = "fp32") -> torch.nn.Mod
     # final norm, output layer) are gathered for it and their gradients reduced after it.
     model.selected_log_probs = types.MethodType(selected_log_probs, model)
     register_fsdp_forward_method(model, "selected_log_probs")
+    # transformers' mark of an FSDP2 model: its generate then steps every process until all
+    # have finished (synced_gpus), so that their gathers pair.
+    model._is_fsdp_managed_module = True
     return model
 
 

@@ -1,0 +1,216 @@
+"""``llm-gym train`` across processes (issue 52), on the CPU over gloo: the run of two
+processes, each with its half of the groups and its half of every weight (FSDP2), is the run
+of one; its checkpoints resume exactly on two processes (``torchrun ... -m llm_gym``) and,
+resharded, on one; its weights are an ordinary model folder; two "machines" on the loopback
+run it too; uneven groups are refused in one line."""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from llm_gym.cli import main
+
+# Two GSM8K questions whose answers are one digit, for a model that answers one digit.
+ROWS = [
+    {"question": "What is 2 + 3?", "answer": "#### 5"},
+    {"question": "What is 1 + 3?", "answer": "#### 4"},
+]
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory, smollm2_tokenizer):
+    """A tiny llama whose next token is "4", "5" or "6" four times in five, whatever the
+    prompt (its last layer adds a large constant that the output layer reads): GSM8K's reward
+    then varies within a group, so the advantages are not zero and the update moves the
+    weights."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = smollm2_tokenizer
+    config = LlamaConfig(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, mlp_bias=True, tie_word_embeddings=False,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        model.model.layers[-1].mlp.down_proj.bias[0] = 100.0
+        model.model.norm.weight.zero_()
+        model.model.norm.weight[0] = 1.0
+        model.lm_head.weight.zero_()
+        for digit in "456":
+            model.lm_head.weight[tok.convert_tokens_to_ids(digit), 0] = 2.0
+    folder = tmp_path_factory.mktemp("digits")
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return str(folder)
+
+
+def train_args(model, out, *extra):
+    return [
+        "train", "--model", model, "--out", str(out), "--env", "LLMChat-GSM8K-v0",
+        "--env-arg", f"dataset={json.dumps(ROWS)}", "--iterations", "2", "--groups", "2",
+        "--group-size", "4", "--max-new-tokens", "1", "--learning-rate", "0.01",
+        "--eval-episodes", "4", "--save-every", "1", "--no-progress", *extra,
+    ]  # fmt: skip
+
+
+def llm_gym(*args, launcher=()):
+    # A fresh interpreter, as a user runs it (torchrun's children are such processes).
+    env = os.environ | {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, *launcher, "-m", "llm_gym", *args]
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+
+
+def finished(process):
+    out, err = process.communicate(timeout=600)
+    assert process.returncode == 0, err[-3000:]
+    return out
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rows(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def weights(folder):
+    return load_file(folder / "model.safetensors")
+
+
+def assert_same_run(a, b, atol):
+    # The same samples (rewards, successes, lengths), the same update, the same weights.
+    for x, y in zip(rows(a), rows(b), strict=True):
+        for key in ("reward", "success", "response_tokens", "loss", "grad_norm", "entropy"):
+            assert x[key] == pytest.approx(y[key], abs=1e-4), key
+    wa, wb = weights(a / "checkpoint-2"), weights(b / "checkpoint-2")
+    assert sorted(wa) == sorted(wb)
+    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) <= atol
+
+
+@pytest.fixture(scope="module")
+def runs(digits, tmp_path_factory):
+    """The run in one process and in two (``--nproc-per-node 2``), started together."""
+    base = tmp_path_factory.mktemp("runs")
+    one = llm_gym(*train_args(digits, base / "one", "--save-optimizer", "--threads", "1"))
+    two = llm_gym(*train_args(digits, base / "two", "--save-optimizer", "--nproc-per-node", "2"))
+    return finished(one), base / "one", finished(two), base / "two"
+
+
+def test_two_processes_train_as_one(runs, digits):
+    _, one, said, two = runs
+    first = rows(one)
+    # The groups answered right and wrong: the update had something to learn from.
+    assert 0 < first[0]["success"] < 1 and all(r["grad_norm"] > 0 for r in first)
+    assert_same_run(one, two, atol=1e-5)
+    start = weights(Path(digits))
+    moved = weights(two / "checkpoint-2")
+    assert max((moved[k] - start[k]).abs().max().item() for k in start) > 1e-3
+    summary = json.loads((two / "summary.json").read_text())
+    assert (summary["world_size"], summary["sharding"]) == (2, "fsdp2")
+    alone = json.loads((one / "summary.json").read_text())
+    assert (alone["world_size"], alone["sharding"]) == (1, None)
+    assert summary["before"] == alone["before"] and summary["after"] == alone["after"]
+    # The first process says what one process says, once.
+    assert said.count("greedy success on held-out questions") == 1
+    # Each process wrote its shards of AdamW's state; the first, the rest.
+    names = sorted(p.name for p in (two / "checkpoint-1" / "optimizer").iterdir())
+    assert names == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+
+
+def test_the_sharded_runs_weights_are_an_ordinary_model_folder(runs):
+    from transformers import AutoModelForCausalLM
+
+    _, _, _, two = runs
+    model = AutoModelForCausalLM.from_pretrained(two / "checkpoint-2")
+    saved = weights(two / "checkpoint-2")
+    state = model.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in saved.items())
+    assert not model.lm_head.weight.equal(model.model.embed_tokens.weight)  # untied, both kept
+
+
+def resumable(run, tmp_path, name):
+    # The run's folder as it stood after its first checkpoint.
+    out = tmp_path / name
+    shutil.copytree(run, out)
+    shutil.rmtree(out / "checkpoint-2")
+    return out
+
+
+def test_a_sharded_run_resumes_exactly_under_torchrun_and_resharded_in_one_process(
+    runs, digits, tmp_path
+):
+    _, _, _, two = runs
+    again, alone = resumable(two, tmp_path, "again"), resumable(two, tmp_path, "alone")
+    # `torchrun ... -m llm_gym train` runs the very job llm-gym's own launcher runs.
+    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    resumed = llm_gym(*train_args(digits, again, "--resume"), launcher=launcher)
+    # One process reads the two processes' optimizer shards (DCP reshards them).
+    single = llm_gym(*train_args(digits, alone, "--resume", "--threads", "1"))
+    finished(resumed), finished(single)
+    end, exact = weights(two / "checkpoint-2"), weights(again / "checkpoint-2")
+    assert all(torch.equal(end[k], exact[k]) for k in end)  # bit for bit
+    timing = {"seconds", "tokens_per_second"}
+    assert [{k: v for k, v in r.items() if k not in timing} for r in rows(again)] == [
+        {k: v for k, v in r.items() if k not in timing} for r in rows(two)
+    ]
+    assert_same_run(two, alone, atol=1e-5)
+
+
+def test_two_machines_on_the_loopback_train_as_one_process(runs, digits, tmp_path):
+    _, one, _, _ = runs
+    port, out = free_port(), tmp_path / "nodes"
+    nodes = [
+        llm_gym(*train_args(digits, out, "--save-optimizer", "--nnodes", "2", "--node-rank",
+                            str(rank), "--master-addr", "127.0.0.1", "--master-port", str(port)))
+        for rank in (0, 1)
+    ]  # fmt: skip
+    for node in nodes:
+        finished(node)
+    assert_same_run(one, out, atol=1e-5)
+    assert json.loads((out / "summary.json").read_text())["world_size"] == 2
+
+
+def test_uneven_groups_and_bad_launch_flags_are_one_line(digits, tmp_path, capsys):
+    cases = [
+        (["--groups", "3", "--nproc-per-node", "2"],
+         "--groups 3 does not divide by the 2 processes of the run (--nproc-per-node 2 x "
+         "--nnodes 1)"),
+        (["--nnodes", "2"], "--nnodes 2 needs --master-addr"),
+        (["--nnodes", "2", "--node-rank", "2", "--master-addr", "127.0.0.1"],
+         "--node-rank 2 must be below --nnodes 2"),
+    ]  # fmt: skip
+    for extra, message in cases:
+        assert main(train_args(digits, tmp_path / "x", *extra)) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "x").exists()  # refused before anything started
+
+
+def test_what_a_sharded_run_does_not_do_yet_is_refused_by_name(digits, tmp_path, monkeypatch):
+    # Under a launcher (WORLD_SIZE), before any process group or model.
+    from llm_gym.train import GRPOConfig, GRPOTrainer
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    config = GRPOConfig(
+        model=digits, out=str(tmp_path), asynchronous=True, kl_coef=0.1, kl_target=0.1
+    )
+    with pytest.raises(ValueError, match="does not go with --async, --kl-target yet"):
+        GRPOTrainer(config)
+    with pytest.raises(ValueError, match="--groups 3 does not divide by the 2 processes"):
+        GRPOTrainer(GRPOConfig(model=digits, out=str(tmp_path), groups=3))
+    assert not any(tmp_path.iterdir())
