@@ -135,7 +135,7 @@ def test_each_row_drawn_from_its_generator_is_the_same_in_any_batch(tiny):
             a.log_probs, b.log_probs, atol=1e-5
         )
     other = policy.sample(prompts, generators=streams(0, 1, 2, 3, iteration=2))
-    assert sum(np.array_equal(a.tokens, b.tokens) for a, b in zip(whole, other)) <= 1
+    assert sum(np.array_equal(a.tokens, b.tokens) for a, b in zip(whole, other, strict=True)) <= 1
     # The log-probs stay those of the raw logits: they score back to themselves.
     scored = policy.score(prompts, [s.tokens for s in whole])
     for s, log_probs in zip(whole, scored, strict=True):

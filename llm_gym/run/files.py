@@ -41,14 +41,25 @@ class Recorder:
         self.file, self.error = file, None
 
     def write(self, data: Any) -> int:
+        # A short write (a file size limit, a disk filling up) is written on: the next write
+        # raises the OSError that says why, where torch's writer would only see a short count.
+        view, done = memoryview(data).cast("B"), 0
         try:
-            return self.file.write(data)
+            while done < len(view):
+                written = self.file.write(view[done:])
+                if not written:
+                    break
+                done += written
         except OSError as error:
             self.error = error
             raise
+        return done
 
     def flush(self) -> None:
         self.file.flush()
+
+    def __getattr__(self, name: str) -> Any:  # tell, fileno, close: the file's own
+        return getattr(self.file, name)
 
 
 def _errno(error: BaseException) -> int | None:

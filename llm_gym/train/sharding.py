@@ -11,15 +11,19 @@ The process group is torch's default one (``torch.distributed.init_process_group
 
 from __future__ import annotations
 
+import contextlib
 import os
 import types
 import warnings
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from llm_gym.lm.lora import unwrapped
 from llm_gym.lm.tensors import selected_log_probs
+from llm_gym.run.files import Recorder
 
 __all__ = [
     "all_reduce",
@@ -176,12 +180,41 @@ def save_optimizer(
     processes loads it back (``load_optimizer``), DCP resharding it; every process must call
     it."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     state = {"optimizer": get_optimizer_state_dict(model, optimizer)}
+    writer = dcp.FileSystemWriter(folder)
+    writer.fs = files = _recorded_files()
     with warnings.catch_warnings():  # one process without a group: what is meant here
         warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
-        dcp.save(state, checkpoint_id=folder)
+        try:
+            dcp.save(state, storage_writer=writer)
+        except CheckpointException as error:  # a BaseException: say the OSError behind it
+            failed = next((r.error for r in files.recorders if r.error is not None), None)
+            if failed is None:
+                raise
+            raise failed from error
+
+
+def _recorded_files() -> Any:
+    # DCP's file system, each file it writes wrapped so that a failed write's OSError is kept
+    # (a class made on first use: torch.distributed.checkpoint is imported lazily).
+    from torch.distributed.checkpoint.filesystem import FileSystem
+
+    class RecordedFiles(FileSystem):
+        def __init__(self) -> None:
+            super().__init__()
+            self.recorders: list[Recorder] = []
+
+        @contextlib.contextmanager
+        def create_stream(self, path: str | os.PathLike[str], mode: str) -> Iterator[Any]:
+            # Unbuffered: a short write reaches the recorder, which writes on to the OSError.
+            with open(path, mode, buffering=0 if "w" in mode else -1) as stream:
+                self.recorders.append(Recorder(stream))
+                yield self.recorders[-1]
+
+    return RecordedFiles()
 
 
 def load_optimizer(
