@@ -108,6 +108,20 @@ def test_a_seed_reproduces_the_samples_and_each_call_draws_anew(name, smol, serv
     assert not all(np.array_equal(x.tokens, y.tokens) for x, y in zip(a, later, strict=True))
 
 
+def test_a_requests_own_seed_gives_its_sample_whatever_else_is_in_the_call(smol, served):
+    # What a trainer's sub-env stream asks for: its request's sample, wherever it sits.
+    prompts = prompts_for(smol[1])
+    sampler = backend("vllm", smol, served)
+    whole = sampler.sample(prompts, seeds=[11, 12, 13])
+    alone = sampler.sample(prompts[2:], seeds=[13])
+    assert np.array_equal(whole[2].tokens, alone[0].tokens)
+    assert not np.array_equal(whole[0].tokens, sampler.sample(prompts[:1], seeds=[99])[0].tokens)
+    with pytest.raises(ValueError, match=r"seeds must give one seed per sample \(3\), got 2"):
+        sampler.sample(prompts, seeds=[1, 2])
+    with pytest.raises(ValueError, match=r"seeds\[1\]"):
+        sampler.sample(prompts, seeds=[1, -2, 3])
+
+
 @pytest.mark.parametrize("name", BACKENDS)
 def test_num_samples_gives_k_responses_per_observation(name, smol, served):
     tokenizer = smol[1]

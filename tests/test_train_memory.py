@@ -303,3 +303,22 @@ def test_on_cuda_checkpointing_follows_the_free_memory(tiny_dir, tmp_path, monke
     forced.model.model.register_forward_pre_hook(lambda m, args: modes.append(m.training))
     forced._optimize(tokens, masks, torch.tensor([1.0, -1.0], device=device))
     assert modes == [False]  # the flag still decides when given
+
+
+def test_a_sharded_run_needs_its_slice_of_the_trained_weights(tiny_dir, monkeypatch):
+    # Weights, gradients and AdamW's moments (16 bytes a parameter in float32) are split over
+    # the processes; on the CPU the processes of one machine split its memory too.
+    from llm_gym.run import budget
+
+    model, params = budget.model_shape(tiny_dir)
+    each = budget.per_sequence(model, 64, 4, train=True)
+    free = params * 16 // 2 + each + 1000  # half the trained copy and one sequence
+    monkeypatch.setattr(budget, "available_memory", lambda device: free)
+    batch = [("--minibatch-size", 1, 64, True)]
+    config, gpu = GRPOConfig(model=tiny_dir), torch.device("cuda")
+    with pytest.raises(ValueError, match="--minibatch-size 1: 1 sequences .* more than the"):
+        budget.check_run(config, gpu, batch, train=True)
+    budget.check_run(config, gpu, batch, train=True, shards=(2, 2))  # half each: it fits
+    with pytest.raises(ValueError, match="--minibatch-size 1"):  # two on one CPU: half the RAM
+        budget.check_run(config, torch.device("cpu"), batch, train=True, shards=(2, 2))
+    budget.check_run(config, torch.device("cpu"), batch, train=True, shards=(2, 1))

@@ -27,16 +27,16 @@ ROWS = [
 
 @pytest.fixture(scope="module")
 def digits(tmp_path_factory, smollm2_tokenizer):
-    """A tiny llama whose next token is "4", "5" or "6" four times in five, whatever the
-    prompt (its last layer adds a large constant that the output layer reads): GSM8K's reward
-    then varies within a group, so the advantages are not zero and the update moves the
-    weights."""
+    """A tiny llama whose next token is "4", "5" or "6", whatever the prompt (its last layer
+    adds a large constant that the output layer reads; heads of 32, as vLLM's CPU attention
+    takes): GSM8K's reward then varies within a group, so the advantages are not zero and
+    the update moves the weights."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tok = smollm2_tokenizer
     config = LlamaConfig(
-        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, mlp_bias=True, tie_word_embeddings=False,
+        vocab_size=len(tok), hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, mlp_bias=True, tie_word_embeddings=False,
         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
     )  # fmt: skip
@@ -214,3 +214,23 @@ def test_what_a_sharded_run_does_not_do_yet_is_refused_by_name(digits, tmp_path,
     with pytest.raises(ValueError, match="--groups 3 does not divide by the 2 processes"):
         GRPOTrainer(GRPOConfig(model=digits, out=str(tmp_path), groups=3))
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.vllm
+def test_two_processes_sample_from_one_vllm_server_that_the_first_keeps_in_sync(digits, tmp_path):
+    # The first process starts the server; both sample from it; after each update the first
+    # gathers the weights whole, writes them and has the server load them, the other waits.
+    out = tmp_path / "vllm"
+    args = train_args(digits, out, "--backend", "vllm", "--nproc-per-node", "2",
+                      "--eval-episodes", "0", "--save-every", "2")  # fmt: skip
+    finished(llm_gym(*args))
+    ran = rows(out)
+    assert [r["versions"] for r in ran] == [[0], [1]]  # every episode: the last update's
+    assert all(r["sync_seconds"] > 0 for r in ran) and 0 < ran[0]["success"] < 1
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["world_size"], summary["backend"]) == (2, "vllm")
+    # The served copy holds the last update, which moved the weights from the start.
+    served, final = weights(out / "served-model"), weights(out / "checkpoint-2")
+    assert all(torch.equal(final[k], served[k]) for k in final)
+    start = weights(Path(digits))
+    assert max((final[k] - start[k]).abs().max().item() for k in start) > 1e-3

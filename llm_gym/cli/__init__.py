@@ -207,29 +207,16 @@ def _add_train(commands: Any) -> None:
     add("--nproc-per-node", type=number(int, 1), default=1, metavar="N",
         help="processes on this machine, one GPU each (gloo on the CPU): the update sharded "
         "with FSDP2, the groups split between them (default: %(default)s)")  # fmt: skip
-    add(
-        "--nnodes",
-        type=number(int, 1),
-        default=1,
-        metavar="M",
-        help="machines in the run, each launching --nproc-per-node (default: %(default)s)",
-    )
-    add(
-        "--node-rank",
-        type=number(int, 0),
-        default=0,
-        help="this machine's rank among --nnodes, 0 to M-1 (default: %(default)s)",
-    )
+    add("--nnodes", type=number(int, 1), default=1, metavar="M",
+        help="machines in the run, each launching --nproc-per-node processes (default: "
+        "%(default)s)")  # fmt: skip
+    add("--node-rank", type=number(int, 0), default=0,
+        help="this machine's rank among --nnodes, 0 to M-1 (default: %(default)s)")  # fmt: skip
     add("--master-addr", default=None, metavar="HOST",
         help="the address of --node-rank 0's machine, which every machine can reach "
         "(default: one machine, a local rendezvous)")  # fmt: skip
-    add(
-        "--master-port",
-        type=number(int, 1),
-        default=29500,
-        metavar="PORT",
-        help="a free port on --master-addr's machine (default: %(default)s)",
-    )
+    add("--master-port", type=number(int, 1), default=29500, metavar="PORT",
+        help="a free port on --master-addr's machine (default: %(default)s)")  # fmt: skip
     parser.set_defaults(config=GRPOConfig, job=_prepare_train, run=_train,
                         kept=_iterations_kept)  # fmt: skip
 

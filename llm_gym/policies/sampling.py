@@ -8,7 +8,7 @@ the sampler's version, and the text is only decoded from them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from llm_gym.chat.containers import Response
@@ -64,10 +64,18 @@ class SamplerPolicy:
         """The sampler's policy version (what its next responses will carry)."""
         return getattr(self.sampler, "version", None)
 
-    def __call__(self, obs: Mapping[str, Any]) -> Response | list[Response] | list[list[Response]]:
-        """Response(s) to ``obs``, sampled in one call of the sampler."""
+    def __call__(
+        self, obs: Mapping[str, Any], *, seeds: Sequence[int] | None = None
+    ) -> Response | list[Response] | list[list[Response]]:
+        """Response(s) to ``obs``, sampled in one call of the sampler (``seeds``: each
+        sample's own, for a sampler that takes them: ``OpenAISampler``'s)."""
         values, batched = split_observation(obs, self.input_mode)
-        samples = self.sampler.sample(self._encoder.prompts(values))
+        prompts = self._encoder.prompts(values)
+        samples = (
+            self.sampler.sample(prompts)
+            if seeds is None
+            else self.sampler.sample(prompts, seeds=seeds)
+        )
         k = getattr(self.sampler, "num_samples", None)
         if len(samples) != len(values) * (k or 1):
             raise ValueError(

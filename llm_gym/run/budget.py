@@ -218,12 +218,15 @@ def check_run(
     copies: int = 1,
     train: bool = False,
     dtype: str = "float32",
+    shards: tuple[int, int] = (1, 1),
 ) -> None:
     """Check a run of ``config`` (a ``RunConfig``) on ``device`` before it loads anything:
     each of ``batches`` — ``(flag, sequences, tokens, with_grad)`` — with the model's
     ``copies`` in ``dtype`` (weights; with ``train`` also gradients and AdamW's state) in the
     device's memory, and ``records`` — ``(flag, count)`` episodes kept — in the host's. A
-    one-line ``ValueError`` naming the first flag that does not fit."""
+    one-line ``ValueError`` naming the first flag that does not fit. ``shards``: (the
+    processes the trained copy is sharded over, those of them on this machine), each
+    holding its slice of that copy and, on the CPU, its share of the host's memory."""
     from llm_gym.lm.loading import model_folder
 
     shape = model_shape(model_folder(config.model))
@@ -234,8 +237,12 @@ def check_run(
     # Training adds the gradients and AdamW's two moments; below float32, float32 masters
     # and moments (llm_gym.train.update.MasterAdamW): 12 bytes a parameter.
     optimizer = 2 * dtype_bytes if dtype_bytes >= 4 else 12
-    fixed = params * (dtype_bytes * (copies + train) + (optimizer if train else 0))
+    world, local = shards
+    trained = dtype_bytes * (1 + train) + (optimizer if train else 0)
+    fixed = params * (dtype_bytes * (copies - 1) + trained / world)
     free = available_memory(device)
+    if free is not None and not str(device).startswith("cuda"):
+        free //= local  # the processes on this machine share its memory
     for flag, sequences, tokens, grad in batches:
         each = per_sequence(model, tokens, dtype_bytes, train=grad)
         sizes = f"of at least {tokens} tokens (--max-new-tokens {config.max_new_tokens})"

@@ -21,6 +21,7 @@ from llm_gym.rubrics import JUDGE_NEW_TOKENS, RunRubric, judge_rubric
 from llm_gym.run.config import DTYPE_CHOICES, DTYPE_NAMES, RunConfig, is_url, rubric_weights
 from llm_gym.run.describe import answer_format_of
 from llm_gym.samplers import OpenAISampler, VLLMSampler
+from llm_gym.samplers.vllm import SERVED_NAME
 from llm_gym.samplers.weights import export_model
 from llm_gym.wrappers import kl as single_wrappers
 from llm_gym.wrappers import vector as vector_wrappers
@@ -134,13 +135,15 @@ def make_policy(
     *,
     served: str | Path | None = None,
     compute_dtype: torch.dtype | None = None,
+    server: str | None = None,
 ) -> TransformersPolicy | SamplerPolicy:
     """A tokens-mode policy over ``config.backend`` that samples ``max_new_tokens`` at
     ``temperature`` (greedy at 0): a ``TransformersPolicy`` of ``model``, or a
     ``SamplerPolicy`` over a vLLM server started from ``served`` (default: ``config.model``;
     its log in ``config.out``) or over the server at ``config.base_url``. ``compute_dtype``:
     what ``model`` computes in (``TransformersPolicy``'s) and a vLLM server's dtype (None:
-    ``config.dtype``'s)."""
+    ``config.dtype``'s). ``server``: the URL of the vLLM server that another process of the
+    run started, sampled from instead of starting one."""
     if config.backend == "transformers":
         kwargs: dict[str, Any] = {"max_new_tokens": config.max_new_tokens, "do_sample": False}
         if config.temperature > 0:
@@ -157,6 +160,8 @@ def make_policy(
     }
     if config.backend == "openai":
         sampler = OpenAISampler(config.base_url, config.served_model, **sampling)
+    elif server is not None:  # the vLLM server another process of the run started
+        sampler = OpenAISampler(server, SERVED_NAME, **sampling)
     else:
         engine = dict(config.backend_args)
         device = resolve_device(config.device)

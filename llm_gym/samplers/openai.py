@@ -100,16 +100,26 @@ class OpenAISampler:
 
     # -- the Sampler protocol ----------------------------------------------------------------
 
-    def sample(self, prompts: Sequence[np.ndarray]) -> list[Sample]:
+    def sample(
+        self, prompts: Sequence[np.ndarray], *, seeds: Sequence[int] | None = None
+    ) -> list[Sample]:
         """One ``Sample`` per prompt (``num_samples`` consecutive ones per prompt when set),
-        the requests in flight together."""
+        the requests in flight together. ``seeds``: each request's own (one per sample; a
+        trainer's per sub-env), else drawn from the sampler's ``seed``."""
         prompts = check_token_batch("prompts", prompts, self.vocab_size, min_length=1)
         k = self.num_samples or 1
         requests = [prompt for prompt in prompts for _ in range(k)]
-        seeds: list[int | None] = [None] * len(requests)
-        if self.seed is not None:  # one seed per request, reproducible from (seed, call)
+        if seeds is not None:
+            if len(seeds) != len(requests):
+                raise ValueError(
+                    f"seeds must give one seed per sample ({len(requests)}), got {len(seeds)}"
+                )
+            seeds = [check_int(f"seeds[{i}]", seed, 0) for i, seed in enumerate(seeds)]
+        elif self.seed is not None:  # one seed per request, reproducible from (seed, call)
             sequence = np.random.SeedSequence([self.seed, self._calls])
             seeds = [int(s) for s in sequence.generate_state(len(requests))]
+        else:
+            seeds = [None] * len(requests)
         self._calls += 1
         if not requests:
             return []

@@ -28,11 +28,16 @@ __all__ = ["WEIGHTS_FILE", "export_model", "served_tensors", "write_weights"]
 WEIGHTS_FILE = "model.safetensors"
 
 
-def served_tensors(model: PreTrainedModel) -> dict[str, torch.Tensor]:
-    """The tensors ``write_weights`` sends a server: the sampling model's weights by name."""
+def served_tensors(
+    model: PreTrainedModel, weights: dict[str, torch.Tensor] | None = None
+) -> dict[str, torch.Tensor]:
+    """The tensors ``write_weights`` sends a server: the sampling model's weights by name
+    (``weights``: a sharded model's, gathered whole on the CPU; None: the model's own)."""
     # Own storage for every tensor (safetensors refuses shared ones), on the CPU, the output
     # embedding included even when the model ties it to the input one; a LoRA model's
     # adapters merged (what the server samples with is the model being trained).
+    if weights is not None:  # every name's own gathered copy, the tied output layer's too
+        return {name: tensor.contiguous() for name, tensor in weights.items()}
     if is_lora(model):
         tensors = merged_weights(model)
         model = unwrapped(model)
@@ -51,12 +56,16 @@ def served_tensors(model: PreTrainedModel) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def write_weights(model: PreTrainedModel, folder: str | os.PathLike[str]) -> Path:
-    """``model``'s weights into ``folder``'s ``model.safetensors`` (written aside, then renamed:
-    a server never reads half a file); its path."""
+def write_weights(
+    model: PreTrainedModel,
+    folder: str | os.PathLike[str],
+    weights: dict[str, torch.Tensor] | None = None,
+) -> Path:
+    """``model``'s weights (``served_tensors``'s) into ``folder``'s ``model.safetensors``
+    (written aside, then renamed: a server never reads half a file); its path."""
     path = Path(folder) / WEIGHTS_FILE
     partial = path.with_name(WEIGHTS_FILE + ".partial")
-    save_file(served_tensors(model), partial, metadata={"format": "pt"})
+    save_file(served_tensors(model, weights), partial, metadata={"format": "pt"})
     os.replace(partial, path)
     return path
 

@@ -8,6 +8,7 @@ import copy
 import dataclasses
 import json
 import math
+import os
 import sys
 import threading
 import time
@@ -31,7 +32,7 @@ from llm_gym.episodes import (
 )
 from llm_gym.lm.loading import load_model
 from llm_gym.lm.lora import AdapterDisabled, is_lora, load_lora, unwrapped, with_lora
-from llm_gym.policies import TransformersPolicy
+from llm_gym.policies import SamplerPolicy, TransformersPolicy
 from llm_gym.run.budget import check_run
 from llm_gym.run.config import rubric_weights
 from llm_gym.run.describe import describe_run
@@ -75,6 +76,8 @@ from llm_gym.train.run_folder import (
 )
 from llm_gym.train.sharding import (
     barrier,
+    broadcast_object,
+    full_weights,
     gather_objects,
     join_processes,
     launched_processes,
@@ -102,7 +105,7 @@ _ENV_OBJECT_CONFLICTS = (
 )  # fmt: skip
 # What a run across processes does not do yet: each needs every process to step alike (an
 # episode's turns, an agent's calls, an asynchronous batch) or to share one state (a
-# curriculum's level, an adaptive KL coefficient, a vLLM server's weights).
+# curriculum's level, an adaptive KL coefficient).
 _SHARDED_CONFLICTS = (
     ("asynchronous", "--async"), ("agent", "--agent"), ("ray_address", "--ray"),
     ("curriculum", "--curriculum"), ("kl_target", "--kl-target"),
@@ -164,6 +167,9 @@ class GRPOTrainer:
         device = model.device if model is not None else resolve_device(config.device)
         self.process_device, self.joined = join_processes(device)
         self.world, self.lead = world_size(), process_rank() == 0
+        # This process's sub-envs: sub-envs first.. of the whole run's.
+        self.num_envs = config.groups * config.group_size // self.world
+        self.shards = (process_rank() * self.num_envs, self.num_envs * self.world)
         # Before the folder is looked at: one run at a time in it, until train() ends (the
         # first process holds the lock for all of them).
         self.lock = FolderLock(self.out) if self.lead else None
@@ -231,8 +237,6 @@ class GRPOTrainer:
                 checkpoint or config.model, device=self.device, dtype=self.dtype
             )
         self.lora = is_lora(self.model)
-        if self.world > 1:  # each process holds a slice of every weight (FSDP2)
-            shard_model(self.model, self.precision)
         self.scorer = TransformersPolicy(  # the model being trained
             self.model, self.tokenizer, input_mode="tokens", generate=False,
             compute_dtype=self.compute_dtype,
@@ -247,21 +251,18 @@ class GRPOTrainer:
         self.version = (int(state["iteration"]) * config.update_epochs) if state else 0
         self.sync_seconds = 0.0  # the last weight sync's
         served = None
-        if config.backend == "vllm":  # the server starts from the weights training starts from
+        if config.backend == "vllm" and self.lead:  # the weights training starts from
             served = export_model(self.model, self.tokenizer, self.out / SERVED_FOLDER)
         sampling_model = self.model
         if config.asynchronous and config.backend == "transformers":
             sampling_model = copy.deepcopy(self.model)  # samples while this one trains
-        self.policy = make_policy(
-            sampling_model, self.tokenizer, config, served=served, compute_dtype=self.compute_dtype
-        )
+        self.policy = self._sampling_policy(sampling_model, config, served)
+        if self.world > 1:  # each process holds a slice of every weight (FSDP2)
+            shard_model(self.model, self.precision)
         self.sampling_lock = threading.Lock()  # no update lands in the middle of a batch
-        # Each sub-env's own random stream in this iteration (see _sample); this process's
-        # sub-envs are sub-envs first.. of the whole run's.
+        # Each sub-env's own random stream in this iteration (see _sample).
         self.streams: dict[int, torch.Generator] = {}
         self._iteration = 0
-        self.num_envs = config.groups * config.group_size // self.world
-        self.shards = (process_rank() * self.num_envs, self.num_envs * self.world)
         self.driver: Any = None  # --async: the AsyncEpisodes behind the source
         try:
             self._set_up(config, state, tensors)
@@ -269,9 +270,21 @@ class GRPOTrainer:
             self.close()
             raise
 
+    def _sampling_policy(self, model: Any, config: GRPOConfig, served: Path | None) -> Any:
+        # Across processes, the first starts the vLLM server and the others sample from it.
+        policy, server = None, None
+        if config.backend != "vllm" or self.lead:
+            policy = make_policy(
+                model, self.tokenizer, config, served=served, compute_dtype=self.compute_dtype
+            )
+        if config.backend == "vllm" and self.world > 1:
+            server = broadcast_object(policy.sampler.base_url if self.lead else None)
+        return policy or make_policy(model, self.tokenizer, config, server=server)
+
     def _check_sizes(self, config: GRPOConfig) -> None:
         # A sub-env per response, each generating up to max_new_tokens a turn.
-        tokens, batch = config.max_response_tokens + 1, config.groups * config.group_size
+        # Across processes: each one's groups, and its slice of the trained weights.
+        tokens, batch = config.max_response_tokens + 1, self.num_envs
         batches = [("--minibatch-size", min(config.minibatch_size, batch), tokens, True)]
         if config.backend == "transformers":  # else a server generates, in its own memory
             batches.append(("--groups × --group-size", batch, tokens, False))
@@ -281,7 +294,9 @@ class GRPOTrainer:
         copies = 1 + (config.kl_coef > 0 or config.kl_loss_coef > 0) + copy
         records = ("--eval-episodes", config.eval_episodes) if config.eval_episodes else None
         dtype = dtype_name(self.dtype)
-        check_run(config, self.device, batches, records, copies=copies, train=True, dtype=dtype)
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        shards = (self.world, local)
+        check_run(config, self.device, batches, records, copies, True, dtype, shards)
 
     def _set_up(self, config: GRPOConfig, state: Any, tensors: Any) -> None:
         self._publish(write=False)
@@ -632,21 +647,23 @@ class GRPOTrainer:
     def _sample(self, obs: dict[str, Any]) -> list[Any]:
         with self.sampling_lock:
             rows = obs.get("env_index")
-            if (
-                rows is None
-                or self.driver is not None
-                or not isinstance(self.policy, TransformersPolicy)
-            ):
+            if rows is None or self.driver is not None:
                 return self.policy(obs)
-            # Each sub-env draws its tokens from its own stream, seeded by (seed, iteration,
-            # sub-env of the whole run): a sample does not depend on which process drew it or
-            # beside which others, so the run's samples do not depend on its world size.
+            # Each sub-env draws from its own stream, seeded by (seed, iteration, sub-env of the
+            # whole run): a sample does not depend on which process drew it or beside which
+            # others, so the run's samples do not depend on its world size. A server's request
+            # gets its seed from that stream (a turn after another, the next one).
             first, seed = self.shards[0], self.config.seed
             generators = [
                 self.streams.setdefault(i, stream_generators(seed, self._iteration, first + i))
                 for i in rows
             ]  # fmt: skip
-            return self.policy(obs, generators=generators)
+            if isinstance(self.policy, TransformersPolicy):
+                return self.policy(obs, generators=generators)
+            if isinstance(self.policy, SamplerPolicy):
+                seeds = [int(torch.randint(2**31 - 1, (), generator=g)) for g in generators]
+                return self.policy(obs, seeds=seeds)
+            return self.policy(obs)
 
     def _publish(self, write: bool = True) -> None:
         with self.sampling_lock:
@@ -662,8 +679,12 @@ class GRPOTrainer:
                 self.policy.version = self.version
             return
         folder, start, sampler = self.out / SERVED_FOLDER, time.perf_counter(), self.policy.sampler
-        if write:
-            sampler.update_weights(write_weights(self.model, folder).parent, version=self.version)
+        if write:  # across processes: gathered whole onto the first, which syncs the server
+            weights = full_weights(self.model) if self.world > 1 else None
+            if self.lead:
+                path = write_weights(self.model, folder, weights).parent
+                sampler.update_weights(path, version=self.version)
+            barrier()  # no process samples before the server has the new weights
             self.sync_seconds = time.perf_counter() - start
         sampler.version = self.version
 
@@ -817,8 +838,8 @@ def _check_sharded(config: GRPOConfig, model: Any, env: Any) -> None:
             "each process samples whole groups (pass a multiple of the world size)"
         )
     given = [flag for name, flag in _SHARDED_CONFLICTS if getattr(config, name)]
-    if config.backend != "transformers":
-        given.append(f"--backend {config.backend}")
+    if config.backend != "transformers" and config.lora_rank:
+        given.append(f"--lora-rank with --backend {config.backend}")
     if model is not None or env is not None:
         given.append("a model or env object")
     if given:

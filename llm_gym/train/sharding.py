@@ -28,6 +28,7 @@ from llm_gym.run.files import Recorder
 __all__ = [
     "all_reduce",
     "barrier",
+    "broadcast_object",
     "full_weights",
     "gather_objects",
     "is_sharded",
@@ -79,6 +80,15 @@ def barrier() -> None:
     """Wait for every process of the default group (nothing with one)."""
     if world_size() > 1:
         dist.barrier()
+
+
+def broadcast_object(value: Any) -> Any:
+    """The first process's ``value`` (picklable), on every process; ``value`` with one."""
+    if world_size() == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def gather_objects(items: list) -> list:
