@@ -61,14 +61,13 @@ def launched_processes() -> int:
 def join_processes(device: torch.device) -> tuple[torch.device, bool]:
     """Under a launcher (``launched_processes() > 1``), join torch's default process group,
     NCCL on CUDA and gloo on the CPU, unless this process has joined one already; the device
-    this process computes on (``cuda:LOCAL_RANK`` on CUDA: one GPU a process) and whether
-    this call joined (the caller then leaves with ``destroy_process_group``). Alone: ``device``
-    and False."""
+    this process computes on (``cuda:LOCAL_RANK`` on CUDA, whatever index ``device`` names:
+    one GPU a process) and whether this call joined (the caller then leaves with
+    ``destroy_process_group``). Alone: ``device`` and False."""
     if launched_processes() == 1 and not (dist.is_available() and dist.is_initialized()):
         return device, False
-    if device.type == "cuda" and device.index is None:
+    if device.type == "cuda":  # whatever index was named: CUDA_VISIBLE_DEVICES picks GPUs
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    if device.type == "cuda":
         torch.cuda.set_device(device)  # what a bare "cuda" means in this process from now on
     if dist.is_initialized():
         return device, False
