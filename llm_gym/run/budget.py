@@ -239,7 +239,8 @@ def check_run(
     optimizer = 2 * dtype_bytes if dtype_bytes >= 4 else 12
     world, local = shards
     trained = dtype_bytes * (1 + train) + (optimizer if train else 0)
-    fixed = params * (dtype_bytes * (copies - 1) + trained / world)
+    # Whole bytes: a float here would print "at most 47.0 fit"; ceil keeps the lower bound.
+    fixed = params * dtype_bytes * (copies - 1) + -(-params * trained // world)
     free = available_memory(device)
     if free is not None and not str(device).startswith("cuda"):
         free //= local  # the processes on this machine share its memory
