@@ -4,6 +4,7 @@ once a health path answers. ``llm-gym serve`` (OpenEnv) and ``llm-gym gateway`` 
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 import threading
 import urllib.request
@@ -11,7 +12,27 @@ from typing import Any
 
 from llm_gym.checks import check_int
 
-__all__ = ["ThreadedServer"]
+__all__ = ["ThreadedServer", "exposure_warning"]
+
+
+def exposure_warning(host: str, api_key: str | None, flag: str = "--api-key") -> str | None:
+    """The line to print when ``host`` is reachable from other machines and no ``api_key``
+    guards it; None on loopback or with a key.
+
+    >>> exposure_warning("127.0.0.1", None) is None, exposure_warning("0.0.0.0", "k") is None
+    (True, True)
+    >>> exposure_warning("0.0.0.0", None)
+    'warning: serving on 0.0.0.0 without --api-key: anyone who reaches this port can call it'
+    """
+    if api_key:
+        return None
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name: only "localhost" is known to stay on this machine
+        loopback = host == "localhost"
+    if loopback:
+        return None
+    return f"warning: serving on {host} without {flag}: anyone who reaches this port can call it"
 
 
 class ThreadedServer:
