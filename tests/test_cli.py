@@ -209,6 +209,17 @@ def test_default_task_is_procedural_with_env_args_and_curriculum(model_dirs, tmp
     assert bad.returncode == 2 and "task must be a reasoning-gym task" in bad.stderr
 
 
+def test_async_rollout_reads_the_data_dir(model_dirs, tmp_path, monkeypatch):
+    # Issue 53: --async built its sub-envs without --split/--data-dir and went to the Hub.
+    monkeypatch.delenv("LLM_GYM_GSM8K_PATH", raising=False)
+    out = tmp_path / "run"
+    assert main(rollout_args(model_dirs, out, "--async")) == 0
+    episodes = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
+    questions = {json.loads(line)["question"] for line in (FIXTURE / "test.jsonl").open()}
+    assert len(episodes) == 3
+    assert {e["prompt"][-1]["content"] for e in episodes} <= questions
+
+
 def test_missing_gsm8k_data_says_how_to_provide_it(model_dirs, tmp_path):
     args = rollout_args(model_dirs, tmp_path / "run")
     del args[args.index("--data-dir") : args.index("--data-dir") + 2]

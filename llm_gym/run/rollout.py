@@ -131,9 +131,10 @@ class Rollout:
             if config.ref_model is not None:
                 self.ref = reference_scorer(config, config.ref_model)
             schedule = envs.schedule if config.curriculum else None  # shared by every sub-env
+            # The same options as the vector env's (--split, --data-dir: issue 53).
             self.driver = async_episodes(
                 config, tokenizer, self.policy, config.num_envs, ref=self.ref,
-                curriculum=schedule, **self.rubric.env_options(),
+                curriculum=schedule, **options,
             )  # fmt: skip
             envs = self.driver
         elif config.ref_model is not None:
