@@ -13,7 +13,7 @@ import gymnasium as gym
 import pytest
 
 import llm_gym  # noqa: F401  (registers the ids)
-from llm_gym.rewards.code import extract_code, grade
+from llm_gym.rewards.code import extract_code, grade, split_check
 from llm_gym.tasks.humaneval import load_humaneval
 from llm_gym.tools.interpreter import PythonInterpreter
 
@@ -191,3 +191,52 @@ def test_a_served_program_that_never_replies_is_cut_at_the_timeout():
     reply, result = quick.serve("import time\ntime.sleep(60)", lambda c: (c.request(b"x"), c.error))
     assert time.monotonic() - start < 30
     assert reply == (None, "the program ran out of time") and result.timed_out
+
+
+# -- issue 53, finding 12: tests that test nothing, and a program that does nothing ------------
+
+
+def test_assert_true_is_no_test():
+    # starts_one_ends: 5 asserts call the candidate, 2 are `assert True, "..."`.
+    problem = PROBLEMS[83]
+    _, statements = split_check(problem["test"], problem["entry_point"])
+    assert [source[:11] for source, is_test in statements if not is_test] == ["assert True"] * 2
+    assert sum(is_test for _, is_test in statements) == 5
+    assert (score(problem, "    return None\n").passed, score(problem, "    return 1\n").passed,
+            score(problem, problem["canonical_solution"]).total) == (0, 1, 5)  # fmt: skip
+
+
+def test_an_assert_on_a_value_the_candidate_computed_is_a_test():
+    test = ("def check(candidate):\n    f = candidate\n    for x in [1, 2]:\n"
+            "        y = f(x)\n        assert abs(y - x) < 1\n    z = candidate(0)\n"
+            "    assert z == 0\n    assert len('ab') == 2, 'no call'\n")  # fmt: skip
+    assert [is_test for _, is_test in split_check(test)[1]] == [False, True, False, True, False]
+
+
+# Problems whose checks `return None` passed part of (0.33 / 0.33 / 0.67 / 0.67 / 0.5 / 0.3 /
+# 0.22 / 0.4 / 0.29 on the base commit): `assert True` lines, `assert not candidate(...)`,
+# `assert candidate([]) == None`.
+NONE_PAID = (12, 52, 56, 61, 90, 128, 137, 162, 83)
+
+
+@pytest.mark.parametrize("index", NONE_PAID)
+def test_returning_none_scores_zero(index):
+    problem = PROBLEMS[index]
+    result = score(problem, "    return None\n")
+    assert (result.passed, result.reward, result.error) == (0, 0.0, None), result
+    assert score(problem, problem["canonical_solution"]).reward == 1.0
+
+
+def test_tests_none_passes_count_beside_one_it_fails():
+    problem = PROBLEMS[56]  # correct_bracketing: 4 asserts expect True, 8 `assert not`
+    always_false = score(problem, "    return False\n")
+    assert (always_false.passed, always_false.uncredited, always_false.total) == (0, 8, 12)
+    always_true = score(problem, "    return True\n")
+    assert (always_true.passed, always_true.uncredited, always_true.reward) == (4, 0, 4 / 12)
+    # Right on 10 of 12 (4 expecting True, 6 `assert not`): all 10 count.
+    balanced = score(problem, "    return brackets.count('<') == brackets.count('>')\n")
+    assert (balanced.passed, balanced.uncredited) == (10, 0)
+    env = gym.make("LLMChat-HumanEval-v0", dataset=[problem])
+    _, info = env.reset(seed=0)
+    _, reward, _, _, info = env.step(f"```python\n{info['prompt']}    return False\n```")
+    assert (reward, info["tests_passed"], info["tests_uncredited"]) == (0.0, 0, 8)

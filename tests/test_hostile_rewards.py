@@ -191,3 +191,24 @@ def test_hostile_numbers_are_wrong_answers_elsewhere_not_errors():
         assert (score.reward, score.success) == (0.1, False), answer
     assert evaluate_expression(long) is None  # over 512 characters: not read
     assert time.monotonic() - start < 30
+
+
+# -- issue 53, finding 12: an answer scores the same boxed or bare ----------------------------
+
+
+@pytest.mark.parametrize(
+    ("answer", "reference", "reward"),
+    [
+        (TOWER, r"so \boxed{9^{9^{9}}}", 1.0),  # the same text: equal, nothing computed
+        (TOWER, r"\boxed{3}", 0.0),  # refused, boxed or not
+        ("0.5", r"\boxed{\frac{1}{2}}", 1.0),
+        ("7", r"\boxed{8}", 0.1),  # wrong: the format reward
+    ],
+)
+def test_an_answer_scores_the_same_boxed_or_bare(answer, reference, reward):
+    bare = MATHReward()(f"<answer>{answer}</answer>", reference)
+    boxed = MATHReward()(rf"<answer>\boxed{{{answer}}}</answer>", reference)
+    spaced = MATHReward()(rf"<answer>$ \boxed {{{answer}}} $</answer>", reference)
+    assert bare.reward == boxed.reward == spaced.reward == reward
+    assert bare.reason == boxed.reason == spaced.reason
+    assert check_math(rf"\boxed{{{answer}}}", answer) == math_rewards.MathVerdict(True)

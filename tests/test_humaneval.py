@@ -153,3 +153,19 @@ def test_the_vector_env_scores_sub_envs_at_once_when_the_task_says_so():
     barrier = threading.Barrier(3, timeout=0.5)
     with pytest.raises(threading.BrokenBarrierError):
         one_by_one.step(["a", "b", "c"])
+
+
+def test_the_format_rate_is_the_format_parts_share():
+    # Issue 53, finding 12: the table said "format rate 0.000" beside "part format (mean)
+    # 1.0000": it counted TorchRL's reward_answer, which HumanEval's info does not hold.
+    from llm_gym.episodes.summary import summarize
+
+    env = gym.make("LLMChat-HumanEval-v0", shuffle=False)
+    records = []
+    for answer in ("```python\n    return None\n```", "no code at all", "```python\npass\n```"):
+        _, info = env.reset(seed=0)
+        _, reward, _, _, info = env.step(answer)
+        records.append({**info, "reward": reward, "num_tokens": 1})
+    parts = [part.name for part in env.unwrapped.reward.parts]  # format, pass_fraction
+    rows = dict(summarize(records, 1.0, parts).rows())
+    assert (rows["format rate"], rows["part format (mean)"]) == ("0.667", "0.6667")

@@ -20,6 +20,8 @@ from llm_gym.rewards.ifeval import (
     MAX_RESPONSE_CHARS,
     IFEvalReward,
     describe_instruction,
+    english_letters,
+    has_visible_character,
     ifeval_library,
     ifeval_reward_func,
     instruction_conflicts,
@@ -34,6 +36,7 @@ from llm_gym.tasks.ifeval import (
 )
 
 pytest.importorskip("if_verifiable")
+import langdetect  # noqa: E402
 from if_verifiable.common import get_loose_transformations  # noqa: E402
 from if_verifiable.ifeval import instructions_registry as registry  # noqa: E402
 from if_verifiable.ifeval import instructions_util  # noqa: E402
@@ -242,13 +245,29 @@ def all_constraints():
     return [{"id": name, "kwargs": kwargs} for name, kwargs, _, _ in CASES]
 
 
+# The checks that pass a text whose language langdetect cannot find (issue 53: not here).
+LANGUAGE_IDS = {
+    "language:response_language",
+    "change_case:english_capital",
+    "change_case:english_lowercase",
+}
+
+
 def library_verdicts(response, instruction_id, kwargs):
-    """IFEval's checker called directly, strict and loose as Google's evaluation defines."""
+    """IFEval's checker called directly, strict and loose as Google's evaluation defines,
+    with llm_gym's two departures (issue 53): a text with no visible character follows
+    nothing, and one whose language cannot be found fails the language checks."""
 
     def check(text):
         checker = registry.INSTRUCTION_DICT[instruction_id](instruction_id)
         checker.build_description(**kwargs)
-        return bool(text.strip() and checker.check_following(text))
+        followed = bool(text.strip() and checker.check_following(text))
+        if followed and instruction_id in LANGUAGE_IDS:  # (langdetect is slow: only then)
+            try:
+                langdetect.detect(text)
+            except langdetect.LangDetectException:
+                followed = False
+        return followed and has_visible_character(text)
 
     strict = check(response)
     loose = any(check(variant) for variant in get_loose_transformations(response))
@@ -583,3 +602,66 @@ def test_trl_reward_function():
     rows = [[{"id": "punctuation:no_comma", "kwargs": {}}]] * 2
     assert ifeval_reward_func(None, ["no commas", "a, b"], rows) == [1.0, 0.0]
     assert ifeval_reward_func(None, [[{"role": "assistant", "content": "ok"}]], rows[:1]) == [1.0]
+
+
+# -- issue 53, finding 12: rewards that pay for nothing ---------------------------------------
+
+# Text that shows nothing: zero-width spaces, NULs, a BOM and joiners, Hangul fillers,
+# bidirectional marks with newlines (paragraphs "***"-free but empty).
+INVISIBLE = ["\u200b" * 100, "\x00" * 10, "\ufeff\u200d\u2060" * 5, "\u3164 " * 20,
+             "\u200e\n\n\u200f\n\n\u200b"]  # fmt: skip
+
+
+@pytest.mark.parametrize("text", INVISIBLE, ids=[f"invisible{i}" for i in range(len(INVISIBLE))])
+def test_a_response_with_no_visible_character_follows_no_instruction(text):
+    assert not has_visible_character(text)
+    constraints = all_constraints()
+    score = IFEvalReward()(text, constraints)
+    assert (score.strict, score.loose) == ((False,) * len(constraints),) * 2
+    assert score.reward == 0.0
+    # The finding's cases: full marks at level 4 on these three, a mean over 0 at every level.
+    three = [{"id": "length_constraints:number_paragraphs", "kwargs": {"num_paragraphs": 1}},
+             {"id": "language:response_language", "kwargs": {"language": "ja"}},
+             {"id": "punctuation:no_comma", "kwargs": {}}]  # fmt: skip
+    assert IFEvalReward(loose=True)(text, three).reward == 0.0
+    for level in range(len(IFEVAL_LEVELS)):
+        prompts = [ifeval_prompt(0, index, level) for index in range(20)]
+        assert [IFEvalReward()(text, p["constraints"]).reward for p in prompts] == [0.0] * 20
+
+
+def test_undetectable_text_fails_the_language_checks():
+    for language in ("en", "ja", "fr"):
+        rule = [{"id": "language:response_language", "kwargs": {"language": language}}]
+        assert IFEvalReward()("12345 !!! 678", rule).strict == (False,)
+    assert IFEvalReward()("Les abeilles font du miel tout l'été.", rule).strict == (True,)
+    for rule in ("change_case:english_capital", "change_case:english_lowercase"):
+        assert IFEvalReward()("1234 5678 ... 42", [{"id": rule}]).strict == (False,)
+    # A loose variant that is only "***" no longer passes (IFEval passed it as undetectable).
+    french = [{"id": "language:response_language", "kwargs": {"language": "fr"}}]
+    assert IFEvalReward()("Bees hum.\n***\nHoney is sweet.", french).loose == (False,)
+
+
+LOOK_ALIKES = {
+    "fullwidth": "ＢＥＥＳ ＭＡＫＥ ＨＯＮＥＹ ＩＮ ＴＨＥ ＳＵＭＭＥＲ ＡＮＤ ＲＥＳＴ.",
+    "mathematical": "𝐁𝐄𝐄𝐒 𝐌𝐀𝐊𝐄 𝐇𝐎𝐍𝐄𝐘 𝐈𝐍 𝐓𝐇𝐄 𝐒𝐔𝐌𝐌𝐄𝐑 𝐀𝐍𝐃 𝐑𝐄𝐒𝐓 𝐈𝐍 𝐖𝐈𝐍𝐓𝐄𝐑.",
+    "cyrillic": "BEES MAKE HONEY IN THE SUMMER AND REST IN WINTER.".replace("E", "\u0415"),
+    "circled": "ⒷⒺⒺⓈ ⓂⒶⓀⒺ ⒽⓄⓃⒺⓎ ⒾⓃ ⓉⒽⒺ ⓈⓊⓂⓂⒺⓇ.",
+}
+
+
+@pytest.mark.parametrize("name", sorted(LOOK_ALIKES))
+def test_look_alike_capitals_are_not_english_capital_letters(name):
+    text = LOOK_ALIKES[name]  # at most 3 words of English capitals (IN, AND, IN)
+    assert text.isupper() and not english_letters(text)
+    capital = [{"id": "change_case:english_capital", "kwargs": {}}]
+    assert IFEvalReward()(text, capital).strict == (False,)
+    words = [{"id": "change_case:capital_word_frequency",
+              "kwargs": {"capital_frequency": 4, "capital_relation": "at least"}}]  # fmt: skip
+    assert IFEvalReward()(text, words).strict == (False,)
+    lower = [{"id": "change_case:english_lowercase", "kwargs": {}}]
+    assert IFEvalReward()(text.lower(), lower).strict == (False,)
+    # English capitals, accents of loanwords included, still pass.
+    plain = "BEES MAKE HONEY FOR THE CAFÉ IN THE SUMMER AND REST IN THE WINTER."
+    assert IFEvalReward()(plain, capital).strict == (True,)
+    assert IFEvalReward()(plain, words).strict == (True,)
+    assert IFEvalReward()(plain.lower(), lower).strict == (True,)

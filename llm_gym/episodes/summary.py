@@ -15,7 +15,7 @@ from llm_gym.envs import single_env
 from llm_gym.episodes.episode import Episode
 from llm_gym.rubrics import Rubric
 
-__all__ = ["OUTCOMES", "Summary", "rubric_part_names", "summarize"]
+__all__ = ["OUTCOMES", "Summary", "answer_format_held", "rubric_part_names", "summarize"]
 
 OUTCOMES = ("win", "draw", "loss", "unfinished")  # a game's end, as its env's info says
 
@@ -26,7 +26,9 @@ class Summary:
 
     episodes: int
     accuracy: float
-    format_rate: float
+    # The share of episodes whose response held an answer in the asked format (None: the
+    # task asks for none): ``answer_format_held``'s verdict, the ``part format`` row's meaning.
+    format_rate: float | None
     mean_reward: float
     mean_kl: float | None
     level: int | None
@@ -57,10 +59,11 @@ class Summary:
     def rows(self) -> list[tuple[str, str]]:
         """The table's ``(name, value)`` rows, formatted (a report's numbers)."""
         kl = "n/a (no --ref-model)" if self.mean_kl is None else f"{self.mean_kl:.5f}"
+        rate = "n/a (no answer format)" if self.format_rate is None else f"{self.format_rate:.3f}"
         rows = [
             ("episodes", f"{self.episodes}"),
             ("accuracy", f"{self.accuracy:.3f}"),
-            ("format rate", f"{self.format_rate:.3f}"),
+            ("format rate", rate),
             ("mean reward", f"{self.mean_reward:.4f}"),
             ("mean KL / token", kl),
         ]
@@ -99,6 +102,24 @@ class Summary:
         if self.worker_restarts is not None:
             rows.append(("env worker restarts", f"{self.worker_restarts}"))
         return rows
+
+
+def answer_format_held(record: Mapping[str, Any]) -> bool | None:
+    """Whether an episode's response held an answer in the asked format: its reward's
+    ``format`` gate held (a ``Rubric``'s part, the ``part format`` row; HumanEval's "code
+    found"), else TorchRL's ``reward_answer`` was paid; None when the episode has neither
+    (a task that asks for no format, such as IFEval).
+
+    >>> answer_format_held({"format": 1.0, "pass_fraction": 0.0})
+    True
+    >>> answer_format_held({"reward_answer": 0.0}), answer_format_held({"followed": 1.0})
+    (False, None)
+    """
+    for key in ("format", "reward_answer"):
+        value = record.get(key)
+        if isinstance(value, (int, float)):
+            return float(value) > 0
+    return None
 
 
 def rubric_part_names(envs: Any) -> list[str]:
@@ -142,12 +163,13 @@ def summarize(
     if means:
         extra["parts"] = means
     ends = [r.get("outcome") for r in items]
+    held = [h for h in map(answer_format_held, items) if h is not None]
     if n and any(end is not None for end in ends):
         extra["outcomes"] = {name: ends.count(name) / n for name in OUTCOMES}
     return Summary(
         episodes=n,
         accuracy=sum(bool(r.get("success", False)) for r in items) / max(n, 1),
-        format_rate=sum(float(r.get("reward_answer", 0.0)) > 0 for r in items) / max(n, 1),
+        format_rate=sum(held) / len(held) if held else None,
         mean_reward=float(np.mean([r["reward"] for r in items])) if n else math.nan,
         mean_kl=float(np.mean(kls)) if kls else None,
         level=items[-1].get("level") if n else None,

@@ -27,7 +27,13 @@ from llm_gym.rewards.gsm8k import (
     normalize_number,
     score_gsm8k,
 )
-from llm_gym.rewards.ifeval import IFEvalReward, IFEvalScore, ifeval_reward_func
+from llm_gym.rewards.ifeval import (
+    IFEvalReward,
+    IFEvalScore,
+    english_letters,
+    has_visible_character,
+    ifeval_reward_func,
+)
 from llm_gym.rewards.math import (
     MATHReward,
     MathVerdict,
@@ -53,11 +59,13 @@ __all__ = [
     "boxed_answer",
     "check_math",
     "countdown_reward_func",
+    "english_letters",
     "evaluate_expression",
     "extract_answer",
     "extract_ground_truth",
     "extract_tags",
     "gsm8k_reward_func",
+    "has_visible_character",
     "ifeval_reward_func",
     "math_equal",
     "math_reward_func",

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import functools
 import json
 import random
 import re
@@ -129,11 +130,13 @@ __llm_gym_serve()
 class CodeScore:
     """A program's verdict: ``passed`` of ``total`` tests; ``reward`` their fraction,
     ``success`` all of them; ``error``: why the program stopped answering (its last output
-    line), None when it answered every call."""
+    line), None when it answered every call; ``uncredited``: tests it passed that are not in
+    ``passed``, because a program returning None passes them too and it passed no other."""
 
     passed: int
     total: int
     error: str | None = None
+    uncredited: int = 0
 
     @property
     def reward(self) -> float:
@@ -146,24 +149,74 @@ class CodeScore:
         return self.total > 0 and self.passed == self.total
 
 
-def split_check(test: str) -> tuple[str, list[tuple[str, bool]]]:
+def _exercising(check: ast.FunctionDef, entry_point: str | None) -> Callable[[ast.AST], bool]:
+    """Whether an expression of ``check``'s body calls the function under test: the check's
+    parameter (``candidate``), the entry point, a name bound to one of them, or reads a name
+    bound to a value computed from such a call (``solution = candidate(xs)`` then
+    ``assert poly(xs, solution) == 0``), anywhere in the check."""
+    callables = {arg.arg for arg in check.args.args} | ({entry_point} if entry_point else set())
+    results: set[str] = set()
+
+    def exercises(node: ast.AST) -> bool:
+        for m in ast.walk(node):
+            if isinstance(m, ast.Call) and isinstance(m.func, ast.Name) and m.func.id in callables:
+                return True
+            if isinstance(m, ast.Name) and m.id in results:
+                return True
+        return False
+
+    bindings = []  # (value, the names it is bound to)
+    for m in ast.walk(check):
+        if isinstance(m, ast.Assign):
+            bindings.append((m.value, m.targets))
+        elif isinstance(m, (ast.AnnAssign, ast.AugAssign, ast.NamedExpr)) and m.value:
+            bindings.append((m.value, [m.target]))
+        elif isinstance(m, (ast.For, ast.AsyncFor, ast.comprehension)):
+            bindings.append((m.iter, [m.target]))
+        elif isinstance(m, ast.withitem) and m.optional_vars is not None:
+            bindings.append((m.context_expr, [m.optional_vars]))
+    changed = True
+    while changed:  # to a fixed point: each pass adds names or stops
+        changed = False
+        for value, targets in bindings:
+            names = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+            if isinstance(value, ast.Name) and value.id in callables:
+                kind = callables  # an alias: f = candidate
+            elif exercises(value):
+                kind = results
+            else:
+                continue
+            if not names <= kind:
+                kind |= names
+                changed = True
+    return exercises
+
+
+def split_check(test: str, entry_point: str | None = None) -> tuple[str, list[tuple[str, bool]]]:
     """HumanEval's ``test`` source as (the code around ``check``, the statements of
-    ``check``'s body: each one's source and whether it is a test, i.e. holds an assert).
+    ``check``'s body: each one's source and whether it is a test).
+
+    A test is a statement holding an ``assert`` that exercises the function under test: its
+    expression calls ``check``'s parameter (``candidate``) or ``entry_point``, or reads a
+    value the check computed from such a call. ``assert True`` (HumanEval's 48 "This prints
+    if this assert fails" lines) tests nothing, so it is setup, not a test.
 
     >>> preamble, statements = split_check("X = 1\\ndef check(candidate):\\n    y = 2\\n"
-    ...                                    "    assert candidate(y) == 4\\n")
+    ...                                    "    assert candidate(y) == 4\\n    assert True\\n")
     >>> preamble.strip(), statements
-    ('X = 1', [('y = 2', False), ('assert candidate(y) == 4', True)])
+    ('X = 1', [('y = 2', False), ('assert candidate(y) == 4', True), ('assert True', False)])
     """
     tree = ast.parse(test)
     checks = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "check"]
     if len(checks) != 1:
         raise ValueError(f"test must define one check(candidate) function, got {len(checks)}")
     rest = [ast.unparse(n) for n in tree.body if n is not checks[0]]
-    statements = [
-        (ast.unparse(n), any(isinstance(m, ast.Assert) for m in ast.walk(n)))
-        for n in checks[0].body
-    ]
+    exercises = _exercising(checks[0], entry_point)
+
+    def is_test(statement: ast.stmt) -> bool:
+        return any(isinstance(m, ast.Assert) and exercises(m.test) for m in ast.walk(statement))
+
+    statements = [(ast.unparse(n), is_test(n)) for n in checks[0].body]
     return "\n".join(rest) + "\n", statements
 
 
@@ -261,10 +314,13 @@ def _stubs(prompt: str) -> set[str]:
     return {node.name for node in functions if all(map(empty, node.body))}
 
 
-def _check_scope(channel: Channel, prompt: str, test: str, entry_point: str) -> dict[str, Any]:
+def _check_scope(
+    function: Callable[[str], Callable[..., Any]], prompt: str, test: str, entry_point: str
+) -> dict[str, Any]:
     """The globals the check's statements run in, here: the prompt's helpers (the dataset's,
-    trusted), the test's code around ``check``, and the program's functions as remote calls
-    (``candidate``, the entry point, and any other name the test uses and nobody defines)."""
+    trusted), the test's code around ``check``, and the program's functions as ``function(name)``
+    gives them (``candidate``, the entry point, and any other name the test uses and nobody
+    defines)."""
     private_random = _private_random()
 
     def import_(name: str, *args: Any, **kwargs: Any) -> Any:
@@ -282,9 +338,41 @@ def _check_scope(channel: Channel, prompt: str, test: str, entry_point: str) -> 
     used = {n.id for n in ast.walk(ast.parse(test)) if isinstance(n, ast.Name)}
     remote = {entry_point, *_stubs(prompt)} | {n for n in used if n not in scope}
     for name in remote - set(scope_builtins) | {entry_point}:
-        scope[name] = _remote(channel, name)
+        scope[name] = function(name)
     scope["candidate"] = scope[entry_point]
     return scope
+
+
+def _do_nothing(name: str) -> Callable[..., None]:
+    def call(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    return call
+
+
+@functools.lru_cache(maxsize=1024)
+def _passed_by_doing_nothing(test: str, entry_point: str, prompt: str) -> frozenset[int]:
+    """The indexes of ``split_check``'s statements that are tests and pass against a program
+    whose every function returns None: the check's own code (trusted) run here with such
+    functions, no program involved. A test among them is no evidence on its own (``assert
+    not candidate(x)`` holds for None)."""
+    preamble, statements = split_check(test, entry_point)
+    scope = _check_scope(_do_nothing, prompt, test, entry_point)
+    try:
+        exec(compile(preamble, "<test>", "exec"), scope)
+    except Exception:
+        return frozenset()
+    passed = set()
+    for index, (source, is_test) in enumerate(statements):
+        try:
+            exec(compile(source, "<check>", "exec"), scope)
+        except Exception:
+            if not is_test:
+                break
+            continue
+        if is_test:
+            passed.add(index)
+    return frozenset(passed)
 
 
 def grade(
@@ -301,40 +389,49 @@ def grade(
     such as HumanEval's ``poly``) the check then uses as written, not as the program may
     have redefined them.
 
-    A test passes when its statement runs without error while the program still answers;
-    a statement that is not a test (setup) and fails stops the check.
+    A test (``split_check``: an assert that calls the function under test) passes when its
+    statement runs without error while the program still answers; a statement that is not a
+    test (setup) and fails stops the check. Tests that a program returning None from every
+    function would pass (``assert not candidate(x)``, ``assert candidate([]) is None``) are
+    credited only beside a test such a program fails: a program that does no better than
+    ``return None`` scores 0 (``CodeScore.uncredited`` counts what it passed).
     """
-    preamble, statements = split_check(test)
+    preamble, statements = split_check(test, entry_point)
     total = sum(is_test for _, is_test in statements)
     if program is None:
         return CodeScore(0, total, "no code in the response")
+    trivial = _passed_by_doing_nothing(test, entry_point, prompt)
 
-    def run_check(channel: Channel) -> tuple[int, str | None]:
+    def run_check(channel: Channel) -> tuple[set[int], str | None]:
         if channel.request(b"[]") != b'["ready"]':  # the program never got to its calls
-            return 0, channel.error or "the program did not start answering"
-        scope = _check_scope(channel, prompt, test, entry_point)
+            return set(), channel.error or "the program did not start answering"
+        scope = _check_scope(functools.partial(_remote, channel), prompt, test, entry_point)
         try:
             exec(compile(preamble, "<test>", "exec"), scope)
         except Exception as error:  # the dataset's code: no test can run
-            return 0, f"the test's code around check failed: {error!r:.160}"
-        passed = 0
-        for source, is_test in statements:
+            return set(), f"the test's code around check failed: {error!r:.160}"
+        passed = set()
+        for index, (source, is_test) in enumerate(statements):
             try:
                 exec(compile(source, "<check>", "exec"), scope)
                 ok = True
             except Exception:  # a failed assert, an error, or the program gone
                 ok = False
             ok = ok and channel.error is None  # nothing counts once the program is gone
-            passed += ok and is_test
+            if ok and is_test:
+                passed.add(index)
             if not ok and not is_test:
                 break
         return passed, channel.error
 
     code = f"{program}\n\n{_CODEC}\n{_SERVER}"
     (passed, why), result = interpreter.serve(code, run_check)
+    # No better than returning None (unless returning None is all the tests ask for).
+    uncredited = len(passed) if passed <= trivial and len(trivial) < total else 0
+    credited = min(len(passed) - uncredited, total)
     if why is None:
-        return CodeScore(min(passed, total), total)
+        return CodeScore(credited, total, uncredited=uncredited)
     # Why the program stopped answering is best told by its last words (a traceback's last
     # line, the time-out); the channel's reason where it printed none.
     last = [] if why.startswith("the test's") else result.output.strip().splitlines()[-1:]
-    return CodeScore(min(passed, total), total, (last or [why])[0][:200])
+    return CodeScore(credited, total, (last or [why])[0][:200], uncredited)

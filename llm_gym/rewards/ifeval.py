@@ -33,6 +33,7 @@ import re
 import shutil
 import tempfile
 import threading
+import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
@@ -47,6 +48,8 @@ __all__ = [
     "IFEvalReward",
     "IFEvalScore",
     "describe_instruction",
+    "english_letters",
+    "has_visible_character",
     "ifeval_library",
     "ifeval_reward_func",
     "instruction_conflicts",
@@ -197,14 +200,104 @@ _QUADRATIC: dict[str, Callable[[str], int]] = {
 }
 
 
+# -- text that shows nothing, undetectable languages, look-alike letters ---------------------
+
+# Characters that show nothing: whitespace, controls, format characters (zero-width spaces
+# and joiners, bidirectional marks, the BOM), surrogates, private-use and unassigned code
+# points (categories C*), separators (Z*), and Unicode's default-ignorable code points of
+# other categories (variation selectors, Hangul fillers) with the braille blank.
+_INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zs", "Zl", "Zp"})
+_BLANKS = frozenset(
+    [0x034F, 0x115F, 0x1160, 0x17B4, 0x17B5, 0x180B, 0x180C, 0x180D, 0x180F, 0x2800, 0x3164]
+    + [0xFFA0, *range(0xFE00, 0xFE10), *range(0xE0100, 0xE01F0)]
+)
+
+
+def has_visible_character(text: str) -> bool:
+    """Whether ``text`` shows anything: a character that is not whitespace, a control or
+    format character (zero-width space, NUL, ...), a separator, private-use, unassigned or
+    one of Unicode's default-ignorable code points. A response without one follows no
+    instruction.
+
+    >>> [has_visible_character(t) for t in ("\\u200b" * 100, "\\x00 \\u3164", ".")]
+    [False, False, True]
+    """
+    return any(
+        not c.isspace()
+        and ord(c) not in _BLANKS
+        and unicodedata.category(c) not in _INVISIBLE_CATEGORIES
+        for c in text
+    )
+
+
+# The letters English is written in: Latin letters of Basic Latin, Latin-1 Supplement and
+# Latin Extended-A (A-Z with the accented letters of loanwords: CAFÉ, NAÏVE). Cased letters
+# of any other block are not English letters, whatever they look like: fullwidth Ａ,
+# mathematical 𝐀, circled Ⓐ, Cyrillic А, Greek Α.
+_ENGLISH_LETTERS_END = 0x0180
+
+
+def _cased(c: str) -> bool:
+    return c.isupper() or c.islower() or unicodedata.category(c) == "Lt"
+
+
+def english_letters(text: str) -> bool:
+    """Whether every letter of ``text`` that has a case is a Latin letter of Basic Latin,
+    Latin-1 Supplement or Latin Extended-A (below U+0180): what IFEval's "in English, and in
+    all capital letters" / "all lowercase letters" accept as English letters.
+
+    >>> english_letters("CAFÉ AU LAIT"), english_letters("ＢＥＥＳ"), english_letters("ВEES")
+    (True, False, False)
+    """
+    return all(ord(c) < _ENGLISH_LETTERS_END or not _cased(c) for c in text)
+
+
+def _english_words_only(text: str) -> str:
+    """``text`` with each cased letter that is not an English letter made a lowercase ``x``:
+    a word holding one is not an all-capital English word."""
+    return "".join("x" if ord(c) >= _ENGLISH_LETTERS_END and _cased(c) else c for c in text)
+
+
+def _language(text: str) -> str | None:
+    """langdetect's language of ``text``; None when it finds none (no letters to read)."""
+    import langdetect
+
+    try:
+        return langdetect.detect(text)
+    except langdetect.LangDetectException:
+        return None
+
+
+# IFEval's checkers count a text whose language langdetect cannot find as followed ("Count as
+# instruction is followed"): "12345" or "!!!" would be "in Japanese" and "in English, all
+# capitals". Here an undetectable text fails them, and the case checks read English letters
+# only. Each function: (IFEval's checker, the text) -> followed.
+_OWN_CHECKS: dict[str, Callable[[Any, str], bool]] = {
+    "language:response_language": lambda checker, text: (
+        _language(text) == checker.get_instruction_args()["language"]
+    ),
+    "change_case:english_capital": lambda checker, text: (
+        text.isupper() and english_letters(text) and _language(text) == "en"
+    ),
+    "change_case:english_lowercase": lambda checker, text: (
+        text.islower() and english_letters(text) and _language(text) == "en"
+    ),
+    "change_case:capital_word_frequency": lambda checker, text: checker.check_following(
+        _english_words_only(text)
+    ),
+}
+
+
 class _BoundedChecker:
     """IFEval's checker for one instruction, with bounded time and no exception: a variant
-    beyond ``_QUADRATIC``'s bound, or one the checker raises on, is not followed. Verdicts are
+    with no visible character, one beyond ``_QUADRATIC``'s bound, or one the checker raises
+    on, is not followed; ``_OWN_CHECKS`` replace the language and case checks. Verdicts are
     remembered per variant (the strict check and loose's first variant are the same text)."""
 
     def __init__(self, checker_class: type, instruction_id: str) -> None:
         self._checker = checker_class(instruction_id)
         self._cost = _QUADRATIC.get(instruction_id)
+        self._own = _OWN_CHECKS.get(instruction_id)
         self._seen: dict[str, bool] = {}
 
     def build_description(self, **kwargs: object) -> str:
@@ -219,9 +312,13 @@ class _BoundedChecker:
         return self._seen[value]
 
     def _check(self, value: str) -> bool:
+        if not has_visible_character(value):
+            return False
         if self._cost is not None and self._cost(value) > _MAX_REGEX_STEPS:
             return False
         try:
+            if self._own is not None:
+                return bool(self._own(self._checker, value))
             return bool(self._checker.check_following(value))
         except (ImportError, LookupError):
             raise  # NLTK data or a package missing: a setup error, not the response's
@@ -361,6 +458,8 @@ class IFEvalReward:
         n = len(parsed)
         if len(response) > self.max_chars:
             return IFEvalScore(kept, (False,) * n, (False,) * n, 0.0, too_long=True)
+        if not has_visible_character(response):  # nothing written: no instruction followed
+            return IFEvalScore(kept, (False,) * n, (False,) * n, 0.0)
         from if_verifiable.common import evaluate_instructions
 
         results, _ = evaluate_instructions(

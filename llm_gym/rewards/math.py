@@ -303,12 +303,16 @@ def check_math(
 ) -> MathVerdict:
     """Whether two answers are mathematically the same (``math-verify``: ``1/2``, ``0.5`` and
     ``\\frac{1}{2}`` are one answer), or equal as strings after TorchRL's normalization (what
-    decides when math-verify is missing or cannot read them). Bounded by ``timeout``
+    decides when math-verify is missing or cannot read them). A side holding a ``\\boxed{}``
+    is read as its last box's content, as math-verify reads it, so an answer scores the same
+    boxed or bare. Bounded by ``timeout``
     seconds wherever it runs; an answer refused or out of time is not equal, and ``reason``
     says why. ``max_digits``: refuse an answer (or reference) holding a number estimated to
     have more digits, before evaluating it (None: no estimate, the timeout alone).
 
     >>> check_math("2^3", "8")
+    MathVerdict(equal=True, reason=None)
+    >>> check_math(r"\\boxed{9^{9^{9}}}", "9^{9^{9}}")  # the same text: equal, not computed
     MathVerdict(equal=True, reason=None)
     >>> check_math("9" * 600, "3").reason
     'refused: the answer is over 512 characters'
@@ -317,7 +321,11 @@ def check_math(
     check_str("reference", reference)
     check_number("timeout", timeout, low=0, strict=True)
     check_int("max_digits", max_digits, 1, optional=True)
-    if _normalize(predicted.strip()) == _normalize(reference.strip()):
+    # A boxed answer is its box's content, on both sides and before any comparison: that is
+    # what math-verify reads (its last \\boxed{}), so the string comparison below must read
+    # it too, or "\\boxed{x}" and "x" would get different verdicts.
+    predicted, reference = boxed_answer(predicted), boxed_answer(reference)
+    if _normalize(predicted) == _normalize(reference):
         return MathVerdict(True)
     if len(predicted) > MAX_ANSWER_LENGTH:
         return MathVerdict(False, f"refused: the answer is over {MAX_ANSWER_LENGTH} characters")

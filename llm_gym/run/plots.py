@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from llm_gym.episodes.summary import answer_format_held
 from llm_gym.run.files import write_file
 
 __all__ = [
@@ -69,7 +70,7 @@ def _group(label: str, items: Sequence[dict[str, Any]]) -> Group:
         episodes=len(items),
         reward=float(np.mean([r["reward"] for r in items])),
         success=float(np.mean([bool(r.get("success", False)) for r in items])),
-        format_rate=float(np.mean([float(r.get("reward_answer", 0.0)) > 0 for r in items])),
+        format_rate=float(np.mean([answer_format_held(r) or False for r in items])),
         kl=float(np.mean(kls)) if kls else None,
     )
 

@@ -59,6 +59,8 @@ def _score(
     }
     if score.error is not None:
         info["error"] = score.error
+    if score.uncredited:  # passed, but only what returning None passes too
+        info["tests_uncredited"] = score.uncredited
     return TaskScore(score.reward, info, answered=program is not None)
 
 
