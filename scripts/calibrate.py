@@ -177,8 +177,9 @@ def main() -> None:
             start = time.perf_counter()
             summary = Rollout(config).run()
         level_name = "default" if level is None else level
+        rate = "n/a" if summary.format_rate is None else f"{summary.format_rate:.3f}"
         print(f"| {label} | {level_name} | {answer_format} | {summary.accuracy:.3f} | "
-              f"{summary.format_rate:.3f} | {summary.mean_reward:.3f} | "
+              f"{rate} | {summary.mean_reward:.3f} | "
               f"{time.perf_counter() - start:.0f} |", flush=True)  # fmt: skip
 
 
