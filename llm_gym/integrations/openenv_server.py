@@ -700,10 +700,6 @@ class _BrowserSessions:
         env = self.server._sessions.get(self.sessions.get(self._page()))
         return {} if env is None else env.state.model_dump()
 
-    async def release(self, request: Any) -> None:
-        """Gradio's ``unload`` (the tab closed): end the page's session."""
-        await self._end(request.session_hash)
-
     async def _end(self, page: str) -> None:
         session = self.sessions.pop(page, None)
         if session is not None:
@@ -737,8 +733,8 @@ def _mount_web(app: Any, server: Any, env_id: str, session_timeout: float | None
     metadata = load_environment_metadata(server._env_factory, env_id)
     manager = _BrowserSessions(server, metadata, session_timeout)
 
-    async def release(request: gr.Request) -> None:
-        await manager.release(request)
+    async def release() -> None:  # the page's request is in Gradio's context, as for a step
+        await manager._end(manager._page())
 
     @app.get("/", include_in_schema=False)
     async def root() -> RedirectResponse:
