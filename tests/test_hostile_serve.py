@@ -204,10 +204,12 @@ def test_serve_command_wants_its_key_and_warns_when_exposed_without_one():
     try:
         line = open_.stdout.readline()
         assert line.startswith(f"serving {ENV} at http://0.0.0.0:"), line
-        assert open_.stderr.readline().strip() == (
+        open_.terminate()  # the warning was printed before the line above
+        stderr = open_.communicate(timeout=20)[1]
+        assert (
             "warning: serving on 0.0.0.0 without --api-key: anyone who reaches this port can "
             "call it"
-        )
+        ) in stderr.splitlines()
         port = keyed.stdout.readline().split(" at ")[1].split()[0].rsplit(":", 1)[1]
         url = f"http://127.0.0.1:{port}"
         assert httpx.post(f"{url}/reset", json={}, timeout=10).status_code == 401
@@ -220,6 +222,46 @@ def test_serve_command_wants_its_key_and_warns_when_exposed_without_one():
     finally:
         for process in (keyed, open_):
             process.terminate()
-            process.wait(timeout=20)
-        warned = keyed.stderr.read()
+        warned = keyed.communicate(timeout=20)[1]
+        open_.communicate(timeout=20)
     assert "warning" not in warned, warned  # a key guards it: no warning
+
+
+def test_web_gives_each_browser_session_its_own_env_within_max_sessions():
+    # Two pages in a real headless Chromium (as tests/test_serve_web.py drives it).
+    from playwright.sync_api import sync_playwright
+    from test_serve_web import CHROMIUM, FLAGS, TASK, solve
+
+    served = Server(ENV, ARGS, port=0, web=True, max_sessions=2)
+    served.start()
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+            pages, tasks = [], []
+            for _ in range(2):
+                page = browser.new_context().new_page()
+                page.goto(f"{served.url}/web/", timeout=60_000)
+                page.get_by_role("button", name="Reset").click()
+                page.get_by_text('"numbers"').first.wait_for(timeout=30_000)
+                task = TASK.search(page.inner_text("body"))
+                pages.append(page)
+                tasks.append((int(task.group(1)), [int(n) for n in task.group(2).split(",")]))
+            # The first page's step is on its own episode, not on the second page's reset.
+            target, numbers = tasks[0]
+            pages[0].locator("textarea").first.fill(f"<answer>{solve(numbers, target)}</answer>")
+            pages[0].get_by_role("button", name="Run step").click()
+            pages[0].get_by_text("reward 1.0").wait_for(timeout=30_000)
+            # The two pages hold both slots: a WebSocket session is refused.
+            with connect(ws_url(served), open_timeout=5) as ws:
+                assert json.loads(ws.recv(timeout=10))["data"]["code"] == "CAPACITY_REACHED"
+            pages[1].context.close()  # the tab closes: its session ends, its slot frees
+            deadline, admitted = time.monotonic() + 20, False
+            while not admitted and time.monotonic() < deadline:
+                with connect(ws_url(served), open_timeout=5) as ws:
+                    ws.send(json.dumps({"type": "reset", "data": {"seed": 0}}))
+                    admitted = json.loads(ws.recv(timeout=10))["type"] == "observation"
+                time.sleep(0.2)
+            assert admitted
+            browser.close()
+    finally:
+        served.stop()

@@ -310,10 +310,11 @@ def _serve(args: argparse.Namespace) -> int:
         url = server.start()
     except (ValueError, TypeError, OSError, ImportError, gym.error.Error) as error:
         return _usage_error(error)
-    print(f"serving {args.env} at {url} (OpenEnv: ws{url.removeprefix('http')}/ws"
-          f"{f'; by hand: {url}/web' if args.web else ''})", flush=True)  # fmt: skip
+    # before the URL's line: whoever reads that line has had the warning
     if (warning := exposure_warning(args.host, api_key)) is not None:
         print(warning, file=sys.stderr, flush=True)
+    print(f"serving {args.env} at {url} (OpenEnv: ws{url.removeprefix('http')}/ws"
+          f"{f'; by hand: {url}/web' if args.web else ''})", flush=True)  # fmt: skip
     try:
         server.wait()
     except KeyboardInterrupt:

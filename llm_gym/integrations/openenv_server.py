@@ -476,7 +476,10 @@ def _closing_after_timeout(send: Send, state: _Session) -> Send:
         await send(message)
         text = message.get("text")
         if message["type"] == "websocket.send" and text and _TIMEOUT_MARK in text:
-            if json.loads(text).get("type") == "error":
+            frame = json.loads(text)
+            data = frame.get("data") if isinstance(frame, dict) else None
+            if (frame.get("type") == "error" and isinstance(data, dict)
+                    and data.get("code") == "EXECUTION_ERROR"):  # fmt: skip
                 state.closed = True
                 await send({"type": "websocket.close", "code": 1011, "reason": "step timeout"})
 
