@@ -583,9 +583,10 @@ class Server(ThreadedServer):
     sessions are closed, their envs with them; a step still running is given 2 s).
 
     Args:
-        env_id, env_args, max_sessions, session_timeout, max_message_bytes, step_timeout,
-            reveal_answers, api_key, web: as ``make_app``'s (``max_message_bytes`` also caps
-            a WebSocket frame: a larger one closes the session with code 1009, not buffered).
+        env_id, env_args, max_sessions, session_timeout, step_timeout: as ``make_app``'s.
+        reveal_answers, api_key, web, max_message_bytes: as ``make_app``'s
+            (``max_message_bytes`` also caps a WebSocket frame: a larger one closes the
+            session with code 1009, not buffered).
         host: the address to bind (loopback by default).
         port: the port (0: a free one).
         ping_interval: seconds between WebSocket pings; a peer that answers none within
