@@ -271,15 +271,28 @@ def _add_serve(commands: Any) -> None:
     add("--ping-interval", type=number(float, 0.0, False), default=10.0, metavar="SECONDS",
         help="WebSocket pings; a client silent for two intervals is dropped and its slot "
         "freed (default: %(default)s)")  # fmt: skip
+    add("--step-timeout", type=number(float, 0.0, False), default=60.0, metavar="SECONDS",
+        help="the longest a reset or step may take, tools included; one over is an error "
+        "reply, its env is discarded and its session closed (default: %(default)s)")  # fmt: skip
+    add("--reveal-answers", action="store_true",
+        help="send the info keys that hold the reference (answer, solution, "
+        "canonical_solution, test, metadata): kept on the server by default, as the client "
+        "may be the agent under evaluation (default: %(default)s)")  # fmt: skip
+    add("--api-key", default=None, metavar="KEY",
+        help="refuse callers without this key (Authorization: Bearer KEY, X-API-Key: KEY or "
+        "?api_key=KEY; /health stays open; default: $LLM_GYM_API_KEY, else none)")  # fmt: skip
     add("--web", action="store_true",
-        help="OpenEnv's web interface at /web, to play the env by hand in a browser "
-        "(default: %(default)s)")  # fmt: skip
+        help="OpenEnv's web interface at /web, to play the env by hand in a browser, one "
+        "env per browser session within --max-sessions (default: %(default)s)")  # fmt: skip
 
 
 def _serve(args: argparse.Namespace) -> int:
     if args.env not in llm_gym_env_ids():
         return _usage_error(f"{args.env!r} is not a registered llm_gym env id (llm-gym envs)")
     env_args = dict(args.env_arg)
+    from llm_gym.servers import exposure_warning
+
+    api_key = args.api_key or os.environ.get("LLM_GYM_API_KEY") or None
     try:
         from llm_gym.integrations.openenv_server import Server
 
@@ -291,11 +304,15 @@ def _serve(args: argparse.Namespace) -> int:
             args.env, env_args, host=args.host, port=args.port,
             max_sessions=args.max_sessions, session_timeout=args.session_timeout,
             max_message_bytes=args.max_message_bytes, ping_interval=args.ping_interval,
-            web=args.web,
+            step_timeout=args.step_timeout, reveal_answers=args.reveal_answers,
+            api_key=api_key, web=args.web,
         )  # fmt: skip
         url = server.start()
     except (ValueError, TypeError, OSError, ImportError, gym.error.Error) as error:
         return _usage_error(error)
+    # before the URL's line: whoever reads that line has had the warning
+    if (warning := exposure_warning(args.host, api_key)) is not None:
+        print(warning, file=sys.stderr, flush=True)
     print(f"serving {args.env} at {url} (OpenEnv: ws{url.removeprefix('http')}/ws"
           f"{f'; by hand: {url}/web' if args.web else ''})", flush=True)  # fmt: skip
     try:

@@ -180,6 +180,8 @@ class OpenEnvChatEnv(SessionChatEnv):
     - ``observation_field``: the observation's field that becomes the user message (None:
       see Observation Space).
     - ``reset_kwargs``: more keyword arguments for the server's ``reset`` (JSON values).
+    - ``api_key``: sent as ``Authorization: Bearer KEY`` when the session opens (a server
+      started with ``llm-gym serve --api-key``; None: no header).
     - ``connect_timeout_s``, ``message_timeout_s``: how long to wait for the connection and
       for each answer (defaults 5 and 30 seconds).
     - ``capacity_wait_s``: how long a full server is retried (default 5 seconds; 0: never).
@@ -225,6 +227,7 @@ class OpenEnvChatEnv(SessionChatEnv):
         action_field: str = "text",
         observation_field: str | None = None,
         reset_kwargs: Mapping[str, JSONValue] | None = None,
+        api_key: str | None = None,
         connect_timeout_s: float = 5.0,
         message_timeout_s: float = 30.0,
         capacity_wait_s: float = 5.0,
@@ -246,6 +249,7 @@ class OpenEnvChatEnv(SessionChatEnv):
         self.action_field = action_field
         self.observation_field = observation_field
         self.reset_kwargs = dict(reset_kwargs or {})
+        self._api_key = check_str("api_key", api_key, optional=True) or None
         self.connect_timeout_s = check_number(
             "connect_timeout_s", connect_timeout_s, 0, strict=True
         )
@@ -271,6 +275,7 @@ class OpenEnvChatEnv(SessionChatEnv):
                 base_url=self.base_url,
                 connect_timeout_s=self.connect_timeout_s,
                 message_timeout_s=self.message_timeout_s,
+                headers={"Authorization": f"Bearer {self._api_key}"} if self._api_key else None,
             ).sync()
             try:
                 client.connect()
