@@ -51,7 +51,7 @@ class Server:
         command = [*command, "--port", self.url.rsplit(":", 1)[1]]
         self.process = subprocess.Popen(command, cwd=folder, stdout=self.log, stderr=self.log)
 
-    def wait(self, timeout=60.0):
+    def wait(self, timeout=180.0):  # three start at once on a 2-core machine
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
