@@ -265,3 +265,67 @@ def test_a_vector_env_scores_a_steps_answers_in_one_batch_with_its_groups():
     # a single env scores without the group part, with the same rubric
     env.reset(seed=0)
     assert env.step(answers[0])[1] == 1.0
+
+
+# -- issue 53, finding 11: what a part returns, the weighted sum, score_batch's groups -------
+
+
+def test_numpy_scalars_are_numbers_and_an_overflow_is_the_parts_error():
+    import numpy as np
+
+    for value, expected in [(np.float32(0.5), 0.5), (np.int64(2), 2.0), (np.float64(1), 1.0)]:
+        score = Rubric([Part("right", right), Part("np", lambda r, i, v=value: v)])("4", ITEM)
+        assert score.reward == 1.0 + expected and score.info["np"] == expected
+        assert type(score.info["np"]) is float
+    huge = [Part("right", right), Part("huge", lambda r, i: 2**2000)]
+    score = Rubric(huge, errors="zero")("4", ITEM)  # base: OverflowError, errors= or not
+    assert score.reward == 1.0 and score.info["huge"] == 0.0
+    assert score.info["rubric_errors"]["huge"] == (
+        "ValueError: returned an int of 603 digits, too large for a float: not a finite number"
+    )
+    with pytest.raises(ValueError, match="rubric part 'huge' returned an int of 603 digits"):
+        Rubric(huge)("4", ITEM)
+    with pytest.raises(ValueError, match=r"part 'b' returned np.True_, not a finite number"):
+        Rubric([Part("b", lambda r, i: np.bool_(True))])("4", ITEM)
+
+
+def test_a_weighted_sum_past_floats_range_is_an_error_naming_the_part():
+    parts = [Part("right", right), Part("big", lambda r, i: 1e308, weight=10)]
+    expected = r"rubric part 'big': weight 10 × value 1e\+308 makes the reward inf, not a finite"
+    with pytest.raises(ValueError, match=expected):
+        Rubric(parts)("4", ITEM)  # base: the reward inf
+    score = Rubric(parts, errors="zero")("4", ITEM)
+    assert score.reward == 1.0 and score.info["big"] == 0.0
+    assert score.info["rubric_errors"]["big"].startswith("ValueError: rubric part 'big'")
+    # each product finite, their sum not: the part that tips it over is named
+    twice = [Part("a", lambda r, i: 1e308), Part("b", lambda r, i: 1e308)]
+    with pytest.raises(ValueError, match="rubric part 'b': weight 1 × value 1e\\+308"):
+        Rubric(twice)("4", ITEM)
+
+
+@pytest.mark.parametrize(
+    ("groups", "problem"),
+    [
+        ([[0, 1], [1, 2], [5]], "index 1 is in group 0 and group 1"),
+        ([[0, 1], [5]], "index 5 in group 1 is out of range"),
+        ([[0, -1]], "index -1 in group 0 is out of range"),
+        ([[0, 0]], "index 0 is twice in group 0"),
+        ([[0], []], "group 1 is empty"),
+        ([[0, "1"]], "group 0 holds '1', not an index"),
+        ([[True]], "group 0 holds True, not an index"),
+        ([0, 1], "group 0 is a int, not a list of indices"),
+        ("01", "a str"),
+    ],
+)
+def test_score_batch_checks_its_groups(groups, problem):
+    ones = Part("n", lambda rs, items: [1.0] * len(rs), group=True)
+    rubric = Rubric([Part("right", right), ones])
+    expected = "groups must be True, False or lists of response indices (0 to 2, each in one group"
+    with pytest.raises(ValueError) as raised:  # base: a bare IndexError, or nothing said
+        rubric.score_batch(["4", "4", "5"], [ITEM] * 3, groups=groups)
+    assert str(raised.value).startswith(expected) and str(raised.value).endswith(": " + problem)
+    # what is right still runs: numpy's ints, tuples, a response in no group
+    import numpy as np
+
+    scores = rubric.score_batch(["4", "4", "5"], [ITEM] * 3, groups=[(np.int64(2), 0)])
+    assert [s.info.get("n") for s in scores] == [1.0, None, 1.0]

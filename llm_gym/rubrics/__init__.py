@@ -25,7 +25,7 @@ _JUDGES = {
     **dict.fromkeys(
         (
             "GROUP_TEMPLATE", "JUDGE_TEMPLATE", "GroupJudge", "Judge", "JudgeStats",
-            "parse_group_scores", "parse_score",
+            "neutralise", "parse_group_scores", "parse_score",
         ),
         "llm_gym.rubrics.judges",
     ),

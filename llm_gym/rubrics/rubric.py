@@ -27,6 +27,7 @@ import dataclasses
 import functools
 import inspect
 import math
+import numbers
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -154,7 +155,9 @@ class Rubric:
         """The scores of many responses at once, their async parts run concurrently.
 
         ``groups``: False (no group parts), True (all the responses are one group), or the
-        indices of each group (``[[0, 1], [2, 3]]``)."""
+        indices of each group (``[[0, 1], [2, 3]]``: each index a response's, in one group at
+        most; a response in none gets no group part). Anything else is a ``ValueError``
+        naming ``groups``, what it holds and what is wrong with it."""
         if any(_is_async(p.fn) for p in self.parts):
             return _run(self.ascore_batch(responses, items, groups=groups))
         # All parts sync: no event loop, so a step's reward stays a plain function call.
@@ -191,10 +194,7 @@ class Rubric:
             raise ValueError(
                 f"responses and items must be as many, got {len(responses)} and {len(items)}"
             )
-        if groups is True:
-            groups = [list(range(len(responses)))]
-        elif groups is False:
-            groups = []
+        groups = _check_groups(groups, len(responses))
         jobs = []
         for part in self.parts:
             if part.group:
@@ -245,7 +245,20 @@ class Rubric:
             if part.role == "gate":
                 gates = gates and value > 0
             elif part.role == "reward":
-                total += part.weight * value
+                paid = part.weight * value
+                if not math.isfinite(paid) or not math.isfinite(total + paid):
+                    # Finite parts, yet the reward would be inf: the part that tips it over
+                    # fails, as one that returned inf would.
+                    error = ValueError(
+                        f"rubric part {part.name!r}: weight {part.weight:g} × value {value:g} "
+                        f"makes the reward {total + paid:g}, not a finite number"
+                    )
+                    if self.errors == "raise":
+                        raise error
+                    errors[part.name] = f"ValueError: {error}"[:500]
+                    info[part.name] = 0.0
+                    continue
+                total += paid
         if errors:
             info["rubric_errors"] = errors
         return TaskScore(total if gates else 0.0, info, answered and gates)
@@ -305,14 +318,67 @@ def _value(result: Any) -> _Value:
     if isinstance(result, tuple) and len(result) in (2, 3) and isinstance(result[1], Mapping):
         score = TaskScore(*result)
         result, info, answered = score.reward, dict(score.info), bool(score.answered)
-    if (
-        isinstance(result, bool)
-        or not isinstance(result, (int, float))
-        or not math.isfinite(result)
-    ):
+    # Any real number, numpy's scalars included (numbers.Real), but not a bool (np.bool_ is
+    # no numbers.Real): a part that returns True meant something else.
+    if isinstance(result, bool) or not isinstance(result, numbers.Real):
         error = ValueError(f"returned {result!r:.80}, not a finite number")
         return 0.0, info, answered, error
-    return float(result), info, answered, None
+    try:
+        value = float(result)
+    except OverflowError:  # an int past float's range (2**2000)
+        shown = f"an int of {len(str(abs(int(result))))} digits"
+        error = ValueError(f"returned {shown}, too large for a float: not a finite number")
+        return 0.0, info, answered, error
+    if not math.isfinite(value):
+        error = ValueError(f"returned {result!r:.80}, not a finite number")
+        return 0.0, info, answered, error
+    return value, info, answered, None
+
+
+def _check_groups(groups: Any, count: int) -> list[list[int]]:
+    """``score_batch``'s ``groups`` as lists of indices of the ``count`` responses, or a
+    ``ValueError`` naming what is wrong.
+
+    >>> _check_groups(True, 3), _check_groups(False, 3), _check_groups([(0, 2)], 3)
+    ([[0, 1, 2]], [], [[0, 2]])
+    >>> _check_groups([[0, 1], [1, 2], [5]], 3)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: groups must be True, False or lists of ... index 1 is in group 0 and group 1
+    """
+    if groups is True:
+        return [list(range(count))] if count else []
+    if groups is False:
+        return []
+
+    def wrong(problem: str) -> ValueError:
+        expected = f"0 to {count - 1}" if count else "none: there are no responses"
+        return ValueError(
+            f"groups must be True, False or lists of response indices ({expected}, each in "
+            f"one group at most), got {groups!r:.120}: {problem}"
+        )
+
+    if isinstance(groups, (str, bytes)) or not isinstance(groups, Sequence):
+        raise wrong(f"a {type(groups).__name__}")
+    seen: dict[int, int] = {}
+    checked = []
+    for g, members in enumerate(groups):
+        if isinstance(members, (str, bytes)) or not isinstance(members, Sequence):
+            raise wrong(f"group {g} is a {type(members).__name__}, not a list of indices")
+        if not members:
+            raise wrong(f"group {g} is empty")
+        for i in members:
+            if isinstance(i, bool) or not isinstance(i, numbers.Integral):
+                raise wrong(f"group {g} holds {i!r:.40}, not an index")
+            if not 0 <= i < count:
+                raise wrong(f"index {i} in group {g} is out of range")
+            if int(i) in seen:
+                first = seen[int(i)]
+                where = f"twice in group {g}" if first == g else f"in group {first} and group {g}"
+                raise wrong(f"index {i} is {where}")
+            seen[int(i)] = g
+        checked.append([int(i) for i in members])
+    return checked
 
 
 def _run(coroutine: Awaitable[Any]) -> Any:
