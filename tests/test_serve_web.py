@@ -10,7 +10,7 @@ person would reload; any other failure fails at once. Not reproduced since (2026
 beside two CPU-bound processes) nor in 36 on one server with the step clicked 0 to 80 ms after
 the reset's result showed. What was ruled out:
 
-- llm_gym's middleware (``_Limits`` in llm_gym/integrations/openenv_server.py): Gradio 6.31's page
+- llm_gym's middleware (``Gate`` in llm_gym/integrations/_openenv_gate.py): Gradio 6.31's page
   speaks plain HTTP (``POST /web/gradio_api/queue/join``, the server-sent-event streams
   ``GET /web/gradio_api/queue/data`` and ``/heartbeat``), no WebSocket, so the idle timeout
   (WebSocket only, and off here) and uvicorn's pings never touch it; on HTTP the middleware
