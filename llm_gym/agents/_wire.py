@@ -129,8 +129,8 @@ def check_tree(value: Any, depth: int = MAX_BODY_DEPTH) -> None:
         if not isinstance(item, (dict, list)):
             continue
         if level >= depth:
-            raise BadRequest(
-                f"{where or 'the request body'} nests arrays and objects deeper than "
+            raise BadRequest(  # the path itself would be as deep: its start is named
+                f"{_top(where) or 'the request body'} nests arrays and objects deeper than "
                 f"{depth} levels", _top(where),
             )  # fmt: skip
         if isinstance(item, dict):

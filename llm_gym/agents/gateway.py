@@ -149,7 +149,7 @@ class Gateway:
         max_batch: int = 64,
         batch_wait: float = 0.02,
         context_length: int | None | str = "auto",
-        chunk_tokens: int | None = 32,
+        chunk_tokens: int | None = 16,
         max_body_bytes: int = MAX_BODY_BYTES,
         api_key: str | None = None,
         admin_key: str | None = None,
@@ -252,10 +252,12 @@ class Gateway:
         they queued and were sampled; None when the client hung up first. Sampled
         ``chunk_tokens`` at a time: each chunk is a call of its own, queued behind the calls
         waiting, its prompt the prompt and the tokens so far (as sampled, never re-tokenized),
-        its seed (if any) derived from the request's and the chunk's number."""
+        its seed (if any) derived from the request's and the chunk's number. Every chunk asks
+        for ``chunk_tokens`` (the last one's tail past ``budget`` dropped), so that the
+        chunks of requests at different points share a batch."""
         chunked = (
-            self.chunk_tokens is not None and budget is not None and self.batching.configurable
-            and (self.batching.num_samples or 1) == 1
+            self.chunk_tokens is not None and budget is not None and budget > self.chunk_tokens
+            and self.batching.configurable and (self.batching.num_samples or 1) == 1
         )  # fmt: skip
         if not chunked:
             if budget is not None and self.batching.configurable:
@@ -268,25 +270,28 @@ class Gateway:
         finish, active, done, step = ["length"] * n, list(range(n)), 0, 0
         queued = seconds = 0.0
         while active:
-            size = min(self.chunk_tokens, budget - done)
+            keep = min(self.chunk_tokens, budget - done)
             seed = settings.seed
             if seed is not None and step:  # the first chunk keeps the request's own seed
                 seed = int(np.random.SeedSequence([seed, step]).generate_state(1)[0])
+            size = self.chunk_tokens  # past the context only near its end: then what is left
+            if self.context_length is not None:
+                size = min(size, self.context_length - len(prompt) - done)
             chunk = replace(settings, max_new_tokens=size, seed=seed)
             prompts = [np.concatenate([prompt, *tokens[i]]) for i in active]
             batched = await self._wait(request, self.batching.submit(prompts, chunk))
             if batched is None:
                 return None
             queued, seconds = queued + batched.queued, seconds + batched.seconds
-            done, step, still = done + size, step + 1, []
+            done, step, still = done + keep, step + 1, []
             for i, sample in zip(active, batched.samples, strict=True):
-                tokens[i].append(np.asarray(sample.tokens, np.int64))
+                tokens[i].append(np.asarray(sample.tokens[:keep], np.int64))
                 versions[i].append(sample.version)
                 if sample.log_probs is None:
                     log_probs[i] = None
                 elif log_probs[i] is not None:
-                    log_probs[i].append(sample.log_probs)
-                if sample.finish_reason == "stop":
+                    log_probs[i].append(sample.log_probs[:keep])
+                if sample.finish_reason == "stop" and len(sample.tokens) <= keep:
                     finish[i] = "stop"
                 elif done < budget and not self._says_stop(tokens[i], stops):
                     still.append(i)
@@ -421,7 +426,7 @@ class Gateway:
             return JSONResponse(error_body(message, None, 500, None), status_code=500)
 
     async def _reply(self, request: Any, body: Request) -> Any:
-        from starlette.responses import JSONResponse, StreamingResponse
+        from starlette.responses import JSONResponse, Response, StreamingResponse
 
         chat = body.chat
         if body.settings.given() and not self.batching.configurable:
@@ -464,9 +469,7 @@ class Gateway:
         if sampled is None or await request.is_disconnected():  # nobody to answer: no record
             if sampled is not None:
                 self.cancelled += 1
-            from starlette.responses import Response
-
-            return Response(status_code=499)
+            return Response(status_code=499)  # nginx's "client closed request": never sent
         samples, queued, sampling = sampled
         read_calls, want_log_probs = body.read_calls, body.log_probs
         choices = [self._choice(s, stops, read_calls) for s in samples]

@@ -355,7 +355,7 @@ def _add_gateway(commands: Any) -> None:
     add("--max-episodes", type=number(int, 1), default=1024, metavar="N",
         help="episodes kept at most; past it the one called longest ago goes "
         "(default: %(default)s)")  # fmt: skip
-    add("--chunk-tokens", type=number(int, 1), default=32, metavar="N",
+    add("--chunk-tokens", type=number(int, 1), default=16, metavar="N",
         help="tokens sampled per turn: requests in flight take turns, so a long reply delays "
         "others by one chunk (default: %(default)s)")  # fmt: skip
 
