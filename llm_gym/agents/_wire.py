@@ -154,8 +154,12 @@ def _utf8(text: str, where: str) -> None:
 
 
 def _top(where: str) -> str | None:
-    """The parameter a path starts in: ``messages[0]`` of ``messages[0].content[1]``."""
-    return where.split(".")[0] if where else None
+    """The parameter a path starts in.
+
+    >>> _top("messages[0].content[1]"), _top("")
+    ('messages', None)
+    """
+    return where.split(".")[0].split("[")[0] if where else None
 
 
 def _known_fields(body: Mapping, chat: bool) -> None:

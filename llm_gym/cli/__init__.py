@@ -313,8 +313,9 @@ def _add_gateway(commands: Any) -> None:
         description="An OpenAI-compatible server (/v1/models, /v1/chat/completions, "
         "/v1/completions; streaming, n, temperature, max_tokens, stop, seed, logprobs, tools) "
         "in front of a model and backend. A request names its episode with the X-Episode-Id "
-        "header or its API key; GET /v1/episodes/NAME returns the episode's calls: prompt "
-        "and sampled token ids, log-probs, policy version (docs/agents.md).",
+        "header or its API key, and the episode is that key's alone; GET /v1/episodes/NAME "
+        "(with the key) returns the episode's calls: prompt and sampled token ids, log-probs, "
+        "policy version (docs/agents.md).",
     )
     add, defaults = parser.add_argument, RolloutConfig()
     add("--model", default=defaults.model, help="'default' (SmolLM2-135M-Instruct) or a folder")
