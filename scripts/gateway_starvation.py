@@ -28,7 +28,8 @@ def main() -> None:
     kwargs = {"max_new_tokens": 16, "do_sample": True, "temperature": 1.0}
     policy = TransformersPolicy(model, tokenizer, input_mode="tokens", generate_kwargs=kwargs)
     with Gateway(policy, tokenizer, model_name="policy") as gateway:
-        huge = {"model": "policy", "prompt": "Count:", "max_tokens": 10**9}
+        count = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,"  # greedy counting goes on: no end-of-text
+        huge = {"model": "policy", "prompt": count, "max_tokens": 10**9, "temperature": 0}
 
         def hog() -> None:  # gives up a little after the second agent's cap
             try:
