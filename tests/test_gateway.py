@@ -197,11 +197,12 @@ def test_episodes_over_http_and_closed_episodes(gateway):
         model="policy", messages=QUESTION, max_tokens=3
     )
     (call,) = gateway.recorder.calls("listed")
-    got = httpx.get(f"{gateway.url}/v1/episodes/listed").json()["calls"]
+    url, owner = f"{gateway.url}/v1/episodes/listed", {"Authorization": "Bearer listed"}
+    got = httpx.get(url, headers=owner).json()["calls"]
     assert got[0]["token_ids"] == call.tokens.tolist()
     assert got[0]["prompt_ids"] == call.prompt_ids.tolist()
-    assert httpx.delete(f"{gateway.url}/v1/episodes/listed").status_code == 200
-    assert httpx.get(f"{gateway.url}/v1/episodes/listed").status_code == 404
+    assert httpx.delete(url, headers=owner).status_code == 200
+    assert httpx.get(url, headers=owner).status_code == 404
     gateway.recorder.close("listed")
     with pytest.raises(openai.PermissionDeniedError, match="is over"):
         client(gateway, "listed").chat.completions.create(model="policy", messages=QUESTION)
@@ -346,7 +347,8 @@ def test_the_gateway_command_serves_the_model_until_interrupted():
         chat = openai.OpenAI(base_url=f"{url}/v1", api_key="cli", max_retries=0).chat
         reply = chat.completions.create(model="policy", messages=QUESTION)
         assert reply.usage.completion_tokens <= 4  # --max-new-tokens, no max_tokens given
-        calls = httpx.get(f"{url}/v1/episodes/cli").json()["calls"]
+        owner = {"Authorization": "Bearer cli"}
+        calls = httpx.get(f"{url}/v1/episodes/cli", headers=owner).json()["calls"]
         assert len(calls) == 1 and len(calls[0]["token_ids"]) == reply.usage.completion_tokens
     finally:
         process.send_signal(signal.SIGINT)

@@ -11,17 +11,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from llm_gym.samplers.base import SamplingSettings
+from llm_gym.tools.calls import MAX_JSON_DEPTH
 
 __all__ = [
+    "MAX_BODY_DEPTH",
     "MAX_N",
     "MAX_STOPS",
     "BadRequest",
     "Request",
+    "check_tree",
     "chunks",
     "completion",
     "error_body",
     "flag",
     "integer",
+    "load_body",
     "messages_of",
     "normal_message",
     "number",
@@ -32,6 +36,35 @@ __all__ = [
 
 MAX_N = 64  # choices a request may ask for
 MAX_STOPS = 4  # OpenAI's limit on stop sequences
+# Arrays and objects a body may nest: json.loads, the chat template and json.dumps recurse
+# once per level (10,000 levels raised RecursionError, a 500); real bodies (a tool's JSON
+# schema included) nest a dozen.
+MAX_BODY_DEPTH = 64
+
+# The fields each endpoint reads. Others get OpenAI's own 400 ("Unrecognized request
+# argument"); the fields below them are accepted only at their no-op value, so that no
+# setting is silently ignored.
+_COMMON = {
+    "model", "max_tokens", "temperature", "top_p", "n", "stop", "seed", "stream",
+    "stream_options", "logprobs", "return_token_ids", "user", "metadata", "store",
+    "frequency_penalty", "presence_penalty", "logit_bias",
+}  # fmt: skip
+_CHAT = _COMMON | {
+    "messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
+    "parallel_tool_calls", "response_format",
+}  # fmt: skip
+_COMPLETIONS = _COMMON | {"prompt", "echo", "best_of", "suffix"}
+# A field -> the values that change nothing (what OpenAI does without it).
+_NO_OP: dict[str, tuple[Any, ...]] = {
+    "frequency_penalty": (None, 0, 0.0),
+    "presence_penalty": (None, 0, 0.0),
+    "logit_bias": (None, {}),
+    "best_of": (None, 1),
+    "suffix": (None, ""),
+    "store": (None, False),
+    "parallel_tool_calls": (None, True),
+    "response_format": (None, {"type": "text"}),
+}
 
 
 class BadRequest(Exception):
@@ -44,9 +77,106 @@ class BadRequest(Exception):
 
 
 def error_body(message: str, param: str | None, status: int, code: str | None) -> dict:
+    """OpenAI's error JSON.
+
+    >>> error_body("too long", "messages", 400, "context_length_exceeded")["error"]["type"]
+    'invalid_request_error'
+    """
     kinds = {403: "permission_error", 404: "not_found_error", 500: "server_error"}
     kind = kinds.get(status, "invalid_request_error")
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def load_body(raw: bytes) -> Any:
+    """The JSON of a request body, ``check_tree``'d; a ``BadRequest`` for anything else.
+
+    >>> load_body(b'{"a": [1]}')
+    {'a': [1]}
+    >>> load_body(b"[" * 10000)
+    Traceback (most recent call last):
+    ...
+    llm_gym.agents._wire.BadRequest: the request body nests arrays and objects deeper than 64 levels
+    """
+    try:
+        body = json.loads(raw)
+    except RecursionError:  # the C scanner recurses per level
+        raise BadRequest(
+            f"the request body nests arrays and objects deeper than {MAX_BODY_DEPTH} levels"
+        ) from None
+    except ValueError as error:  # UnicodeDecodeError too
+        raise BadRequest(f"the request body must be a JSON object: {error}") from None
+    check_tree(body)
+    return body
+
+
+def check_tree(value: Any, depth: int = MAX_BODY_DEPTH) -> None:
+    """A ``BadRequest`` naming the place (``messages[0].content``) where ``value`` nests
+    deeper than ``depth`` or holds a string that is not UTF-8 (a lone surrogate such as
+    ``"\\ud800"``, which the tokenizer cannot encode). Walked without recursion.
+
+    >>> try:
+    ...     check_tree({"messages": [{"content": chr(0xD800)}]})
+    ... except BadRequest as error:
+    ...     print(error.param)
+    messages[0].content
+    """
+    stack: list[tuple[Any, str, int]] = [(value, "", 0)]
+    while stack:
+        item, where, level = stack.pop()
+        if isinstance(item, str):
+            _utf8(item, where)
+            continue
+        if not isinstance(item, (dict, list)):
+            continue
+        if level >= depth:
+            raise BadRequest(  # the path itself would be as deep: its start is named
+                f"{_top(where) or 'the request body'} nests arrays and objects deeper than "
+                f"{depth} levels", _top(where),
+            )  # fmt: skip
+        if isinstance(item, dict):
+            for key, child in item.items():
+                _utf8(key, where)
+                stack.append((child, f"{where}.{key}" if where else key, level + 1))
+        else:
+            stack.extend((child, f"{where}[{i}]", level + 1) for i, child in enumerate(item))
+
+
+def _utf8(text: str, where: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        bad = text[error.start : error.start + 1]
+        raise BadRequest(
+            f"{where or 'the request body'} holds a lone UTF-16 surrogate ({bad!r}): text "
+            "must be valid Unicode",
+            where or None,
+        ) from None
+
+
+def _top(where: str) -> str | None:
+    """The parameter a path starts in.
+
+    >>> _top("messages[0].content[1]"), _top("")
+    ('messages', None)
+    """
+    return where.split(".")[0].split("[")[0] if where else None
+
+
+def _known_fields(body: Mapping, chat: bool) -> None:
+    known = _CHAT if chat else _COMPLETIONS
+    for key in body:
+        if key not in known:
+            raise BadRequest(f"Unrecognized request argument supplied: {key}", key)
+    for key, neutral in _NO_OP.items():
+        value = body.get(key)
+        if key in known and value is not None and not any(
+            value == v and isinstance(value, bool) == isinstance(v, bool) for v in neutral
+        ):  # fmt: skip
+            raise BadRequest(
+                f"{key}={body[key]!r:.60} is not supported by this gateway: it samples the "
+                f"policy's own distribution (leave {key} out)",
+                key,
+            )
 
 
 def number(body: Mapping, key: str, low: float, high: float) -> float | None:
@@ -128,6 +258,13 @@ def messages_of(body: Mapping) -> list[dict[str, Any]]:
                 f"messages[{i}] must be an object with a string 'role', got {message!r:.80}",
                 f"messages[{i}]",
             )
+        calls = message.get("tool_calls")
+        if calls is not None and not isinstance(calls, list):
+            raise BadRequest(
+                f"messages[{i}].tool_calls must be a list of tool calls, got "
+                f"{type(calls).__name__}",
+                f"messages[{i}].tool_calls",
+            )
         content = message.get("content")
         if content is not None and not isinstance(content, (str, list)):
             raise BadRequest(
@@ -139,16 +276,28 @@ def messages_of(body: Mapping) -> list[dict[str, Any]]:
 
 
 def tools_of(body: Mapping) -> tuple[list[dict], bool]:
-    """The request's function schemas and whether replies are read for tool calls."""
+    """The request's function schemas and whether replies are read for tool calls (a named
+    ``tool_choice``: that tool alone is listed to the model)."""
     tools, choice = body.get("tools") or [], body.get("tool_choice", "auto")
-    if not isinstance(tools, list) or not all(
-        isinstance(t, Mapping) and isinstance(t.get("function"), Mapping)
-        and isinstance(t["function"].get("name"), str) for t in tools
-    ):  # fmt: skip
-        raise BadRequest(
-            'tools must be a list of {"type": "function", "function": {"name": ..., ...}}',
-            "tools",
-        )
+    shape = 'tools must be a list of {"type": "function", "function": {"name": ..., ...}}'
+    if not isinstance(tools, list):
+        raise BadRequest(f"{shape}, got {type(tools).__name__}", "tools")
+    for i, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, Mapping) else None
+        if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+            raise BadRequest(f"{shape}: tools[{i}] is {tool!r:.80}", "tools")
+        if tool.get("type", "function") != "function":
+            raise BadRequest(
+                f"tools[{i}].type must be 'function', got {tool.get('type')!r:.40}",
+                f"tools[{i}].type",
+            )
+        parameters = function.get("parameters")
+        if parameters is not None and not isinstance(parameters, Mapping):
+            raise BadRequest(
+                f"tools[{i}].function.parameters must be a JSON Schema object, got "
+                f"{parameters!r:.60}",
+                f"tools[{i}].function.parameters",
+            )
     named = isinstance(choice, Mapping) and isinstance(choice.get("function"), Mapping)
     if choice not in (None, "auto", "none", "required") and not named:
         raise BadRequest(
@@ -158,7 +307,38 @@ def tools_of(body: Mapping) -> tuple[list[dict], bool]:
         )
     if choice == "none":  # the model is told of no tool, and its text is only text
         return [], False
+    if named:
+        name = choice["function"].get("name")
+        tools = [t for t in tools if t["function"]["name"] == name]
+        if not tools:
+            raise BadRequest(
+                f"tool_choice names the function {name!r:.60}, which tools does not list",
+                "tool_choice",
+            )
     return [dict(t) for t in tools], bool(tools)
+
+
+def _arguments_depth(messages: list) -> None:
+    """A ``BadRequest`` for a tool call's arguments nested past ``MAX_JSON_DEPTH`` (they are
+    JSON read here and re-written in the prompt: each level is a recursion)."""
+    for i, message in enumerate(messages):
+        for j, call in enumerate(message.get("tool_calls") or ()):
+            function = call.get("function") if isinstance(call, Mapping) else None
+            arguments = function.get("arguments") if isinstance(function, Mapping) else None
+            if not isinstance(arguments, str):
+                continue
+            where = f"messages[{i}].tool_calls[{j}].function.arguments"
+            try:
+                check_tree(json.loads(arguments), MAX_JSON_DEPTH)
+            except RecursionError:
+                raise BadRequest(
+                    f"{where} nests arrays and objects deeper than {MAX_JSON_DEPTH} levels",
+                    where,
+                ) from None
+            except BadRequest as error:
+                raise BadRequest(f"{where}: {error}", where) from None
+            except ValueError:
+                continue  # not JSON: kept as text, as OpenAI's API keeps it
 
 
 @dataclass(frozen=True)
@@ -200,6 +380,7 @@ def read_request(body: Mapping, model_name: str, chat: bool) -> Request:
             f"The model {model!r} does not exist: this gateway serves {model_name!r}",
             "model", 404, "model_not_found",
         )  # fmt: skip
+    _known_fields(body, chat)
     max_tokens = integer(body, "max_completion_tokens", 1) if chat else None
     if max_tokens is None:
         max_tokens = integer(body, "max_tokens", 1)
@@ -225,6 +406,7 @@ def read_request(body: Mapping, model_name: str, chat: bool) -> Request:
         log_probs = flag(body, "logprobs")
         top = integer(body, "top_logprobs", 0, 20) or 0
         messages = messages_of(body)
+        _arguments_depth(messages)
         normal = tuple(normal_message(m) for m in messages)  # as a later request repeats them
         schemas, read_calls = tools_of(body)
         _no_top(top, "top_logprobs")

@@ -22,7 +22,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -192,12 +191,13 @@ class AgentEpisodes:
         return played
 
     def _run(self, index: int, item: dict[str, Any]) -> Episode:
-        key = f"llm-gym-{uuid.uuid4().hex}"
+        key = self.gateway.issue_key()  # the run's own: it owns the episode of that name
         started = time.perf_counter()
         answer, error = self._play(key, item)
         seconds = time.perf_counter() - started
         calls = self.gateway.recorder.pop(key)
         self.gateway.recorder.close(key)  # a run past its time may still call: refused
+        self.gateway.revoke_key(key)
         if error is None and not calls:
             error = "the agent made no model call"
         reward, info = 0.0, {"success": False}

@@ -12,10 +12,12 @@ so, never on a re-tokenized history.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from llm_gym.checks import check_int, check_number
 from llm_gym.episodes import Segment
 
 __all__ = ["Call", "Recorder", "segments"]
@@ -91,36 +93,98 @@ class _Episode:
     # Per chat choice, newest last: (its request's messages and its reply, normalised; its
     # call; the conversation before the reply), what a later request may extend.
     turns: list[tuple[list, dict, Call, object]] = field(default_factory=list)
+    owner: str | None = None  # the API key that opened it
+    touched: float = field(default_factory=time.monotonic)  # its last call
 
 
 class Recorder:
-    """The calls of each episode (keyed by the name a request gives), safe across threads."""
+    """The calls of each episode (keyed by the name a request gives), safe across threads.
 
-    def __init__(self) -> None:
-        self._episodes: dict[str, _Episode] = {}
-        self._closed: set[str] = set()
+    Args:
+        ttl: seconds an episode is kept after its last call (None: for ever).
+        max_episodes: episodes kept at most; past it the one called longest ago goes.
+
+    An episode belongs to the key that opened it (``owner``): ``claim`` says whether a key
+    may extend it. Closed names are remembered as long (``ttl``, and at most
+    ``4 * max_episodes`` of them).
+    """
+
+    def __init__(self, ttl: float | None = 3600.0, max_episodes: int = 1024) -> None:
+        self.ttl = None if ttl is None else check_number("ttl", ttl, 0, strict=True)
+        self.max_episodes = check_int("max_episodes", max_episodes, 1)
+        self._episodes: dict[str, _Episode] = {}  # oldest call first
+        self._closed: dict[str, float] = {}
         self._lock = threading.Lock()
+        self.expired = 0  # episodes dropped for their age or the cap, for the curious
 
     def close(self, name: str) -> None:
         """End episode ``name``: its record is dropped and later calls are refused."""
         with self._lock:
             self._episodes.pop(name, None)
-            self._closed.add(name)
+            self._closed.pop(name, None)
+            self._closed[name] = time.monotonic()
+            self._expire()
 
     def is_closed(self, name: str) -> bool:
         """Whether episode ``name`` was closed."""
         with self._lock:
+            self._expire()
             return name in self._closed
 
-    def episode(self, name: str) -> _Episode:
-        """The running record of episode ``name`` (made on its first call)."""
+    def claim(self, name: str, key: str | None) -> bool:
+        """Whether the caller with API key ``key`` may extend episode ``name``: it is not
+        recorded yet, or ``key`` opened it, or it is named ``key`` (a key's own episode is
+        always its own: one another key opened under that name first is dropped)."""
         with self._lock:
-            return self._episodes.setdefault(name, _Episode())
+            self._expire()
+            episode = self._episodes.get(name)
+            if episode is None or episode.owner == key:
+                return True
+            if name == key:
+                del self._episodes[name]
+                return True
+            return False
 
-    def reserve(self, name: str, count: int) -> int:
-        """The first of ``count`` consecutive call indices for episode ``name``."""
+    def _open(self, name: str, owner: str | None, admin: bool = False) -> _Episode:
+        """The episode ``name`` for ``owner`` (made on its first call; a ``LookupError``
+        when another key owns it, unless ``admin``), newest in the order."""
+        self._expire()
+        episode = self._episodes.pop(name, None)
+        if episode is not None and not admin and owner is not None and episode.owner != owner:
+            if name != owner:
+                self._episodes[name] = episode
+                raise LookupError(f"episode {name!r} belongs to another API key")
+            episode = None  # opened under this key's name by another: not that one's
+        if episode is None:
+            episode = _Episode(owner=owner)
+            while len(self._episodes) >= self.max_episodes:
+                del self._episodes[next(iter(self._episodes))]
+                self.expired += 1
+        episode.touched = time.monotonic()
+        self._episodes[name] = episode
+        return episode
+
+    def _expire(self) -> None:
+        if self.ttl is not None:
+            old = time.monotonic() - self.ttl
+            for name in [n for n, e in self._episodes.items() if e.touched < old]:
+                del self._episodes[name]
+                self.expired += 1
+            for name in [n for n, at in self._closed.items() if at < old]:
+                del self._closed[name]
+        while len(self._closed) > 4 * self.max_episodes:
+            del self._closed[next(iter(self._closed))]
+
+    def episode(self, name: str, owner: str | None = None) -> _Episode:
+        """The running record of episode ``name`` (made on its first call, by ``owner``)."""
         with self._lock:
-            episode = self._episodes.setdefault(name, _Episode())
+            return self._open(name, owner)
+
+    def reserve(self, name: str, count: int, owner: str | None = None, admin: bool = False) -> int:
+        """The first of ``count`` consecutive call indices for episode ``name`` (opened by
+        ``owner`` if new; a ``LookupError`` if another key owns it, unless ``admin``)."""
+        with self._lock:
+            episode = self._open(name, owner, admin)
             first, episode.next_index = episode.next_index, episode.next_index + count
             return first
 
@@ -128,7 +192,9 @@ class Recorder:
         """Record ``call`` for episode ``name``; ``turn`` (a chat call's request messages,
         reply and conversation) lets later calls extend it."""
         with self._lock:
-            episode = self._episodes.setdefault(name, _Episode())
+            episode = self._episodes.get(name)
+            if episode is None:  # dropped since its reserve (closed, expired): made anew
+                episode = self._open(name, None)
             episode.calls.append(call)
             if turn is not None:
                 messages, reply, conversation = turn
@@ -149,14 +215,22 @@ class Recorder:
     def calls(self, name: str) -> list[Call]:
         """Episode ``name``'s calls so far, in order (none: an empty list)."""
         with self._lock:
+            self._expire()
             episode = self._episodes.get(name)
             return sorted(episode.calls, key=lambda c: c.index) if episode else []
 
     def pop(self, name: str) -> list[Call]:
         """Episode ``name``'s calls, forgetting the episode (its next call starts afresh)."""
         with self._lock:
+            self._expire()
             episode = self._episodes.pop(name, None)
             return sorted(episode.calls, key=lambda c: c.index) if episode else []
+
+    def owner(self, name: str) -> str | None:
+        """The API key that opened episode ``name`` (None: no key, or no such episode)."""
+        with self._lock:
+            episode = self._episodes.get(name)
+            return episode.owner if episode else None
 
     def extends_tokens(self, name: str, prompt: np.ndarray) -> tuple[Call, np.ndarray] | None:
         """The newest completions call of episode ``name`` whose prompt and completion
@@ -177,6 +251,7 @@ class Recorder:
         return None
 
     def names(self) -> list[str]:
-        """The episodes with calls recorded and not popped."""
+        """The episodes with calls recorded and not popped (nor expired)."""
         with self._lock:
+            self._expire()
             return list(self._episodes)

@@ -330,8 +330,9 @@ def _add_gateway(commands: Any) -> None:
         description="An OpenAI-compatible server (/v1/models, /v1/chat/completions, "
         "/v1/completions; streaming, n, temperature, max_tokens, stop, seed, logprobs, tools) "
         "in front of a model and backend. A request names its episode with the X-Episode-Id "
-        "header or its API key; GET /v1/episodes/NAME returns the episode's calls: prompt "
-        "and sampled token ids, log-probs, policy version (docs/agents.md).",
+        "header or its API key, and the episode is that key's alone; GET /v1/episodes/NAME "
+        "(with the key) returns the episode's calls: prompt and sampled token ids, log-probs, "
+        "policy version (docs/agents.md).",
     )
     add, defaults = parser.add_argument, RolloutConfig()
     add("--model", default=defaults.model, help="'default' (SmolLM2-135M-Instruct) or a folder")
@@ -361,6 +362,20 @@ def _add_gateway(commands: Any) -> None:
     add("--port", type=number(int, 0), default=8000,
         help="the port (default: %(default)s; 0: a free one)")  # fmt: skip
     add("--out", default="runs/gateway", help="where a vLLM server's log goes")
+    add("--api-key", default=None, metavar="KEY",
+        help="callers must send this bearer token (else a 401); its holder reads every "
+        "episode. Without it any key is accepted, each owning the episodes it opens")  # fmt: skip
+    add("--max-body-bytes", type=number(int, 1), default=8 * 2**20, metavar="N",
+        help="a request body's bytes at most, a 413 past it (default: %(default)s)")  # fmt: skip
+    add("--episode-ttl", type=number(float, 0.0), default=3600.0, metavar="SECONDS",
+        help="an episode is forgotten this long after its last call (0: kept until read "
+        "with DELETE; default: %(default)s)")  # fmt: skip
+    add("--max-episodes", type=number(int, 1), default=1024, metavar="N",
+        help="episodes kept at most; past it the one called longest ago goes "
+        "(default: %(default)s)")  # fmt: skip
+    add("--chunk-tokens", type=number(int, 1), default=16, metavar="N",
+        help="tokens sampled per turn: requests in flight take turns, so a long reply delays "
+        "others by one chunk (default: %(default)s)")  # fmt: skip
 
 
 def _gateway(args: argparse.Namespace) -> int:
@@ -379,6 +394,7 @@ def _gateway(args: argparse.Namespace) -> int:
     from llm_gym.lm.loading import load_model
     from llm_gym.run.setup import make_policy, resolve_device, resolve_dtype
     from llm_gym.samplers import SamplerError
+    from llm_gym.servers import exposure_warning
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -388,10 +404,17 @@ def _gateway(args: argparse.Namespace) -> int:
         model, tokenizer = load_model(config.model, device=device, dtype=dtype)
         policy = make_policy(model, tokenizer, config)
         sampler = getattr(policy, "sampler", policy)
-        gateway = Gateway(sampler, tokenizer, model_name=args.model_name)
+        gateway = Gateway(
+            sampler, tokenizer, model_name=args.model_name, api_key=args.api_key,
+            max_body_bytes=args.max_body_bytes, episode_ttl=args.episode_ttl or None,
+            max_episodes=args.max_episodes, chunk_tokens=args.chunk_tokens,
+        )  # fmt: skip
         url = gateway.serve(args.host, args.port)
     except (ValueError, TypeError, OSError, ImportError, SamplerError) as error:
         return _usage_error(error)
+    warning = exposure_warning(args.host, args.api_key)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     print(f"serving {args.model_name!r} at {url}/v1 (OpenAI API; episodes: {url}/v1/episodes/"
           "NAME)", flush=True)  # fmt: skip
     try:
