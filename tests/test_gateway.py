@@ -10,30 +10,11 @@ import numpy as np
 import openai
 import pytest
 import torch
+from gateway_fixture import QUESTION, client, gateway, policy  # noqa: F401  (fixtures)
 
 from llm_gym.agents import Gateway, segments
 from llm_gym.chat.history import History
-from llm_gym.policies import TransformersPolicy
 from llm_gym.samplers import Sample
-
-QUESTION = [{"role": "user", "content": "What is 2 + 3?"}]
-
-
-@pytest.fixture(scope="module")
-def policy(smol):
-    model, tokenizer = smol
-    kwargs = {"max_new_tokens": 12, "do_sample": True, "temperature": 1.0}
-    return TransformersPolicy(model, tokenizer, input_mode="tokens", generate_kwargs=kwargs)
-
-
-@pytest.fixture(scope="module")
-def gateway(policy, smol):
-    with Gateway(policy, smol[1], model_name="policy") as gateway:
-        yield gateway
-
-
-def client(gateway, key="episode"):
-    return openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=key, max_retries=0)
 
 
 def template_ids(tokenizer, messages):
