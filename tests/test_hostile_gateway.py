@@ -226,6 +226,7 @@ BAD = [  # (endpoint, body changes, the param named, words in the message)
     ("chat", {"presence_penalty": 0.5}, "presence_penalty", "not supported"),
     ("completions", {"best_of": 3}, "best_of", "not supported"),
     ("completions", {"suffix": "end"}, "suffix", "not supported"),
+    ("completions", {"skip_special_tokens": True}, "skip_special_tokens", "not supported"),
     (
         "chat",
         {

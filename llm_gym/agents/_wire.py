@@ -46,7 +46,8 @@ MAX_BODY_DEPTH = 64
 # setting is silently ignored.
 _COMMON = {
     "model", "max_tokens", "temperature", "top_p", "n", "stop", "seed", "stream",
-    "stream_options", "logprobs", "return_token_ids", "user", "metadata", "store",
+    "stream_options", "logprobs", "return_token_ids", "skip_special_tokens", "user",
+    "metadata", "store",
     "frequency_penalty", "presence_penalty", "logit_bias",
 }  # fmt: skip
 _CHAT = _COMMON | {
@@ -62,6 +63,8 @@ _NO_OP: dict[str, tuple[Any, ...]] = {
     "best_of": (None, 1),
     "suffix": (None, ""),
     "store": (None, False),
+    # vLLM's (llm_gym's OpenAISampler sends it): the reply's text keeps special tokens here.
+    "skip_special_tokens": (None, False),
     "parallel_tool_calls": (None, True),
     "response_format": (None, {"type": "text"}),
 }
