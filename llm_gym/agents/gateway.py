@@ -29,17 +29,17 @@ at most.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import secrets
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from llm_gym.agents import limits
 from llm_gym.agents._wire import (
     BadRequest,
     Request,
@@ -51,11 +51,12 @@ from llm_gym.agents._wire import (
     read_request,
 )
 from llm_gym.agents.recording import Call, Recorder
+from llm_gym.agents.turns import Turns
 from llm_gym.chat.conversation import Conversation, PromptBuilder
 from llm_gym.chat.history import History
 from llm_gym.checks import check_choice, check_int
-from llm_gym.samplers.base import Sample, Sampler, SamplingSettings, check_sampler
-from llm_gym.samplers.batching import Batched, BatchingSampler
+from llm_gym.samplers.base import Sample, Sampler, check_sampler
+from llm_gym.samplers.batching import BatchingSampler
 from llm_gym.servers import ThreadedServer
 from llm_gym.tools.calls import (
     TOOL_FORMATS,
@@ -68,37 +69,11 @@ from llm_gym.tools.calls import (
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-__all__ = ["EPISODE_HEADER", "MAX_BODY_BYTES", "Gateway", "context_length"]
+__all__ = ["EPISODE_HEADER", "MAX_BODY_BYTES", "Gateway"]
 
 EPISODE_HEADER = "x-episode-id"
 MAX_BODY_BYTES = 8 * 2**20  # a request body's bytes at most (8 MiB)
 _DRAIN_BYTES = 64 * 2**20  # of a body too large, read and dropped so that its 413 arrives
-_POLL = 0.25  # seconds between looks at whether a waiting request's client hung up
-
-
-def context_length(sampler: object, tokenizer: object = None) -> int | None:
-    """The positions the sampler's model has (a prompt and its reply together), from its
-    transformers config (``max_position_embeddings``, ``n_positions``), a vLLM sampler's
-    ``max_model_len``, else the tokenizer's ``model_max_length`` when it is a real one;
-    None when unknown.
-
-    >>> context_length(object()) is None
-    True
-    """
-    for owner in (sampler, getattr(sampler, "sampler", None)):
-        config = getattr(getattr(owner, "model", None), "config", None)
-        for name in ("max_position_embeddings", "n_positions", "max_sequence_length"):
-            value = getattr(config, name, None)
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                return value
-        value = getattr(owner, "max_model_len", None)
-        if isinstance(value, int) and value > 0:
-            return value
-    value = getattr(tokenizer, "model_max_length", None)
-    return value if isinstance(value, int) and 0 < value < 10**7 else None  # else a sentinel
-
-
-_context_of = context_length  # Gateway's argument of that name hides the function
 
 
 class Gateway:
@@ -167,7 +142,7 @@ class Gateway:
         self.codec = self.builder.codec
         self.recorder = Recorder(episode_ttl, max_episodes)
         if context_length == "auto":
-            context_length = _context_of(sampler, tokenizer)
+            context_length = limits.context_length(sampler, tokenizer)
         self.context_length = (
             None if context_length is None else check_int("context_length", context_length, 2)
         )
@@ -181,9 +156,9 @@ class Gateway:
         self.api_key = api_key
         self.admin_key = admin_key or api_key or f"llm-gym-admin-{secrets.token_hex(16)}"
         self._issued: set[str] = set()
-        self._budget = _default_budget(sampler)
-        self._token_bytes = _max_token_bytes(tokenizer)
-        self.cancelled = 0
+        self._budget = limits.default_budget(sampler)
+        self._token_bytes = limits.max_token_bytes(tokenizer)
+        self.turns = Turns(self.batching, self.codec, self.chunk_tokens, self.context_length)
         self._server: ThreadedServer | None = None
         self.url: str | None = None
         self.app = self._make_app()
@@ -192,6 +167,11 @@ class Gateway:
         return f"Gateway({self.sampler!r}, model_name={self.model_name!r}, url={self.url!r})"
 
     # -- serving -----------------------------------------------------------------------------
+
+    @property
+    def cancelled(self) -> int:
+        """Requests dropped because their client hung up (``Turns.cancelled``)."""
+        return self.turns.cancelled
 
     def issue_key(self) -> str:
         """A new random API key this gateway accepts (with ``api_key`` set, a caller needs
@@ -241,90 +221,6 @@ class Gateway:
             Route("/v1/completions", self._completions, methods=["POST"]),
             Route("/v1/episodes/{name}", self._episode, methods=["GET", "DELETE"]),
         ])  # fmt: skip
-
-    # -- sampling: requests in flight batched -----------------------------------------------
-
-    async def _sample(
-        self, request: Any, prompt: np.ndarray, n: int, settings: SamplingSettings,
-        budget: int | None, stops: list[str],
-    ) -> tuple[list[Sample], float, float] | None:  # fmt: skip
-        """The ``n`` samples of ``prompt`` (at most ``budget`` tokens each) and the seconds
-        they queued and were sampled; None when the client hung up first. Sampled
-        ``chunk_tokens`` at a time: each chunk is a call of its own, queued behind the calls
-        waiting, its prompt the prompt and the tokens so far (as sampled, never re-tokenized),
-        its seed (if any) derived from the request's and the chunk's number. Every chunk asks
-        for ``chunk_tokens`` (the last one's tail past ``budget`` dropped), so that the
-        chunks of requests at different points share a batch."""
-        chunked = (
-            self.chunk_tokens is not None and budget is not None and budget > self.chunk_tokens
-            and self.batching.configurable and (self.batching.num_samples or 1) == 1
-        )  # fmt: skip
-        if not chunked:
-            if budget is not None and self.batching.configurable:
-                settings = replace(settings, max_new_tokens=budget)
-            batched = await self._wait(request, self.batching.submit([prompt] * n, settings))
-            return None if batched is None else (batched.samples, batched.queued, batched.seconds)
-        tokens: list[list[np.ndarray]] = [[] for _ in range(n)]
-        log_probs: list[list[np.ndarray] | None] = [[] for _ in range(n)]
-        versions: list[list[int | None]] = [[] for _ in range(n)]
-        finish, active, done, step = ["length"] * n, list(range(n)), 0, 0
-        queued = seconds = 0.0
-        while active:
-            keep = min(self.chunk_tokens, budget - done)
-            seed = settings.seed
-            if seed is not None and step:  # the first chunk keeps the request's own seed
-                seed = int(np.random.SeedSequence([seed, step]).generate_state(1)[0])
-            size = self.chunk_tokens  # past the context only near its end: then what is left
-            if self.context_length is not None:
-                size = min(size, self.context_length - len(prompt) - done)
-            chunk = replace(settings, max_new_tokens=size, seed=seed)
-            prompts = [np.concatenate([prompt, *tokens[i]]) for i in active]
-            batched = await self._wait(request, self.batching.submit(prompts, chunk))
-            if batched is None:
-                return None
-            queued, seconds = queued + batched.queued, seconds + batched.seconds
-            done, step, still = done + keep, step + 1, []
-            for i, sample in zip(active, batched.samples, strict=True):
-                tokens[i].append(np.asarray(sample.tokens[:keep], np.int64))
-                versions[i].append(sample.version)
-                if sample.log_probs is None:
-                    log_probs[i] = None
-                elif log_probs[i] is not None:
-                    log_probs[i].append(sample.log_probs[:keep])
-                if sample.finish_reason == "stop" and len(sample.tokens) <= keep:
-                    finish[i] = "stop"
-                elif done < budget and not self._says_stop(tokens[i], stops):
-                    still.append(i)
-            active = still
-        samples = []
-        for i in range(n):
-            ids = np.concatenate(tokens[i]) if tokens[i] else np.zeros(0, np.int64)
-            values = None if log_probs[i] is None else np.concatenate(log_probs[i])
-            known = [v for v in versions[i] if v is not None]
-            # The oldest policy that sampled any of its tokens (a weight update may come
-            # between chunks).
-            samples.append(Sample(ids, values, finish[i], min(known) if known else None))
-        return samples, queued, seconds
-
-    def _says_stop(self, tokens: list[np.ndarray], stops: list[str]) -> bool:
-        if not stops:
-            return False
-        (text,) = self.codec.decode_many([np.concatenate(tokens)], skip_special_tokens=False)
-        return any(stop in text for stop in stops)
-
-    async def _wait(self, request: Any, future: Any) -> Batched | None:
-        """What ``future`` gives, or None as soon as ``request``'s client hangs up (the call
-        is cancelled if not begun: a batch leaves it out; a begun one is left to finish)."""
-        waiting = asyncio.wrap_future(future)
-        while True:
-            done, _ = await asyncio.wait({waiting}, timeout=_POLL)
-            if done:
-                return waiting.result()
-            if await request.is_disconnected():
-                future.cancel()
-                waiting.add_done_callback(_retrieve)
-                self.cancelled += 1
-                return None
 
     # -- endpoints ---------------------------------------------------------------------------
 
@@ -449,7 +345,7 @@ class Gateway:
                 "that opened it)",
                 EPISODE_HEADER, 404, "episode_not_found",
             )  # fmt: skip
-        self._check_size(body)
+        limits.check_text_size(body, self.context_length, self._token_bytes)
         normal = list(body.normal)
         if chat:
             messages, schemas = list(body.messages), list(body.schemas)
@@ -463,12 +359,17 @@ class Gateway:
                 ) from None
         else:
             prompt, parent, conversation = self._text_prompt(episode, body.prompt)
-        budget = self._budget_of(prompt.tokens, body.settings.max_new_tokens, chat)
+        budget = limits.reply_budget(
+            len(prompt.tokens), body.settings.max_new_tokens, self._budget, self.context_length,
+            chat,
+        )  # fmt: skip
         stops = list(body.stops)
-        sampled = await self._sample(request, prompt.tokens, body.n, body.settings, budget, stops)
+        sampled = await self.turns.sample(
+            request, prompt.tokens, body.n, body.settings, budget, stops
+        )
         if sampled is None or await request.is_disconnected():  # nobody to answer: no record
             if sampled is not None:
-                self.cancelled += 1
+                self.turns.cancelled += 1
             return Response(status_code=499)  # nginx's "client closed request": never sent
         samples, queued, sampling = sampled
         read_calls, want_log_probs = body.read_calls, body.log_probs
@@ -520,46 +421,6 @@ class Gateway:
             return JSONResponse(payload, headers=headers)
         events = chunks(head, choices, chat, usage if body.include_usage else None)
         return StreamingResponse(events, media_type="text/event-stream", headers=headers)
-
-    # -- limits ------------------------------------------------------------------------------
-
-    def _too_long(self, tokens: str, chat: bool) -> BadRequest:
-        what = "messages" if chat else "prompt"
-        return BadRequest(
-            f"This model's maximum context length is {self.context_length} tokens. However, "
-            f"your {what} resulted in {tokens} tokens. Please reduce the length of the {what}.",
-            what, 400, "context_length_exceeded",
-        )  # fmt: skip
-
-    def _check_size(self, body: Request) -> None:
-        """A ``context_length_exceeded`` for text too long to fit, before it is tokenized
-        (a 5 MB message took the tokenizer seconds and the sampler all the memory): no token
-        holds more than ``_token_bytes`` of UTF-8 (halved again for normalizers)."""
-        if self.context_length is None or self._token_bytes is None:
-            return
-        if body.chat:
-            size = sum(_text_bytes(m.get("content")) for m in body.messages)
-        elif isinstance(body.prompt, str):
-            size = len(body.prompt.encode())
-        else:
-            return
-        least = size // (2 * self._token_bytes)
-        if least >= self.context_length:
-            raise self._too_long(f"at least {least}", body.chat)
-
-    def _budget_of(self, prompt: np.ndarray, requested: int | None, chat: bool) -> int | None:
-        """The tokens a reply may have: those asked for (else the sampler's own), at most
-        the context less the prompt; a ``context_length_exceeded`` for a prompt that leaves
-        no room."""
-        room = None
-        if self.context_length is not None:
-            room = self.context_length - len(prompt)
-            if room < 1:
-                raise self._too_long(str(len(prompt)), chat)
-        budget = requested if requested is not None else self._budget
-        if budget is None or room is None:
-            return budget
-        return min(budget, room)
 
     # -- prompts -----------------------------------------------------------------------------
 
@@ -703,39 +564,3 @@ def _call_json(call: Call) -> dict[str, Any]:
         "log_probs": None if call.log_probs is None else call.log_probs.tolist(),
         "version": call.version, "finish_reason": call.finish_reason, "text": call.text,
     }  # fmt: skip
-
-
-def _retrieve(future: asyncio.Future) -> None:
-    """Take an abandoned call's outcome, so that its error is not logged as never retrieved."""
-    if not future.cancelled():
-        future.exception()
-
-
-def _text_bytes(content: object) -> int:
-    if isinstance(content, str):
-        return len(content.encode())
-    if isinstance(content, list):
-        return sum(_text_bytes(p.get("text")) for p in content if isinstance(p, Mapping))
-    return 0
-
-
-def _default_budget(sampler: object) -> int | None:
-    """The reply tokens ``sampler`` gives when not told (its ``max_new_tokens``)."""
-    for owner in (sampler, getattr(sampler, "sampler", None)):
-        value = getattr(owner, "max_new_tokens", None)
-        if value is None and isinstance(getattr(owner, "generate_kwargs", None), Mapping):
-            value = owner.generate_kwargs.get("max_new_tokens")
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return None
-
-
-def _max_token_bytes(tokenizer: Any) -> int | None:
-    """The most UTF-8 bytes one token's text holds (special tokens included); None if the
-    tokenizer cannot list its tokens. A byte-level token's string has a character per byte,
-    each at least a byte: its length bounds the bytes it stands for."""
-    try:
-        pieces = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
-        return max(len(str(p).encode("utf-8", "surrogatepass")) for p in pieces if p) or None
-    except Exception:  # a tokenizer of another kind: no bound, every prompt is tokenized
-        return None
