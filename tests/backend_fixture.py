@@ -1,7 +1,7 @@
 """What the backend tests share: prompts, the fp32 tolerance README states, and the processes
-of vLLM servers (to show that none is left behind)."""
+of vLLM servers (to show that none is left behind). The test run's one server of the default
+model is conftest's ``vllm_default``."""
 
-import contextlib
 import os
 import time
 
@@ -52,21 +52,3 @@ def wait_gone(pids, seconds=20.0) -> dict[int, str]:
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.2)
-
-
-@contextlib.contextmanager
-def served_default(log_path, tokenizer, **sampling):
-    """A ``VLLMSampler`` over the default model (fp32, 2048 tokens of context) with
-    ``sampling``; on exit the server is closed and none of its processes is left."""
-    from llm_gym.samplers import VLLMSampler
-
-    before = set(server_processes())
-    sampler = VLLMSampler(
-        "default", dtype="float32", engine_args={"max_model_len": 2048}, log_path=log_path,
-        vocab_size=len(tokenizer), **sampling,
-    )  # fmt: skip
-    try:
-        yield sampler
-    finally:
-        sampler.close()
-    assert wait_gone(set(server_processes()) - before) == {}  # no server process left

@@ -85,3 +85,27 @@ def model_dirs(tmp_path_factory, smollm2_tokenizer):
         smollm2_tokenizer.save_pretrained(folder)
         dirs.append(str(folder))
     return dirs
+
+
+@pytest.fixture(scope="session")
+def vllm_default(tmp_path_factory, smollm2_tokenizer):
+    """One vLLM server of the default model (fp32, 2048 tokens of context) for the whole test
+    run, started by the first test that asks for it: a ``VLLMSampler`` (greedy-free defaults)
+    whose ``with_settings`` gives each test its own sampling settings over the same server.
+    Tests that change its weights or kill it start their own. At the end it is closed and none
+    of its processes is left."""
+    from backend_fixture import server_processes, wait_gone
+
+    from llm_gym.samplers import VLLMSampler
+
+    before = set(server_processes())
+    log = tmp_path_factory.mktemp("vllm") / "server.log"
+    sampler = VLLMSampler(
+        "default", dtype="float32", engine_args={"max_model_len": 2048}, log_path=log,
+        vocab_size=len(smollm2_tokenizer),
+    )  # fmt: skip
+    try:
+        yield sampler
+    finally:
+        sampler.close()
+    assert wait_gone(set(server_processes()) - before) == {}  # no server process left

@@ -4,7 +4,7 @@ trained with ``llm-gym train --agent``."""
 
 import json
 import sys
-import time
+import threading
 from pathlib import Path
 
 import gymnasium as gym
@@ -124,11 +124,10 @@ def test_failures_are_recorded_and_the_others_go_on(policy, smol, env, tmp_path)
         )
         return None
 
-    late = {}
+    released = threading.Event()
 
     def hangs(base_url, api_key, item):
-        late["key"], late["url"] = api_key, base_url
-        time.sleep(4)
+        released.wait(60)  # past the 1 s limit until the test lets it go
         return "1"
 
     expected = {
@@ -143,6 +142,7 @@ def test_failures_are_recorded_and_the_others_go_on(policy, smol, env, tmp_path)
             (record,) = [e.record() for e in rollouts.episodes(1)]
         assert (record["error"], record["reward"], record["success"]) == (error, 0.0, False)
         assert rollouts.gateway.recorder.names() == []
+    released.set()
     # A command agent: its standard output is the answer; a failing one is recorded.
     script = tmp_path / "agent.py"
     script.write_text(
@@ -163,21 +163,24 @@ def test_failures_are_recorded_and_the_others_go_on(policy, smol, env, tmp_path)
 
 
 def test_a_run_past_its_time_has_its_later_calls_refused(policy, smol, env):
-    seen = {}
+    seen, late, called = {}, threading.Event(), threading.Event()
 
     def slow(base_url, api_key, item):
         seen["key"] = api_key
-        time.sleep(2)
+        late.wait(60)  # calls only once its run is over
         client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
         try:
             client.chat.completions.create(model="policy", messages=item["messages"])
         except openai.PermissionDeniedError as error:
             seen["refused"] = error.message
+        finally:
+            called.set()
         return "late"
 
     with AgentEpisodes(slow, env, policy, smol[1], timeout=0.5) as rollouts:
         (record,) = [e.record() for e in rollouts.episodes(1)]
-        time.sleep(3)
+        late.set()
+        assert called.wait(60)  # a guard against a hang, far above the call's time
         assert "is over" in seen["refused"]
         assert rollouts.gateway.recorder.calls(seen["key"]) == []
     assert record["error"].startswith("the agent ran past its time limit")

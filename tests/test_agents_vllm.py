@@ -9,7 +9,6 @@ import gymnasium as gym
 import numpy as np
 import openai
 import pytest
-from backend_fixture import served_default
 
 import llm_gym  # noqa: F401  (registers the envs)
 from llm_gym.agents import AgentEpisodes, Gateway
@@ -18,11 +17,9 @@ pytestmark = pytest.mark.vllm
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory, smollm2_tokenizer):
-    log = tmp_path_factory.mktemp("vllm") / "server.log"
-    sampling = {"max_new_tokens": 16, "temperature": 1.0, "seed": 0}
-    with served_default(log, smollm2_tokenizer, **sampling) as sampler:
-        yield sampler
+def served(vllm_default):
+    """The test run's vLLM server of the default model, with this module's settings."""
+    return vllm_default.with_settings(max_new_tokens=16, temperature=1.0, seed=0)
 
 
 def check_agent(base_url, api_key, item):

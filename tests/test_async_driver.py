@@ -3,7 +3,7 @@ exactly-once epochs, reward and KL wrappers, slow tools, versions, failures and 
 
 import functools
 import json
-import time
+import threading
 
 import gymnasium as gym
 import numpy as np
@@ -137,14 +137,17 @@ def test_every_sample_exactly_repeats_times_in_an_epoch_across_calls():
     assert all(r["seed"] == 1 for r in records)  # with item_index: which item it played
 
 
+SLOW_RELEASED = threading.Event()  # set once the other conversations have all finished
+
+
 def lookup(key: str) -> str:
-    """Look a key up; key "slow" takes a while.
+    """Look a key up; key "slow" waits until the test lets it go.
 
     Args:
         key: What to look up.
     """
-    if key == "slow":
-        time.sleep(1.0)
+    if key == "slow" and not SLOW_RELEASED.wait(60):  # a guard far above the expected time
+        raise RuntimeError("the slow lookup was never released: the others waited for it")
     return f"value of {key}"
 
 
@@ -166,8 +169,13 @@ def test_a_slow_tool_holds_up_only_its_own_conversation():
     env_fn = functools.partial(
         DatasetChatEnv, rows(8), shuffle=False, tools=[lookup], max_turns=3, reward=exact
     )
+    SLOW_RELEASED.clear()
+    records = []
     with AsyncEpisodes(env_fn, 4, tool_policy, seed=0) as rollouts:
-        records = [e.record() for e in rollouts.play(8)]  # as they finish
+        for episode in rollouts.play(8):  # as they finish
+            records.append(episode.record())
+            if len(records) == 7:  # all but the slow one finished while it waited
+                SLOW_RELEASED.set()
     order = [r["item_index"] for r in records]
     assert sorted(order) == list(range(8))
     assert order[-1] == 0  # the slow one finished last; the others went on meanwhile
@@ -224,14 +232,17 @@ def test_a_failing_sub_env_stops_the_run_naming_it_and_no_record_is_partial():
 
 
 def test_a_policy_that_never_answers_times_out():
+    released = threading.Event()
+
     def stuck(obs):
-        time.sleep(3)
+        released.wait(60)
         return echo_policy(obs)
 
     env_fn = functools.partial(DatasetChatEnv, rows(2))
     with AsyncEpisodes(env_fn, 2, stuck, timeout=0.2) as rollouts:
         with pytest.raises(TimeoutError, match="within timeout=0.2 s"):
             list(rollouts.episodes(2))
+        released.set()
 
 
 @pytest.mark.parametrize(

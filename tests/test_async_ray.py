@@ -20,6 +20,7 @@ from llm_gym.policies import TransformersPolicy
 # The env constructors run inside the actors, which cannot import this test module.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
+pytestmark = pytest.mark.ray
 KEYS = ("tokens", "history", "policy_mask")
 EPISODES = 12
 

@@ -14,7 +14,7 @@ from llm_gym import wrappers
 from llm_gym.chat.containers import Response
 from llm_gym.checks import ArgumentTypeError
 from llm_gym.policies import SamplerPolicy, TransformersPolicy
-from llm_gym.samplers import OpenAISampler, Sample, Sampler, VLLMSampler
+from llm_gym.samplers import OpenAISampler, Sample, Sampler
 
 pytestmark = pytest.mark.vllm
 
@@ -22,14 +22,9 @@ BACKENDS = ("transformers", "vllm", "openai")
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory, smollm2_tokenizer):
-    log = tmp_path_factory.mktemp("vllm") / "server.log"
-    sampler = VLLMSampler(
-        "default", dtype="float32", engine_args={"max_model_len": 2048}, log_path=log,
-        max_new_tokens=24, temperature=1.0, seed=0, vocab_size=len(smollm2_tokenizer),
-    )  # fmt: skip
-    yield sampler
-    sampler.close()
+def served(vllm_default):
+    """The test run's vLLM server of the default model, with this module's settings."""
+    return vllm_default.with_settings(max_new_tokens=24, temperature=1.0, seed=0)
 
 
 def variant(sampler, **changes):

@@ -17,9 +17,10 @@ from llm_gym.train.run_folder import SERVED_FOLDER
 
 pytestmark = pytest.mark.vllm
 
+# float32 pinned: the tolerances are fp32's, whatever the CPU's dtype "auto" picks.
 SMALL = {
     "env_args": {"task": "chain_sum"}, "groups": 1, "group_size": 4, "max_new_tokens": 24,
-    "eval_episodes": 0, "learning_rate": 1e-3, "backend": "vllm",
+    "eval_episodes": 0, "learning_rate": 1e-3, "backend": "vllm", "dtype": "float32",
 }  # fmt: skip
 
 
@@ -61,6 +62,7 @@ def test_train_with_vllm_from_the_command_line_resumes(tmp_path):
         "train", "--backend", "vllm", "--env-arg", "task=chain_sum", "--groups", "1",
         "--group-size", "4", "--max-new-tokens", "24", "--eval-episodes", "0",
         "--save-every", "1", "--out", str(out), "--no-progress", "--tis-cap", "2",
+        "--dtype", "float32",
     ]  # fmt: skip
     assert main([*flags, "--iterations", "2"]) == 0
     assert main(["train", "--out", str(out), "--resume", "--iterations", "3", "--no-progress"]) == 0

@@ -14,16 +14,15 @@ from backend_fixture import FP32_TOLERANCE, prompts_for
 
 from llm_gym.integrations.trl import TRLVLLMSampler
 from llm_gym.policies import SamplerPolicy, TransformersPolicy
-from llm_gym.samplers import VLLMSampler
 
 pytestmark = pytest.mark.vllm
 
 
 @pytest.fixture(scope="module")
-def generation(smollm2_tokenizer, default_model):
+def generation(smollm2_tokenizer, default_model, vllm_default):
     from trl.generation import vllm_client, vllm_generation
 
-    server = VLLMSampler("default", dtype="float32", engine_args={"max_model_len": 2048})
+    server = vllm_default  # the test run's server of the default model
 
     def connect(self):  # TRL's _init_vllm in server mode, minus init_communicator (NCCL)
         self.vllm_client = vllm_client.VLLMClient(base_url=self.server_base_url)
@@ -36,7 +35,6 @@ def generation(smollm2_tokenizer, default_model):
             server_base_url=server.base_url, temperature=1.0, max_completion_length=20,
         )  # fmt: skip
         yield made
-    server.close()
 
 
 def test_trl_s_generator_samples_token_ids_with_log_probs(generation, smol):

@@ -148,6 +148,7 @@ def test_rollout_with_a_judge_scores_every_episode_and_reports_parts_and_costs(
         "rollout", "--env", "LLMChat-IFEval-v0", "--model", tiny_dir, "--judge", "default",
         "--rubric", "task,judge=0.5", "--num-envs", "4", "--episodes", "4",
         "--max-new-tokens", "12", "--out", str(out), "--threads", "1", "--no-progress",
+        "--dtype", "float32",  # the judge asked again below is the float32 default model
     ]  # fmt: skip
     assert main(argv) == 0
     printed = capsys.readouterr().out

@@ -16,6 +16,7 @@ from llm_gym.lm.loading import load_gpt2_tokenizer, tiny_model
 from llm_gym.samplers import check_scorer
 from llm_gym.wrappers import RetrieveLogProb
 
+pytestmark = pytest.mark.ray
 ACTOR = "llm-gym-test-ref"
 QUERIES = ["What is 2+2?", "Name a prime number larger than ten."]
 RESPONSES = [np.array([40, 1101, 1049, 50256]), np.array([17, 13, 11])]

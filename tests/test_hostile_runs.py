@@ -206,7 +206,7 @@ def test_sizes_the_machine_cannot_hold_are_refused_before_anything_loads(
     command, args, message, tmp_path, capsys
 ):
     make = rollout_args if command == "rollout" else train_args
-    argv = make("default", tmp_path / "run")
+    argv = make("default", tmp_path / "run") + ["--dtype", "float32"]  # the figures' dtype
     for flag, value in zip(args[::2], args[1::2], strict=True):
         if flag in argv:
             argv[argv.index(flag) + 1] = value

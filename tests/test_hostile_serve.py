@@ -227,6 +227,7 @@ def test_serve_command_wants_its_key_and_warns_when_exposed_without_one():
     assert "warning" not in warned, warned  # a key guards it: no warning
 
 
+@pytest.mark.browser
 def test_web_gives_each_browser_session_its_own_env_within_max_sessions():
     # Two pages in a real headless Chromium (as tests/test_serve_web.py drives it).
     from playwright.sync_api import sync_playwright

@@ -6,7 +6,6 @@ import functools
 import json
 import subprocess
 import sys
-import time
 
 import gymnasium as gym
 import pytest
@@ -16,6 +15,8 @@ from gymnasium.vector import AutoresetMode
 import llm_gym
 from llm_gym.envs import make_task_env, sharded_env_fns
 from llm_gym.rewards.ifeval import (
+    _MAX_REGEX_STEPS,  # the quadratic checkers' bound, and their costs
+    _QUADRATIC,
     EXTRA_CONFLICTS,
     MAX_RESPONSE_CHARS,
     IFEvalReward,
@@ -428,31 +429,59 @@ def test_the_reward_is_what_ifeval_s_checkers_say_on_the_same_response():
 # -- hostile output -------------------------------------------------------------------------
 
 
+@pytest.fixture
+def reads(monkeypatch):
+    """Every text IFEval's own checkers are given, as (instruction id, text): what bounds the
+    time a response costs is what reaches them (the regexes' work grows with it)."""
+    seen = []
+    for checker_class in set(registry.INSTRUCTION_DICT.values()):
+        original = checker_class.check_following
+
+        def recording(self, value, _original=original, _class=checker_class):
+            if type(self) is _class:  # a subclass's call is recorded once, by its own
+                seen.append((self.id, value))
+            return _original(self, value)
+
+        monkeypatch.setattr(checker_class, "check_following", recording)
+    return seen
+
+
+def regex_steps(instruction_id, text):
+    """The backtracking steps a quadratic checker's regex takes on ``text`` (0 for others)."""
+    cost = _QUADRATIC.get(instruction_id)
+    return 0 if cost is None else cost(text)
+
+
 @pytest.mark.parametrize("response", HOSTILE, ids=[f"hostile{i}" for i in range(len(HOSTILE))])
-def test_hostile_responses_score_in_bounded_time(response):
+def test_hostile_responses_score_in_bounded_time(response, reads):
+    # Bounded by what the checkers are given, not by a clock: no text past max_chars, and no
+    # quadratic regex past its step bound (~20 ms of re's time), reaches IFEval's checkers.
     constraints = all_constraints()
-    start = time.perf_counter()
     score = IFEvalReward()(response, constraints)
-    seconds = time.perf_counter() - start
+    assert all(len(text) <= MAX_RESPONSE_CHARS for _, text in reads)
+    assert max((regex_steps(i, t) for i, t in reads), default=0) <= _MAX_REGEX_STEPS
     assert len(score.strict) == len(score.loose) == len(constraints)
     assert 0.0 <= score.reward <= 1.0
     assert score.too_long == (len(response) > MAX_RESPONSE_CHARS)
     if score.too_long:
         assert not any(score.strict) and not any(score.loose) and score.reward == 0.0
     json.dumps(score.info())
-    # Measured under 2 s on a shared 2-core CPU for all 30 constraints; the library's
-    # quadratic regexes alone take 2 s a check on 20,000 characters.
-    assert seconds < 15, seconds
+    if score.too_long:
+        assert reads == []  # refused unread
 
 
-def test_quadratic_shapes_are_refused_and_deep_json_does_not_raise():
+def test_quadratic_shapes_are_refused_and_deep_json_does_not_raise(reads):
     reward = IFEvalReward()
-    # ~4 s per variant with IFEval's regex alone; refused unread here.
+    # ~4 s per variant with IFEval's regex alone (49 million steps); refused unread here.
     spaces = [{"id": "detectable_content:postscript", "kwargs": {"postscript_marker": "P.S."}}]
-    start = time.perf_counter()
-    assert reward("Bees." + " " * 7000 + "\nP.S. hi", spaces).strict == (False,)
+    wide = "Bees." + " " * 7000 + "\nP.S. hi"
+    assert regex_steps("detectable_content:postscript", wide) > 20 * _MAX_REGEX_STEPS
+    assert reward(wide, spaces).strict == (False,)
+    assert wide not in [text for _, text in reads]  # not read; a short loose variant may be
+    assert all(regex_steps(i, text) <= _MAX_REGEX_STEPS for i, text in reads)
+    reads.clear()
     assert reward("Bees.\nP.S. hi", spaces).strict == (True,)
-    assert time.perf_counter() - start < 2
+    assert reads[0] == ("detectable_content:postscript", "Bees.\nP.S. hi")
     deep = [{"id": "detectable_format:json_format", "kwargs": {}}]
     assert reward("[" * 3000 + "]" * 3000, deep).strict == (False,)
     assert reward("[[1], {}]", deep).strict == (True,)

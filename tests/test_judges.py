@@ -3,7 +3,7 @@ real model (the default SmolLM2-135M through TransformersPolicy): batching, the 
 time bound, retries, unparseable replies and a prompt-injected response."""
 
 import re
-import time
+import threading
 
 import numpy as np
 import pytest
@@ -27,13 +27,16 @@ def judge_model(default_model):
 class Counting:
     """A real sampler, with the size of each batch it was asked to sample written down."""
 
-    def __init__(self, sampler, fail_first=0, delay_s=0.0):
-        self.sampler, self.batches, self.fail_first, self.delay_s = sampler, [], fail_first, delay_s
-        self.version = None
+    def __init__(self, sampler, fail_first=0, held=False):
+        self.sampler, self.batches, self.fail_first = sampler, [], fail_first
+        self.version, self.released, self.answered = None, threading.Event(), threading.Event()
+        if not held:  # held: each call waits until the test releases it
+            self.released.set()
 
     def sample(self, prompts):
         self.batches.append(len(prompts))
-        time.sleep(self.delay_s)
+        self.released.wait(60)  # a guard against a hang
+        self.answered.set()
         if self.fail_first:
             self.fail_first -= 1
             raise ConnectionError("the judge's server dropped the connection")
@@ -99,11 +102,11 @@ def test_a_prompt_injected_response_cannot_write_the_judges_score(judge_model):
 
 def test_a_slow_judge_times_out_and_a_failing_one_is_retried(judge_model):
     policy, tokenizer = judge_model
-    late = Counting(Replies(tokenizer, [" 9"]), delay_s=3)  # answers, but after 3 s
+    late = Counting(Replies(tokenizer, [" 9"]), held=True)  # answers once released
     slow = Judge(late, tokenizer, timeout_s=0.3, reply_prefix="Score:")
-    started = time.monotonic()
     score = Rubric([Part("judge", slow)])("It is 5.", ITEM)
-    assert time.monotonic() - started < 2.5
+    assert late.batches and not late.answered.is_set()  # asked; given up before any reply
+    late.released.set()
     assert score.reward == 0.0
     assert "timeout_s=0.3" in score.info["rubric_errors"]["judge"]
     flaky = Counting(policy, fail_first=1)

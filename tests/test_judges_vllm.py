@@ -7,7 +7,6 @@ Deselect with ``-m "not vllm"``; CI runs them."""
 import copy
 
 import pytest
-from backend_fixture import served_default
 
 from llm_gym.policies import TransformersPolicy
 from llm_gym.rubrics import (
@@ -48,13 +47,10 @@ EXAMPLE_TEMPLATE = (
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory, smollm2_tokenizer):
-    """The judge model behind a vLLM server: greedy, ``REPLY_TOKENS`` tokens a reply."""
-    log = tmp_path_factory.mktemp("vllm") / "server.log"
-    with served_default(
-        log, smollm2_tokenizer, max_new_tokens=REPLY_TOKENS, temperature=0.0
-    ) as sampler:
-        yield sampler
+def served(vllm_default):
+    """The judge model behind the test run's vLLM server: greedy, ``REPLY_TOKENS`` tokens a
+    reply."""
+    return vllm_default.with_settings(max_new_tokens=REPLY_TOKENS, temperature=0.0)
 
 
 def longer(sampler, max_new_tokens):

@@ -12,7 +12,13 @@ from conftest import DEVICES
 from policy_fixture import scripted_policy
 
 from llm_gym.cli import build_parser
-from llm_gym.lm.precision import autocast, fast_dtype, runs_fast
+from llm_gym.lm.precision import (
+    CPU_BF16_VARIABLE,
+    autocast,
+    cpu_has_bf16,
+    fast_dtype,
+    runs_fast,
+)
 from llm_gym.lm.tensors import LinearLogProbs
 from llm_gym.run import setup
 from llm_gym.train import GRPOConfig, GRPOTrainer
@@ -21,8 +27,15 @@ from llm_gym.train.update import MasterAdamW, resolve_precision
 CPU = torch.device("cpu")
 
 
-def test_dtype_auto_is_bfloat16_only_where_the_device_runs_it_fast():
-    has_bf16 = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+@pytest.mark.parametrize("forced", [None, "0", "1"])
+def test_dtype_auto_is_bfloat16_only_where_the_device_runs_it_fast(forced, monkeypatch):
+    if forced is None:
+        monkeypatch.delenv(CPU_BF16_VARIABLE, raising=False)
+        has_bf16 = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    else:  # the switch that runs the suite as on a CPU with (1) or without (0) bfloat16
+        monkeypatch.setenv(CPU_BF16_VARIABLE, forced)
+        has_bf16 = forced == "1"
+    assert cpu_has_bf16() == has_bf16
     assert runs_fast(torch.bfloat16, CPU) == has_bf16
     assert fast_dtype(CPU) == (torch.bfloat16 if has_bf16 else torch.float32)
     assert setup.resolve_dtype("auto", CPU) == fast_dtype(CPU)
@@ -34,6 +47,12 @@ def test_dtype_auto_is_bfloat16_only_where_the_device_runs_it_fast():
         )
     with pytest.raises(ValueError, match=r"dtype must be one of \('auto', 'bfloat16'.*got 'half'"):
         setup.resolve_dtype("half", CPU)
+
+
+def test_the_bf16_switch_refuses_other_values(monkeypatch):
+    monkeypatch.setenv(CPU_BF16_VARIABLE, "yes")
+    with pytest.raises(ValueError, match="LLM_GYM_CPU_BF16 must be '0', '1' or unset, got 'yes'"):
+        setup.resolve_dtype("auto", CPU)
 
 
 def test_a_slow_explicit_dtype_warns_once(monkeypatch):
@@ -125,13 +144,15 @@ def test_bf16_mixed_updates_float32_weights_with_bfloat16_products(tiny_dir, tmp
     masks = [np.arange(len(t)) >= 5 for t in tokens]
     advantages = torch.tensor([1.0, -1.0, 0.5], device=device)
     runs = {
-        precision: trainer(tiny_dir, tmp_path, precision, device=device, precision=precision)
+        precision: trainer(
+            tiny_dir, tmp_path, precision, device=device, precision=precision, dtype="float32"
+        )
         for precision in ("fp32", "bf16-mixed")
     }
     mixed = runs["bf16-mixed"]
     assert mixed.precision == "bf16-mixed" and mixed.model.dtype == torch.float32
     assert not isinstance(mixed.optimizer, MasterAdamW)  # float32 weights are the masters
-    assert mixed.compute_dtype == torch.float32  # --dtype auto on this device: sampling's
+    assert mixed.compute_dtype == torch.float32  # --dtype float32: sampling's
     products = []  # the dtype of a layer's output, each forward of the update
     layer = mixed.model.model.layers[0].self_attn.q_proj
     layer.register_forward_hook(lambda module, args, out: products.append(out.dtype))

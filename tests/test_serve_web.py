@@ -39,6 +39,9 @@ import sys
 from fractions import Fraction
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.browser
 ARTIFACTS = Path(__file__).resolve().parents[1] / "build" / "test-artifacts"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 # Headless, and nothing that reaches past this machine (its network is closed).

@@ -2,7 +2,7 @@
 vector envs."""
 
 import json
-import time
+import threading
 
 import gymnasium as gym
 import numpy as np
@@ -37,13 +37,19 @@ def add(a: int, b: int) -> int:
     return a + b
 
 
-def slow(seconds: float) -> str:
-    """Sleep, then say so.
+MEETING = threading.Barrier(8)  # the vector env's 8 sub-envs' calls, all running at once
+
+
+def meet(label: str) -> str:
+    """Wait until all eight calls are running at the same time, then say so.
 
     Args:
-        seconds: How long.
+        label: Who calls.
     """
-    time.sleep(seconds)
+    try:  # one by one, the first call would wait alone: 60 s only guards against a hang
+        MEETING.wait(timeout=60)
+    except threading.BrokenBarrierError:
+        return f"{label} waited alone"
     return "done"
 
 
@@ -255,12 +261,10 @@ def test_make_vec_runs_tool_episodes(mode):
 
 
 def test_the_vector_env_runs_sub_envs_tool_calls_concurrently():
-    envs = gym.make_vec("LLMChat-GSM8K-v0", num_envs=8, dataset=ROWS, tools=[slow])
+    MEETING.reset()
+    envs = gym.make_vec("LLMChat-GSM8K-v0", num_envs=8, dataset=ROWS, tools=[meet])
     envs.reset(seed=0)
-    start = time.perf_counter()
-    _, _, _, _, info = envs.step([call("slow", seconds=0.5)] * 8)
-    elapsed = time.perf_counter() - start
-    assert all(records[0]["output"] == "done" for records in info["tool_calls"])
-    # One by one would take 4 s; side by side about 0.5 s.
-    assert elapsed < 2.0, f"8 calls of 0.5 s took {elapsed:.2f} s"
+    # Each call returns only once all eight are running: they ran side by side.
+    _, _, _, _, info = envs.step([call("meet", label=f"sub-env {i}") for i in range(8)])
+    assert [records[0]["output"] for records in info["tool_calls"]] == ["done"] * 8
     envs.close()

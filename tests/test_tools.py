@@ -55,7 +55,8 @@ def test_each_sandbox_limit_ends_with_a_readable_message(interpreter, case):
     result = interpreter.run(code)
     assert not result.ok
     assert message in result.output
-    assert result.seconds < 30  # the wall-clock kill, not a hang
+    # Only the infinite loop meets the wall-clock kill; the others end by their own limit.
+    assert result.timed_out == (case == "infinite loop")
     assert interpreter.run("print('next')").output == "next\n"
 
 

@@ -16,20 +16,16 @@ import llm_gym  # noqa: F401  (registers the ids)
 
 pytest.importorskip("verifiers")
 
-from llm_gym.lm.loading import model_folder  # noqa: E402
-from llm_gym.samplers.vllm import SERVED_NAME, VLLMServer  # noqa: E402
+from llm_gym.samplers.vllm import SERVED_NAME  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 VF_EVAL = Path(sys.executable).parent / "vf-eval"
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    log = tmp_path_factory.mktemp("vllm") / "server.log"
-    with VLLMServer(
-        model_folder("default"), engine_args={"max_model_len": 2048}, log_path=log
-    ) as s:
-        yield s
+def server(vllm_default):
+    """The test run's vLLM server of the default model (fp32, 2048 tokens of context)."""
+    return vllm_default.server
 
 
 def vf_eval(server, out, gym_args, examples=2, rollouts=2):

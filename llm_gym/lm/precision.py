@@ -5,6 +5,10 @@ on in bfloat16; a CPU only with its bfloat16 or float16 matrix instructions (AVX
 Without them oneDNN falls back to plain loops: on an AVX2 CPU a bfloat16 vLLM server sampled at
 0.31x HF generate's float32 tokens per second, a float32 one at 1.41x.
 
+The environment variable ``LLM_GYM_CPU_BF16`` (``1`` or ``0``) overrides what the CPU is taken
+to have, so that a machine can run everything as a CPU with (or without) bfloat16 instructions
+would: ``--dtype auto`` then resolves as it would there (the test suite is run both ways).
+
 >>> fast_dtype(torch.device("cpu")) in (torch.bfloat16, torch.float32)
 True
 >>> with autocast(torch.device("cpu"), torch.float32, torch.float32):  # no lower dtype: off
@@ -15,12 +19,25 @@ False
 from __future__ import annotations
 
 import contextlib
+import os
 
 import torch
 
-__all__ = ["autocast", "fast_dtype", "runs_fast"]
+__all__ = ["CPU_BF16_VARIABLE", "autocast", "cpu_has_bf16", "fast_dtype", "runs_fast"]
 
 _LOW = (torch.bfloat16, torch.float16)
+CPU_BF16_VARIABLE = "LLM_GYM_CPU_BF16"
+
+
+def cpu_has_bf16() -> bool:
+    """Whether the CPU is taken to multiply in bfloat16 fast: ``LLM_GYM_CPU_BF16`` (``1`` or
+    ``0``) where it is set, else whether it has AVX-512 BF16 or AMX."""
+    forced = os.environ.get(CPU_BF16_VARIABLE, "").strip()
+    if forced in ("0", "1"):
+        return forced == "1"
+    if forced:
+        raise ValueError(f"{CPU_BF16_VARIABLE} must be '0', '1' or unset, got {forced!r}")
+    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
 
 
 def runs_fast(dtype: torch.dtype, device: torch.device) -> bool:
@@ -30,10 +47,9 @@ def runs_fast(dtype: torch.dtype, device: torch.device) -> bool:
     if device.type == "cuda":
         return dtype == torch.float16 or torch.cuda.is_bf16_supported(including_emulation=False)
     if device.type == "cpu":
-        cpu = torch.cpu
         if dtype == torch.bfloat16:
-            return cpu._is_avx512_bf16_supported() or cpu._is_amx_tile_supported()
-        return cpu._is_amx_fp16_supported()
+            return cpu_has_bf16()
+        return torch.cpu._is_amx_fp16_supported()
     return True  # an accelerator torch knows (MPS, XPU): its low precision is what it is for
 
 
