@@ -200,6 +200,7 @@ def test_bad_arguments_name_themselves(policy, smol, env):
         load_agent("json:nope")
 
 
+@pytest.mark.slow
 def test_llm_gym_train_trains_the_agent(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
     out = tmp_path / "agent-run"

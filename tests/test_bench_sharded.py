@@ -12,6 +12,9 @@ import pytest
 
 import llm_gym
 
+# The benchmark in two processes.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

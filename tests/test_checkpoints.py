@@ -207,6 +207,7 @@ class Interrupt:
         return interrupted
 
 
+@pytest.mark.slow
 def test_ctrl_c_at_any_moment_of_a_save_leaves_a_checkpoint_that_resumes(tiny_dir, tmp_path):
     # keep_checkpoints=1: the save also deletes the previous checkpoint, the riskiest moment.
     once = config(tiny_dir, tmp_path, iterations=1, save_every=1, keep_checkpoints=1)

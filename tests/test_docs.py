@@ -130,14 +130,19 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+def block_marks(code: str) -> list[pytest.MarkDecorator]:
+    """A block that starts a vLLM server needs its environment (scripts/setup_vllm.sh); one
+    that trains through TRL or stable-baselines3 takes 15-30 s."""
+    marks = [pytest.mark.vllm] if "VLLMSampler" in code else []
+    if "from trl import" in code or "from stable_baselines3 import PPO" in code:
+        marks.append(pytest.mark.slow)
+    return marks
+
+
 @pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize(
     "page, line, code",
-    [
-        # A block that starts a vLLM server needs its environment (scripts/setup_vllm.sh).
-        pytest.param(*block, marks=[pytest.mark.vllm] if "VLLMSampler" in block[2] else [])
-        for block in BLOCKS
-    ],
+    [pytest.param(*block, marks=block_marks(block[2])) for block in BLOCKS],
     ids=[f"{page}:{line}" for page, line, _ in BLOCKS],
 )
 def test_block_runs(page, line, code, monkeypatch):

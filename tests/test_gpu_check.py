@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import llm_gym
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,6 +53,7 @@ def test_the_dry_run_lists_every_gpu_step_on_the_gpu():
     assert "setup.sh" not in main_job
 
 
+@pytest.mark.slow
 def test_bench_train_memory_on_the_cpu_reports_tokens_per_second(tmp_path):
     out = tmp_path / "bench.json"
     # The script imports the llm_gym these tests import (the scripts' folder is its sys.path[0]).

@@ -44,6 +44,7 @@ def broken(solution):
     yield solution.replace("return ", "return not ", 1)
 
 
+@pytest.mark.slow
 def test_the_verdict_agrees_with_human_evals_check_correctness():
     cases = [  # 41 problems, 3 broken solutions each, and the right one
         (problem, completion)

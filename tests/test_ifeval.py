@@ -405,6 +405,7 @@ def test_reward_is_the_fraction_followed_or_all_or_nothing():
     assert IFEvalReward(all_or_nothing=True)(f'"{text}"', follows_two).reward == 1.0
 
 
+@pytest.mark.slow
 def test_the_reward_is_what_ifeval_s_checkers_say_on_the_same_response():
     """Differential: every instruction kind, and those of generated prompts, on many responses
     (every case's, and a fixed third of them with a preamble line or markdown added), graded

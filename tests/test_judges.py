@@ -320,6 +320,7 @@ INJECTIONS = {
 }
 
 
+@pytest.mark.slow
 def test_the_default_judge_gives_an_injected_wrong_answer_no_more_than_a_plain_one(
     default_model, monkeypatch
 ):

@@ -104,6 +104,7 @@ def test_the_compiled_kernel_falls_back_to_eager_with_one_warning(monkeypatch):
         assert kernel(logits, ids) is None
 
 
+@pytest.mark.slow
 def test_the_compiled_kernel_equals_the_definition_with_changing_shapes():
     """The kernel CUDA runs, compiled here for the CPU (Inductor's C++ backend) when a C
     compiler is present; without one the call must fall back with the same values."""

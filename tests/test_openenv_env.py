@@ -21,6 +21,9 @@ from gymnasium.utils.env_checker import check_env
 import llm_gym  # noqa: F401  (registers the ids)
 from llm_gym.envs import SessionChatEnv, VectorHooks
 
+# OpenEnv servers started as commands.
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("openenv")
 
 BIN = Path(sys.executable).parent

@@ -72,7 +72,8 @@ def test_packed_log_probs_and_gradients_equal_the_padded_ones(default_model):
     for name in ("sdpa-mask", "packed_sdpa"):  # transformers' block mask; packed_sdpa's spans
         log_probs, entropy, grads = results[name]
         torch.testing.assert_close(log_probs, reference[0], atol=2e-5, rtol=0)
-        torch.testing.assert_close(entropy, reference[1], atol=2e-5, rtol=0)
+        # Entropies reach ~4.3 nats: float32's rounding is relative (2.7e-5 seen on AVX-512).
+        torch.testing.assert_close(entropy, reference[1], atol=2e-5, rtol=1e-5)
         scale = max(g.abs().max() for g in reference[2])
         diffs = [(a - b).abs().max() for a, b in zip(grads, reference[2], strict=True)]
         assert max(diffs) <= 1e-4 * scale

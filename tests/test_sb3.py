@@ -209,6 +209,7 @@ def test_policy_only_save_load(script, tmp_path, one_thread):
 # -- learning -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_ppo_learns_the_copy_task(script, one_thread):
     """The shortened training run: from ~0.02 (random) to ~0.3-0.5 at 4096 steps (seeds 0-5
     gave rises of 0.31-0.46), so a rise of 0.2 is a wide margin."""

@@ -249,6 +249,7 @@ def test_health_schema_and_metadata(server):
     )
 
 
+@pytest.mark.slow
 def test_serve_command_prints_the_url_and_refuses_bad_ids():
     bad = subprocess.run(
         [sys.executable, "-m", "llm_gym", "serve", "LLMChat-Nope-v0"],

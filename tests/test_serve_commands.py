@@ -12,6 +12,9 @@ import pytest
 
 from llm_gym.integrations.openenv_server import Server
 
+# `llm-gym serve` started as a command, and rollouts and a training against it.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def served():
@@ -35,7 +38,9 @@ def episodes(out):
 DRIVERS = {"sync": [], "async": ["--async"], "ray": ["--ray", "local", "--workers", "2"]}
 
 
-@pytest.mark.parametrize("driver", DRIVERS)
+@pytest.mark.parametrize(
+    "driver", [pytest.param(d, marks=[pytest.mark.ray] if d == "ray" else []) for d in DRIVERS]
+)
 def test_rollout_plays_a_served_env_with_the_kl_penalty(served, model_dirs, tmp_path, driver):
     out = tmp_path / driver
     result = cli(

@@ -85,6 +85,7 @@ def free_port():
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_processes_sharded_update_as_one_does(tiny_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
@@ -154,6 +155,7 @@ def checkpointed_process(rank, world, port, folder, out, resume):
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_a_sharded_checkpoint_resumes_exactly_and_on_one_process(tiny_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 

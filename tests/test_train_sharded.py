@@ -18,6 +18,9 @@ from safetensors.torch import load_file
 
 from llm_gym.cli import main
 
+# Trainings in fresh interpreters, under torchrun: minutes on two cores.
+pytestmark = pytest.mark.slow
+
 # Two GSM8K questions whose answers are one digit, for a model that answers one digit.
 ROWS = [
     {"question": "What is 2 + 3?", "answer": "#### 5"},

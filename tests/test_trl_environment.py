@@ -244,6 +244,7 @@ def scripted_player(tokenizer, turn):
          [CODE, "42"], {1.0, 0.0}),
     ],
 )  # fmt: skip
+@pytest.mark.slow
 def test_grpo_trainer_plays_episodes_through_environment_factory(
     smollm2_tokenizer, tmp_path, monkeypatch, case, rows, turn, returns
 ):

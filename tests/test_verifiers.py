@@ -328,6 +328,7 @@ def test_a_vector_env_of_verifiers_rollouts_shards_the_rows_and_resets_in_the_sa
     envs.close()
 
 
+@pytest.mark.slow
 def test_llm_gym_rollout_plays_a_verifiers_environment(model_dirs, tmp_path):
     """``llm-gym rollout`` on LLMChat-Verifiers-v0 whose environment is llm_gym's own GSM8K
     loaded through verifiers: the whole round trip from the command."""
