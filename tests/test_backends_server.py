@@ -68,6 +68,7 @@ def test_killing_the_server_mid_rollout_ends_it_with_one_line_and_no_orphan(tmp_
         "--episodes", "400", "--max-new-tokens", "48", "--out", str(out), "--no-progress",
         *driver,
     ]  # fmt: skip
+    others = set(server_processes())  # the test run's own server, if it has started one
     run = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
     episodes = out / "episodes.jsonl"
     deadline = time.monotonic() + 240
@@ -77,7 +78,7 @@ def test_killing_the_server_mid_rollout_ends_it_with_one_line_and_no_orphan(tmp_
         time.sleep(0.5)
     servers = [p for p in children(run.pid) if p in server_processes()]
     assert len(servers) == 1
-    session = set(server_processes())  # the server, its engine and its workers
+    session = set(server_processes()) - others  # the server, its engine and its workers
     os.kill(servers[0], signal.SIGKILL)
     _, stderr = run.communicate(timeout=120)
     assert run.returncode == 1
