@@ -87,13 +87,18 @@ def model_dirs(tmp_path_factory, smollm2_tokenizer):
     return dirs
 
 
+# The running vllm_default server, and the last test to use it: once that test is done the
+# server is closed, not left idling beside the rest of the run.
+_VLLM = {"sampler": None, "last": None}
+
+
 @pytest.fixture(scope="session")
 def vllm_default(tmp_path_factory, smollm2_tokenizer):
     """One vLLM server of the default model (fp32, 2048 tokens of context) for the whole test
-    run, started by the first test that asks for it: a ``VLLMSampler`` (greedy-free defaults)
-    whose ``with_settings`` gives each test its own sampling settings over the same server.
-    Tests that change its weights or kill it start their own. At the end it is closed and none
-    of its processes is left."""
+    run, started by the first test that asks for it and stopped after the last: a
+    ``VLLMSampler`` whose ``with_settings`` gives each test its own sampling settings over the
+    same server. Tests that change its weights or kill it start their own. At the end none of
+    its processes is left."""
     from backend_fixture import server_processes, wait_gone
 
     from llm_gym.samplers import VLLMSampler
@@ -104,8 +109,20 @@ def vllm_default(tmp_path_factory, smollm2_tokenizer):
         "default", dtype="float32", engine_args={"max_model_len": 2048}, log_path=log,
         vocab_size=len(smollm2_tokenizer),
     )  # fmt: skip
+    _VLLM["sampler"] = sampler
     try:
         yield sampler
     finally:
         sampler.close()
     assert wait_gone(set(server_processes()) - before) == {}  # no server process left
+
+
+@pytest.hookimpl(trylast=True)  # after -m and -k have deselected
+def pytest_collection_modifyitems(items):
+    users = [item.nodeid for item in items if "vllm_default" in getattr(item, "fixturenames", ())]
+    _VLLM["last"] = users[-1] if users else None
+
+
+def pytest_runtest_teardown(item, nextitem):
+    if item.nodeid == _VLLM["last"] and _VLLM["sampler"] is not None:
+        _VLLM["sampler"].close()  # idempotent: the fixture's own teardown closes it again
