@@ -87,6 +87,43 @@ def model_dirs(tmp_path_factory, smollm2_tokenizer):
     return dirs
 
 
+# Two GSM8K questions whose answers are one digit, for the model that answers one digit.
+DIGIT_ROWS = [
+    {"question": "What is 2 + 3?", "answer": "#### 5"},
+    {"question": "What is 1 + 3?", "answer": "#### 4"},
+]
+
+
+@pytest.fixture(scope="session")
+def digits(tmp_path_factory, smollm2_tokenizer):
+    """A tiny llama whose next token is "4", "5" or "6", whatever the prompt (its last layer
+    adds a large constant that the output layer reads; heads of 32, as vLLM's CPU attention
+    takes): GSM8K's reward then varies within a group, so the advantages are not zero and
+    the update moves the weights."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = smollm2_tokenizer
+    config = LlamaConfig(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, mlp_bias=True, tie_word_embeddings=False,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        model.model.layers[-1].mlp.down_proj.bias[0] = 100.0
+        model.model.norm.weight.zero_()
+        model.model.norm.weight[0] = 1.0
+        model.lm_head.weight.zero_()
+        for digit in "456":
+            model.lm_head.weight[tok.convert_tokens_to_ids(digit), 0] = 2.0
+    folder = tmp_path_factory.mktemp("digits")
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return str(folder)
+
+
 # The running vllm_default server, and the last test to use it: once that test is done the
 # server is closed, not left idling beside the rest of the run.
 _VLLM = {"sampler": None, "last": None}

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 import torch
 from backend_fixture import FP32_TOLERANCE, prompts_for, server_processes, wait_gone
+from conftest import DIGIT_ROWS
 
 from llm_gym.cli import main
-from llm_gym.lm.loading import load_default_model, load_model
+from llm_gym.lm.loading import load_model
 from llm_gym.policies import TransformersPolicy
 from llm_gym.train import GRPOConfig, GRPOTrainer
 from llm_gym.train.run_folder import SERVED_FOLDER
@@ -56,13 +57,15 @@ def test_the_served_weights_follow_each_update(tmp_path, smol):
     assert wait_gone(set(server_processes()) - before) == {}
 
 
-def test_train_with_vllm_from_the_command_line_resumes(tmp_path):
+def test_train_with_vllm_from_the_command_line_resumes(tmp_path, digits):
+    # The plumbing of a resumed vLLM run, on the tiny model that answers one digit (GSM8K's
+    # reward then varies within a group, so every update moves the weights).
     out = tmp_path / "run"
     flags = [
-        "train", "--backend", "vllm", "--env-arg", "task=chain_sum", "--groups", "1",
-        "--group-size", "4", "--max-new-tokens", "24", "--eval-episodes", "0",
-        "--save-every", "1", "--out", str(out), "--no-progress", "--tis-cap", "2",
-        "--dtype", "float32",
+        "train", "--backend", "vllm", "--model", digits, "--env", "LLMChat-GSM8K-v0",
+        "--env-arg", f"dataset={json.dumps(DIGIT_ROWS)}", "--groups", "2", "--group-size", "4",
+        "--max-new-tokens", "1", "--eval-episodes", "0", "--save-every", "1", "--out", str(out),
+        "--no-progress", "--tis-cap", "2", "--dtype", "float32",
     ]  # fmt: skip
     assert main([*flags, "--iterations", "2"]) == 0
     assert main(["train", "--out", str(out), "--resume", "--iterations", "3", "--no-progress"]) == 0
@@ -77,7 +80,7 @@ def test_train_with_vllm_from_the_command_line_resumes(tmp_path):
     # The served copy holds the last update (the last checkpoint's weights), not the start's.
     final = load_model(out / "checkpoint-3")[0].state_dict()
     served = load_model(out / SERVED_FOLDER)[0].state_dict()
-    initial = load_default_model()[0].state_dict()
+    initial = load_model(digits)[0].state_dict()
     for name, tensor in final.items():
         assert np.array_equal(tensor.numpy(), served[name].numpy()), name
     assert not all(np.array_equal(t.numpy(), initial[n].numpy()) for n, t in final.items())
