@@ -6,7 +6,9 @@ Deselect with ``-m "not vllm"``; CI runs them."""
 
 import copy
 
+import numpy as np
 import pytest
+import torch
 
 from llm_gym.policies import TransformersPolicy
 from llm_gym.rubrics import (
@@ -22,6 +24,7 @@ from llm_gym.rubrics import (
 pytestmark = pytest.mark.vllm
 
 REPLY_TOKENS = 3  # the judge's greedy reply after the "Score:" prefill: " 9", " 99", ...
+TIE = 1e-2  # logits closer than this are a tie that float32 kernels may break either way
 ITEMS = [
     {"query": "What is 2 + 3?", "answer": "5"},
     {"query": "Name a primary colour.", "answer": "red"},
@@ -78,27 +81,58 @@ class Recording:
         return samples
 
 
+def greedy_gaps(model, prompt, tokens):
+    """How far below the best logit each of ``tokens`` was, fed after ``prompt`` to ``model``
+    (teacher-forced, fp32), and the margin of the best over the runner-up at each step."""
+    ids = torch.as_tensor(np.concatenate([prompt, tokens]), dtype=torch.long)[None]
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
+    top = logits.topk(2).values
+    chosen = logits.gather(1, torch.as_tensor(tokens, dtype=torch.long)[:, None])[:, 0]
+    return (top[:, 0] - chosen).tolist(), (top[:, 0] - top[:, 1]).tolist()
+
+
 def test_a_judge_scores_through_vllm_as_through_transformers(served, default_model):
-    tokenizer = default_model[1]
+    model, tokenizer = default_model
     responses, items = [RESPONSES[k] for k in JUDGED], [RESPONSE_ITEMS[k] for k in JUDGED]
+    recorded = Recording(served)
+    scores, judges = {}, {}
     hf = transformers(default_model, REPLY_TOKENS)
-    scores = {}
-    for name, sampler in (("vllm", served), ("transformers", hf)):
+    for name, sampler in (("vllm", recorded), ("transformers", hf)):
         judge = Judge(sampler, tokenizer, reference_field="answer", reply_prefix="Score:")
         scores[name] = Rubric([Part("judge", judge)]).score_batch(responses, items)
         assert judge.stats.calls == len(JUDGED) and judge.stats.errors == 0
-    # fp32 greedy on the CPU: vLLM writes transformers' replies (measured: all 16 of RESPONSES,
-    # with 3 and with 4 reply tokens)
-    assert scores["vllm"] == scores["transformers"]
+        judges[name] = judge
+    # vLLM's replies are greedy paths of the same weights: each token the best one up to
+    # float32's differences between kernels. The 135M model's second digit is often a near tie
+    # ("1" against "9" within 1e-3 on one CPU), which another CPU may break the other way; where
+    # no step is a tie, vLLM writes transformers' reply.
+    ((prompts, samples),) = recorded.batches
+    paths = {tuple(prompt): sample.tokens for prompt, sample in zip(prompts, samples, strict=True)}
+    prefill = tokenizer.encode("Score:", add_special_tokens=False)
+    ties = 0
+    for response, item, ours, theirs in zip(
+        responses, items, scores["vllm"], scores["transformers"], strict=True
+    ):
+        chat = [{"role": "user", "content": judges["vllm"].prompt(response, item)}]
+        prompt = (
+            tokenizer.apply_chat_template(
+                chat, add_generation_prompt=True, tokenize=True, return_dict=True
+            )["input_ids"]
+            + prefill
+        )
+        tokens = np.asarray(paths[tuple(prompt)])
+        below, margins = greedy_gaps(model, np.asarray(prompt), tokens)
+        assert 1 <= len(below) <= REPLY_TOKENS and max(below) <= TIE, (response, below)
+        if min(margins) > TIE:
+            assert ours == theirs, response
+        ties += min(margins) <= TIE
+    assert ties < len(JUDGED)  # most replies are clear of ties: the comparison means something
     for score in scores["vllm"]:
         reply = score.info["judge_reply"]
         value, why = parse_score(reply, 0, 10)
         assert reply.startswith("Score:") and score.reward == (0.0 if value is None else value)
         assert score.info.get("judge_error") == why
-    # both kinds of reply occur: a score in range, and one out of it (" 99") that scores 0.0
-    rewards = [score.reward for score in scores["vllm"]]
-    assert any(reward > 0 for reward in rewards)
-    assert any("outside [0, 10]" in score.info.get("judge_error", "") for score in scores["vllm"])
 
 
 def test_a_group_judge_ranks_four_responses_through_vllm(served, default_model):
