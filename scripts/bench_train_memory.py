@@ -3,11 +3,11 @@ batch, several ways side by side (issue 42, item 6; issue 51, item 6: GPUs, prec
 packing, ragged batches, tokens per second and MFU; issue 52, item 6: sharded with FSDP2):
 
 - ``today``: the update llm_gym's trainer ran before bf8f545 (``git show bf8f545^:
-  llm_gym/train/grpo.py``, ``_optimize``): ``TransformersPolicy.get_dist`` over minibatches of
+  llm_gym/train/grpo.py``, ``update``): ``TransformersPolicy.get_dist`` over minibatches of
   8 sequences (the whole ``(B, T, V)`` logits), ``dist.log_prob(ids)``, ``grpo_loss``,
   ``(loss * rows / n).backward()``, no activation checkpointing, the model in eval mode;
   always float32 weights (``--precision`` does not apply), on ``--device``.
-- ``new``: llm_gym's update now, ``GRPOTrainer._optimize`` of a trainer built from
+- ``new``: llm_gym's update now, ``GRPOTrainer.update`` of a trainer built from
   ``GRPOConfig(model=<--model>, device=<--device>, precision=<--precision>, ...)``:
   micro-batches by ``max_tokens_per_microbatch`` (4096), each packed into one row without
   padding (``packing=True``, GRPOConfig's default), activation checkpointing as GRPOConfig
@@ -293,7 +293,7 @@ def label(case: str, precision: str, nproc: int = 1) -> str:
     new = parse_new(case)
     parts = [
         f"llm_gym GRPOUpdate, FSDP2 over {nproc} processes, {new.budget} tokens a micro-batch"
-        if new.sharded else f"llm_gym _optimize, {new.budget} tokens a micro-batch"
+        if new.sharded else f"llm_gym update, {new.budget} tokens a micro-batch"
     ]  # fmt: skip
     parts += (
         [] if new.checkpointing is None else ["ckpt forced" if new.checkpointing else "no ckpt"]
@@ -446,7 +446,7 @@ def setup_today(args: argparse.Namespace, info: dict[str, Any]) -> Any:
     batches = [range(i, min(i + MINIBATCH, n)) for i in range(0, n, MINIBATCH)]
     info["forwards"] = "+".join(str(len(rows)) for rows in batches)
 
-    def update() -> float:  # bf8f545^'s GRPOTrainer._optimize, one epoch
+    def update() -> float:  # bf8f545^'s GRPOTrainer.update, one epoch
         optimizer.zero_grad(set_to_none=True)
         total = 0.0
         for rows in batches:
@@ -528,7 +528,7 @@ def setup_new(args: argparse.Namespace, info: dict[str, Any], case: NewCase) -> 
 
     def update() -> float:
         forwards.clear()
-        loss = trainer._optimize(tokens, masks, advantages)["loss"]
+        loss = trainer.update(tokens, masks, advantages)["loss"]
         info["forwards"] = "+".join(forwards)
         return loss
 

@@ -25,6 +25,12 @@ SMALL = {
 }  # fmt: skip
 
 
+def sequences(prompts, samples):
+    """Each prompt with its sample, and the mask of the sampled tokens."""
+    tokens = [np.concatenate([p, s.tokens]) for p, s in zip(prompts, samples, strict=True)]
+    return tokens, [np.arange(len(t)) >= len(p) for t, p in zip(tokens, prompts, strict=True)]
+
+
 def test_the_served_weights_follow_each_update(tmp_path, smol):
     _, tokenizer = smol
     before = set(server_processes())
@@ -39,7 +45,7 @@ def test_the_served_weights_follow_each_update(tmp_path, smol):
         assert sampler.version == trainer.version == 1
         # An update whose advantages are not all zero (a group can be all wrong): the
         # weights move for sure.
-        trainer.update({"tokens": prompts}, sampler.sample(prompts), torch.tensor([1.0, -1, 1]))
+        trainer.update(*sequences(prompts, sampler.sample(prompts)), torch.tensor([1.0, -1, 1]))
         assert sampler.version == trainer.version == 2 and row["sync_seconds"] > 0
         samples = sampler.sample(prompts)
         assert {s.version for s in samples} == {2}
@@ -97,7 +103,7 @@ def test_a_lora_run_serves_its_merged_weights_and_its_checkpoint_serves_too(tmp_
     initial = TransformersPolicy(smol[0], tokenizer, input_mode="tokens", generate=False)
     prompts = prompts_for(tokenizer)
     try:
-        trainer.update({"tokens": prompts}, sampler.sample(prompts), torch.tensor([1.0, -1, 1]))
+        trainer.update(*sequences(prompts, sampler.sample(prompts)), torch.tensor([1.0, -1, 1]))
         samples = sampler.sample(prompts)
         assert {s.version for s in samples} == {1}
         tokens = [s.tokens for s in samples]

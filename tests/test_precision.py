@@ -159,7 +159,7 @@ def test_bf16_mixed_updates_float32_weights_with_bfloat16_products(tiny_dir, tmp
     grads = {}
     for precision, run in runs.items():
         run.optimizer.step = lambda: None  # the gradients compared, not AdamW's steps
-        row = run._optimize(tokens, masks, advantages)
+        row = run.update(tokens, masks, advantages)
         assert np.isfinite(row["loss"]) and row["grad_norm"] > 0
         grads[precision] = [p.grad for p in run.model.parameters()]
     assert products == [torch.bfloat16]  # one micro-batch, under autocast

@@ -145,7 +145,10 @@ def test_an_update_moves_the_policy_toward_the_better_response(tiny_dir, tmp_pat
     with torch.no_grad():
         dist, ids = trainer.scorer.get_dist(obs, responses, mask="prompt")
         before = (dist.log_prob(ids).sum(-1)).tolist()
-    trainer.update(obs, responses, torch.tensor([1.0, -1.0]))
+    prompts = obs["tokens"]
+    tokens = [np.concatenate([p, r.tokens]) for p, r in zip(prompts, responses, strict=True)]
+    masks = [np.arange(len(t)) >= len(p) for t, p in zip(tokens, prompts, strict=True)]
+    trainer.update(tokens, masks, torch.tensor([1.0, -1.0]))
     with torch.no_grad():
         dist, ids = trainer.scorer.get_dist(obs, responses, mask="prompt")
         after = (dist.log_prob(ids).sum(-1)).tolist()

@@ -175,8 +175,8 @@ def test_an_update_is_the_same_whatever_the_split_and_the_checkpointing(
     assert lean.model.is_activation_checkpointing  # enabled unless --no-gradient-checkpointing
     for run in (reference, lean):  # the gradients compared, not AdamW's steps (which
         run.optimizer.step = lambda: None  # turn a 1e-9 gradient's rounding into lr)
-    whole = reference._optimize(tokens, masks, advantages)
-    split = lean._optimize(tokens, masks, advantages)
+    whole = reference.update(tokens, masks, advantages)
+    split = lean.update(tokens, masks, advantages)
     assert split.keys() == whole.keys()  # the loss and the update's diagnostics
     for key, value in whole.items():
         assert split[key] == pytest.approx(value, abs=1e-6, rel=1e-5), key
@@ -197,7 +197,7 @@ def test_the_update_s_loss_is_today_s_get_dist_loss(tiny_dir, tmp_path):
     loss.backward()
     torch.nn.utils.clip_grad_norm_(list(old.parameters()), lean.config.max_grad_norm)  # as it does
     lean.optimizer.step = lambda: None  # keep the gradients to compare, not the step
-    lean_loss = lean._optimize(tokens, masks, advantages)["loss"]
+    lean_loss = lean.update(tokens, masks, advantages)["loss"]
     assert lean_loss == pytest.approx(loss.item(), abs=1e-6)
     got = {name: p.grad for name, p in lean.model.named_parameters()}
     expected = {name: p.grad for name, p in old.named_parameters()}
@@ -220,9 +220,9 @@ def test_checkpointing_by_default_only_where_a_micro_batch_is_large(
     base.register_forward_pre_hook(lambda module, args: modes.append(module.training))
     lean.optimizer.step = lambda: None
     small = batch([30, 20], prompt=5, vocab=256)
-    lean._optimize(*small, torch.tensor([1.0, -1.0]))
+    lean.update(*small, torch.tensor([1.0, -1.0]))
     large = batch([600, 600, 600, 600], prompt=5, vocab=256)  # 2400 padded tokens
-    lean._optimize(*large, torch.tensor([1.0, -1.0, 0.5, -0.5]))
+    lean.update(*large, torch.tensor([1.0, -1.0, 0.5, -0.5]))
     assert modes == [False, True] and not lean.model.training
     assert thresholds == [LEAN_MMAP_THRESHOLD, HEAP_MMAP_THRESHOLD]
     # A budget of 2048 fills micro-batches of two 700-token sequences (1400 padded tokens):
@@ -232,10 +232,10 @@ def test_checkpointing_by_default_only_where_a_micro_batch_is_large(
     tight.model.model.register_forward_pre_hook(lambda module, args: modes.append(module.training))
     tight.optimizer.step = lambda: None
     long = batch([700, 700, 700, 700], prompt=5, vocab=256)
-    tight._optimize(*long, torch.tensor([1.0, -1.0, 0.5, -0.5]))
+    tight.update(*long, torch.tensor([1.0, -1.0, 0.5, -0.5]))
     assert modes == [True, True]
     modes.clear()
-    tight._optimize(*small, torch.tensor([1.0, -1.0]))  # 60 tokens: small for any budget
+    tight.update(*small, torch.tensor([1.0, -1.0]))  # 60 tokens: small for any budget
     assert modes == [False]
 
 
@@ -293,7 +293,7 @@ def test_on_cuda_checkpointing_follows_the_free_memory(tiny_dir, tmp_path, monke
         monkeypatch.setattr(update, "available_memory", lambda device, free=free: free)
         lean.updater.stepped = False  # before the first step: AdamW's moments still to come
         modes.clear()
-        lean._optimize(tokens, masks, torch.tensor([1.0, -1.0], device=device))
+        lean.update(tokens, masks, torch.tensor([1.0, -1.0], device=device))
         assert modes == [checkpointed], free
     forced = trainer(tiny_dir, tmp_path, "forced", device=device, gradient_checkpointing=False)
     forced.updater.by_memory = True
@@ -301,7 +301,7 @@ def test_on_cuda_checkpointing_follows_the_free_memory(tiny_dir, tmp_path, monke
     forced.optimizer.step = lambda: None
     modes.clear()
     forced.model.model.register_forward_pre_hook(lambda m, args: modes.append(m.training))
-    forced._optimize(tokens, masks, torch.tensor([1.0, -1.0], device=device))
+    forced.update(tokens, masks, torch.tensor([1.0, -1.0], device=device))
     assert modes == [False]  # the flag still decides when given
 
 

@@ -534,12 +534,7 @@ def _processes(args: argparse.Namespace, config: Any) -> int:
             f"--nnodes {args.nnodes} needs --master-addr: the address of --node-rank 0's "
             "machine, which every machine can reach"
         )
-    if world > 1 and config.groups % world:
-        raise ValueError(
-            f"--groups {config.groups} does not divide by the {world} processes of the run "
-            f"(--nproc-per-node {args.nproc_per_node} x --nnodes {args.nnodes}): each process "
-            "samples whole groups (pass a multiple of the world size)"
-        )
+    config.check_world(world, f" (--nproc-per-node {args.nproc_per_node} x --nnodes {args.nnodes})")
     return world
 
 

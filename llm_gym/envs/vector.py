@@ -268,6 +268,26 @@ class DatasetChatVectorEnv(VectorEnv):
             source.rewind()
         return self
 
+    def state_dict(self) -> dict[str, Any]:
+        """Where each sub-env's stream is: ``positions[i]``, how many items sub-env ``i``'s
+        shard of the seed's order has served (the current one included); None for a source
+        that cannot say (one whose order is not a function of its seed)."""
+        return {"positions": [getattr(source, "position", None) for source in self.sources]}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Put each sub-env's stream at ``state["positions"]``: the next reset (without a
+        seed, after one with the run's) serves the items from there on."""
+        positions = list(state["positions"])
+        if len(positions) != self.num_envs or None in positions:
+            raise ValueError(
+                f"state['positions'] must hold a position for each of the {self.num_envs} "
+                f"sub-envs, got {positions!r}"
+            )
+        if not all(hasattr(source, "seek") for source in self.sources):
+            raise ValueError("this env's sources cannot seek: their stream cannot be resumed")
+        for source, position in zip(self.sources, positions, strict=True):
+            source.seek(position)
+
     @property
     def conversations(self) -> tuple[Conversation | None, ...]:
         """Each sub-env's episode so far (None before the first reset)."""

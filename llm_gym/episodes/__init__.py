@@ -8,7 +8,12 @@ an env episode becomes an ``Episode`` (``EpisodeTrace``), and what episodes came
 from llm_gym.episodes.asynchronous import AsyncEpisodes
 from llm_gym.episodes.episode import ARRAYS, Episode, EpisodeSource, Segment
 from llm_gym.episodes.records import KL_INFO_KEYS, EpisodeTrace, json_value
-from llm_gym.episodes.summary import Summary, rubric_part_names, summarize
+from llm_gym.episodes.summary import (
+    Summary,
+    iteration_metrics,
+    rubric_part_names,
+    summarize,
+)
 from llm_gym.episodes.vector import Episodes, VectorEpisodes, multi_turn, play_episodes
 from llm_gym.episodes.workers import EnvWorker
 
@@ -28,5 +33,6 @@ __all__ = [
     "multi_turn",
     "play_episodes",
     "rubric_part_names",
+    "iteration_metrics",
     "summarize",
 ]

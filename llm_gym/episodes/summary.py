@@ -15,7 +15,14 @@ from llm_gym.envs import single_env
 from llm_gym.episodes.episode import Episode
 from llm_gym.rubrics import Rubric
 
-__all__ = ["OUTCOMES", "Summary", "answer_format_held", "rubric_part_names", "summarize"]
+__all__ = [
+    "OUTCOMES",
+    "Summary",
+    "answer_format_held",
+    "iteration_metrics",
+    "rubric_part_names",
+    "summarize",
+]
 
 OUTCOMES = ("win", "draw", "loss", "unfinished")  # a game's end, as its env's info says
 
@@ -179,3 +186,52 @@ def summarize(
         turns_per_episode=float(np.mean(turns)) if n else None,
         **extra,
     )
+
+
+def iteration_metrics(
+    episodes: Sequence[Episode],
+    seconds: float,
+    parts: Sequence[str] = (),
+    *,
+    iteration: int,
+    update: Mapping[str, Any],
+    level: int | None = None,
+    kl_coef: float | None = None,
+    tools: bool = False,
+    agent: bool = False,
+    **extra: Any,
+) -> dict[str, Any]:
+    """A training iteration's metrics row: what its ``episodes`` came to (``seconds``: their
+    sampling time) and what the ``update`` gave. The mean ``reward``, ``task_reward`` and
+    ``success``; with a ``kl_coef`` the mean per-token ``kl``; the update's loss and
+    diagnostics; ``response_tokens``, the task's ``level``, ``tokens_per_second``, the policy
+    ``versions`` that sampled them; the ``extra`` entries (``staleness``, ``sync_seconds``)
+    not None; a rubric's ``parts``; with ``tools`` the tool calls' rates, with ``agent`` the
+    agent's calls, segments and failures."""
+    summary = summarize(episodes, seconds, parts)
+    kl = kl_coef is not None
+    row: dict[str, Any] = {
+        "iteration": iteration,
+        "reward": summary.mean_reward,
+        "task_reward": float(np.mean([e.reward_task or 0.0 for e in episodes])),
+        "success": summary.accuracy,
+        "kl": float(np.mean(np.concatenate([e.token_kl for e in episodes]))) if kl else None,
+        "kl_coef": kl_coef,
+        **update,
+        "response_tokens": float(np.mean([e.policy_tokens for e in episodes])),
+        "level": level,
+        "tokens_per_second": summary.tokens_per_second,
+        # the policy versions that sampled the episodes: the last update's, never older
+        "versions": sorted({v for e in episodes for v in e.versions if v is not None}),
+    }
+    row.update((key, value) for key, value in extra.items() if value is not None)
+    if summary.parts:  # a rubric's parts, each one's mean over the iteration's episodes
+        row["parts"] = summary.parts
+    if agent:  # what the agent did: calls, segments, failures
+        row["calls_per_episode"] = float(np.mean([e.num_calls for e in episodes]))
+        row["segments_per_episode"] = float(np.mean([e.num_segments for e in episodes]))
+        row["agent_errors"] = sum(e.error is not None for e in episodes)
+    if tools:
+        row["tool_calls_per_episode"] = summary.tool_calls_per_episode
+        row["failed_tool_share"] = summary.failed_tool_share
+    return row

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_MAX_NEW_TOKENS",
+    "SampleStreams",
     "TransformersSampler",
     "check_length",
     "generate_with_log_probs",
@@ -163,6 +164,44 @@ def stream_generators(seed: int, *key: int) -> torch.Generator:
     """
     state = np.random.SeedSequence([seed, *key]).generate_state(2, np.uint32)
     return torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
+
+
+class SampleStreams:
+    """Each sub-env's own random stream in a run's iteration: sub-env ``i`` of a process
+    whose sub-envs start at ``first`` draws from ``stream_generators(seed, iteration, first +
+    i)``, so a sample depends on neither the process that drew it nor the others beside it in
+    a batch. A policy holding them (``policy.streams``) draws each prompt's tokens from the
+    stream of the sub-env its observation's ``"env_index"`` names; ``start`` moves them to an
+    iteration (a turn after another draws on from where the last left).
+
+    >>> streams = SampleStreams(seed=0, first=4)
+    >>> streams.start(3)
+    >>> (a,) = streams.generators([1])
+    >>> bool(torch.rand(2, generator=a).equal(torch.rand(2, generator=stream_generators(0, 3, 5))))
+    True
+    """
+
+    def __init__(self, seed: int, first: int = 0) -> None:
+        self.seed, self.first, self.iteration = seed, first, 0
+        self._generators: dict[int, torch.Generator] = {}
+
+    def start(self, iteration: int) -> None:
+        """Every sub-env's stream from the start of ``iteration``'s."""
+        self.iteration, self._generators = iteration, {}
+
+    def generators(self, rows: Sequence[int]) -> list[torch.Generator]:
+        """The generators of sub-envs ``rows`` (this process's indices)."""
+        return [
+            self._generators.setdefault(
+                i, stream_generators(self.seed, self.iteration, self.first + i)
+            )
+            for i in rows
+        ]
+
+    def seeds(self, rows: Sequence[int]) -> list[int]:
+        """A request seed for each of sub-envs ``rows``, drawn from its stream: what a
+        server samples from."""
+        return [int(torch.randint(2**31 - 1, (), generator=g)) for g in self.generators(rows)]
 
 
 _WARPED = ("temperature", "top_k", "top_p", "min_p")  # applied by _RowDraws instead

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from safetensors.torch import save_file
@@ -23,7 +25,17 @@ from llm_gym.lm.lora import is_lora, merged_weights, unwrapped
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-__all__ = ["WEIGHTS_FILE", "export_model", "served_tensors", "write_weights"]
+    from llm_gym.samplers.base import Sampler
+
+__all__ = [
+    "WEIGHTS_FILE",
+    "LocalWeights",
+    "ServedWeights",
+    "WeightSync",
+    "export_model",
+    "served_tensors",
+    "write_weights",
+]
 
 WEIGHTS_FILE = "model.safetensors"
 
@@ -85,3 +97,67 @@ def export_model(
     tokenizer.save_pretrained(folder)
     write_weights(model, folder)
     return folder
+
+
+class WeightSync(Protocol):
+    """How a trainer's sampler gets the weights of each update: ``publish(version)`` makes
+    the sampler sample with the trained model's weights from now on, its samples marked
+    ``version`` (``write=False``: the version alone, the weights being the sampler's
+    already); ``seconds``: the last move's time (None where nothing moves)."""
+
+    seconds: float | None
+
+    def publish(self, version: int, *, write: bool = True) -> None:
+        """The trained model's weights to the sampler, as ``version``."""
+        ...
+
+
+class LocalWeights:
+    """The weight move of a sampler in this process: none when it samples with the trained
+    model itself, a state-dict copy into ``sampling`` when that is a copy of it (sampling
+    while the trained one updates)."""
+
+    seconds = None
+
+    def __init__(self, trained: torch.nn.Module, sampling: torch.nn.Module, sampler: Sampler):
+        self.trained, self.sampling, self.sampler = trained, sampling, sampler
+
+    def publish(self, version: int, *, write: bool = True) -> None:
+        """Copy the weights if the sampler's model is a copy; mark its samples ``version``."""
+        if write and self.sampling is not self.trained:
+            self.sampling.load_state_dict(self.trained.state_dict())
+        self.sampler.version = version
+
+
+class ServedWeights:
+    """The weight move of a server's sampler (``VLLMSampler``): the weights written into the
+    served ``folder`` (``write_weights``), then loaded by the server in place. Across
+    processes ``gather`` gives a sharded model's whole weights on the first process (None on
+    the others), which alone writes (``lead``); ``barrier`` holds every process until the
+    server has them."""
+
+    def __init__(
+        self,
+        trained: PreTrainedModel,
+        sampler: Sampler,
+        folder: str | os.PathLike[str],
+        *,
+        lead: bool = True,
+        gather: Callable[[PreTrainedModel], dict[str, torch.Tensor] | None] | None = None,
+        barrier: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.trained, self.sampler, self.folder = trained, sampler, Path(folder)
+        self.lead, self.gather, self.barrier = lead, gather, barrier
+        self.seconds: float | None = 0.0
+
+    def publish(self, version: int, *, write: bool = True) -> None:
+        """Write and load the weights (every process calls it); mark the samples ``version``."""
+        if write:
+            start = time.perf_counter()
+            weights = self.gather(self.trained) if self.gather is not None else None
+            if self.lead:
+                path = write_weights(self.trained, self.folder, weights).parent
+                self.sampler.update_weights(path, version=version)
+            self.barrier()  # no process samples before the server has the new weights
+            self.seconds = time.perf_counter() - start
+        self.sampler.version = version

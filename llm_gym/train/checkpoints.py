@@ -22,6 +22,7 @@ import os
 import re
 import shutil
 import struct
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,10 +30,13 @@ import torch
 
 from llm_gym.lm.lora import ADAPTER_CONFIG, is_lora
 from llm_gym.run.files import Recorder, write_failure
+from llm_gym.run.setup import DTYPES
+from llm_gym.train.config import GRPOConfig
 from llm_gym.train.sharding import (
     barrier,
     full_weights,
     is_sharded,
+    load_optimizer,
     process_rank,
     save_optimizer,
 )
@@ -42,6 +46,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "OPTIMIZER_FOLDER",
+    "RunCheckpoints",
     "OPTIMIZER_STATE",
     "TRAINER_STATE",
     "checkpoints",
@@ -58,6 +63,59 @@ OPTIMIZER_FOLDER = "optimizer"  # in a checkpoint a run resumes from exactly: Ad
 _NAME = re.compile(r"checkpoint-(\d+)")
 _OURS = (TRAINER_STATE, OPTIMIZER_STATE)  # files no one but a save writes
 _ASIDE = re.compile(r"checkpoint-\d+\.(partial|deleting)")  # a save's or a deletion's, unfinished
+
+
+class RunCheckpoints:
+    """The checkpoints of the run ``config`` describes, of ``model`` and its ``optimizer``:
+    ``save`` writes one after an iteration, ``restore`` puts the optimizer and the RNG back
+    from one. Every process of a sharded run calls both."""
+
+    def __init__(
+        self,
+        config: GRPOConfig,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        optimizer: torch.optim.Optimizer,
+    ) -> None:
+        self.config, self.model, self.tokenizer = config, model, tokenizer
+        self.optimizer = optimizer
+
+    def save(self, iteration: int, state: dict[str, Any]) -> Path:
+        """``checkpoint-<iteration>`` with the trainer's ``state`` (JSON) and the RNG states:
+        all that ``--resume`` needs to go on as if the run had not stopped. The optimizer's
+        state (twice the weights, in AdamW) goes in where a run may resume exactly: every
+        checkpoint but the run's last by default; one without it holds the weights alone, in
+        ``--save-dtype``."""
+        config = self.config
+        keep_optimizer = config.save_optimizer
+        if keep_optimizer is None:
+            keep_optimizer = iteration < config.iterations
+        dtype = None
+        if not keep_optimizer and config.save_dtype is not None:
+            dtype = DTYPES[config.save_dtype]  # storage, not compute: no speed to warn of
+        tensors = {
+            "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        }
+        return save_checkpoint(
+            config.out, iteration, self.model, self.tokenizer, state, tensors,
+            config.keep_checkpoints, dtype, optimizer=self.optimizer if keep_optimizer else None,
+        )  # fmt: skip
+
+    def restore(self, checkpoint: Path, tensors: dict[str, Any]) -> None:
+        """The optimizer's state from ``checkpoint`` (resharded for this run's processes) and
+        the RNG states of its ``tensors``."""
+        if (checkpoint / OPTIMIZER_FOLDER).is_dir():
+            load_optimizer(self.model, self.optimizer, checkpoint / OPTIMIZER_FOLDER)
+        else:  # the run's last checkpoint, saved without it (--save-optimizer keeps it)
+            print(
+                f"llm-gym: note: {checkpoint} holds no optimizer state (a finished run's last "
+                "checkpoint): AdamW starts afresh from its weights",
+                file=sys.stderr,
+            )
+        torch.set_rng_state(tensors["torch_rng"])
+        if tensors["cuda_rng"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(tensors["cuda_rng"])
 
 
 def checkpoints(out: str | Path) -> list[Path]:

@@ -13,11 +13,17 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from llm_gym.checks import check_bool, check_choice, check_int, check_number
 from llm_gym.run.budget import MAX_ENVS
-from llm_gym.run.config import DTYPE_NAMES, RunConfig
+from llm_gym.run.config import DTYPE_NAMES, RunConfig, rubric_weights
 from llm_gym.run.files import write_text
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    import gymnasium as gym
 
 __all__ = [
     "CHECKPOINT_TOKENS",
@@ -28,7 +34,9 @@ __all__ = [
     "SCALE_REWARDS",
     "RESUMABLE",
     "GRPOConfig",
+    "check_episode_groups",
     "check_resumable",
+    "check_vector_env",
     "load_config",
     "resume_conflicts",
 ]
@@ -65,6 +73,25 @@ RESUMABLE = (
     "backend", "base_url", "served_model", "backend_args", "vllm_python",
     "ray_address", "workers",  # where the env workers run
 )  # fmt: skip
+
+
+# What an env object (not an id) cannot be asked for: each makes envs of its own from
+# config.env (the asynchronous driver's, an agent's, Ray's workers, the held-out evaluation)
+# or wraps the ones it makes (curriculum, rubric).
+_ENV_OBJECT_CONFLICTS = (
+    ("asynchronous", "--async"), ("agent", "--agent"), ("ray_address", "--ray"),
+    ("curriculum", "--curriculum"), ("eval_episodes", "--eval-episodes"),
+)  # fmt: skip
+# What a run across processes does not do: each needs every process to step alike (an
+# episode's turns, an agent's calls, an asynchronous batch) or to share one state (a
+# curriculum's level, an adaptive KL coefficient).
+_SHARDED_CONFLICTS = (
+    ("asynchronous", "--async"), ("agent", "--agent"), ("ray_address", "--ray"),
+    ("curriculum", "--curriculum"), ("kl_target", "--kl-target"),
+)  # fmt: skip
+# What a trainer's env must observe: the prompt's tokens, the history for the episode's
+# record and which tokens the policy wrote.
+_TRAINER_KEYS = ("tokens", "history", "policy_mask")
 
 
 @dataclass
@@ -251,6 +278,56 @@ class GRPOConfig(RunConfig):
                 "taken to the log-probs it was sampled with; drop one"
             )
 
+    def check_world(self, world: int, launch: str = "") -> None:
+        """What a run across ``world`` processes needs, said before any process loads
+        anything (``launch``: the flags that asked for them, for the message)."""
+        if world == 1:
+            return
+        if self.groups % world:
+            raise ValueError(
+                f"--groups {self.groups} does not divide by the {world} processes of the "
+                f"run{launch}: each process samples whole groups (pass a multiple of the world "
+                "size)"
+            )
+        given = [flag for name, flag in _SHARDED_CONFLICTS if getattr(self, name)]
+        if self.backend != "transformers" and self.lora_rank:
+            given.append(f"--lora-rank with --backend {self.backend}")
+        if given:
+            raise ValueError(
+                f"a run across {world} processes does not go with {', '.join(given)} yet: "
+                "run it in one process"
+            )
+
+    def check_given(self, model: Any, tokenizer: Any, env: Any, world: int) -> None:
+        """What a library run's ``model``, ``tokenizer`` and ``env`` objects (None: not
+        given; an env id is no object) allow with this config across ``world`` processes."""
+        if (model is None) != (tokenizer is None):
+            given, missing = ("model", "tokenizer") if tokenizer is None else ("tokenizer", "model")
+            raise ValueError(
+                f"{given} was given without its {missing}: pass a model object and its "
+                "tokenizer together, or neither (config.model names the model)"
+            )
+        if self.resume and (model is not None or env is not None):
+            raise ValueError(
+                "resume reloads a run from its folder by name; a model or env object cannot "
+                "be resumed into: resume with GRPOTrainer(GRPOConfig.resumed(out))"
+            )
+        if env is not None:
+            given = [flag for name, flag in _ENV_OBJECT_CONFLICTS if getattr(self, name)]
+            if set(rubric_weights(self.rubric)) - {"task"}:  # parts beyond the task's reward
+                given.append("--rubric")
+            if given:
+                raise ValueError(
+                    f"env as an object does not go with {', '.join(given)}, which make envs "
+                    "of their own from config.env: pass the env id, or leave them off "
+                    "(eval_episodes=0; evaluate with trainer.evaluate() on an id's run)"
+                )
+        if world > 1 and (model is not None or env is not None):
+            raise ValueError(
+                f"a run across {world} processes does not go with a model or env object yet: "
+                "run it in one process"
+            )
+
     @classmethod
     def resumed(cls, out: str | Path, **changes: object) -> GRPOConfig:
         """The config of the run saved in ``out``, set to resume, with ``changes`` (fields of
@@ -310,3 +387,43 @@ def check_resumable(config: GRPOConfig) -> GRPOConfig:
             f"run may change only {changeable}"
         )
     return saved
+
+
+def check_vector_env(
+    config: GRPOConfig, envs: gym.vector.VectorEnv, world: int, multi_turn: bool
+) -> None:
+    """What the run's vector env must be: a sub-env per response observing the trainer's
+    keys, and single-turn across processes (``multi_turn``: whether its episodes may take
+    more than one response)."""
+    size = config.groups * config.group_size // world
+    if envs.num_envs != size:
+        raise ValueError(
+            f"env has {envs.num_envs} sub-envs; the run steps groups × group_size = "
+            f"{config.groups} × {config.group_size} = {size}, a sub-env per response"
+        )
+    keys = getattr(envs.single_observation_space, "spaces", {})
+    if not set(_TRAINER_KEYS) <= set(keys):
+        raise ValueError(
+            "env must observe 'tokens', 'history' and 'policy_mask' (input_mode='tokens', "
+            "observation_keys=('tokens', 'history', 'policy_mask')), got the keys "
+            f"{sorted(keys)}"
+        )
+    if multi_turn and world > 1:
+        raise ValueError(
+            f"{config.env} plays more than one turn an episode (tools, a game, max_turns), "
+            "which a run across processes does not train yet: run it in one process"
+        )
+
+
+def check_episode_groups(prompts: Sequence[object], group_size: int) -> None:
+    """That each group of ``group_size`` consecutive episodes (given by their ``prompts``)
+    played one item: GRPO compares a group's responses."""
+    for start in range(0, len(prompts), group_size):
+        played = {json.dumps(p, sort_keys=True, default=str)
+                  for p in prompts[start : start + group_size]}  # fmt: skip
+        if len(played) > 1:
+            raise ValueError(
+                f"env's sub-envs {start}..{start + group_size - 1} (one group) played "
+                f"{len(played)} different prompts; a group must play one item: make the "
+                f"vector env with repeats={group_size}, group_repeats=True"
+            )

@@ -12,6 +12,8 @@ from llm_gym.episodes import Episode, multi_turn, play_episodes, summarize
 from llm_gym.policies import TransformersPolicy
 from llm_gym.run.config import RunConfig
 from llm_gym.run.setup import task_envs
+from llm_gym.train.config import GRPOConfig
+from llm_gym.train.play import agent_episodes
 from llm_gym.train.sharding import gather_objects, process_rank, world_size
 
 if TYPE_CHECKING:
@@ -19,7 +21,7 @@ if TYPE_CHECKING:
 
     from llm_gym.policies.base import Policy
 
-__all__ = ["evaluate_greedy"]
+__all__ = ["evaluate_agent", "evaluate_greedy"]
 
 
 @torch.no_grad()
@@ -71,3 +73,21 @@ def evaluate_greedy(
         "response_tokens": float(np.mean(lengths)),
     }
     return result | ({"tool_calls_per_episode": summary.tool_calls_per_episode} if tools else {})
+
+
+def evaluate_agent(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: GRPOConfig
+) -> dict[str, float]:
+    """The agent's runs over ``config.eval_episodes`` held-out items of ``eval_seed``, its
+    calls greedy unless it asks otherwise: their mean ``success``, ``reward``,
+    ``response_tokens`` and how many runs failed (``agent_errors``)."""
+    kwargs = {"max_new_tokens": config.max_new_tokens, "do_sample": False}
+    greedy = TransformersPolicy(model, tokenizer, input_mode="tokens", generate_kwargs=kwargs)
+    with agent_episodes(config, tokenizer, greedy, 1, config.eval_seed) as agents:
+        episodes = agents.episodes(config.eval_episodes, seed=config.eval_seed)
+    return {
+        "success": float(np.mean([e.success for e in episodes])),
+        "reward": float(np.mean([e.reward for e in episodes])),
+        "response_tokens": float(np.mean([e.num_tokens for e in episodes])),
+        "agent_errors": sum(e.error is not None for e in episodes),
+    }

@@ -15,6 +15,7 @@ import queue
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from llm_gym.checks import check_int
 from llm_gym.episodes import AsyncEpisodes, Episode
@@ -64,6 +65,7 @@ class AsyncBatches:
         self.published, self.timeout = first, timeout  # updates published so far
         self.iteration = first  # the batch episodes() gives next
         self.seconds, self.lag = 0.0, 0
+        self.snapshot: dict[str, Any] = driver.snapshot()
         self._ready: queue.Queue = queue.Queue()
         self._turn = threading.Condition()
         self._stopped = False
@@ -118,6 +120,20 @@ class AsyncBatches:
             raise RuntimeError(f"iteration {self.iteration}'s batch is {self.lag} updates stale")
         self.iteration += 1
         return episodes
+
+    def report(self) -> dict[str, Any]:
+        """What the last batch left, for its metrics row: the shared curriculum's ``level``
+        and KL coefficient (``kl_coef``; None without them) and its ``staleness``."""
+        return {**self.snapshot, "staleness": self.lag}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The shared curriculum and KL coefficient as the last trained batch left them, not
+        as the batches sampled ahead since have moved them."""
+        return dict(self.snapshot)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The driver's curriculum and KL coefficient put back (its stream is at ``first``)."""
+        self.driver.restore(state)
 
     def publish(self, iteration: int) -> None:
         """Iteration ``iteration``'s update reached the sampler: later batches may start."""

@@ -16,6 +16,7 @@ import os
 import types
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -26,6 +27,7 @@ from llm_gym.lm.tensors import selected_log_probs
 from llm_gym.run.files import Recorder
 
 __all__ = [
+    "Processes",
     "all_reduce",
     "barrier",
     "broadcast_object",
@@ -73,6 +75,48 @@ def join_processes(device: torch.device) -> tuple[torch.device, bool]:
         return device, False
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return device, True
+
+
+@dataclass
+class Processes:
+    """The processes of a run, joined once: this one's ``rank`` of ``world``, the ``device``
+    it computes on, and its sub-envs, ``first_env..first_env + num_envs`` of the run's
+    ``num_envs * world`` (each process plays whole groups). ``Processes.join`` joins torch's
+    default group under a launcher; ``leave`` leaves it if the join did."""
+
+    rank: int
+    world: int
+    device: torch.device
+    num_envs: int
+    joined: bool = False
+
+    @classmethod
+    def join(cls, device: torch.device, run_envs: int) -> Processes:
+        """This process of the run (``join_processes``), which plays its share of the
+        run's ``run_envs`` sub-envs."""
+        device, joined = join_processes(device)
+        world = world_size()
+        return cls(process_rank(), world, device, run_envs // world, joined)
+
+    @property
+    def lead(self) -> bool:
+        """Whether this is the first process: the one that writes the run's files."""
+        return self.rank == 0
+
+    @property
+    def first_env(self) -> int:
+        """This process's first sub-env among the run's."""
+        return self.rank * self.num_envs
+
+    def own(self, values: list) -> list:
+        """This process's part of a list over the run's sub-envs."""
+        return values[self.first_env : self.first_env + self.num_envs]
+
+    def leave(self) -> None:
+        """Leave the process group if ``join`` joined it."""
+        if self.joined:
+            dist.destroy_process_group()
+            self.joined = False
 
 
 def barrier() -> None:

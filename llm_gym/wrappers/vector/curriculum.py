@@ -80,6 +80,16 @@ class DifficultyCurriculum(VectorWrapper):
                 self.env.call("set_level", self.level)
         return obs, rewards, terminated, truncated, info
 
+    def state_dict(self) -> dict[str, Any]:
+        """The level and the window of successes it moves by."""
+        return {"level": self.schedule.level, "successes": list(self.schedule.successes)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Put the level and its window back as ``state_dict`` gave them (the sub-envs'
+        own level is the vector env's to restore)."""
+        self.schedule.level = state["level"]
+        self.schedule.successes = list(state["successes"] or [])
+
     def _with_level(self, info: dict[str, Any]) -> dict[str, Any]:
         level = np.full(self.num_envs, self.level, dtype=np.int64)
         return {**info, "level": level, "_level": np.ones(self.num_envs, dtype=bool)}

@@ -1,0 +1,123 @@
+"""The model a run trains and the frozen reference its KL terms compare against: loaded by
+name (or a checkpoint's weights, or a given object), with LoRA's adapters and activation
+checkpointing as the config asks."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from llm_gym.lm.loading import load_model
+from llm_gym.lm.lora import AdapterDisabled, is_lora, load_lora, unwrapped, with_lora
+from llm_gym.policies import TransformersPolicy
+from llm_gym.run.budget import check_run
+from llm_gym.run.setup import dtype_name, reference_scorer
+from llm_gym.train.config import GRPOConfig
+from llm_gym.train.sharding import Processes
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from llm_gym.samplers import Scorer
+
+__all__ = ["check_memory", "enable_checkpointing", "frozen_reference", "trained_model"]
+
+
+def trained_model(
+    config: GRPOConfig,
+    given: PreTrainedModel | None,
+    tokenizer: PreTrainedTokenizerBase | None,
+    checkpoint: Path | None,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The model that trains and its tokenizer: ``given`` (with adapters if
+    ``config.lora_rank``), else ``config.model`` loaded on ``device`` in ``dtype`` (a resumed
+    run's ``checkpoint``: its weights, or its adapters over the base model)."""
+    if given is not None:
+        if config.lora_rank and is_lora(given):
+            raise ValueError(
+                f"model is a peft model already, and lora_rank={config.lora_rank} would wrap "
+                "it again: leave lora_rank 0 (its adapters train)"
+            )
+        model = _adapted(given, config) if config.lora_rank else given
+    elif config.lora_rank:  # the base model, frozen, with adapters that train
+        base, tokenizer = load_model(config.model, device=device, dtype=dtype)
+        if checkpoint:
+            model = load_lora(base, checkpoint, trainable=True)
+        else:
+            model = _adapted(base, config)
+        # What the adapter checkpoints name as their base: --model, not its cache folder.
+        model.peft_config["default"].base_model_name_or_path = config.model
+    else:
+        model, tokenizer = load_model(checkpoint or config.model, device=device, dtype=dtype)
+    if config.gradient_checkpointing is not False:
+        enable_checkpointing(model)
+    return model, tokenizer
+
+
+def _adapted(model: PreTrainedModel, config: GRPOConfig) -> PreTrainedModel:
+    # Adapters that train over the frozen model.
+    return with_lora(
+        model, config.lora_rank, alpha=config.lora_alpha, dropout=config.lora_dropout,
+        target_modules=config.lora_target_modules,
+    )  # fmt: skip
+
+
+def enable_checkpointing(model: PreTrainedModel) -> None:
+    """Activation checkpointing on ``model``'s layers (their inputs kept, the rest recomputed
+    in the backward), non-reentrant; in force while the layers are in train mode."""
+    model = unwrapped(model)
+    enable = getattr(model, "activation_checkpointing_enable", None)  # transformers 5's name
+    if enable is None:
+        enable = model.gradient_checkpointing_enable
+    enable({"use_reentrant": False})
+
+
+def frozen_reference(
+    config: GRPOConfig,
+    model: PreTrainedModel,
+    scorer: TransformersPolicy,
+    *,
+    given: bool,
+    weights: torch.dtype,
+) -> Scorer | None:
+    """The starting model, frozen, for the KL penalty and the KL term in the loss (None when
+    neither is asked for): with LoRA the trained model itself with its adapter disabled (no
+    copy); a given model's copy; else ``config.model`` loaded again in the trained
+    ``weights``' dtype, so that its log-probs start equal to the policy's."""
+    if not (config.kl_coef > 0 or config.kl_loss_coef > 0):
+        return None
+    if is_lora(model):
+        return AdapterDisabled(scorer)
+    if given:
+        frozen = copy.deepcopy(model).requires_grad_(False).eval()
+        return TransformersPolicy(
+            frozen, scorer.tokenizer, input_mode="tokens", generate=False,
+            compute_dtype=scorer.compute_dtype,
+        )  # fmt: skip
+    local = dataclasses.replace(config, ray_address=None)  # the trainer's own, not an actor
+    return reference_scorer(local, config.model, weights=weights)
+
+
+def check_memory(
+    config: GRPOConfig, device: torch.device, dtype: torch.dtype, processes: Processes
+) -> None:
+    """That the run fits ``device``'s memory before anything is allocated: a sub-env per
+    response, each generating up to ``max_new_tokens`` a turn; across processes each one's
+    groups and its slice of the trained weights."""
+    tokens, batch = config.max_response_tokens + 1, processes.num_envs
+    batches = [("--minibatch-size", min(config.minibatch_size, batch), tokens, True)]
+    if config.backend == "transformers":  # else a server generates, in its own memory
+        batches.append(("--groups × --group-size", batch, tokens, False))
+    if config.eval_episodes:
+        batches.append(("--eval-episodes", min(32, config.eval_episodes), tokens, False))
+    sampling_copy = config.asynchronous and config.backend == "transformers"
+    copies = 1 + (config.kl_coef > 0 or config.kl_loss_coef > 0) + sampling_copy
+    records = ("--eval-episodes", config.eval_episodes) if config.eval_episodes else None
+    shards = (processes.world, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    check_run(config, device, batches, records, copies, True, dtype_name(dtype), shards)

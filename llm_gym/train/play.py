@@ -1,0 +1,310 @@
+"""What a run plays: its vector env (the task's, or one given), the KL penalty charged in it,
+and the ``Feed`` of episodes each iteration trains on, which owns the state a checkpoint
+keeps of them (the item stream, the curriculum, the KL coefficient)."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import gymnasium as gym
+
+from llm_gym.agents import AgentEpisodes, load_agent
+from llm_gym.envs import DatasetChatVectorEnv
+from llm_gym.episodes import EpisodeSource, VectorEpisodes, multi_turn
+from llm_gym.run.setup import (
+    async_episodes,
+    charge_kl,
+    dtype_name,
+    env_kwargs,
+    reference_scorer,
+    task_envs,
+)
+from llm_gym.train.config import GRPOConfig, check_vector_env
+from llm_gym.train.pipeline import AsyncBatches
+from llm_gym.train.sharding import Processes, gather_objects
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase
+
+    from llm_gym.episodes import Episode
+    from llm_gym.policies.base import Policy
+    from llm_gym.rubrics import RunRubric
+    from llm_gym.samplers import Sampler, Scorer
+    from llm_gym.wrappers.controllers import KLController
+
+__all__ = ["Feed", "Played", "agent_episodes", "kl_scorer", "play", "run_envs"]
+
+# What a checkpoint holds of the episodes: each field None where the run has no such part.
+_EMPTY = {"kl_coef": None, "level": None, "drawn_level": None, "successes": None}
+
+
+class Feed:
+    """The episodes a run trains on (``episodes``, from any ``EpisodeSource``) with the parts
+    whose state a checkpoint keeps: the item ``stream`` (the native vector env), the
+    ``curriculum`` wrapper and the ``kl`` wrapper charging the penalty; ``pipeline``: the
+    source when it samples ahead (``AsyncBatches``), whose own state overrides theirs.
+
+    ``restart``: the player of a single-turn run (``VectorEpisodes``), which a resumed run
+    puts back on the items it was at (``reset_seed``: the run's stream seed)."""
+
+    def __init__(
+        self,
+        source: EpisodeSource,
+        processes: Processes,
+        *,
+        stream: DatasetChatVectorEnv | None = None,
+        curriculum: Any = None,
+        kl: Any = None,
+        pipeline: AsyncBatches | None = None,
+        restart: VectorEpisodes | None = None,
+        reset_seed: int | None = None,
+    ) -> None:
+        self.source, self.processes = source, processes
+        self.stream, self.curriculum, self.kl, self.pipeline = stream, curriculum, kl, pipeline
+        self.restart, self.reset_seed = restart, reset_seed
+        self.seconds = 0.0
+        self.drawn_level = self.level  # the level the current items were drawn at
+
+    @property
+    def level(self) -> int | None:
+        """The task's level now (None without levels)."""
+        return None if self.stream is None else self.stream.level
+
+    def episodes(self, count: int) -> list[Episode]:
+        """``count`` episodes; ``seconds``: their sampling time (where the source tells it
+        apart from its env steps and waits)."""
+        self.drawn_level = self.level  # the next items are drawn in this batch, at this level
+        start = time.perf_counter()
+        episodes = self.source.episodes(count)
+        self.seconds = getattr(self.source, "seconds", time.perf_counter() - start)
+        return episodes
+
+    def report(self) -> dict[str, Any]:
+        """The batch's ``level`` and ``kl_coef`` (and ``staleness`` when sampled ahead) for
+        its metrics row; after it, an adaptive KL coefficient moves on."""
+        if self.pipeline is not None:  # as the batch left the shared ones
+            report = self.pipeline.report()
+            return {**report, "level": self.level if report["level"] is None else report["level"]}
+        report = {"level": self.level, "kl_coef": None}
+        if self.kl is not None:
+            report["kl_coef"] = float(self.kl.coef)
+            self.kl.update_kl_coef()
+        return report
+
+    def publish(self, iteration: int) -> None:
+        """Iteration ``iteration``'s update reached the sampler (batches sampled ahead may
+        go on)."""
+        if self.pipeline is not None:
+            self.pipeline.publish(iteration)
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resume needs of the episodes: the stream's ``positions`` (the whole run's
+        sub-envs', gathered from every process, which must all call it), the ``level`` and
+        ``drawn_level``, the curriculum's ``successes``, the ``kl_coef``."""
+        state = dict(_EMPTY, level=self.level, drawn_level=self.drawn_level)
+        mine = [] if self.stream is None else self.stream.state_dict()["positions"]
+        state["positions"] = gather_objects(mine)
+        if self.curriculum is not None:
+            state["successes"] = self.curriculum.state_dict()["successes"]
+        if self.kl is not None:
+            state["kl_coef"] = float(self.kl.coef)
+        if self.pipeline is not None:
+            state.update(self.pipeline.state_dict())
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Put the parts back as ``state_dict`` gave them (on any number of processes)."""
+        if self.kl is not None and state["kl_coef"] is not None:
+            self.kl.kl_controller.coef = state["kl_coef"]
+        if self.stream is not None and state["level"] is not None:
+            self.stream.set_level(state["level"])
+        if self.curriculum is not None:
+            self.curriculum.load_state_dict(state)
+        if self.pipeline is not None:
+            self.pipeline.load_state_dict(state)
+        if self.restart is not None:
+            self._replay(state)
+
+    def _replay(self, state: dict[str, Any]) -> None:
+        # Each sub-env back on the item it was at, drawn at the level it was drawn at: the
+        # stream's order from the seed, each position one back, the items drawn again.
+        envs = self.restart.envs
+        envs.reset(seed=self.reset_seed)
+        if self.stream is None:
+            raise ValueError(
+                "the env's question stream cannot be resumed at its position (it needs the "
+                "native vector env over a seeded source)"
+            )
+        if state["drawn_level"] is not None:
+            self.stream.set_level(state["drawn_level"])
+        positions = self.processes.own(state["positions"])
+        if None in positions:
+            raise ValueError(
+                "the env's question stream cannot be resumed at its position (it needs the "
+                "native vector env over a seeded source)"
+            )
+        self.stream.load_state_dict({"positions": [p - 1 for p in positions]})
+        self.restart.obs, _ = envs.reset()
+        if state["level"] is not None:
+            self.stream.set_level(state["level"])
+        self.drawn_level = state["drawn_level"]
+
+    @property
+    def restarts(self) -> int | None:
+        """Env workers the asynchronous driver replaced (None without one)."""
+        return None if self.pipeline is None else self.pipeline.driver.restarts
+
+    def close(self) -> None:
+        """Stop the source (its envs, threads, gateway) and the asynchronous driver."""
+        self.source.close()
+        if self.pipeline is not None:
+            self.pipeline.driver.close()
+
+
+class Played:
+    """A run's ``envs`` (the task's vector env with its wrappers, or the one given), the
+    ``feed`` of their episodes, and whether an episode may take several turns."""
+
+    def __init__(self, envs: gym.vector.VectorEnv, feed: Feed, multi_turn: bool) -> None:
+        self.envs, self.feed, self.multi_turn = envs, feed, multi_turn
+
+
+def play(
+    config: GRPOConfig,
+    envs: gym.vector.VectorEnv,
+    tokenizer: PreTrainedTokenizerBase,
+    processes: Processes,
+    sample: Policy,
+    rubric: RunRubric,
+    *,
+    reference: Scorer | None = None,
+    controller: KLController | None = None,
+    gen: Scorer | None = None,
+    first: int = 0,
+    sampler: Sampler | Policy | None = None,
+    weights: torch.dtype | None = None,
+) -> Played:
+    """The ``Feed`` of the run's episodes from iteration ``first``, over ``envs``
+    (``run_envs``'s): ``sample`` answers each batch of prompts; ``reference`` (with
+    ``controller``) charges the KL penalty in the envs (``gen``: the scorer of the policy's
+    side, None: the sampled log-probs), or in each sub-env of the asynchronous driver (with
+    Ray, a copy in an actor, its weights in ``weights``' dtype); an agent's calls go to
+    ``sampler``."""
+    turns = multi_turn(envs)
+    check_vector_env(config, envs, processes.world, turns)
+    base = envs.unwrapped
+    stream = base if isinstance(base, DatasetChatVectorEnv) else None
+    curriculum = envs if config.curriculum else None  # before KL wraps it
+    parts: dict[str, Any] = {"stream": stream, "curriculum": curriculum}
+    size, kl = processes.num_envs, None
+    if config.kl_coef > 0 and not config.asynchronous:
+        envs = kl = charge_kl(
+            envs, config, config.model, gen=gen, controller=controller, ref=reference
+        )  # fmt: skip
+    if config.agent is not None:  # an agent program plays batch k's items of (seed, k)
+        source: EpisodeSource = agent_episodes(
+            config, tokenizer, sampler, config.group_size, config.seed, first
+        )
+        return Played(envs, Feed(source, processes, **parts), turns)
+    if config.asynchronous:  # the vector env above only tells what the task is
+        driver = _driver(
+            config, tokenizer, sample, rubric, reference, controller, curriculum, weights
+        )
+        driver.seek(first * size)  # batch j is stream positions [j B, (j + 1) B)
+        batches = AsyncBatches(
+            driver, size, config.max_staleness, first, update_epochs=config.update_epochs
+        )
+        return Played(envs, Feed(batches, processes, pipeline=batches, **parts), turns)
+    if turns:  # tools, games: iteration k restarts each group from seed + 1 + k
+        source = VectorEpisodes(envs, sample, reseed=config.seed + 1, first=first)
+        return Played(envs, Feed(source, processes, kl=kl, **parts), turns)
+    source = VectorEpisodes(envs, sample, seed=config.seed)
+    feed = Feed(source, processes, kl=kl, restart=source, reset_seed=config.seed, **parts)
+    return Played(envs, feed, turns)
+
+
+def kl_scorer(config: GRPOConfig, scorer: Scorer, compute: torch.dtype) -> Scorer | None:
+    """The scorer of the policy's side of the KL charged in the envs: None (the sampled
+    log-probs) when sampling and scoring both run in float32; else the trained model's own
+    forward, since below float32 generation's log-probs are mostly rounding noise against a
+    forward's."""
+    computed = dtype_name(compute)
+    served = config.backend_args.get("dtype", computed)
+    return None if computed == served == "float32" else scorer
+
+
+def run_envs(
+    config: GRPOConfig,
+    tokenizer: PreTrainedTokenizerBase,
+    processes: Processes,
+    rubric: RunRubric,
+    given: gym.vector.VectorEnv | Callable[[], gym.vector.VectorEnv] | None = None,
+) -> gym.vector.VectorEnv:
+    """The run's vector env: a sub-env per response, each group's on one item, ``config``'s
+    task (across processes this process's part of the whole run's sub-envs) or the env
+    ``given`` (or made by it)."""
+    if given is None:
+        shards = None
+        if processes.world > 1:
+            if gym.spec(config.env).vector_entry_point is None:
+                raise ValueError(
+                    f"{config.env} has no native vector env, which a run across processes "
+                    "splits between them: run it in one process"
+                )
+            shards = (processes.first_env, processes.num_envs * processes.world)
+        return task_envs(
+            config, tokenizer, processes.num_envs, repeats=config.group_size,
+            group_repeats=True, shards=shards, **rubric.env_options(),
+        )  # fmt: skip
+    envs = given if isinstance(given, gym.vector.VectorEnv) else given()
+    if not isinstance(envs, gym.vector.VectorEnv):
+        raise TypeError(f"env() must make a gymnasium VectorEnv, got {type(envs).__name__}")
+    return envs
+
+
+def _driver(
+    config: GRPOConfig,
+    tokenizer: PreTrainedTokenizerBase,
+    sample: Policy,
+    rubric: RunRubric,
+    reference: Scorer | None,
+    controller: KLController | None,
+    curriculum: Any,
+    weights: torch.dtype | None,
+) -> Any:
+    # One curriculum and one KL coefficient for every sub-env, moved by episodes in the order
+    # they finish. In this process one generate runs at a time: each waits for every env step
+    # in flight, so that the batches (and the samples) do not depend on timing; the
+    # curriculum and the KL coefficient move between batches, by stream order.
+    ref = None
+    if config.kl_coef > 0:  # each sub-env charges its own; the controller is shared
+        ref = reference
+        if config.ray_address is not None:  # one Ray actor the env workers share
+            ref = reference_scorer(config, config.model, weights=weights)
+    schedule = curriculum.schedule if curriculum is not None else None
+    wait = math.inf if config.backend == "transformers" else 0.05
+    return async_episodes(
+        config, tokenizer, sample, config.groups * config.group_size,
+        repeats=config.group_size, ref=ref, controller=controller, curriculum=schedule,
+        batch_wait=wait, shared_updates="batch", **rubric.env_options(),
+    )  # fmt: skip
+
+
+def agent_episodes(
+    config: GRPOConfig,
+    tokenizer: PreTrainedTokenizerBase,
+    sampler: Sampler | Policy | None,
+    group_size: int,
+    seed: int,
+    first: int = 0,
+) -> AgentEpisodes:
+    """``config.agent``'s runs over the task's items, its calls sampled by ``sampler``."""
+    env = gym.make(config.env, **env_kwargs(config, tokenizer)).unwrapped
+    return AgentEpisodes(
+        load_agent(config.agent), env, sampler, tokenizer, group_size=group_size,
+        num_agents=config.num_agents, timeout=config.agent_timeout, seed=seed, first=first,
+    )  # fmt: skip
