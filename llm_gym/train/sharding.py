@@ -172,13 +172,24 @@ def all_reduce(values: list[float], op: str = "sum", device: torch.device | None
 def full_weights(model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
     """The whole weights of a sharded ``model`` (a state dict of plain CPU tensors, gathered
     a tensor at a time) on the first process, None on the others; every process must call it.
-    What ``save_pretrained(state_dict=...)`` writes as an ordinary model folder, which
+    Tied weights (an output embedding tied to the input one) are one tensor under each of
+    their names, as in an unsharded model's state dict, so that
+    ``save_pretrained(state_dict=...)`` writes them once: the ordinary model folder that
     ``--model``, ``from_pretrained`` and vLLM load."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     weights = get_model_state_dict(model, options=options)
-    return weights if dist.get_rank() == 0 else None
+    if dist.get_rank() != 0:
+        return None
+    # Each name's gathered copy is its own tensor, and save_pretrained drops a tied
+    # duplicate only when it shares storage: alias the names of one parameter again.
+    first: dict[int, str] = {}
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        origin = first.setdefault(id(tensor), name)
+        if origin != name and origin in weights and name in weights:
+            weights[name] = weights[origin]
+    return weights
 
 
 def save_optimizer(
