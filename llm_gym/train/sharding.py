@@ -114,8 +114,9 @@ def shard_model(model: torch.nn.Module, precision: str = "fp32") -> torch.nn.Mod
     each decoder layer (the classes the model names in ``_no_split_modules``) and on the root.
     ``precision`` "bf16-mixed" computes in bfloat16 over the float32 shards and reduces the
     gradients in float32 (``MixedPrecisionPolicy``). The gradients are reduced as sums, never
-    averages (``GRPOUpdate``'s losses divide by the whole batch's counts already; and under
-    gloo FSDP2's averaged gradients once came out summed, pytorch#162338)."""
+    averages: ``GRPOUpdate``'s losses divide by the whole batch's counts already, and a sum
+    is one on every backend (some torch versions sum FSDP2's "averaged" gradients under
+    gloo)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import (
         FSDPModule,
