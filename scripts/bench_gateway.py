@@ -1,4 +1,4 @@
-"""The gateway's cost (issue 40, item 5): the same agent through ``llm_gym.agents.Gateway``
+"""The gateway's cost: the same agent through ``llm_gym.agents.Gateway``
 (the official ``openai`` SDK over HTTP on loopback) against the same calls made on the
 sampler directly, at 1 and at 64 agents at once.
 
@@ -194,7 +194,7 @@ def main() -> None:
         "reply (x-gateway-seconds); continued: calls that extended the one before token for "
         "token, of those that could)"
     )
-    print(f"\n{'goal (issue 40)':<40} {'value':>8} {'target':>8} met")
+    print(f"\n{'goal':<40} {'value':>8} {'target':>8} met")
     for agents, lost, p50, s50 in goals:
         print(f"{f'throughput lost, {agents} agents':<40} {100 * lost:7.1f}% {'<= 5%':>8} "
               f"{'yes' if lost <= 0.05 else 'NO'}")  # fmt: skip

@@ -36,14 +36,12 @@ import transformers
 from llm_gym.lm.loading import DEFAULT_MODEL_NAME, load_model
 from llm_gym.run.setup import env_kwargs, resolve_device, resolve_dtype
 from llm_gym.train import GRPOConfig, GRPOTrainer
+from llm_gym.train.config import LOSS_TYPES
 from llm_gym.train.evaluation import evaluate_greedy
 
 if TYPE_CHECKING:  # trl takes seconds to import: only --vs-trl pays for it
     import trl
 
-# llm_gym's loss before GRPOConfig had a loss_type: the per-response token mean, averaged over
-# responses, which is TRL's "grpo".
-DEFAULT_LOSS_TYPE = "grpo"
 # torch.optim.AdamW's defaults, which llm_gym's trainer uses (AdamW(params, lr)).
 ADAMW = {"weight_decay": 0.01, "adam_beta1": 0.9, "adam_beta2": 0.999, "adam_epsilon": 1e-8}
 
@@ -70,14 +68,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add("--budget-minutes", type=float, default=15.0)
     add("--out", default=None, help="run folder (default: a temporary one)")
     add("--vs-trl", action="store_true", help="then the same run with TRL's GRPOTrainer")
-    add("--loss-type", default=DEFAULT_LOSS_TYPE, help="GRPO's loss aggregation (TRL's names)")
+    add("--loss-type", default=GRPOConfig.loss_type, choices=LOSS_TYPES,
+        help="GRPO's loss aggregation (TRL's names)")  # fmt: skip
     add("--plot", default="docs/assets/learning-vs-trl.png", help="--vs-trl's figure")
     args = parser.parse_args(argv)
-    if not has_loss_type() and args.loss_type != DEFAULT_LOSS_TYPE:
-        parser.error(
-            f"--loss-type {args.loss_type}: this llm_gym's GRPOConfig has no loss_type, its "
-            f"loss is {DEFAULT_LOSS_TYPE!r}"
-        )
     if args.vs_trl and args.kl_coef:
         parser.error(
             "--vs-trl compares without KL (llm_gym's is a reward penalty, TRL's a loss term)"
@@ -87,15 +81,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def has_loss_type() -> bool:
-    """Whether llm_gym's ``GRPOConfig`` takes a ``loss_type`` (a later change adds it)."""
-    return "loss_type" in {field.name for field in dataclasses.fields(GRPOConfig)}
-
-
 def run_config(args: argparse.Namespace, out: str) -> GRPOConfig:
     """llm_gym's run of ``args``, in the run folder ``out``."""
-    # Passed only where llm_gym has it, so the script runs before and after that change.
-    loss = {"loss_type": args.loss_type} if has_loss_type() else {}
     return GRPOConfig(
         env="LLMChat-ReasoningGym-v0", env_args={"task": args.task, "level": args.level},
         answer_format=args.answer_format, model=args.model,
@@ -103,13 +90,8 @@ def run_config(args: argparse.Namespace, out: str) -> GRPOConfig:
         learning_rate=args.learning_rate, max_new_tokens=args.max_new_tokens,
         eval_episodes=args.eval_episodes, kl_coef=args.kl_coef, device=args.device,
         dtype=args.dtype, seed=args.seed, out=out, overwrite=True, progress=False,
-        save_every=args.iterations, **loss,
+        save_every=args.iterations, loss_type=args.loss_type,
     )  # fmt: skip
-
-
-def loss_type_of(config: GRPOConfig) -> str:
-    """The loss ``config`` trains with, in TRL's names."""
-    return getattr(config, "loss_type", DEFAULT_LOSS_TYPE)
 
 
 def trl_config(config: GRPOConfig, out: str) -> trl.GRPOConfig:
@@ -143,7 +125,7 @@ def trl_config(config: GRPOConfig, out: str) -> trl.GRPOConfig:
         learning_rate=config.learning_rate,
         temperature=config.temperature,
         max_completion_length=config.max_new_tokens,
-        loss_type=loss_type_of(config),
+        loss_type=config.loss_type,
         epsilon=config.clip_coef,
         beta=0.0,
         max_grad_norm=config.max_grad_norm,
@@ -262,7 +244,7 @@ def plot_title(config: GRPOConfig) -> str:
         f"GRPO on reasoning-gym ({task}), {model}\n{config.iterations} iterations of "
         f"{config.groups} groups x {config.group_size} responses, lr {config.learning_rate:g}, "
         f"temperature {config.temperature:g}, {config.max_new_tokens} new tokens, "
-        f"loss {loss_type_of(config)}, seed {config.seed}"
+        f"loss {config.loss_type}, seed {config.seed}"
     )
 
 

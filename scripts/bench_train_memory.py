@@ -1,13 +1,13 @@
 """Peak memory and seconds of ONE GRPO update (forward + backward + AdamW step) on a fixed
-batch, several ways side by side (issue 42, item 6; issue 51, item 6: GPUs, precisions, LoRA,
-packing, ragged batches, tokens per second and MFU; issue 52, item 6: sharded with FSDP2):
+batch, several ways side by side (GPUs, precisions, LoRA, packing, ragged batches, tokens per
+second and MFU, sharded with FSDP2):
 
-- ``today``: the update llm_gym's trainer ran before bf8f545 (``git show bf8f545^:
-  llm_gym/train/grpo.py``, ``update``): ``TransformersPolicy.get_dist`` over minibatches of
-  8 sequences (the whole ``(B, T, V)`` logits), ``dist.log_prob(ids)``, ``grpo_loss``,
-  ``(loss * rows / n).backward()``, no activation checkpointing, the model in eval mode;
-  always float32 weights (``--precision`` does not apply), on ``--device``.
-- ``new``: llm_gym's update now, ``GRPOTrainer.update`` of a trainer built from
+- ``whole-logits``: the update over the whole logits, as a baseline:
+  ``TransformersPolicy.get_dist`` over minibatches of 8 sequences (the whole ``(B, T, V)``
+  logits), ``dist.log_prob(ids)``, ``grpo_loss``, ``(loss * rows / n).backward()``, no
+  activation checkpointing, the model in eval mode; always float32 weights (``--precision``
+  does not apply), on ``--device``.
+- ``new``: llm_gym's trainer's update, ``GRPOTrainer.update`` of a trainer built from
   ``GRPOConfig(model=<--model>, device=<--device>, precision=<--precision>, ...)``:
   micro-batches by ``max_tokens_per_microbatch`` (4096), each packed into one row without
   padding (``packing=True``, GRPOConfig's default), activation checkpointing as GRPOConfig
@@ -17,27 +17,26 @@ packing, ragged batches, tokens per second and MFU; issue 52, item 6: sharded wi
   [-nopack][-fsdp2][@<precision>]`` in this order: ``new-2048``, ``new-8192``: that token
   budget; ``-ckpt`` / ``-nockpt``: checkpointing forced on / off; ``-lora16``: LoRA adapters
   of rank 16 (``lora_rank=16``, the base weights frozen); ``-nopack``: ``packing=False``, each
-  micro-batch left-padded to its longest sequence (the update before packing); ``-fsdp2``:
+  micro-batch left-padded to its longest sequence (no packing); ``-fsdp2``:
   sharded (below); ``@fp32``, ``@bf16-mixed``, ``@bf16``: that precision instead of
   ``--precision``, e.g. ``new@bf16-mixed``, ``new-lora16@bf16``.
 - ``new...-fsdp2`` (e.g. ``new-fsdp2``, ``new-lora16-fsdp2@bf16-mixed``): the same update
   sharded with FSDP2 over ``--nproc-per-node`` P processes, which ``torch.distributed.run
   --standalone`` starts (the default process group: gloo on the CPU; NCCL on CUDA, one GPU a
-  process, ``cuda:<LOCAL_RANK>``). The trainer does not run over several processes yet, so
-  each process builds the update itself, with the ``new`` case's ``GRPOConfig``: the model
-  loaded whole as the trainer loads it (the precision's weights; LoRA's adapters drawn after
-  ``torch.manual_seed(seed)``; checkpointing enabled unless forced off), then
-  ``llm_gym.train.sharding.shard_model(model, precision)`` (``fully_shard`` on each decoder
-  layer and the root), ``adamw`` over what trains and ``GRPOUpdate(model, optimizer, config,
-  pad_id)`` called on the process's rows of the batch, ``[rank·n/P, (rank+1)·n/P)``
-  (``--sequences`` n must divide by P). Each process measures itself as a case's process does
-  (below), every one starting each update together (a barrier); rank 0 gathers their numbers
-  (``all_gather_object``), and the table has a row per process, ``new-fsdp2/r0``,
-  ``new-fsdp2/r1``, ...: its peak, its seconds, its tokens (its rows'), the gradient norm
-  (the whole batch's, gathered: it equals the one process's). With ``--nproc-per-node``
-  past 1 each ``new`` case in ``--cases`` is followed by its ``-fsdp2`` variant; a ``-fsdp2``
-  case named without it is an error. Under torchrun each process runs one torch thread unless
-  ``--threads`` or ``OMP_NUM_THREADS`` says otherwise.
+  process, ``cuda:<LOCAL_RANK>``). Each process builds the update itself (one update, not a
+  training run) with the ``new`` case's ``GRPOConfig``: the model loaded whole as the trainer
+  loads it (the precision's weights; LoRA's adapters drawn after ``torch.manual_seed(seed)``;
+  checkpointing enabled unless forced off), then ``llm_gym.train.sharding.shard_model(model,
+  precision)`` (``fully_shard`` on each decoder layer and the root), ``adamw`` over what
+  trains and ``GRPOUpdate(model, optimizer, config, pad_id)`` called on the process's rows of
+  the batch, ``[rank·n/P, (rank+1)·n/P)`` (``--sequences`` n must divide by P). Each process
+  measures itself as a case's process does (below), every one starting each update together (a
+  barrier); rank 0 gathers their numbers (``all_gather_object``), and the table has a row per
+  process, ``new-fsdp2/r0``, ``new-fsdp2/r1``, ...: its peak, its seconds, its tokens (its
+  rows'), the gradient norm (the whole batch's, gathered: it equals the one process's). With
+  ``--nproc-per-node`` past 1 each ``new`` case in ``--cases`` is followed by its ``-fsdp2``
+  variant; a ``-fsdp2`` case named without it is an error. Under torchrun each process runs
+  one torch thread unless ``--threads`` or ``OMP_NUM_THREADS`` says otherwise.
 - ``floor`` (computed, not measured): fp32 weights + gradients + AdamW's two moments, 4 ×
   params × 4 bytes, plus the checkpointed activations of one micro-batch, num_hidden_layers ×
   its tokens (the largest micro-batch's, without padding) × hidden_size × 4 bytes. A float32
@@ -79,7 +78,7 @@ On the CPU: every weight is read once (they load memory-mapped, and would otherw
 resident only during the update), the RSS is read, then exactly one update is timed (it takes
 minutes); ``peak GB`` is the process's peak RSS (``ru_maxrss``) and ``own GB`` the peak RSS
 minus the RSS before the update: what the update itself adds (gradients and AdamW's moments
-included, as they are allocated by the first update). On CUDA (issue 51's protocol): after
+included, as they are allocated by the first update). On CUDA: after
 setup ``torch.cuda.reset_peak_memory_stats()``, then three updates (``--updates``), each
 between ``torch.cuda.synchronize()`` calls; ``peak GB`` is ``torch.cuda.max_memory_allocated()``
 over them, ``before`` the memory allocated after setup, and ``update s`` the median of updates
@@ -95,12 +94,12 @@ the peak, where N counts all the model's parameters (embeddings included, the ti
 output embedding once, as transformers' ``num_parameters()`` counts them; in the LoRA cases the
 base model's and the adapters', although their backward skips the frozen weights' gradients, so
 their MFU overstates the work done), attention's own FLOPs and activation checkpointing's
-recomputation not counted. The peak is ``--peak-tflops``, by default bfloat16's dense peak as
-issue 51 sets it for the CUDA device's name: 790 where it contains ``H200``, 989 where it
+recomputation not counted. The peak is ``--peak-tflops``, by default bfloat16's dense peak for
+the CUDA device's name (``PEAK_TFLOPS``): 790 where it contains ``H200``, 989 where it
 contains ``H100``; else (the CPU, other GPUs) there is none and MFU is ``n/a``. The same peak
 for every precision (an fp32 case's MFU is against bfloat16's peak too).
 
-Run (offline; 15-30 minutes on 2 shared cores; ``today`` peaks near 16 GB, ``trl`` near 8)::
+Run (offline; 15-30 minutes on 2 shared cores; ``whole-logits`` peaks near 16 GB, ``trl`` near 8)::
 
     HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench_train_memory.py
     .venv/bin/python scripts/bench_train_memory.py --cases new,new-2048-ckpt,trl --threads 1
@@ -109,7 +108,7 @@ Run (offline; 15-30 minutes on 2 shared cores; ``today`` peaks near 16 GB, ``trl
     python scripts/bench_train_memory.py --device cuda --model SmolLM2-1.7B \\
         --cases new,new@bf16-mixed,new-lora16,trl,trl-bf16 --json out.json
 
-Issue 52's goal, for each sharded case against its one-process case (``new-fsdp2`` against
+The goal for each sharded case against its one-process case (``new-fsdp2`` against
 ``new``): the largest process's peak at most 0.70x the one process's (the weights, gradients
 and AdamW's moments divided among the processes; the activations of a micro-batch are not);
 beside it the same ratio of ``own GB``, the slowest process's seconds over the one
@@ -132,13 +131,13 @@ Last run (idle 2-core CPU, ``--cases new,new-2048,trl --threads 1``, torch 2.13,
 transformers 5.24, TRL 1.16; peak GB, update s): new 2.84, 173 (floor 2.39: 1.19x; without
 the interpreter's own RSS 1.09x); new-2048 2.84, 185; trl 8.15, 168 (new/TRL: 0.35x the
 peak, 1.03x the time). The trainer lowers glibc's mmap threshold around a large update on
-CPU (``set_host_mmap_threshold``); before it: new 3.83-4.20, 136-140; new-2048 (then not
-checkpointed) 4.72, 120; today 16.27, 139; trl-4 6.47, 158.
+CPU (``set_host_mmap_threshold``); with glibc's own threshold: new 3.83-4.20, 136-140;
+new-2048 (not checkpointed) 4.72, 120; whole-logits 16.27, 139; trl-4 6.47, 158.
 
 Ragged, packed against padded (the idle 2-core CPU, ``--lengths 50-700 --sequences 16
 --cases new,new-nopack --threads 2``: 5865 real tokens; the padded update's micro-batches
 compute 7148): new 3.04 GB, 103.2 s, 57 tokens/s (forwards 8p+7pc+1p); new-nopack 4.08 GB,
-116.1 s, 51 tokens/s (8+6c+2); packing 1.12x the tokens per second (issue 51's goal, 1.3x,
+116.1 s, 51 tokens/s (8+6c+2); packing 1.12x the tokens per second (the goal, 1.3x,
 not met here: the padded micro-batches, sorted by length, hold only 1.22x the real tokens, and
 the packed update's checkpointed micro-batch holds one sequence more) at 0.74x the peak. With
 one thread on a CPU shared with other work: 34 and 29 tokens/s, 1.15x.
@@ -176,9 +175,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np
 import torch
 
-CASES = ("today", "new", "new-2048", "new-8192", "trl")
-# new[-<budget>][-ckpt|-nockpt][-lora<rank>][-nopack][-fsdp2][@<precision>]: the new path
-# with that token budget (default 4096), activation checkpointing as GRPOConfig decides by
+CASES = ("whole-logits", "new", "new-2048", "new-8192", "trl")
+# new[-<budget>][-ckpt|-nockpt][-lora<rank>][-nopack][-fsdp2][@<precision>]: the trainer's
+# update with that token budget (default 4096), activation checkpointing as GRPOConfig decides by
 # default or forced on or off, LoRA adapters, without packing, sharded with FSDP2 over
 # --nproc-per-node processes, in another precision than --precision.
 CHECKPOINTING = {"ckpt": True, "nockpt": False}
@@ -205,7 +204,7 @@ SHAPE_COMMON = {
     "vocab_size": 49152, "tie_word_embeddings": True, "max_position_embeddings": 8192,
     "rms_norm_eps": 1e-5, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2,
 }  # fmt: skip
-# bfloat16's dense peak TFLOP/s by CUDA device name, as issue 51 sets them (--peak-tflops).
+# bfloat16's dense peak TFLOP/s by CUDA device name (--peak-tflops overrides it).
 PEAK_TFLOPS = {"H200": 790.0, "H100": 989.0}
 CUDA_UPDATES = 3  # on CUDA: three updates, the median of the 2nd and 3rd counts
 
@@ -278,14 +277,14 @@ def parse_trl(case: str) -> TRLCase | None:
 
 
 def known(case: str) -> bool:
-    return case == "today" or parse_new(case) is not None or parse_trl(case) is not None
+    return case == "whole-logits" or parse_new(case) is not None or parse_trl(case) is not None
 
 
 def label(case: str, precision: str, nproc: int = 1) -> str:
     """What ``case`` runs, in words (``precision``: --precision; ``nproc``: the processes a
     sharded case runs on)."""
-    if case == "today":
-        return "today's path (get_dist, minibatch 8), fp32"
+    if case == "whole-logits":
+        return "the whole logits (get_dist, minibatch 8), fp32"
     trl = parse_trl(case)
     if trl:
         rows = "the batch a forward" if trl.rows is None else f"{trl.rows} a forward, accumulated"
@@ -430,7 +429,7 @@ def adamw_kind(optimizer: torch.optim.Optimizer) -> str:
     return "foreach" if optimizer.defaults.get("foreach") else "loop"
 
 
-def setup_today(args: argparse.Namespace, info: dict[str, Any]) -> Any:
+def setup_whole_logits(args: argparse.Namespace, info: dict[str, Any]) -> Any:
     from llm_gym.lm.loading import load_model
     from llm_gym.policies import TransformersPolicy
     from llm_gym.train.loss import grpo_loss
@@ -446,7 +445,7 @@ def setup_today(args: argparse.Namespace, info: dict[str, Any]) -> Any:
     batches = [range(i, min(i + MINIBATCH, n)) for i in range(0, n, MINIBATCH)]
     info["forwards"] = "+".join(str(len(rows)) for rows in batches)
 
-    def update() -> float:  # bf8f545^'s GRPOTrainer.update, one epoch
+    def update() -> float:  # one epoch over the minibatches
         optimizer.zero_grad(set_to_none=True)
         total = 0.0
         for rows in batches:
@@ -541,8 +540,8 @@ def setup_sharded(
     """A ``-fsdp2`` case on this process (one of torchrun's): the model loaded as the trainer
     loads it (the precision's weights, its LoRA adapters from the config's seed, checkpointing
     enabled unless forced off), sharded (``shard_model``), ``adamw`` over what trains and
-    ``GRPOUpdate`` with the ``new`` case's config, on this process's ``rows`` of the batch.
-    (The trainer does not run over several processes yet.)"""
+    ``GRPOUpdate`` with the ``new`` case's config, on this process's ``rows`` of the batch:
+    one update, without the trainer around it."""
     from llm_gym.lm.loading import load_model
     from llm_gym.lm.lora import unwrapped, with_lora
     from llm_gym.train.sharding import shard_model
@@ -706,8 +705,8 @@ def run_one(case: str, args: argparse.Namespace, rank: int = 0, world: int = 1) 
         result.update(rank=rank, world_size=world, rows=[rows.start, rows.stop])
     start = time.perf_counter()
     try:
-        if case == "today":
-            update = setup_today(args, info)
+        if case == "whole-logits":
+            update = setup_whole_logits(args, info)
         elif parse_new(case) and parse_new(case).sharded:
             update = setup_sharded(args, info, parse_new(case), rows)
         elif parse_new(case):
@@ -954,16 +953,18 @@ GOAL_KEYS = ("goal", "value", "target", "met", "note")
 
 
 def goals(by_case: dict[str, dict], floors: dict[int, dict], args: argparse.Namespace) -> list:
-    """Issue 42's goals (the default model, fp32, on the CPU) and issue 51's packing goal."""
+    """The goals: the ``new`` update's peak and seconds against the floor, TRL and the
+    whole-logits baseline (the default model, fp32, on the CPU); each sharded case's
+    (``sharded_goals``); packing's tokens per second against padding's."""
 
     def ok(r: dict | None) -> bool:
         return r is not None and "error" not in r
 
-    new, today = by_case.get("new"), by_case.get("today")
+    new, whole = by_case.get("new"), by_case.get("whole-logits")
     trls = {case: r for case, r in by_case.items() if parse_trl(case)}
     rows: list[Goal] = []
-    issue42 = args.device == "cpu" and args.model == "default" and args.precision == "fp32"
-    if issue42 and ok(new):
+    default_cpu = args.device == "cpu" and args.model == "default" and args.precision == "fp32"
+    if default_cpu and ok(new):
         peak = new["peak"] / GB
         rows.append(("new peak (GB)", peak, "<= 4.00", peak <= 4.0, ""))
         if DEFAULT_BUDGET in floors:
@@ -985,17 +986,18 @@ def goals(by_case: dict[str, dict], floors: dict[int, dict], args: argparse.Name
                 rows.append((f"new s / {name} s ({clock})", ratio, "<= 1.30", ratio <= 1.3, ""))
         if not trls:
             rows.append(("new vs TRL", None, "", None, "no TRL case run"))
-        if ok(today):
-            rows.append(("today's peak / new peak", today["peak"] / new["peak"], "", None, ""))
+        if ok(whole):
+            rows.append(("whole-logits peak / new peak", whole["peak"] / new["peak"], "", None,
+                         ""))  # fmt: skip
             for clock, key in (("wall", "update_s"), ("CPU time", "update_cpu_s")):
-                ratio = today[key] / new[key]
-                rows.append((f"today's s / new s ({clock})", ratio, "", None, ""))
-            own = (today["peak"] - today["rss_before"]) / (new["peak"] - new["rss_before"])
-            rows.append(("today's own GB / new own GB", own, "", None, ""))
-    elif issue42:
+                ratio = whole[key] / new[key]
+                rows.append((f"whole-logits s / new s ({clock})", ratio, "", None, ""))
+            own = (whole["peak"] - whole["rss_before"]) / (new["peak"] - new["rss_before"])
+            rows.append(("whole-logits own GB / new own GB", own, "", None, ""))
+    elif default_cpu:
         rows.append(("new path", None, "", None, "missing or failed: no goals to check"))
     rows += sharded_goals(by_case)
-    # Issue 51: packing >= 1.3x the padded update's tokens per second on a ragged batch.
+    # Packing: >= 1.3x the padded update's tokens per second on a ragged batch.
     for case, padded in by_case.items():
         parsed = parse_new(case)
         if parsed is None or parsed.packing:
@@ -1022,9 +1024,10 @@ def sharded_ranks(by_case: dict[str, dict]) -> dict[str, list[dict]]:
 
 
 def sharded_goals(by_case: dict[str, dict]) -> list[Goal]:
-    """Issue 52's goal: each process's peak at most 0.7x the one process's on the whole batch
-    (its weights, gradients and AdamW's moments divided among the processes); the RSS's or the
-    allocator's own part (peak - before) beside it, and the gradient norms' agreement."""
+    """The sharded cases' goal: each process's peak at most 0.7x the one process's on the
+    whole batch (its weights, gradients and AdamW's moments divided among the processes); the
+    RSS's or the allocator's own part (peak - before) beside it, and the gradient norms'
+    agreement."""
     rows: list[Goal] = []
     for case, ranks in sharded_ranks(by_case).items():
         base = single_variant(case)
@@ -1072,7 +1075,7 @@ def print_sharded(by_case: dict[str, dict]) -> None:
 def print_goals(rows: list[Goal]) -> None:
     if not rows:
         return
-    print(f"\n{'goal (issues 42, 51, 52)':<50} {'value':>10} {'target':>10} met")
+    print(f"\n{'goal':<50} {'value':>10} {'target':>10} met")
     for name, value, target, met, note in rows:
         small = value is not None and 0 < abs(value) < 1e-3  # a relative difference
         shown = f"{'-':>10}" if value is None else f"{value:10.1e}" if small else f"{value:10.3f}"

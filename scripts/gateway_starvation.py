@@ -1,11 +1,12 @@
 """How long a second agent waits for a 2-token reply while another agent's ``max_tokens:
-1000000000`` request runs on the gateway (issue 53): the default model, transformers, this
-machine's CPU. Prints the seconds, or that no reply came within ``--cap``, beside the same
+1000000000`` request runs on the gateway: the default model, transformers, this machine's
+CPU. Prints the seconds, or that no reply came within ``--cap``, beside the same
 reply's seconds on an idle gateway measured first in the same run, and their ratio.
 
     python scripts/gateway_starvation.py [--cap 60] [--threads 1] [--chunk-tokens 16]
 
-``--chunk-tokens 0`` samples each reply in one call, as the gateway did before issue 53.
+``--chunk-tokens 0`` samples each reply in one call (``chunk_tokens=None``): the long request
+then holds the sampler until its whole reply is sampled.
 """
 
 import argparse

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The GPU check of issue 51 (item 8): on one CUDA GPU, offline, in at most --budget seconds
-# (360), in this order: every CUDA test, the KL, policy and env benches in bfloat16, the
-# update's memory and speed bench (bench_train_memory.py: the default SmolLM2-135M and a
-# random SmolLM2-1.7B, llm_gym fp32 / bf16-mixed / LoRA 16 and TRL fp32 / bf16, 16 x 700
-# tokens), README's main job, and the bench on the 135M at 64 x 2048; print one table (step,
-# status, seconds, key figures) and write it as JSON. Exit status 0 when every step passed.
+# The GPU check: on one CUDA GPU, offline, in at most --budget seconds (360), in this order:
+# every CUDA test, the KL, policy and env benches in bfloat16, the update's memory and speed
+# bench (bench_train_memory.py: the default SmolLM2-135M and a random SmolLM2-1.7B, llm_gym
+# fp32 / bf16-mixed / LoRA 16 and TRL fp32 / bf16, 16 x 700 tokens), README's main job, and
+# the bench on the 135M at 64 x 2048; print one table (step, status, seconds, key figures) and
+# write it as JSON. Exit status 0 when every step passed.
 #
 #   bash scripts/gpu_check.sh [--dry-run] [--json PATH] [--budget SECONDS]
 #
@@ -27,7 +27,7 @@ while (($#)); do
         --dry-run) DRY=1 ;;
         --json) JSON=${2:?--json needs a path}; shift ;;
         --budget) BUDGET=${2:?--budget needs seconds}; shift ;;
-        -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) awk 'NR > 1 { if (!/^#/) exit; print }' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "gpu_check.sh: unknown argument $1 (--dry-run, --json PATH, --budget S)" >&2; exit 2 ;;
     esac
     shift
@@ -67,7 +67,8 @@ LLM_GYM="$ROOT/.venv/bin/llm-gym"
 [[ -x $LLM_GYM ]] || LLM_GYM="$PY -c 'import sys; from llm_gym.cli import main; sys.exit(main())'"
 MAIN=$(awk '/^```bash/ {f = 1; next} f {print; exit}' README.md)
 MAIN=${MAIN##*&& }
-if [[ $MAIN != .venv/bin/llm-gym\ train* ]]; then  # README changed shape: its job as of #51
+# Where README's first bash block is not a train command: the demo's train command itself.
+if [[ $MAIN != .venv/bin/llm-gym\ train* ]]; then
     MAIN=".venv/bin/llm-gym train --env-arg task=chain_sum --eval-episodes 128 --save-every 20 --save-dtype bfloat16 --out runs/demo --overwrite"
 fi
 MAIN=$(sed -E "s#--out [^ ]+#--out $DEMO#" <<<"${MAIN/.venv\/bin\/llm-gym/$LLM_GYM}")

@@ -101,7 +101,7 @@ def test_checkpoints_rotate_and_load_as_models(tiny_dir, tmp_path, smollm2_token
     assert [path.name for path in checkpoints(tmp_path)] == ["checkpoint-2", "checkpoint-3"]
     folder = latest_checkpoint(tmp_path)
     files = sorted(path.name for path in folder.iterdir())
-    assert "model.safetensors" in files and "config.json" in files and "optimizer.pt" in files
+    assert "model.safetensors" in files and "config.json" in files and "rng_state.pt" in files
     assert not any(name.endswith((".bin", ".partial")) for name in files)
     model, tokenizer = load_model(folder)  # what --model PATH does
     assert tokenizer.get_vocab() == smollm2_tokenizer.get_vocab()
@@ -163,7 +163,7 @@ def test_no_save_optimizer_leaves_it_out_of_every_checkpoint(tiny_dir, tmp_path)
     ("damage", "file"),
     [
         ("truncate", "model.safetensors"),
-        ("truncate", "optimizer.pt"),
+        ("truncate", "rng_state.pt"),
         ("truncate", "trainer_state.json"),
         ("delete", "model.safetensors"),
         ("delete", "config.json"),

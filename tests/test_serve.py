@@ -314,3 +314,58 @@ def test_llmchat_openenv_plays_llm_gym_serve_as_the_in_process_env(server):
             assert rewards[i] == env.step(action)[1] and terminated[i]
     finally:
         envs.close()
+
+
+def test_openenvs_private_members_are_reached_only_on_the_pinned_version():
+    from pathlib import Path
+
+    from llm_gym.integrations._openenv_private import OPENENV_VERSION, check_openenv_version
+
+    pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text(encoding="utf-8")
+    assert f'\nserve = ["openenv=={OPENENV_VERSION}"]\n' in pyproject  # the "serve" extra's pin
+    check_openenv_version()  # the installed one: the pin
+    with pytest.raises(RuntimeError) as refused:
+        check_openenv_version("0.9.1")
+    assert str(refused.value) == (
+        "llm-gym serve --web reaches members of OpenEnv's server that are not its public API, "
+        f"as OpenEnv 0.9.1 has them, and openenv {OPENENV_VERSION} is installed: "
+        "pip install openenv==0.9.1"
+    )
+
+
+def test_the_session_table_makes_runs_and_ends_a_servers_sessions():
+    import asyncio
+    import functools
+
+    from openenv.core.env_server.http_server import HTTPEnvServer
+    from openenv.core.env_server.types import ConcurrencyConfig
+
+    from llm_gym.integrations._openenv_private import ServerSessions
+    from llm_gym.integrations.openenv_server import (
+        ChatAction,
+        ChatObservation,
+        ChatState,
+        ServedEnv,
+    )
+
+    server = HTTPEnvServer(
+        functools.partial(ServedEnv, ENV, ARGS), ChatAction, ChatObservation,
+        concurrency_config=ConcurrencyConfig(max_concurrent_envs=1), env_name=ENV,
+        state_cls=ChatState,
+    )  # fmt: skip
+    table = ServerSessions(server)
+
+    async def play():
+        session, env = await table.create()
+        assert table.env(session) is env and table.env(None) is None
+        observation = await table.run(session, env.reset, 3)
+        table.touch(session, step=True)
+        active = table.last_activity(session)
+        await table.destroy(session)
+        return observation, active, table.env(session), table.last_activity(session)
+
+    observation, active, env, ended = asyncio.run(play())
+    _, (obs, _) = twin(3)
+    assert observation.history == [dict(m) for m in obs["history"]]
+    assert isinstance(active, float) and env is None and ended is None
+    assert table.metadata(ENV).name == ENV

@@ -180,3 +180,65 @@ def test_a_sharded_checkpoint_resumes_exactly_and_on_one_process(tiny_dir, tmp_p
     updater(tokens, masks, torch.tensor(ADVANTAGES))
     for key, value in model.state_dict().items():
         torch.testing.assert_close(value, uninterrupted[key], atol=1e-6, rtol=0, msg=key)
+
+
+def saving_process(rank, world, port, folder, out):
+    # What a run saves: two checkpoints (the model's dtype, then bfloat16) and the weights a
+    # vLLM server is sent; sharded across the processes when there are several.
+    import torch.distributed as dist
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from llm_gym.samplers.weights import write_weights
+    from llm_gym.train.checkpoints import save_checkpoint
+    from llm_gym.train.sharding import full_weights, shard_model
+
+    torch.set_num_threads(1)
+    if world > 1:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world)  # fmt: skip
+    try:
+        model = AutoModelForCausalLM.from_pretrained(folder)
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        if world > 1:
+            shard_model(model)
+        tensors = {"rng": torch.get_rng_state()}
+        for iteration, dtype in ((1, None), (2, torch.bfloat16)):
+            save_checkpoint(out, iteration, model, tokenizer, {"iteration": iteration}, tensors,
+                            keep=2, dtype=dtype)  # fmt: skip
+        weights = full_weights(model) if world > 1 else None
+        if rank == 0:
+            write_weights(model, f"{out}/served", weights)
+    finally:
+        if world > 1:
+            dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_two_processes_write_tied_weights_as_one_does(smollm2_tokenizer, tmp_path):
+    from safetensors.torch import load_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = smollm2_tokenizer
+    config = LlamaConfig(
+        vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=2, tie_word_embeddings=True, bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(tmp_path / "tied")
+    tok.save_pretrained(tmp_path / "tied")
+    for world in (1, 2):
+        (tmp_path / str(world) / "served").mkdir(parents=True)
+    saving_process(0, 1, None, str(tmp_path / "tied"), str(tmp_path / "1"))
+    args = (2, free_port(), str(tmp_path / "tied"), str(tmp_path / "2"))
+    mp.spawn(saving_process, args=args, nprocs=2)
+    for part in ("checkpoint-1", "checkpoint-2", "served"):
+        one = load_file(tmp_path / "1" / part / "model.safetensors")
+        two = load_file(tmp_path / "2" / part / "model.safetensors")
+        assert sorted(two) == sorted(one), part
+        assert all(torch.equal(two[k], v) for k, v in one.items()), part
+        # A checkpoint holds the tied embedding once; the served weights hold both (untied).
+        assert ("lm_head.weight" in one) == (part == "served"), part
+        dtype = torch.bfloat16 if part == "checkpoint-2" else torch.float32
+        assert two["model.embed_tokens.weight"].dtype == dtype, part
+    assert torch.equal(two["lm_head.weight"], two["model.embed_tokens.weight"])  # served

@@ -27,8 +27,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from llm_gym.agents.gateway import Gateway
 from llm_gym.agents.recording import segments
 from llm_gym.checks import check_int, check_number
@@ -36,6 +34,7 @@ from llm_gym.envs.dataset import DatasetChatEnv
 from llm_gym.episodes import Episode
 from llm_gym.rubrics import TaskScore
 from llm_gym.samplers.base import Sampler
+from llm_gym.seeding import derive_seed
 from llm_gym.tasks.task import Task
 
 __all__ = ["Agent", "AgentEpisodes", "load_agent"]
@@ -180,7 +179,7 @@ class AgentEpisodes:
                 f"count must be a multiple of group_size={self.group_size}, got {count}"
             )
         if seed is None:
-            seed = int(np.random.SeedSequence([self.seed, self.batches]).generate_state(1)[0])
+            seed = derive_seed(self.seed, self.batches)
             self.batches += 1
         items = self.items(count // self.group_size, seed)
         runs = [item for item in items for _ in range(self.group_size)]

@@ -14,6 +14,7 @@ import numpy as np
 from llm_gym.chat.codec import TokenCodec
 from llm_gym.samplers.base import Sample, SamplingSettings
 from llm_gym.samplers.batching import Batched, BatchingSampler
+from llm_gym.seeding import derive_seed
 
 __all__ = ["Turns"]
 
@@ -69,7 +70,7 @@ class Turns:
             keep = min(self.chunk_tokens, budget - done)
             seed = settings.seed
             if seed is not None and step:  # the first chunk keeps the request's own seed
-                seed = int(np.random.SeedSequence([seed, step]).generate_state(1)[0])
+                seed = derive_seed(seed, step)
             size = self.chunk_tokens  # past the context only near its end: then what is left
             if self.context_length is not None:
                 size = min(size, self.context_length - len(prompt) - done)

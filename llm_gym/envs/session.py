@@ -11,6 +11,7 @@ import numpy as np
 
 from llm_gym.envs.chat import ActionRead, Outcome
 from llm_gym.envs.dataset import DatasetChatEnv
+from llm_gym.seeding import derive_seed
 from llm_gym.sources import ProceduralSource
 
 if TYPE_CHECKING:
@@ -223,5 +224,4 @@ def _seeded_item(
     field: str, fields: Mapping[str, Any], seed: int, index: int, level: int
 ) -> dict[str, Any]:
     # Item ``index`` of the stream ``seed`` orders: the seed of one session.
-    (session_seed,) = np.random.SeedSequence((seed, index)).generate_state(1)
-    return {**fields, field: int(session_seed)}
+    return {**fields, field: derive_seed(seed, index)}

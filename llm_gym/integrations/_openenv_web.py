@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from llm_gym.integrations._openenv_gate import StepTimeout
+from llm_gym.integrations._openenv_private import ServerSessions, web_form
 
 
 class _PageView:
@@ -28,8 +29,10 @@ class _BrowserSessions:
     (Gradio's ``session_hash``) gets a session of OpenEnv's server, so it counts in
     ``max_sessions``; it ends when the tab closes, or after ``session_timeout`` idle."""
 
-    def __init__(self, server: Any, metadata: Any, session_timeout: float | None) -> None:
-        self.server, self.metadata, self.session_timeout = server, metadata, session_timeout
+    def __init__(
+        self, server: Any, table: ServerSessions, metadata: Any, session_timeout: float | None
+    ) -> None:
+        self.table, self.metadata, self.session_timeout = table, metadata, session_timeout
         self.action_cls, self.observation_cls = server.action_cls, server.observation_cls
         self.env = _PageView()
         self.sessions: dict[str, str] = {}  # the page's session hash -> OpenEnv's session id
@@ -47,11 +50,11 @@ class _BrowserSessions:
     async def _session(self, create: bool) -> tuple[str, str, Any]:
         page = self._page()
         session = self.sessions.get(page)
-        env = self.server._sessions.get(session) if session else None
+        env = self.table.env(session)
         if env is None:
             if not create:
                 raise RuntimeError("this page's session ended (closed or idle): reset")
-            session, env = await self.server._create_session()  # CAPACITY: the page says
+            session, env = await self.table.create()  # CAPACITY: the page says
             self.sessions[page] = session
             if self.session_timeout is not None and self._reaper is None:
                 self._reaper = asyncio.create_task(self._reap(self.session_timeout))
@@ -59,7 +62,7 @@ class _BrowserSessions:
 
     async def _call(self, page: str, session: str, fn: Callable[..., Any], *args: Any) -> Any:
         try:
-            return await self.server._run_in_session_executor(session, fn, *args)
+            return await self.table.run(session, fn, *args)
         except StepTimeout:
             await self._end(page)
             raise
@@ -71,7 +74,7 @@ class _BrowserSessions:
         page, session, env = await self._session(create=True)
         seed = (reset_kwargs or {}).get("seed")
         observation = await self._call(page, session, env.reset, seed)
-        self.server._update_session_activity(session)
+        self.table.touch(session)
         return serialize_observation(observation)
 
     async def step_environment(self, action_data: Mapping[str, Any]) -> dict:
@@ -84,26 +87,26 @@ class _BrowserSessions:
         action = deserialize_action_with_preprocessing(dict(action_data), self.action_cls)
         page, session, env = await self._session(create=False)
         observation = await self._call(page, session, env.step, action)
-        self.server._update_session_activity(session, increment_step=True)
+        self.table.touch(session, step=True)
         return serialize_observation(observation)
 
     def get_state(self) -> dict[str, Any]:
         """This page's env's state ({} before its first reset)."""
-        env = self.server._sessions.get(self.sessions.get(self._page()))
+        env = self.table.env(self.sessions.get(self._page()))
         return {} if env is None else env.state.model_dump()
 
     async def _end(self, page: str) -> None:
         session = self.sessions.pop(page, None)
         if session is not None:
-            await self.server._destroy_session(session)
+            await self.table.destroy(session)
 
     async def _reap(self, timeout: float) -> None:
         while True:
             await asyncio.sleep(min(timeout / 4, 5.0))
             now = time.time()
             for page, session in list(self.sessions.items()):
-                info = self.server._session_info.get(session)
-                if info is None or now - info.last_activity_at > timeout:
+                last = self.table.last_activity(session)
+                if last is None or now - last > timeout:
                     await self._end(page)
 
 
@@ -115,15 +118,11 @@ def mount_web(app: Any, server: Any, env_id: str, session_timeout: float | None)
     from fastapi.responses import RedirectResponse
     from openenv.core.env_server.gradio_theme import OPENENV_GRADIO_CSS, OPENENV_GRADIO_THEME
     from openenv.core.env_server.gradio_ui import build_gradio_app, get_gradio_display_title
-    from openenv.core.env_server.web_interface import (
-        _extract_action_fields,
-        _is_chat_env,
-        get_quick_start_markdown,
-        load_environment_metadata,
-    )
+    from openenv.core.env_server.web_interface import get_quick_start_markdown
 
-    metadata = load_environment_metadata(server._env_factory, env_id)
-    manager = _BrowserSessions(server, metadata, session_timeout)
+    table = ServerSessions(server)  # first: another OpenEnv version is refused here
+    metadata = table.metadata(env_id)
+    manager = _BrowserSessions(server, table, metadata, session_timeout)
 
     async def release() -> None:  # the page's request is in Gradio's context, as for a step
         await manager._end(manager._page())
@@ -142,8 +141,9 @@ def mount_web(app: Any, server: Any, env_id: str, session_timeout: float | None)
 
     action, observation = server.action_cls, server.observation_cls
     quick_start = get_quick_start_markdown(metadata, action, observation)
+    fields, is_chat = web_form(action)
     blocks = build_gradio_app(
-        manager, _extract_action_fields(action), metadata, _is_chat_env(action),
+        manager, fields, metadata, is_chat,
         title=metadata.name, quick_start_md=quick_start,
     )  # fmt: skip
     blocks.title = get_gradio_display_title(metadata)

@@ -131,7 +131,7 @@ class Rollout:
             if config.ref_model is not None:
                 self.ref = reference_scorer(config, config.ref_model)
             schedule = envs.schedule if config.curriculum else None  # shared by every sub-env
-            # The same options as the vector env's (--split, --data-dir: issue 53).
+            # The same options as the vector env's (--split, --data-dir).
             self.driver = async_episodes(
                 config, tokenizer, self.policy, config.num_envs, ref=self.ref,
                 curriculum=schedule, **options,

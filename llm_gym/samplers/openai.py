@@ -29,6 +29,7 @@ import numpy as np
 
 from llm_gym.checks import check_int, check_number
 from llm_gym.samplers.base import FINISH_REASONS, Sample, check_token_batch
+from llm_gym.seeding import derive_seeds
 
 __all__ = ["OpenAISampler", "SamplerError"]
 
@@ -116,8 +117,7 @@ class OpenAISampler:
                 )
             seeds = [check_int(f"seeds[{i}]", seed, 0) for i, seed in enumerate(seeds)]
         elif self.seed is not None:  # one seed per request, reproducible from (seed, call)
-            sequence = np.random.SeedSequence([self.seed, self._calls])
-            seeds = [int(s) for s in sequence.generate_state(len(requests))]
+            seeds = derive_seeds(self.seed, self._calls, count=len(requests))
         else:
             seeds = [None] * len(requests)
         self._calls += 1

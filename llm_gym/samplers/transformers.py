@@ -26,6 +26,7 @@ from llm_gym.lm.tensors import (
     selected_log_probs,
 )
 from llm_gym.samplers.base import Sample, check_token_batch
+from llm_gym.seeding import derive_seed
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -153,8 +154,8 @@ def generate_with_log_probs(
 
 
 def stream_generators(seed: int, *key: int) -> torch.Generator:
-    """A CPU generator seeded by ``(seed, *key)`` through numpy's ``SeedSequence`` (keys that
-    differ anywhere give independent streams): a trainer's stream of one sub-env in one
+    """A CPU generator seeded by ``derive_seed(seed, *key, bits=64)`` (keys that differ
+    anywhere give independent streams): a trainer's stream of one sub-env in one
     iteration, ``stream_generators(seed, iteration, sub_env)``, which ``sample(generators=)``
     draws that row's tokens from.
 
@@ -162,8 +163,7 @@ def stream_generators(seed: int, *key: int) -> torch.Generator:
     >>> bool(torch.rand(4, generator=a).equal(torch.rand(4, generator=b)))
     True
     """
-    state = np.random.SeedSequence([seed, *key]).generate_state(2, np.uint32)
-    return torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
+    return torch.Generator().manual_seed(derive_seed(seed, *key, bits=64))
 
 
 class SampleStreams:

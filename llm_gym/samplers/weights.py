@@ -48,8 +48,13 @@ def served_tensors(
     # Own storage for every tensor (safetensors refuses shared ones), on the CPU, the output
     # embedding included even when the model ties it to the input one; a LoRA model's
     # adapters merged (what the server samples with is the model being trained).
-    if weights is not None:  # every name's own gathered copy, the tied output layer's too
-        return {name: tensor.contiguous() for name, tensor in weights.items()}
+    if weights is not None:  # a tied output layer's name shares its tensor: copied
+        seen: set[int] = set()
+        tensors = {}
+        for name, tensor in weights.items():
+            tensors[name] = tensor.clone() if id(tensor) in seen else tensor.contiguous()
+            seen.add(id(tensor))
+        return tensors
     if is_lora(model):
         tensors = merged_weights(model)
         model = unwrapped(model)

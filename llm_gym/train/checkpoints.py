@@ -46,8 +46,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "OPTIMIZER_FOLDER",
+    "RNG_STATE",
     "RunCheckpoints",
-    "OPTIMIZER_STATE",
     "TRAINER_STATE",
     "checkpoints",
     "latest_checkpoint",
@@ -57,11 +57,10 @@ __all__ = [
 ]
 
 TRAINER_STATE = "trainer_state.json"  # iteration, evaluation, curriculum, stream, KL coef
-# The RNG states (and, in a checkpoint of an llm_gym before DCP, the optimizer's state).
-OPTIMIZER_STATE = "optimizer.pt"
+RNG_STATE = "rng_state.pt"  # the torch and CUDA RNG states (the save's ``tensors``)
 OPTIMIZER_FOLDER = "optimizer"  # in a checkpoint a run resumes from exactly: AdamW's, by DCP
 _NAME = re.compile(r"checkpoint-(\d+)")
-_OURS = (TRAINER_STATE, OPTIMIZER_STATE)  # files no one but a save writes
+_OURS = (TRAINER_STATE, RNG_STATE)  # files no one but a save writes
 _ASIDE = re.compile(r"checkpoint-\d+\.(partial|deleting)")  # a save's or a deletion's, unfinished
 
 
@@ -213,7 +212,7 @@ def _write(
         }
         model.save_pretrained(partial, state_dict=weights, safe_serialization=True)
     tokenizer.save_pretrained(partial)
-    with open(partial / OPTIMIZER_STATE, "wb") as f:
+    with open(partial / RNG_STATE, "wb") as f:
         recorder = Recorder(f)
         try:
             torch.save(tensors, recorder)
@@ -233,7 +232,7 @@ def load_checkpoint(folder: str | Path) -> tuple[dict[str, Any], dict[str, Any]]
     folder = Path(folder)
     weights = sorted(folder.glob("*.safetensors"))
     config = ADAPTER_CONFIG if (folder / ADAPTER_CONFIG).is_file() else "config.json"
-    names = [config, TRAINER_STATE, OPTIMIZER_STATE]
+    names = [config, TRAINER_STATE, RNG_STATE]
     for path in [folder / name for name in names] + (weights or [folder / "model.safetensors"]):
         if not path.is_file():
             raise FileNotFoundError(f"checkpoint file {path} is missing; {_older(folder)}")
@@ -251,11 +250,11 @@ def load_checkpoint(folder: str | Path) -> tuple[dict[str, Any], dict[str, Any]]
         ) from None
     _check_state(state, folder / TRAINER_STATE)
     try:
-        tensors = torch.load(folder / OPTIMIZER_STATE, map_location="cpu", weights_only=True)
+        tensors = torch.load(folder / RNG_STATE, map_location="cpu", weights_only=True)
     except (RuntimeError, EOFError, ValueError) as error:
         message = str(error).splitlines()[0]
         raise ValueError(
-            f"checkpoint file {folder / OPTIMIZER_STATE} is truncated or corrupt ({message}); "
+            f"checkpoint file {folder / RNG_STATE} is truncated or corrupt ({message}); "
             f"{_older(folder)}"
         ) from None
     return state, tensors

@@ -158,8 +158,9 @@ def shard_model(model: torch.nn.Module, precision: str = "fp32") -> torch.nn.Mod
     each decoder layer (the classes the model names in ``_no_split_modules``) and on the root.
     ``precision`` "bf16-mixed" computes in bfloat16 over the float32 shards and reduces the
     gradients in float32 (``MixedPrecisionPolicy``). The gradients are reduced as sums, never
-    averages (``GRPOUpdate``'s losses divide by the whole batch's counts already; and under
-    gloo FSDP2's averaged gradients once came out summed, pytorch#162338)."""
+    averages: ``GRPOUpdate``'s losses divide by the whole batch's counts already, and a sum
+    is one on every backend (some torch versions sum FSDP2's "averaged" gradients under
+    gloo)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import (
         FSDPModule,
@@ -216,13 +217,24 @@ def all_reduce(values: list[float], op: str = "sum", device: torch.device | None
 def full_weights(model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
     """The whole weights of a sharded ``model`` (a state dict of plain CPU tensors, gathered
     a tensor at a time) on the first process, None on the others; every process must call it.
-    What ``save_pretrained(state_dict=...)`` writes as an ordinary model folder, which
+    Tied weights (an output embedding tied to the input one) are one tensor under each of
+    their names, as in an unsharded model's state dict, so that
+    ``save_pretrained(state_dict=...)`` writes them once: the ordinary model folder that
     ``--model``, ``from_pretrained`` and vLLM load."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     weights = get_model_state_dict(model, options=options)
-    return weights if dist.get_rank() == 0 else None
+    if dist.get_rank() != 0:
+        return None
+    # Each name's gathered copy is its own tensor, and save_pretrained drops a tied
+    # duplicate only when it shares storage: alias the names of one parameter again.
+    first: dict[int, str] = {}
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        origin = first.setdefault(id(tensor), name)
+        if origin != name and origin in weights and name in weights:
+            weights[name] = weights[origin]
+    return weights
 
 
 def save_optimizer(
