@@ -485,14 +485,15 @@ def new_config(args: argparse.Namespace, info: dict[str, Any], case: NewCase) ->
 
 def record_forwards(model: torch.nn.Module) -> list[str]:
     """Each forward of the update from now on: its sequences, whether they ran packed into one
-    row (``p``), and whether it ran checkpointed (``c``: train mode, layers flagged)."""
+    row (``p``), and whether it ran checkpointed (``c``: its layers' forwards wrapped in the
+    checkpoint, as ``training_forwards`` does)."""
     import llm_gym.train.update as update_module
 
     forwards: list[str] = []
 
     def note(module: torch.nn.Module, ids: torch.Tensor, packed: Any) -> None:
-        flagged = any(getattr(m, "gradient_checkpointing", False) for m in module.modules())
-        checkpointed = "c" if module.training and flagged else ""
+        wrapped = any("forward" in vars(m) for m in module.modules())
+        checkpointed = "c" if wrapped else ""
         forwards.append(f"{ids.shape[0]}{'p' if packed is not None else ''}{checkpointed}")
 
     if hasattr(model, "selected_log_probs"):  # sharded: the root's FSDP forward method

@@ -10,7 +10,14 @@ import torch
 
 from llm_gym.cli import main
 from llm_gym.lm.loading import load_model
-from llm_gym.lm.lora import AdapterDisabled, is_lora, merged_weights, with_lora
+from llm_gym.lm.lora import (
+    AdapterDisabled,
+    is_lora,
+    load_lora,
+    merged_weights,
+    save_adapter,
+    with_lora,
+)
 from llm_gym.policies import TransformersPolicy
 from llm_gym.samplers.weights import served_tensors
 from llm_gym.train import GRPOConfig, GRPOTrainer
@@ -103,10 +110,15 @@ def test_the_kl_reference_is_the_base_model_with_the_adapter_disabled(tiny_dir):
         AdapterDisabled(reference)
 
 
-def test_a_resumed_lora_run_equals_an_uninterrupted_one(tiny_dir, tmp_path):
+# LoRA's dropout: off in training (sampling through a resumed adapter too), or in the loss's
+# forwards, its masks drawn from the random state the checkpoint restores.
+@pytest.mark.parametrize(
+    "dropout", [{}, {"lora_dropout": 0.5}, {"lora_dropout": 0.5, "keep_dropout": True}]
+)
+def test_a_resumed_lora_run_equals_an_uninterrupted_one(tiny_dir, tmp_path, dropout):
     whole, parts = tmp_path / "whole", tmp_path / "parts"
-    GRPOTrainer(config(tiny_dir, whole)).train()
-    GRPOTrainer(config(tiny_dir, parts, iterations=2, save_optimizer=True)).train()
+    GRPOTrainer(config(tiny_dir, whole, **dropout)).train()
+    GRPOTrainer(config(tiny_dir, parts, iterations=2, save_optimizer=True, **dropout)).train()
     GRPOTrainer(GRPOConfig.resumed(parts, iterations=4)).train()
     expected = metrics(whole)
     assert len({row["kl"] for row in expected}) == 4  # the KL moves: the curves say something
@@ -114,6 +126,25 @@ def test_a_resumed_lora_run_equals_an_uninterrupted_one(tiny_dir, tmp_path):
         assert a.keys() == b.keys()
         for key, value in b.items():
             assert a[key] == pytest.approx(value, abs=1e-6), (b["iteration"], key)
+
+
+def test_an_adapter_loaded_to_train_on_runs_without_dropout(tiny_dir, tmp_path):
+    # What a resumed run samples and scores with: the same logits from the same input.
+    model = with_lora(load_model(tiny_dir)[0], 4, dropout=0.5, target_modules="all-linear")
+    with torch.no_grad():  # B away from 0, as training moves it: the dropout now shows
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    save_adapter(model, tmp_path / "adapter", tiny_dir)
+    ids = torch.tensor([[1, 5, 9, 11, 20, 21, 22]])
+    for loaded in (model, load_lora(load_model(tiny_dir)[0], tmp_path / "adapter", trainable=True)):
+        assert not any(m.training for m in loaded.modules())
+        assert any(p.requires_grad for p in loaded.parameters())  # the adapter trains on
+        with torch.no_grad():
+            logits = [loaded(input_ids=ids).logits for _ in range(3)]
+            assert torch.equal(logits[0], logits[1]) and torch.equal(logits[0], logits[2])
+            loaded.train()  # what peft left: LoRA's dropout on, each forward its own masks
+            assert not torch.allclose(loaded(input_ids=ids).logits, logits[0], atol=1e-3)
 
 
 @pytest.mark.parametrize(

@@ -48,6 +48,23 @@ def grads(model):
     return {name: p.grad.detach().clone() for name, p in model.named_parameters()}
 
 
+def record_checkpointing(model, modes):
+    """Each forward of ``model``'s first decoder layer appends to ``modes`` whether it was
+    checkpointed: recomputed in the backward, its MLP runs a second time."""
+    layer, calls = model.model.layers[0], []
+
+    def forward(module, args):
+        modes.append(False)
+        calls.append(0)
+
+    def mlp(module, args):
+        calls[-1] += 1
+        modes[-1] = calls[-1] > 1
+
+    layer.register_forward_pre_hook(forward)
+    layer.mlp.register_forward_pre_hook(mlp)
+
+
 def close(a, b, rel=1e-5):
     """Gradients equal to ``rel`` of the largest entry (summation order differs)."""
     scale = max(x.abs().max().item() for x in a.values())
@@ -216,8 +233,7 @@ def test_checkpointing_by_default_only_where_a_micro_batch_is_large(
     lean = trainer(tiny_dir, tmp_path, "auto")
     assert lean.config.gradient_checkpointing is None
     modes = []
-    base = lean.model.model  # what selected_log_probs runs (the output layer aside)
-    base.register_forward_pre_hook(lambda module, args: modes.append(module.training))
+    record_checkpointing(lean.model, modes)
     lean.optimizer.step = lambda: None
     small = batch([30, 20], prompt=5, vocab=256)
     lean.update(*small, torch.tensor([1.0, -1.0]))
@@ -229,7 +245,7 @@ def test_checkpointing_by_default_only_where_a_micro_batch_is_large(
     # large for that budget, so checkpointed, though under CHECKPOINT_TOKENS.
     tight = trainer(tiny_dir, tmp_path, "tight", max_tokens_per_microbatch=2048)
     modes.clear()
-    tight.model.model.register_forward_pre_hook(lambda module, args: modes.append(module.training))
+    record_checkpointing(tight.model, modes)
     tight.optimizer.step = lambda: None
     long = batch([700, 700, 700, 700], prompt=5, vocab=256)
     tight.update(*long, torch.tensor([1.0, -1.0, 0.5, -0.5]))
@@ -280,7 +296,7 @@ def test_on_cuda_checkpointing_follows_the_free_memory(tiny_dir, tmp_path, monke
     assert lean.updater.by_memory == (device == "cuda")
     lean.updater.by_memory = True
     modes = []
-    lean.model.model.register_forward_pre_hook(lambda module, args: modes.append(module.training))
+    record_checkpointing(lean.model, modes)
     lean.optimizer.step = lambda: None
     tokens, masks = batch([30, 20], prompt=5, vocab=256)
     need = activation_bytes(lean.model.config.to_dict(), 50, 4)  # packed: 30 + 20 tokens
@@ -300,7 +316,7 @@ def test_on_cuda_checkpointing_follows_the_free_memory(tiny_dir, tmp_path, monke
     monkeypatch.setattr(update, "available_memory", lambda device: 0)
     forced.optimizer.step = lambda: None
     modes.clear()
-    forced.model.model.register_forward_pre_hook(lambda m, args: modes.append(m.training))
+    record_checkpointing(forced.model, modes)
     forced.update(tokens, masks, torch.tensor([1.0, -1.0], device=device))
     assert modes == [False]  # the flag still decides when given
 

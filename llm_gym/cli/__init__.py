@@ -133,6 +133,10 @@ def _add_train(commands: Any) -> None:
     add("--packing", action=argparse.BooleanOptionalAction, default=defaults.packing,
         help="pack each micro-batch's responses into one row: no padding computed, the same "
         "loss and gradients (default: %(default)s)")  # fmt: skip
+    add("--keep-dropout", action="store_true",
+        help="dropout in the update's loss forwards (the model's own and --lora-dropout); "
+        "off by default, as in TRL: sampling, the old policy and the reference run without "
+        "it either way")  # fmt: skip
     add("--precision", choices=PRECISIONS, default=defaults.precision,
         help="how the update computes: fp32; bf16-mixed (float32 weights and AdamW, bfloat16 "
         "autocast); bf16 (bfloat16 weights, float32 masters in AdamW); auto: bf16-mixed on a "
@@ -180,7 +184,8 @@ def _add_train(commands: Any) -> None:
     add("--lora-alpha", type=number(float, 0.0, False), default=None,
         help="LoRA's alpha (default: %(default)s, 2 x --lora-rank)")  # fmt: skip
     add("--lora-dropout", type=number(float, 0.0), default=defaults.lora_dropout,
-        help="dropout on LoRA's input (default: %(default)s)")  # fmt: skip
+        help="dropout on LoRA's input, in the loss's forwards with --keep-dropout only "
+        "(default: %(default)s)")  # fmt: skip
     add("--lora-target-modules", type=_names, default=None, metavar="NAMES",
         help="comma-separated module names the adapters wrap, or 'all-linear' (default: "
         "%(default)s, peft's for the model's family: q_proj,v_proj for Llama, "

@@ -75,7 +75,9 @@ def with_lora(
 ) -> Any:
     """``model`` with LoRA adapters of ``rank`` (peft's ``get_peft_model``): only they train.
     ``alpha`` defaults to ``2 · rank``; ``target_modules`` to peft's for the model's family
-    (``q_proj``, ``v_proj`` for Llama and Qwen2), or ``"all-linear"``, or a list of names."""
+    (``q_proj``, ``v_proj`` for Llama and Qwen2), or ``"all-linear"``, or a list of names.
+    In eval mode, as every model here is until its update switches it (peft makes the
+    adapters' ``dropout`` modules in train mode, which sampling would run through)."""
     from peft import LoraConfig, get_peft_model
 
     config = LoraConfig(
@@ -85,17 +87,18 @@ def with_lora(
         target_modules=list(target_modules) if isinstance(target_modules, list) else target_modules,
         task_type="CAUSAL_LM",
     )
-    return get_peft_model(model, config)
+    return get_peft_model(model, config).eval()
 
 
 def load_lora(base: PreTrainedModel, folder: str | os.PathLike[str], *, trainable: bool) -> Any:
     """``base`` with the adapter saved in ``folder``: trainable (a resumed LoRA run) or
     merged into a plain model (``trainable=False``: what ``--model`` of a LoRA checkpoint
-    loads)."""
+    loads). In eval mode either way: peft leaves a trainable adapter in train mode, whose
+    ``dropout`` a resumed run would sample through where the uninterrupted one did not."""
     from peft import PeftModel
 
     model = PeftModel.from_pretrained(base, Path(folder).expanduser(), is_trainable=trainable)
-    return model if trainable else model.merge_and_unload()
+    return (model if trainable else model.merge_and_unload()).eval()
 
 
 def save_adapter(model: Any, folder: str | os.PathLike[str], base: str) -> None:

@@ -121,6 +121,10 @@ class GRPOConfig(RunConfig):
     # Each micro-batch's sequences packed into one row (llm_gym.lm.packing): no padding
     # computed, the budget counts real tokens; the loss and gradients are the padded ones.
     packing: bool = True
+    # Dropout in the loss's forwards (the model's own, LoRA's): off by default, as TRL's
+    # disable_dropout, so that the ratio compares the policy with itself, not two dropout
+    # masks; sampling, the old policy and the reference run without it either way.
+    keep_dropout: bool = False
     clip_coef: float = 0.2
     # GRPO as TRL 1.16 runs it (llm_gym.train.loss; docs/training.md, "Loss variants"): the
     # loss's aggregation, clip-higher's upper ε (cispo: its cap on the ratio), two-sided
@@ -146,7 +150,8 @@ class GRPOConfig(RunConfig):
     save_optimizer: bool | None = None
     save_dtype: str | None = None
     # LoRA (peft): the adapters' rank (0: every weight trains), alpha (None: 2 · rank),
-    # dropout, and the modules they wrap (None: peft's for the model's family).
+    # dropout (with keep_dropout only), and the modules they wrap (None: peft's for the
+    # model's family).
     lora_rank: int = 0
     lora_alpha: float | None = None
     lora_dropout: float = 0.0
@@ -170,6 +175,7 @@ class GRPOConfig(RunConfig):
             check_bool("gradient_checkpointing", self.gradient_checkpointing)
         check_choice("precision", self.precision, PRECISIONS)
         check_bool("packing", self.packing)
+        check_bool("keep_dropout", self.keep_dropout)
         if self.precision == "bf16" and self.dtype not in ("auto", "bfloat16"):
             raise ValueError(
                 f"precision 'bf16' trains bfloat16 weights, which sample and score in bfloat16: "

@@ -164,8 +164,8 @@ class GRPOTrainer:
         # sample from it.
         lead, world = self.processes.lead, self.processes.world
         if config.backend == "transformers":
-            # --async: a copy samples while this one trains
-            sampling = copy.deepcopy(self.model) if config.asynchronous else self.model
+            # --async: a copy samples while this one trains (in eval mode: no dropout)
+            sampling = copy.deepcopy(self.model).eval() if config.asynchronous else self.model
             policy = make_policy(sampling, self.tokenizer, config, compute_dtype=self.compute_dtype)
             weights: WeightSync = LocalWeights(self.model, sampling, policy)
             server = None

@@ -6,7 +6,9 @@ diagnostics, a metrics row's part). ``GRPOTrainer`` runs one per iteration."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -39,7 +41,14 @@ from llm_gym.train.sharding import all_reduce, is_sharded
 if TYPE_CHECKING:
     from llm_gym.train.config import GRPOConfig
 
-__all__ = ["PRECISION_WEIGHTS", "GRPOUpdate", "MasterAdamW", "adamw", "resolve_precision"]
+__all__ = [
+    "PRECISION_WEIGHTS",
+    "GRPOUpdate",
+    "MasterAdamW",
+    "adamw",
+    "resolve_precision",
+    "training_forwards",
+]
 
 # The trained weights' dtype under each precision (GRPOConfig.precision).
 PRECISION_WEIGHTS = {"fp32": torch.float32, "bf16-mixed": torch.float32, "bf16": torch.bfloat16}
@@ -156,13 +165,80 @@ class MasterAdamW(torch.optim.Optimizer):
         self.param_groups = self.inner.param_groups
 
 
+@contextlib.contextmanager
+def training_forwards(
+    model: torch.nn.Module, *, dropout: bool, checkpointing: bool
+) -> Iterator[None]:
+    """Inside, ``model``'s forwards and their backwards run with dropout only if ``dropout``
+    (train mode; else eval mode, which turns off every dropout whatever the architecture: the
+    ``nn.Dropout`` modules, the attention's and the layers' functional dropout, layer drop),
+    and with each decoder layer whose checkpointing is enabled (transformers'
+    ``gradient_checkpointing_enable``) recomputed in the backward only if ``checkpointing``.
+    transformers checkpoints a layer only in train mode, which would tie the two; here torch's
+    checkpoint (the layer's own ``_gradient_checkpointing_func``) wraps the layer's forward in
+    either mode, outside its hooks as transformers does. For forwards without a KV cache (a
+    recompute would write one twice). On leaving, the model is in eval mode, sampling's, its
+    layers as they were.
+
+    >>> from llm_gym.lm.loading import tiny_model
+    >>> model = tiny_model(vocab_size=16, arch="gpt2")
+    >>> with training_forwards(model, dropout=False, checkpointing=False):
+    ...     model.training, model.transformer.drop.training
+    (False, False)
+    >>> with training_forwards(model, dropout=True, checkpointing=False):
+    ...     model.transformer.drop.training
+    True
+    >>> model.training
+    False
+    """
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    layers = [
+        module
+        for module in model.modules()
+        if isinstance(module, GradientCheckpointingLayer) and module.gradient_checkpointing
+    ]
+    own = [layer.__dict__.get("forward") for layer in layers]  # a hook's (accelerate's), if any
+    model.train(dropout)
+    try:
+        for layer in layers:
+            layer.gradient_checkpointing = False  # transformers' own switch, tied to train mode
+            if checkpointing:
+                layer.forward = _checkpointed(layer)
+        yield
+    finally:
+        for layer, forward in zip(layers, own, strict=True):
+            layer.gradient_checkpointing = True
+            if forward is None:
+                layer.__dict__.pop("forward", None)
+            else:
+                layer.forward = forward
+        model.eval()
+
+
+def _checkpointed(layer: torch.nn.Module) -> Any:
+    # The layer's forward through its checkpoint function; without gradients there is no
+    # backward to replay it for, so it runs as it is.
+    forward, recompute = layer.forward, layer._gradient_checkpointing_func
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if not torch.is_grad_enabled():
+            return forward(*args, **kwargs)
+        return recompute(functools.partial(forward, **kwargs), *args)
+
+    return run
+
+
 class GRPOUpdate:
     """The update of ``model`` by ``optimizer`` with ``config``'s GRPO settings (loss type,
     clipping, KL term, truncated IS, epochs, micro-batches, checkpointing, precision), padding
     with ``pad_id``; ``reference``: a scorer of the starting model (``.model``) for
     ``kl_loss_coef`` (a LoRA model is its own, its adapter disabled). Under "bf16-mixed" every
     forward of the update (the old policy's, the reference's, the loss's) and its backward run
-    under bfloat16 autocast over the float32 weights."""
+    under bfloat16 autocast over the float32 weights. Every forward runs without dropout (the
+    loss's too, unless ``keep_dropout``, as TRL's ``disable_dropout``), checkpointed or not
+    (``training_forwards``); the model is in eval mode before and after each update, as
+    sampling needs it."""
 
     def __init__(
         self,
@@ -177,6 +253,7 @@ class GRPOUpdate:
             raise ValueError("kl_loss_coef > 0 needs the reference (the starting model's scorer)")
         self.model, self.optimizer, self.config = model, optimizer, config
         self.pad_id, self.reference = pad_id, reference
+        model.eval()  # sampling's mode, before the first update too (a model may come in train)
         weights = next(model.parameters())
         self.device = weights.device
         self.precision = resolve_precision(config.precision, self.device, weights.dtype)
@@ -301,40 +378,44 @@ class GRPOUpdate:
                 for j, (rows, old_log_probs, ref) in enumerate(
                     zip(batches, old, refs, strict=True)
                 ):
-                    # Train mode checkpoints (transformers does only in it); the sampler, on
-                    # this model with the transformers backend, generates in eval mode.
-                    self.model.train(checkpointed[j])
-                    log_probs, entropy, mask = scored(rows, entropy=last)  # the diagnostic's
-                    if j >= real:  # a filler: its collectives, no gradient
-                        (log_probs.sum() * 0.0).backward()
-                        continue
-                    if behaviour is not None:  # the ratio to the version that sampled each token
-                        old_log_probs = sampled(mask, [behaviour[i] for i in rows])
-                    elif old_log_probs is None:
-                        old_log_probs = log_probs.detach()
-                    is_weights = None
-                    if sampler_log_probs is not None:  # toward the engine that sampled
-                        drawn = sampled(mask, [sampler_log_probs[i] for i in rows])
-                        is_weights, cut = truncated_is_weights(
-                            old_log_probs, drawn, mask, config.tis_cap
-                        )
-                        _add(stats, tis_truncated=float(cut.sum()))
-                    adv = advantages[rows]
-                    loss = grpo_loss(
-                        log_probs, old_log_probs, mask, adv, config.clip_coef, delta=config.delta,
-                        ref_log_probs=ref, beta=config.kl_loss_coef, num_tokens=num_tokens,
-                        max_length=config.max_response_tokens, is_weights=is_weights, **options,
-                    )  # fmt: skip
-                    # Each response weighs 1/n whatever its micro-batch (dapo, cispo: each
-                    # token 1/num_tokens): the same loss and gradient for any split.
-                    weight = 1.0 if per_batch_tokens else len(rows) / n
-                    (loss * weight).backward()
-                    total += loss.item() * weight
-                    if last:
-                        _add(stats, entropy=float(entropy[mask].sum()), **update_stats(
+                    # Dropout (off unless asked for) and checkpointing, each on its own; the
+                    # backward inside, as a recompute runs the forward again in the same mode.
+                    mode = training_forwards(
+                        self.model, dropout=config.keep_dropout, checkpointing=checkpointed[j]
+                    )
+                    with mode:
+                        log_probs, entropy, mask = scored(rows, entropy=last)  # the diagnostic's
+                        if j >= real:  # a filler: its collectives, no gradient
+                            (log_probs.sum() * 0.0).backward()
+                            continue
+                        if behaviour is not None:  # the ratio to the version that sampled
+                            old_log_probs = sampled(mask, [behaviour[i] for i in rows])
+                        elif old_log_probs is None:
+                            old_log_probs = log_probs.detach()
+                        is_weights = None
+                        if sampler_log_probs is not None:  # toward the engine that sampled
+                            drawn = sampled(mask, [sampler_log_probs[i] for i in rows])
+                            is_weights, cut = truncated_is_weights(
+                                old_log_probs, drawn, mask, config.tis_cap
+                            )
+                            _add(stats, tis_truncated=float(cut.sum()))
+                        adv = advantages[rows]
+                        loss = grpo_loss(
                             log_probs, old_log_probs, mask, adv, config.clip_coef,
-                            delta=config.delta, **options,
-                        ))  # fmt: skip
+                            delta=config.delta, ref_log_probs=ref, beta=config.kl_loss_coef,
+                            num_tokens=num_tokens, max_length=config.max_response_tokens,
+                            is_weights=is_weights, **options,
+                        )  # fmt: skip
+                        # Each response weighs 1/n whatever its micro-batch (dapo, cispo: each
+                        # token 1/num_tokens): the same loss and gradient for any split.
+                        weight = 1.0 if per_batch_tokens else len(rows) / n
+                        (loss * weight).backward()
+                        total += loss.item() * weight
+                        if last:
+                            _add(stats, entropy=float(entropy[mask].sum()), **update_stats(
+                                log_probs, old_log_probs, mask, adv, config.clip_coef,
+                                delta=config.delta, **options,
+                            ))  # fmt: skip
                 norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.max_grad_norm)
                 grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
                 self.optimizer.step()
