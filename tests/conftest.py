@@ -35,6 +35,15 @@ def default_model():
     return load_default_model()
 
 
+@pytest.fixture
+def one_thread():
+    """Torch on one thread for the test (its reductions in one order), as it was after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def smollm2_tokenizer(default_model):
     return default_model[1]

@@ -17,12 +17,8 @@ from llm_gym.train.checkpoints import checkpoints, latest_checkpoint, load_check
 TIMING = ("seconds", "tokens_per_second")  # the only metrics allowed to differ
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+# One thread: reductions in one order, so that runs compare bit for bit.
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def config(model, out, **changes):

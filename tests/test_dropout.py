@@ -15,12 +15,8 @@ ADVANTAGES = torch.tensor([1.0, -1.0, 0.5, -0.5])
 PAD = 255  # tiny_model's pad id for 256 tokens
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+# One thread: reductions in one order, so that runs compare bit for bit.
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def gpt2():
