@@ -115,9 +115,9 @@ def test_bad_token_inputs_name_the_argument(tiny, method, args, error, message):
 
 
 def streams(*rows, iteration=1):
-    from llm_gym.samplers.transformers import stream_generators
+    from llm_gym.samplers.transformers import seeded_generator
 
-    return [stream_generators(0, iteration, row) for row in rows]
+    return [seeded_generator(0, iteration, row) for row in rows]
 
 
 def test_each_row_drawn_from_its_generator_is_the_same_in_any_batch(tiny):

@@ -283,7 +283,7 @@ class AsyncEpisodes:
         return {
             "level": None if curriculum is None else curriculum.level,
             "successes": None if curriculum is None else list(curriculum.successes),
-            "kl_coef": None if controller is None else float(controller.coef),
+            "kl_coef": None if controller is None else controller.state_dict()["coef"],
         }
 
     def restore(self, snapshot: Mapping[str, Any]) -> None:
@@ -293,7 +293,7 @@ class AsyncEpisodes:
             self.curriculum.successes = list(snapshot.get("successes") or [])
             self.set_level(self.curriculum.level)
         if self.kl_controller is not None and snapshot.get("kl_coef") is not None:
-            self.kl_controller.coef = float(snapshot["kl_coef"])
+            self.kl_controller.load_state_dict({"coef": float(snapshot["kl_coef"])})
 
     def _finished(self, position: int, episode: Episode) -> Episode:
         # A finished episode: the level its item was drawn at, and its count toward the

@@ -21,7 +21,7 @@ from llm_gym.spaces import INPUT_MODES
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from llm_gym.samplers.transformers import SampleStreams
+    from llm_gym.samplers.transformers import SubEnvGenerators
 
 __all__ = ["SamplerPolicy"]
 
@@ -57,8 +57,8 @@ class SamplerPolicy:
         self.input_mode = check_choice("input_mode", input_mode, INPUT_MODES)
         template = {"chat_template_name": chat_template_name, "chat_template": chat_template}
         self._encoder = Encoder(tokenizer, len(tokenizer), template)
-        # A trainer's per-sub-env streams, which seed each request (None: the sampler's own).
-        self.streams: SampleStreams | None = None
+        # A trainer's generator per sub-env, which seeds each request (None: the sampler's own).
+        self.sub_env_generators: SubEnvGenerators | None = None
 
     def __repr__(self) -> str:
         return f"SamplerPolicy({self.sampler!r}, input_mode={self.input_mode!r})"
@@ -75,8 +75,8 @@ class SamplerPolicy:
         sample's own, for a sampler that takes them: ``OpenAISampler``'s)."""
         values, batched = split_observation(obs, self.input_mode)
         prompts = self._encoder.prompts(values)
-        if seeds is None and self.streams is not None and "env_index" in obs:
-            seeds = self.streams.seeds(obs["env_index"])
+        if seeds is None and self.sub_env_generators is not None and "env_index" in obs:
+            seeds = self.sub_env_generators.seeds(obs["env_index"])
         samples = (
             self.sampler.sample(prompts)
             if seeds is None

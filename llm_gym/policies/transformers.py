@@ -23,7 +23,7 @@ from llm_gym.policies.distributions import MaskedCategorical
 from llm_gym.samplers import LogProbOutput, Sample, check_token_ids
 from llm_gym.samplers.base import ScoredResponse
 from llm_gym.samplers.transformers import (
-    SampleStreams,
+    SubEnvGenerators,
     TransformersSampler,
     check_length,
     generation_settings,
@@ -352,8 +352,8 @@ class TransformersPolicy:
         )  # fmt: skip
         template = {"chat_template_name": chat_template_name, "chat_template": chat_template}
         self._encoder = Encoder(tokenizer, self.vocab_size, template)
-        # A trainer's per-sub-env streams, which draw each response (None: torch's RNG).
-        self.streams: SampleStreams | None = None
+        # A trainer's generator per sub-env, which draws each response (None: torch's RNG).
+        self.sub_env_generators: SubEnvGenerators | None = None
 
     def __repr__(self) -> str:
         return (
@@ -435,8 +435,8 @@ class TransformersPolicy:
                     "this policy generates (generate=True) and takes no responses; to score "
                     "responses use policy.get_new_version(generate=False)"
                 )
-            if generators is None and self.streams is not None and "env_index" in obs:
-                generators = self.streams.generators(obs["env_index"])
+            if generators is None and self.sub_env_generators is not None and "env_index" in obs:
+                generators = self.sub_env_generators.of(obs["env_index"])
             samples = self.sample(self._encoder.prompts(values), generators=generators)
             rows = [s.tokens for s in samples]
             texts = self._encoder.codec.decode_many(rows, skip_special_tokens=False)

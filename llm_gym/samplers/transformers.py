@@ -33,12 +33,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_MAX_NEW_TOKENS",
-    "SampleStreams",
+    "SubEnvGenerators",
     "TransformersSampler",
     "check_length",
     "generate_with_log_probs",
     "generation_settings",
-    "stream_generators",
+    "seeded_generator",
 ]
 
 DEFAULT_MAX_NEW_TOKENS = 256
@@ -153,31 +153,31 @@ def generate_with_log_probs(
     return new, log_probs
 
 
-def stream_generators(seed: int, *key: int) -> torch.Generator:
+def seeded_generator(seed: int, *key: int) -> torch.Generator:
     """A CPU generator seeded by ``derive_seed(seed, *key, bits=64)`` (keys that differ
-    anywhere give independent streams): a trainer's stream of one sub-env in one
-    iteration, ``stream_generators(seed, iteration, sub_env)``, which ``sample(generators=)``
-    draws that row's tokens from.
+    anywhere give independent draws): a trainer's generator of one sub-env in one
+    iteration, ``seeded_generator(seed, iteration, sub_env)``, which ``sample(generators=)``
+    draws that sub-env's tokens from.
 
-    >>> a, b = stream_generators(0, 3, 5), stream_generators(0, 3, 5)
+    >>> a, b = seeded_generator(0, 3, 5), seeded_generator(0, 3, 5)
     >>> bool(torch.rand(4, generator=a).equal(torch.rand(4, generator=b)))
     True
     """
     return torch.Generator().manual_seed(derive_seed(seed, *key, bits=64))
 
 
-class SampleStreams:
-    """Each sub-env's own random stream in a run's iteration: sub-env ``i`` of a process
-    whose sub-envs start at ``first`` draws from ``stream_generators(seed, iteration, first +
+class SubEnvGenerators:
+    """Each sub-env's own random generator in a run's iteration: sub-env ``i`` of a process
+    whose sub-envs start at ``first`` draws from ``seeded_generator(seed, iteration, first +
     i)``, so a sample depends on neither the process that drew it nor the others beside it in
-    a batch. A policy holding them (``policy.streams``) draws each prompt's tokens from the
-    stream of the sub-env its observation's ``"env_index"`` names; ``start`` moves them to an
-    iteration (a turn after another draws on from where the last left).
+    a batch. A policy holding them (its ``sub_env_generators``) draws each prompt's tokens
+    with the generator of the sub-env its observation's ``"env_index"`` names; ``start``
+    moves them to an iteration (a turn after another draws on from where the last left).
 
-    >>> streams = SampleStreams(seed=0, first=4)
-    >>> streams.start(3)
-    >>> (a,) = streams.generators([1])
-    >>> bool(torch.rand(2, generator=a).equal(torch.rand(2, generator=stream_generators(0, 3, 5))))
+    >>> generators = SubEnvGenerators(seed=0, first=4)
+    >>> generators.start(3)
+    >>> (a,) = generators.of([1])
+    >>> bool(torch.rand(2, generator=a).equal(torch.rand(2, generator=seeded_generator(0, 3, 5))))
     True
     """
 
@@ -186,22 +186,22 @@ class SampleStreams:
         self._generators: dict[int, torch.Generator] = {}
 
     def start(self, iteration: int) -> None:
-        """Every sub-env's stream from the start of ``iteration``'s."""
+        """Every sub-env's generator from the start of ``iteration``'s draws."""
         self.iteration, self._generators = iteration, {}
 
-    def generators(self, rows: Sequence[int]) -> list[torch.Generator]:
-        """The generators of sub-envs ``rows`` (this process's indices)."""
+    def of(self, sub_envs: Sequence[int]) -> list[torch.Generator]:
+        """The generators of ``sub_envs`` (this process's indices)."""
         return [
             self._generators.setdefault(
-                i, stream_generators(self.seed, self.iteration, self.first + i)
+                i, seeded_generator(self.seed, self.iteration, self.first + i)
             )
-            for i in rows
+            for i in sub_envs
         ]
 
-    def seeds(self, rows: Sequence[int]) -> list[int]:
-        """A request seed for each of sub-envs ``rows``, drawn from its stream: what a
-        server samples from."""
-        return [int(torch.randint(2**31 - 1, (), generator=g)) for g in self.generators(rows)]
+    def seeds(self, sub_envs: Sequence[int]) -> list[int]:
+        """A request seed for each of ``sub_envs``, drawn from its generator: what a server
+        samples from."""
+        return [int(torch.randint(2**31 - 1, (), generator=g)) for g in self.of(sub_envs)]
 
 
 _WARPED = ("temperature", "top_k", "top_p", "min_p")  # applied by _RowDraws instead
@@ -395,7 +395,7 @@ class TransformersSampler:
     ) -> list[Sample]:
         """One ``Sample`` per prompt (``num_samples`` consecutive ones per prompt when set), all
         prompts generated in one left-padded batch with the sampler's ``generate_kwargs``.
-        ``generators`` (one per sample, ``stream_generators``): each sample's tokens are drawn
+        ``generators`` (one per sample, ``seeded_generator``): each sample's tokens are drawn
         from its own generator, so that a sample does not depend on the others in its batch;
         None: HF's sampling, from torch's generator."""
         prompts = check_token_batch("prompts", prompts, self.vocab_size, min_length=1)

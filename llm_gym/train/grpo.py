@@ -26,7 +26,7 @@ from llm_gym.run.describe import describe_run
 from llm_gym.run.files import LineFile, RunWriteError, told, write_text
 from llm_gym.run.lock import FolderLock
 from llm_gym.run.setup import compute_dtype, dtype_name, make_policy, resolve_device, run_rubric
-from llm_gym.samplers.transformers import SampleStreams
+from llm_gym.samplers.transformers import SubEnvGenerators
 from llm_gym.samplers.weights import LocalWeights, ServedWeights, WeightSync, export_model
 from llm_gym.train.checkpoints import RunCheckpoints, load_checkpoint
 from llm_gym.train.config import GRPOConfig, check_episode_groups
@@ -186,9 +186,9 @@ class GRPOTrainer:
                 self.model, policy.sampler, folder, lead=lead, gather=gather, barrier=barrier
             )
             server = policy
-        self.streams = None
-        if not config.asynchronous:  # each sub-env's own stream (see SampleStreams)
-            self.streams = policy.streams = SampleStreams(config.seed, self.processes.first_env)
+        # Each sub-env's own generator (see SubEnvGenerators); --async: the sampler's own.
+        generators = SubEnvGenerators(config.seed, self.processes.first_env)
+        self.generators = policy.sub_env_generators = None if config.asynchronous else generators
         return policy, weights, server
 
     def _set_up(
@@ -298,8 +298,8 @@ class GRPOTrainer:
         """Ask the feed for an episode of every sub-env (``groups × group_size``), score
         them, update on each one's segments: the metrics row."""
         config, start = self.config, time.perf_counter()
-        if self.streams is not None:
-            self.streams.start(iteration)
+        if self.generators is not None:
+            self.generators.start(iteration)
         episodes = self.feed.episodes(self.processes.num_envs)
         if self.given_env is not None:
             check_episode_groups([e.prompt for e in episodes], config.group_size)

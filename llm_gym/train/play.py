@@ -111,7 +111,7 @@ class Feed:
         if self.curriculum is not None:
             state["successes"] = self.curriculum.state_dict()["successes"]
         if self.kl is not None:
-            state["kl_coef"] = float(self.kl.coef)
+            state["kl_coef"] = self.kl.kl_controller.state_dict()["coef"]
         if self.pipeline is not None:
             state.update(self.pipeline.state_dict())
         return state
@@ -119,7 +119,7 @@ class Feed:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Put the parts back as ``state_dict`` gave them (on any number of processes)."""
         if self.kl is not None and state["kl_coef"] is not None:
-            self.kl.kl_controller.coef = state["kl_coef"]
+            self.kl.kl_controller.load_state_dict({"coef": state["kl_coef"]})
         if self.stream is not None and state["level"] is not None:
             self.stream.set_level(state["level"])
         if self.curriculum is not None:

@@ -43,6 +43,18 @@ class KLController:
         """The coefficient for the next batch, given this batch's KL rewards."""
         raise NotImplementedError
 
+    def state_dict(self) -> dict[str, float]:
+        """What an update changes: the coefficient (a checkpoint's part).
+
+        >>> c = ConstantKLController(0.1); c.load_state_dict({"coef": 0.3}); c.state_dict()
+        {'coef': 0.3}
+        """
+        return {"coef": float(self.coef)}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        """Put the coefficient back as ``state_dict`` gave it."""
+        self.coef = check_number("coef", state["coef"], 0)
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(coef={self.coef:.6g})"
 
