@@ -22,6 +22,7 @@ __all__ = [
     "iteration_metrics",
     "rubric_part_names",
     "summarize",
+    "zero_variance_share",
 ]
 
 OUTCOMES = ("win", "draw", "loss", "unfinished")  # a game's end, as its env's info says
@@ -199,15 +200,34 @@ def iteration_metrics(
     kl_coef: float | None = None,
     tools: bool = False,
     agent: bool = False,
+    group_size: int = 1,
+    max_new_tokens: int | None = None,
+    eos_token_id: int | None = None,
     **extra: Any,
 ) -> dict[str, Any]:
     """A training iteration's metrics row: what its ``episodes`` came to (``seconds``: their
     sampling time) and what the ``update`` gave. The mean ``reward``, ``task_reward`` and
     ``success``; with a ``kl_coef`` the mean per-token ``kl``; the update's loss and
     diagnostics; ``response_tokens``, the task's ``level``, ``tokens_per_second``, the policy
-    ``versions`` that sampled them; the ``extra`` entries (``staleness``, ``sync_seconds``)
-    not None; a rubric's ``parts``; with ``tools`` the tool calls' rates, with ``agent`` the
-    agent's calls, segments and failures."""
+    ``versions`` that sampled them; ``zero_variance_groups``, the share of the groups of
+    ``group_size`` consecutive episodes whose rewards are all equal (no signal for GRPO);
+    ``truncated_share``, the share whose last response ran to ``max_new_tokens`` without
+    its ``eos_token_id``; the ``extra`` entries (``staleness``, ``sync_seconds``) not None; a
+    rubric's ``parts``; with ``tools`` the tool calls' rates, with ``agent`` the agent's
+    calls, segments and failures.
+
+    >>> from llm_gym.episodes import Episode, Segment
+    >>> def played(reward, ids):
+    ...     mask = np.arange(len(ids)) >= 2
+    ...     return Episode([], ["x"], reward, reward, {}, [Segment(np.array(ids), mask, None)],
+    ...                    [0], int(mask.sum()))
+    >>> batch = [played(1.0, [5, 6, 7, 9]), played(1.0, [5, 6, 7, 7]), played(0.0, [5, 6, 9])]
+    >>> batch.append(played(1.0, [5, 6, 8, 8]))
+    >>> row = iteration_metrics(batch, 1.0, iteration=0, update={}, group_size=2,
+    ...                         max_new_tokens=2, eos_token_id=9)
+    >>> row["zero_variance_groups"], row["truncated_share"]
+    (0.5, 0.5)
+    """
     summary = summarize(episodes, seconds, parts)
     kl = kl_coef is not None
     row: dict[str, Any] = {
@@ -223,7 +243,11 @@ def iteration_metrics(
         "tokens_per_second": summary.tokens_per_second,
         # the policy versions that sampled the episodes: the last update's, never older
         "versions": sorted({v for e in episodes for v in e.versions if v is not None}),
+        "zero_variance_groups": zero_variance_share([e.reward for e in episodes], group_size),
     }
+    if max_new_tokens is not None:
+        cut = [_ran_out(e, max_new_tokens, eos_token_id) for e in episodes]
+        row["truncated_share"] = float(np.mean(cut)) if cut else 0.0
     row.update((key, value) for key, value in extra.items() if value is not None)
     if summary.parts:  # a rubric's parts, each one's mean over the iteration's episodes
         row["parts"] = summary.parts
@@ -235,3 +259,30 @@ def iteration_metrics(
         row["tool_calls_per_episode"] = summary.tool_calls_per_episode
         row["failed_tool_share"] = summary.failed_tool_share
     return row
+
+
+def zero_variance_share(rewards: Sequence[float], group_size: int) -> float:
+    """The share of the groups of ``group_size`` consecutive ``rewards`` whose rewards are all
+    equal: GRPO's advantage is zero for each of their responses.
+
+    >>> zero_variance_share([1.0, 1.0, 0.0, 1.0, 0.0, 0.0], 2)
+    0.6666666666666666
+    """
+    groups = np.asarray(rewards, dtype=np.float64).reshape(-1, group_size)
+    return float(np.mean(groups.max(1) == groups.min(1))) if len(groups) else 0.0
+
+
+def _ran_out(episode: Episode, max_new_tokens: int, eos_token_id: int | None) -> bool:
+    # Whether the episode's last response is its last run of policy tokens, max_new_tokens
+    # long and not ended by EOS: the budget cut it.
+    if not episode.segments:
+        return False
+    last = episode.segments[-1]
+    mask = np.asarray(last.policy_mask, dtype=bool)
+    positions = np.flatnonzero(mask)
+    if not len(positions):
+        return False
+    end = positions[-1]
+    breaks = np.flatnonzero(~mask[: end + 1])
+    start = breaks[-1] + 1 if len(breaks) else 0
+    return bool(end + 1 - start >= max_new_tokens and int(last.ids[end]) != eos_token_id)

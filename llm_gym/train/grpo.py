@@ -354,7 +354,9 @@ class GRPOTrainer:
             everyone, self.feed.seconds, self.part_names, iteration=iteration, update=update,
             level=report["level"], kl_coef=kl_coef if config.kl_coef > 0 else None,
             tools=bool(config.tools), agent=config.agent is not None,
-            staleness=report.get("staleness"), sync_seconds=self.weights.seconds,
+            group_size=config.group_size, max_new_tokens=config.max_new_tokens,
+            eos_token_id=self.tokenizer.eos_token_id, staleness=report.get("staleness"),
+            sync_seconds=self.weights.seconds,
         )  # fmt: skip
         return {**row, "seconds": time.perf_counter() - start}
 
