@@ -54,7 +54,6 @@ from llm_gym.train.sharding import (
     world_size,
 )
 from llm_gym.train.update import PRECISION_WEIGHTS, GRPOUpdate, adamw, resolve_precision
-from llm_gym.wrappers import AdaptiveKLController
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -209,12 +208,9 @@ class GRPOTrainer:
             config, self.model, self.scorer, given=self.given_model[0] is not None,
             weights=self.dtype,
         )  # fmt: skip
-        controller = None  # none: a constant KL coefficient
-        if config.kl_coef > 0 and config.kl_target is not None:
-            controller = AdaptiveKLController(config.kl_coef, config.kl_target, config.kl_horizon)
         played = play(
             config, envs, self.tokenizer, self.processes, self._sample, self.rubric,
-            reference=self.reference, controller=controller,
+            reference=self.reference,
             gen=kl_scorer(config, self.scorer, self.compute_dtype), first=self.start,
             sampler=self.policy if self.server is None else self.server.sampler,
             weights=self.dtype,

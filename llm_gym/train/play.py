@@ -25,6 +25,7 @@ from llm_gym.run.setup import (
 from llm_gym.train.config import GRPOConfig, check_vector_env
 from llm_gym.train.pipeline import AsyncBatches
 from llm_gym.train.sharding import Processes, gather_objects
+from llm_gym.wrappers import AdaptiveKLController
 
 if TYPE_CHECKING:
     import torch
@@ -182,7 +183,6 @@ def play(
     rubric: RunRubric,
     *,
     reference: Scorer | None = None,
-    controller: KLController | None = None,
     gen: Scorer | None = None,
     first: int = 0,
     sampler: Sampler | Policy | None = None,
@@ -200,7 +200,9 @@ def play(
     stream = base if isinstance(base, DatasetChatVectorEnv) else None
     curriculum = envs if config.curriculum else None  # before KL wraps it
     parts: dict[str, Any] = {"stream": stream, "curriculum": curriculum}
-    size, kl = processes.num_envs, None
+    size, kl, controller = processes.num_envs, None, None
+    if config.kl_coef > 0 and config.kl_target is not None:  # else a constant coefficient
+        controller = AdaptiveKLController(config.kl_coef, config.kl_target, config.kl_horizon)
     if config.kl_coef > 0 and not config.asynchronous:
         envs = kl = charge_kl(
             envs, config, config.model, gen=gen, controller=controller, ref=reference
