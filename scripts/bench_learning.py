@@ -63,6 +63,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add("--device", default="auto")
     add("--dtype", default="float32")
     add("--seed", type=int, default=0)
+    add("--seeds", type=parse_seeds, default=None, metavar="SEEDS",
+        help="a run per seed (0-7, or 0,2,5): a row each, then the worst, mean and best gain; "
+             "overrides --seed")  # fmt: skip
     add("--target-points", type=float, default=15.0, help="gain in success, in points")
     add("--target-success", type=float, default=0.0, help="success after, at least")
     add("--budget-minutes", type=float, default=15.0)
@@ -79,6 +82,27 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.vs_trl and args.eval_episodes < 1:
         parser.error("--vs-trl compares held-out success: pass --eval-episodes >= 1")
     return args
+
+
+def parse_seeds(spec: str) -> list[int]:
+    """Seeds from ``"0-7"`` (a range, both ends in) or ``"0,2,5"`` (a list).
+
+    >>> parse_seeds("0-3"), parse_seeds("4,1")
+    ([0, 1, 2, 3], [4, 1])
+    """
+    try:
+        if "-" in spec:
+            first, last = (int(part) for part in spec.split("-"))
+            seeds = list(range(first, last + 1))
+        else:
+            seeds = [int(part) for part in spec.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--seeds must be FIRST-LAST or a comma-separated list of ints, got {spec!r}"
+        ) from None
+    if not seeds or min(seeds) < 0:
+        raise argparse.ArgumentTypeError(f"--seeds must name seeds >= 0, got {spec!r}")
+    return seeds
 
 
 def run_config(args: argparse.Namespace, out: str) -> GRPOConfig:
@@ -280,10 +304,105 @@ def success_label(name: str, before: float, after: float) -> str:
     return f"{name} (greedy success {before:.3f} -> {after:.3f})"
 
 
+SEED_HEADER = (
+    "| seed | before | after | gain (points) | SE of gain | minutes | final entropy | "
+    "response tokens | zero-variance groups |"
+)
+
+
+def gain_standard_error(before: float, after: float, episodes: int) -> float:
+    """The standard error of ``after - before``, two success rates on ``episodes`` questions
+    each (taken as independent: an upper bound for the same questions).
+
+    >>> round(gain_standard_error(0.25, 0.5, 128), 4)
+    0.0585
+    """
+    return math.hypot(standard_error(before, episodes), standard_error(after, episodes))
+
+
+def seed_row(seed: int, summary: Mapping[str, Any], rows: Sequence[Mapping[str, Any]],
+             episodes: int, minutes: float) -> dict[str, Any]:  # fmt: skip
+    """One seed's numbers: success before and after, the gain (points) and its standard
+    error, minutes, the last iteration's entropy, the mean response length and the mean
+    share of zero-variance groups over the run."""
+    before, after = summary["before"]["success"], summary["after"]["success"]
+    return {
+        "seed": seed,
+        "before": before,
+        "after": after,
+        "gain": 100 * (after - before),
+        "gain_se": 100 * gain_standard_error(before, after, episodes),
+        "minutes": minutes,
+        "entropy": rows[-1].get("entropy") if rows else None,
+        "response_tokens": sum(r["response_tokens"] for r in rows) / max(len(rows), 1),
+        "zero_variance_groups": sum(r.get("zero_variance_groups", 0.0) for r in rows)
+        / max(len(rows), 1),
+    }
+
+
+def seed_table(results: Sequence[Mapping[str, Any]]) -> str:
+    """The per-seed table in Markdown, then the worst, mean and best gain (with the mean's
+    standard error over seeds).
+
+    >>> rows = [{"seed": 0, "before": 0.3, "after": 0.5, "gain": 20.0, "gain_se": 6.0,
+    ...          "minutes": 5.0, "entropy": 0.4, "response_tokens": 20.0,
+    ...          "zero_variance_groups": 0.25}, {"seed": 1, "before": 0.3, "after": 0.4,
+    ...          "gain": 10.0, "gain_se": 6.0, "minutes": 5.0, "entropy": None,
+    ...          "response_tokens": 30.0, "zero_variance_groups": 0.5}]
+    >>> print(seed_table(rows).splitlines()[-1])
+    gain over 2 seeds: worst +10.0, mean +15.0 (SE 5.0), best +20.0
+    """
+    lines = [SEED_HEADER, "|" + "---|" * SEED_HEADER.count(" | ") + "---|"]
+    for r in results:
+        entropy = "n/a" if r["entropy"] is None else f"{r['entropy']:.3f}"
+        lines.append(
+            f"| {r['seed']} | {r['before']:.3f} | {r['after']:.3f} | {r['gain']:+.1f} | "
+            f"{r['gain_se']:.1f} | {r['minutes']:.1f} | {entropy} | "
+            f"{r['response_tokens']:.1f} | {r['zero_variance_groups']:.2f} |"
+        )
+    gains = [r["gain"] for r in results]
+    mean = sum(gains) / len(gains)
+    spread = (
+        math.sqrt(sum((g - mean) ** 2 for g in gains) / (len(gains) - 1)) if len(gains) > 1 else 0.0
+    )
+    lines.append(
+        f"gain over {len(gains)} seeds: worst {min(gains):+.1f}, mean {mean:+.1f} "
+        f"(SE {spread / math.sqrt(len(gains)):.1f}), best {max(gains):+.1f}"
+    )
+    return "\n".join(lines)
+
+
+def run_seeds(args: argparse.Namespace, out: str) -> list[dict[str, Any]]:
+    """llm_gym's run of ``args`` for each of ``args.seeds`` (run folders ``out/seed-N``), and
+    TRL's too with ``--vs-trl``: each seed's row, printed as it finishes, then the table."""
+    results, theirs = [], []
+    for seed in args.seeds:
+        config = dataclasses.replace(run_config(args, f"{out}/seed-{seed}"), seed=seed)
+        start = time.perf_counter()
+        summary = GRPOTrainer(config).train()
+        minutes = (time.perf_counter() - start) / 60
+        with open(Path(config.out) / "metrics.jsonl") as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        results.append(seed_row(seed, summary, rows, config.eval_episodes, minutes))
+        print(json.dumps({"llm_gym": results[-1]}), flush=True)
+        if args.vs_trl:
+            trl = run_trl(config, config.out)
+            held = {"before": {"success": trl["before"]}, "after": {"success": trl["after"]}}
+            theirs.append(seed_row(seed, held, [], config.eval_episodes, trl["minutes"]))
+            print(json.dumps({"trl": theirs[-1]}), flush=True)
+    print(f"llm_gym, dtype {args.dtype}:\n{seed_table(results)}")
+    if theirs:
+        print(f"trl, dtype {args.dtype}:\n{seed_table(theirs)}")
+    return results
+
+
 def main() -> None:
     args = parse_args()
     transformers.utils.logging.disable_progress_bar()
     out = args.out or tempfile.mkdtemp(prefix="bench_learning_")
+    if args.seeds is not None:
+        run_seeds(args, out)
+        return
     config = run_config(args, out)
     env_args = config.env_args
     start = time.perf_counter()

@@ -48,7 +48,13 @@ VARIANTS = dict(
 )  # fmt: skip
 
 
-@pytest.mark.parametrize("variant", [{}, VARIANTS], ids=["grpo", "dapo+k3+tis"])
+# A learning rate that warms up and decays: its position is the optimizer's step count.
+SCHEDULE = dict(lr_schedule="cosine", warmup_steps=2)
+
+
+@pytest.mark.parametrize(
+    "variant", [{}, VARIANTS, SCHEDULE], ids=["grpo", "dapo+k3+tis", "cosine+warmup"]
+)
 def test_a_resumed_run_equals_an_uninterrupted_one(tiny_dir, tmp_path, variant):
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     GRPOTrainer(config(tiny_dir, whole, **variant)).train()
@@ -65,7 +71,10 @@ def test_a_resumed_run_equals_an_uninterrupted_one(tiny_dir, tmp_path, variant):
     # The level falls at each iteration's end (4 failures a window): a resume at 2 restores
     # both the level the current questions were drawn at and the one to draw the next at.
     assert [row["level"] for row in expected] == [1, 0, 0, 0]
-    if variant:  # the update's diagnostics, the second epoch's: ratios moved
+    if variant is SCHEDULE:  # from 0 over 2 steps, then half a cosine to 0 at step 4
+        rates = [row["learning_rate"] for row in expected]
+        assert rates == pytest.approx([0.0, 0.5e-2, 1e-2, 0.5e-2])
+    elif variant:  # the update's diagnostics, the second epoch's: ratios moved
         assert all(row["approx_kl"] > 0 and row["entropy"] > 0 for row in expected)
         assert any(row["clip_fraction"] > 0 for row in expected)
         assert all(0 <= row["tis_truncated"] <= 1 for row in expected)

@@ -31,6 +31,7 @@ from llm_gym.run.config import BACKENDS, DTYPE_CHOICES, DTYPE_NAMES, RolloutConf
 from llm_gym.train.config import (
     IMPORTANCE_SAMPLING_LEVELS,
     LOSS_TYPES,
+    LR_SCHEDULES,
     PRECISIONS,
     SCALE_REWARDS,
     GRPOConfig,
@@ -159,6 +160,11 @@ def _add_train(commands: Any) -> None:
         help="beta: the k3 KL to the starting model in the loss, as TRL's (the adapter "
         "disabled under LoRA; beside --kl-coef's penalty in the reward; default: "
         "%(default)s)")  # fmt: skip
+    add("--lr-schedule", choices=LR_SCHEDULES, default=defaults.lr_schedule,
+        help="the learning rate over the optimizer steps: held, or decayed to 0 linearly or "
+        "along a half cosine (default: %(default)s)")  # fmt: skip
+    add("--warmup-steps", type=number(int, 0), default=defaults.warmup_steps,
+        help="optimizer steps of linear warm-up from 0 first (default: %(default)s)")  # fmt: skip
     add("--scale-rewards", choices=SCALE_REWARDS, default=defaults.scale_rewards,
         help="advantages divided by the group's reward std, the batch's, or none "
         "(default: %(default)s)")  # fmt: skip

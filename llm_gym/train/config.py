@@ -30,6 +30,7 @@ __all__ = [
     "CONFIG_FILE",
     "IMPORTANCE_SAMPLING_LEVELS",
     "LOSS_TYPES",
+    "LR_SCHEDULES",
     "PRECISIONS",
     "SCALE_REWARDS",
     "RESUMABLE",
@@ -51,6 +52,10 @@ CONFIG_FILE = "run_config.json"  # the run's GRPOConfig, written when the run st
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")  # "sequence": GSPO (Zheng et al., 2025)
 SCALE_REWARDS = ("group", "batch", "none")
+# The learning rate over the run's optimizer steps, after --warmup-steps of linear warm-up
+# from 0: held ("constant"), decayed linearly to 0, or along a half cosine to 0
+# (transformers' schedules, TRL's lr_scheduler_type).
+LR_SCHEDULES = ("constant", "linear", "cosine")
 # How the update computes (llm_gym.train.update.PRECISION_WEIGHTS): "fp32" in float32;
 # "bf16-mixed" float32 weights and optimizer, the forward and backward under bfloat16
 # autocast (TRL's bf16=True, Lightning's "bf16-mixed"); "bf16" bfloat16 weights, stepped
@@ -109,6 +114,8 @@ class GRPOConfig(RunConfig):
     groups: int = 2  # questions per iteration
     group_size: int = 8  # responses per question
     learning_rate: float = 5e-5
+    lr_schedule: str = "constant"
+    warmup_steps: int = 0
     update_epochs: int = 1
     minibatch_size: int = 8  # responses per forward in the update, at most
     # The update's memory: tokens per forward at most, and activation checkpointing (None:
@@ -267,6 +274,8 @@ class GRPOConfig(RunConfig):
         check_choice("importance_sampling_level", self.importance_sampling_level,
                      IMPORTANCE_SAMPLING_LEVELS)  # fmt: skip
         check_choice("scale_rewards", self.scale_rewards, SCALE_REWARDS)
+        check_choice("lr_schedule", self.lr_schedule, LR_SCHEDULES)
+        check_int("warmup_steps", self.warmup_steps, 0)
         check_number("clip_coef_high", self.clip_coef_high, 0, strict=True, optional=True)
         check_number("kl_loss_coef", self.kl_loss_coef, 0)
         check_number("tis_cap", self.tis_cap, 0, strict=True, optional=True)

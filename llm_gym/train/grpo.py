@@ -219,8 +219,9 @@ class GRPOTrainer:
         trained = [p for p in self.model.parameters() if p.requires_grad]  # LoRA: adapters
         self.optimizer = adamw(trained, config.learning_rate)
         self.updater = GRPOUpdate(
-            self.model, self.optimizer, config, self.scorer.pad_token_id, reference=self.reference
-        )
+            self.model, self.optimizer, config, self.scorer.pad_token_id,
+            reference=self.reference, done=self.version,
+        )  # fmt: skip
         self.checkpoints = RunCheckpoints(config, self.model, self.tokenizer, self.optimizer)
         if state:
             self.checkpoints.restore(checkpoint, tensors)

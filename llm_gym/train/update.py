@@ -46,6 +46,7 @@ __all__ = [
     "GRPOUpdate",
     "MasterAdamW",
     "adamw",
+    "lr_scheduler",
     "resolve_precision",
     "training_forwards",
 ]
@@ -84,6 +85,45 @@ def resolve_precision(
             f"the model given holds {weights}: pass precision={wanted}"
         )
     return precision
+
+
+# transformers' schedule of each --lr-schedule, warm-up included.
+_SCHEDULES = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
+
+
+def lr_scheduler(
+    optimizer: torch.optim.Optimizer,
+    schedule: str,
+    warmup_steps: int,
+    total_steps: int,
+    done: int = 0,
+) -> torch.optim.lr_scheduler.LRScheduler:
+    """transformers' ``schedule`` (``LR_SCHEDULES``: ``warmup_steps`` of linear warm-up from 0,
+    then held, or decayed to 0 over ``total_steps`` linearly or along a half cosine) over
+    ``optimizer``'s learning rate, at step ``done`` (a resumed run's optimizer steps): each
+    ``step()`` after the optimizer's moves it on.
+
+    >>> p = torch.nn.Parameter(torch.zeros(1))
+    >>> opt = torch.optim.AdamW([p], lr=1.0)
+    >>> s = lr_scheduler(opt, "linear", warmup_steps=2, total_steps=6, done=1)
+    >>> lrs = [opt.param_groups[0]["lr"]]
+    >>> for _ in range(5):
+    ...     opt.step(); s.step(); lrs.append(opt.param_groups[0]["lr"])
+    >>> lrs
+    [0.5, 1.0, 0.75, 0.5, 0.25, 0.0]
+    """
+    from transformers import get_scheduler
+
+    check_choice("lr_schedule", schedule, tuple(_SCHEDULES))
+    scheduler = get_scheduler(
+        _SCHEDULES[schedule], optimizer, num_warmup_steps=warmup_steps,
+        num_training_steps=total_steps,
+    )  # fmt: skip
+    # At step `done`: each group's rate from its initial one (a restored optimizer keeps it).
+    scheduler.last_epoch = done
+    for group, factor in zip(optimizer.param_groups, scheduler.lr_lambdas, strict=True):
+        group["lr"] = group["initial_lr"] * factor(done)
+    return scheduler
 
 
 def adamw(params: list[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
@@ -238,7 +278,8 @@ class GRPOUpdate:
     under bfloat16 autocast over the float32 weights. Every forward runs without dropout (the
     loss's too, unless ``keep_dropout``, as TRL's ``disable_dropout``), checkpointed or not
     (``training_forwards``); the model is in eval mode before and after each update, as
-    sampling needs it."""
+    sampling needs it. The learning rate follows ``config.lr_schedule`` over the run's
+    optimizer steps from step ``done`` (``lr_scheduler``)."""
 
     def __init__(
         self,
@@ -248,11 +289,17 @@ class GRPOUpdate:
         pad_id: int,
         *,
         reference: Any = None,
+        done: int = 0,
     ) -> None:
         if config.kl_loss_coef > 0 and reference is None and not is_lora(model):
             raise ValueError("kl_loss_coef > 0 needs the reference (the starting model's scorer)")
         self.model, self.optimizer, self.config = model, optimizer, config
         self.pad_id, self.reference = pad_id, reference
+        # The learning rate over the run's optimizer steps, at step `done` (a resumed run's).
+        steps = config.iterations * config.update_epochs
+        self.scheduler = lr_scheduler(
+            optimizer, config.lr_schedule, config.warmup_steps, steps, done=done
+        )
         model.eval()  # sampling's mode, before the first update too (a model may come in train)
         weights = next(model.parameters())
         self.device = weights.device
@@ -418,7 +465,9 @@ class GRPOUpdate:
                             ))  # fmt: skip
                 norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.max_grad_norm)
                 grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+                learning_rate = self.optimizer.param_groups[0]["lr"]  # this step's
                 self.optimizer.step()
+                self.scheduler.step()
                 self.stepped = True
         finally:
             self.model.eval()
@@ -437,6 +486,7 @@ class GRPOUpdate:
             "approx_kl": stats["approx_kl"] / tokens_seen,
             "entropy": stats["entropy"] / tokens_seen,
             "grad_norm": grad_norm,
+            "learning_rate": learning_rate,
         }
         if sampler_log_probs is not None:
             row["tis_truncated"] = stats.get("tis_truncated", 0.0) / tokens_seen
