@@ -10,6 +10,7 @@ from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import nanstd
 
 from llm_gym.train.loss import (
+    advantages,
     group_advantages,
     grpo_loss,
     log_importance_weights,
@@ -173,6 +174,47 @@ def test_group_advantages_equal_trls(scale):
     if scale == "group":
         value = (first - first.mean()) / (first.std(ddof=1) + 1e-4)
         assert group_advantages(rewards, 3)[:3].tolist() == pytest.approx(value.tolist())
+
+
+REWARDS = np.array([1.0, 0.0, 0.0, 0.2, 0.1, 1.0, 0.5, 0.5, 0.5])  # 3 groups of 3
+
+
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+def test_rloo_subtracts_the_mean_of_the_other_responses(scale):
+    groups = REWARDS.reshape(3, 3)
+    others = np.array([[np.delete(g, i).mean() for i in range(3)] for g in groups])
+    expected = groups - others
+    if scale == "group":
+        expected /= groups.std(1, ddof=1, keepdims=True) + 1e-4
+    elif scale == "batch":
+        expected /= REWARDS.std(ddof=1) + 1e-4
+    got = advantages(torch.tensor(REWARDS), 3, "rloo", scale)
+    np.testing.assert_allclose(got.numpy(), expected.reshape(-1), rtol=1e-6)
+    assert got[6:].tolist() == [0.0] * 3  # equal rewards: nothing to learn
+
+
+def test_reinforce_plus_plus_whitens_the_group_centred_rewards_over_the_batch():
+    centred = (REWARDS.reshape(3, 3) - REWARDS.reshape(3, 3).mean(1, keepdims=True)).reshape(-1)
+    expected = (centred - centred.mean()) / (centred.std(ddof=1) + 1e-4)
+    got = advantages(torch.tensor(REWARDS), 3, "reinforce++", scale="none")  # its own scale
+    np.testing.assert_allclose(got.numpy(), expected, rtol=1e-6, atol=1e-12)
+    assert abs(float(got.mean())) < 1e-9 and float(got.std()) == pytest.approx(1.0, rel=1e-3)
+
+
+def test_rebn_normalises_the_rewards_over_the_batch_without_a_group_baseline():
+    expected = (REWARDS - REWARDS.mean()) / (REWARDS.std(ddof=1) + 1e-4)
+    got = advantages(torch.tensor(REWARDS), 3, "rebn")
+    np.testing.assert_allclose(got.numpy(), expected, rtol=1e-6)
+    assert got[6] == got[7] == got[8] != 0.0  # a group of equal rewards still has a signal
+
+
+def test_grpo_is_group_advantages_and_unknown_estimators_are_refused():
+    rewards = torch.tensor(REWARDS)
+    assert torch.equal(
+        advantages(rewards, 3, "grpo", "batch"), group_advantages(rewards, 3, "batch")
+    )
+    with pytest.raises(ValueError, match="estimator must be one of"):
+        advantages(rewards, 3, "ppo")
 
 
 def test_diagnostics_count_clipped_tokens_and_the_kl():

@@ -29,6 +29,7 @@ from llm_gym.cli._args import (
 from llm_gym.cli._envs import envs_table
 from llm_gym.run.config import BACKENDS, DTYPE_CHOICES, DTYPE_NAMES, RolloutConfig
 from llm_gym.train.config import (
+    ADVANTAGE_ESTIMATORS,
     IMPORTANCE_SAMPLING_LEVELS,
     LOSS_TYPES,
     LR_SCHEDULES,
@@ -160,6 +161,10 @@ def _add_train(commands: Any) -> None:
         help="beta: the k3 KL to the starting model in the loss, as TRL's (the adapter "
         "disabled under LoRA; beside --kl-coef's penalty in the reward; default: "
         "%(default)s)")  # fmt: skip
+    add("--advantage", choices=ADVANTAGE_ESTIMATORS, default=defaults.advantage,
+        help="each response's advantage from its group's rewards: GRPO's group-normalised, "
+        "RLOO's leave-one-out, REINFORCE++'s baseline, or ReBN's batch-normalised "
+        "(default: %(default)s)")  # fmt: skip
     add("--lr-schedule", choices=LR_SCHEDULES, default=defaults.lr_schedule,
         help="the learning rate over the optimizer steps: held, or decayed to 0 linearly or "
         "along a half cosine (default: %(default)s)")  # fmt: skip

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CHECKPOINT_TOKENS",
     "CONFIG_FILE",
+    "ADVANTAGE_ESTIMATORS",
     "IMPORTANCE_SAMPLING_LEVELS",
     "LOSS_TYPES",
     "LR_SCHEDULES",
@@ -52,6 +53,10 @@ CONFIG_FILE = "run_config.json"  # the run's GRPOConfig, written when the run st
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")  # "sequence": GSPO (Zheng et al., 2025)
 SCALE_REWARDS = ("group", "batch", "none")
+# How a response's advantage is taken from its group's rewards (llm_gym.train.loss.advantages
+# tells each): GRPO's group-normalised one, RLOO's leave-one-out, REINFORCE++'s baseline,
+# GEM's batch-normalised returns (ReBN).
+ADVANTAGE_ESTIMATORS = ("grpo", "rloo", "reinforce++", "rebn")
 # The learning rate over the run's optimizer steps, after --warmup-steps of linear warm-up
 # from 0: held ("constant"), decayed linearly to 0, or along a half cosine to 0
 # (transformers' schedules, TRL's lr_scheduler_type).
@@ -114,6 +119,7 @@ class GRPOConfig(RunConfig):
     groups: int = 2  # questions per iteration
     group_size: int = 8  # responses per question
     learning_rate: float = 5e-5
+    advantage: str = "grpo"
     lr_schedule: str = "constant"
     warmup_steps: int = 0
     update_epochs: int = 1
@@ -275,6 +281,7 @@ class GRPOConfig(RunConfig):
                      IMPORTANCE_SAMPLING_LEVELS)  # fmt: skip
         check_choice("scale_rewards", self.scale_rewards, SCALE_REWARDS)
         check_choice("lr_schedule", self.lr_schedule, LR_SCHEDULES)
+        check_choice("advantage", self.advantage, ADVANTAGE_ESTIMATORS)
         check_int("warmup_steps", self.warmup_steps, 0)
         check_number("clip_coef_high", self.clip_coef_high, 0, strict=True, optional=True)
         check_number("kl_loss_coef", self.kl_loss_coef, 0)
@@ -311,6 +318,14 @@ class GRPOConfig(RunConfig):
             raise ValueError(
                 f"a run across {world} processes does not go with {', '.join(given)} yet: "
                 "run it in one process"
+            )
+
+    def check_start(self, done: int) -> None:
+        """That a resumed run whose checkpoint has ``done`` iterations has some left."""
+        if done >= self.iterations:
+            raise ValueError(
+                f"the run in {self.out} has done {done} iterations; pass --iterations above "
+                f"{done} to train on"
             )
 
     def check_given(self, model: Any, tokenizer: Any, env: Any, world: int) -> None:

@@ -31,7 +31,7 @@ from llm_gym.samplers.weights import LocalWeights, ServedWeights, WeightSync, ex
 from llm_gym.train.checkpoints import RunCheckpoints, load_checkpoint
 from llm_gym.train.config import GRPOConfig, check_episode_groups
 from llm_gym.train.evaluation import evaluate_agent, evaluate_greedy
-from llm_gym.train.loss import group_advantages
+from llm_gym.train.loss import advantages as estimate
 from llm_gym.train.model import check_memory, frozen_reference, trained_model
 from llm_gym.train.play import Feed, kl_scorer, play, run_envs
 from llm_gym.train.run_folder import (
@@ -131,11 +131,7 @@ class GRPOTrainer:
         barrier()  # every process has looked before the first clears the folder
         state, tensors = load_checkpoint(checkpoint) if checkpoint else (None, None)
         self.start, self.before = (int(state["iteration"]), state["before"]) if state else (0, None)
-        if self.start >= config.iterations:
-            raise ValueError(
-                f"the run in {self.out} has done {self.start} iterations; pass --iterations "
-                f"above {self.start} to train on"
-            )
+        config.check_start(self.start)
         torch.manual_seed(config.seed)
         self.model, self.tokenizer = trained_model(
             config, given, tokenizer, checkpoint, self.device, self.dtype
@@ -305,8 +301,11 @@ class GRPOTrainer:
         self.task_names.update(
             str(e.info["task"]) for e in everyone if e.info.get("task") is not None
         )
-        rewards = torch.tensor([e.reward for e in episodes], device=self.device)
-        advantages = group_advantages(rewards, config.group_size, config.scale_rewards)
+        # Over the whole run's batch (a batch's std is every process's), this process's part.
+        rewards = torch.tensor([e.reward for e in everyone], device=self.device)
+        advantages = self.processes.own(
+            estimate(rewards, config.group_size, config.advantage, config.scale_rewards)
+        )
         # Each segment trains with its episode's advantage (an env episode has one; an agent's
         # as many as its calls make); asynchronous batches by the log-probs they were sampled
         # with, and --tis-cap corrects toward them.

@@ -11,9 +11,15 @@ from typing import Any
 import torch
 
 from llm_gym.checks import check_choice
-from llm_gym.train.config import IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES, SCALE_REWARDS
+from llm_gym.train.config import (
+    ADVANTAGE_ESTIMATORS,
+    IMPORTANCE_SAMPLING_LEVELS,
+    LOSS_TYPES,
+    SCALE_REWARDS,
+)
 
 __all__ = [
+    "advantages",
     "group_advantages",
     "grpo_loss",
     "log_importance_weights",
@@ -47,6 +53,52 @@ def group_advantages(
         return centred.reshape(-1)
     std = groups.std(1, keepdim=True) if scale == "group" else rewards.std()
     return (centred / (std + eps)).reshape(-1)
+
+
+def advantages(
+    rewards: torch.Tensor,
+    group_size: int,
+    estimator: str = "grpo",
+    scale: str = "group",
+    eps: float = 1e-4,
+) -> torch.Tensor:
+    """Each response's advantage from the ``rewards`` of groups of ``group_size`` consecutive
+    responses to one item, by ``estimator`` (``ADVANTAGE_ESTIMATORS``):
+
+    - ``"grpo"``: the reward minus its group's mean, over ``scale``'s standard deviation
+      (``group_advantages``);
+    - ``"rloo"``: the reward minus the mean of the group's other rewards (RLOO's
+      leave-one-out baseline, Ahmadian et al., 2024), over ``scale``'s standard deviation;
+    - ``"reinforce++"``: REINFORCE++'s baseline (Hu, 2025): the reward minus its group's
+      mean, then whitened over the batch (its mean and standard deviation);
+    - ``"rebn"``: GEM's ReBN (Liu et al., 2025): the rewards normalised over the whole batch,
+      no group baseline.
+
+    >>> r = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0])
+    >>> [round(a, 3) for a in advantages(r, 3, "rloo", scale="none").tolist()]
+    [1.0, -0.5, -0.5, 0.0, 0.0, 0.0]
+    >>> [round(a, 3) for a in advantages(r, 3, "rebn").tolist()]
+    [0.645, -1.291, -1.291, 0.645, 0.645, 0.645]
+    >>> [round(a, 3) for a in advantages(r, 3, "reinforce++").tolist()]
+    [1.825, -0.913, -0.913, 0.0, 0.0, 0.0]
+    """
+    check_choice("estimator", estimator, ADVANTAGE_ESTIMATORS)
+    if estimator == "grpo":
+        return group_advantages(rewards, group_size, scale, eps)
+    if estimator == "rebn":
+        return (rewards - rewards.mean()) / (rewards.std() + eps)
+    groups = rewards.reshape(-1, group_size)
+    centred = groups - groups.mean(1, keepdim=True)
+    if estimator == "reinforce++":
+        flat = centred.reshape(-1)
+        return (flat - flat.mean()) / (flat.std() + eps)
+    check_choice("scale", scale, SCALE_REWARDS)
+    # r_i minus the others' mean: group_size / (group_size - 1) times r_i minus the mean.
+    loo = (centred * group_size / (group_size - 1)).reshape(-1)
+    if scale == "none":
+        return loo
+    std = groups.std(1, keepdim=True) if scale == "group" else rewards.std()
+    return (loo.reshape(-1, group_size) / (std + eps)).reshape(-1)
 
 
 def log_importance_weights(
