@@ -9,6 +9,7 @@ from llm_gym._lazy import lazy_exports
 _EXPORTS = {
     "GRPOConfig": "llm_gym.train.config",
     "GRPOTrainer": "llm_gym.train.grpo",
+    "advantages": "llm_gym.train.loss",
     "evaluate_greedy": "llm_gym.train.evaluation",
     "group_advantages": "llm_gym.train.loss",
     "grpo_loss": "llm_gym.train.loss",
