@@ -481,3 +481,58 @@ def test_tool_episodes_are_trained_on_the_policys_tokens_only(tiny_dir, tmp_path
     assert row["response_tokens"] == policy_tokens
     assert row["tool_calls_per_episode"] == 1.0 and row["failed_tool_share"] == 0.0
     assert np.isfinite(row["loss"])
+
+
+def calls_answering(tok, *calls):
+    """A scripted policy whose k-th call answers sub-env i with ``calls[k][i]`` (the last
+    call's answers from then on), and the count of its calls."""
+    made = []
+
+    def answer(i, _):
+        return f"It is {calls[min(len(made) - 1, len(calls) - 1)][i]}"
+
+    policy = scripted_policy(tok, answer)
+
+    def counted(batch):
+        made.append(1)
+        return policy(batch)
+
+    return counted, made
+
+
+def dynamic_trainer(tiny_dir, tmp_path, refills):
+    rows = [{"question": "What is 2 + 3?", "answer": "#### 5"}]
+    config = GRPOConfig(
+        model=tiny_dir, out=str(tmp_path), env="LLMChat-GSM8K-v0", env_args={"dataset": rows},
+        groups=2, group_size=2, max_new_tokens=8, eval_episodes=0, progress=False,
+        dynamic_sampling=refills,
+    )  # fmt: skip
+    return GRPOTrainer(config)
+
+
+def test_dynamic_sampling_replaces_the_groups_whose_rewards_are_all_equal(tiny_dir, tmp_path):
+    trainer = dynamic_trainer(tiny_dir, tmp_path, refills=2)
+    # First batch: group 0 all right (nothing to learn), group 1 split; then every group split.
+    trainer.policy, made = calls_answering(trainer.tokenizer, [5, 5, 5, 6], [5, 6, 5, 6])
+    row = trainer.iteration(0)
+    assert len(made) == 2  # one refill found the group it needed
+    assert (row["sampled_episodes"], row["dropped_groups"]) == (8, 1)
+    assert row["zero_variance_groups"] == 0.0 and row["success"] == 0.5
+    trainer.lock.release()
+
+
+def test_dynamic_sampling_keeps_flat_groups_when_its_refills_find_too_few(tiny_dir, tmp_path):
+    trainer = dynamic_trainer(tiny_dir, tmp_path, refills=2)
+    trainer.policy, made = calls_answering(trainer.tokenizer, [5, 5, 6, 6])
+    row = trainer.iteration(0)
+    assert len(made) == 3  # the batch and both refills, every group of them flat
+    assert (row["sampled_episodes"], row["dropped_groups"]) == (12, 4)
+    assert row["zero_variance_groups"] == 1.0 and row["loss"] == 0.0
+    trainer.lock.release()
+
+
+def test_dynamic_sampling_is_refused_where_it_cannot_refill(tiny_dir, tmp_path):
+    with pytest.raises(ValueError, match="dynamic_sampling .* with --async"):
+        GRPOConfig(model=tiny_dir, out=str(tmp_path), asynchronous=True, dynamic_sampling=1)
+    with pytest.raises(ValueError, match="does not go with --dynamic-sampling"):
+        GRPOConfig(dynamic_sampling=1).check_world(2)

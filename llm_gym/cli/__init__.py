@@ -165,6 +165,9 @@ def _add_train(commands: Any) -> None:
         help="each response's advantage from its group's rewards: GRPO's group-normalised, "
         "RLOO's leave-one-out, REINFORCE++'s baseline, or ReBN's batch-normalised "
         "(default: %(default)s)")  # fmt: skip
+    add("--dynamic-sampling", type=number(int, 0), default=defaults.dynamic_sampling,
+        metavar="N", help="DAPO's dynamic sampling: up to N more batches a step, whose "
+        "groups replace those whose rewards are all equal (default: %(default)s, off)")  # fmt: skip
     add("--lr-schedule", choices=LR_SCHEDULES, default=defaults.lr_schedule,
         help="the learning rate over the optimizer steps: held, or decayed to 0 linearly or "
         "along a half cosine (default: %(default)s)")  # fmt: skip

@@ -98,6 +98,7 @@ _ENV_OBJECT_CONFLICTS = (
 _SHARDED_CONFLICTS = (
     ("asynchronous", "--async"), ("agent", "--agent"), ("ray_address", "--ray"),
     ("curriculum", "--curriculum"), ("kl_target", "--kl-target"),
+    ("dynamic_sampling", "--dynamic-sampling"),
 )  # fmt: skip
 # What a trainer's env must observe: the prompt's tokens, the history for the episode's
 # record and which tokens the policy wrote.
@@ -120,6 +121,7 @@ class GRPOConfig(RunConfig):
     group_size: int = 8  # responses per question
     learning_rate: float = 5e-5
     advantage: str = "grpo"
+    dynamic_sampling: int = 0  # DAPO's: batches more a step may play to replace flat groups
     lr_schedule: str = "constant"
     warmup_steps: int = 0
     update_epochs: int = 1
@@ -253,6 +255,7 @@ class GRPOConfig(RunConfig):
                 ("--async", self.asynchronous), ("--ray", self.ray_address is not None),
                 ("--tools", bool(self.tools)), ("--kl-coef", self.kl_coef > 0),
                 ("--curriculum", bool(self.curriculum)), ("--judge", self.judge is not None),
+                ("--dynamic-sampling", self.dynamic_sampling > 0),
             ) if on]  # fmt: skip
             if given:
                 raise ValueError(
@@ -282,6 +285,12 @@ class GRPOConfig(RunConfig):
         check_choice("scale_rewards", self.scale_rewards, SCALE_REWARDS)
         check_choice("lr_schedule", self.lr_schedule, LR_SCHEDULES)
         check_choice("advantage", self.advantage, ADVANTAGE_ESTIMATORS)
+        check_int("dynamic_sampling", self.dynamic_sampling, 0)
+        if self.dynamic_sampling and self.asynchronous:
+            raise ValueError(
+                "dynamic_sampling (--dynamic-sampling) with --async: batches sampled ahead "
+                "cannot be refilled; drop one"
+            )
         check_int("warmup_steps", self.warmup_steps, 0)
         check_number("clip_coef_high", self.clip_coef_high, 0, strict=True, optional=True)
         check_number("kl_loss_coef", self.kl_loss_coef, 0)
@@ -437,6 +446,11 @@ def check_vector_env(
             "env must observe 'tokens', 'history' and 'policy_mask' (input_mode='tokens', "
             "observation_keys=('tokens', 'history', 'policy_mask')), got the keys "
             f"{sorted(keys)}"
+        )
+    if multi_turn and config.dynamic_sampling:
+        raise ValueError(
+            f"{config.env} plays more than one turn an episode, whose iterations reseed "
+            "their groups: dynamic_sampling (--dynamic-sampling) refills single-turn tasks"
         )
     if multi_turn and world > 1:
         raise ValueError(

@@ -345,14 +345,15 @@ class GRPOTrainer:
     ) -> dict[str, Any]:
         # The iteration's metrics row, then the adaptive KL coefficient moves on.
         config, report = self.config, self.feed.report()
-        kl_coef = config.kl_coef if report["kl_coef"] is None else report["kl_coef"]
+        level, kl_coef = report.pop("level"), report.pop("kl_coef")  # the rest: as they are
+        kl_coef = config.kl_coef if kl_coef is None else kl_coef
         row = iteration_metrics(
             everyone, self.feed.seconds, self.part_names, iteration=iteration, update=update,
-            level=report["level"], kl_coef=kl_coef if config.kl_coef > 0 else None,
+            level=level, kl_coef=kl_coef if config.kl_coef > 0 else None,
             tools=bool(config.tools), agent=config.agent is not None,
             group_size=config.group_size, max_new_tokens=config.max_new_tokens,
-            eos_token_id=self.tokenizer.eos_token_id, staleness=report.get("staleness"),
-            sync_seconds=self.weights.seconds,
+            eos_token_id=self.tokenizer.eos_token_id, sync_seconds=self.weights.seconds,
+            **report,
         )  # fmt: skip
         return {**row, "seconds": time.perf_counter() - start}
 

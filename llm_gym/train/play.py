@@ -50,7 +50,11 @@ class Feed:
     source when it samples ahead (``AsyncBatches``), whose own state overrides theirs.
 
     ``restart``: the player of a single-turn run (``VectorEpisodes``), which a resumed run
-    puts back on the items it was at (``reset_seed``: the run's stream seed)."""
+    puts back on the items it was at (``reset_seed``: the run's stream seed).
+
+    ``refills``: DAPO's dynamic sampling, up to this many more batches a call whose groups of
+    ``group_size`` replace the batch's groups whose rewards are all equal (``dropped``: how
+    many the last call replaced, ``sampled``: how many episodes it played)."""
 
     def __init__(
         self,
@@ -63,8 +67,11 @@ class Feed:
         pipeline: AsyncBatches | None = None,
         restart: VectorEpisodes | None = None,
         reset_seed: int | None = None,
+        refills: int = 0,
+        group_size: int = 1,
     ) -> None:
         self.source, self.processes = source, processes
+        self.refills, self.group_size, self.dropped, self.sampled = refills, group_size, 0, 0
         self.stream, self.curriculum, self.kl, self.pipeline = stream, curriculum, kl, pipeline
         self.restart, self.reset_seed = restart, reset_seed
         self.seconds = 0.0
@@ -76,21 +83,44 @@ class Feed:
         return None if self.stream is None else self.stream.level
 
     def episodes(self, count: int) -> list[Episode]:
-        """``count`` episodes; ``seconds``: their sampling time (where the source tells it
-        apart from its env steps and waits)."""
+        """``count`` episodes, the groups that teach nothing replaced from up to ``refills``
+        more batches (too few found: some stay); ``seconds``: their sampling time (where the
+        source tells it apart from its env steps and waits)."""
+        groups = _groups(self._played(count), self.group_size)
+        self.seconds, self.sampled = self._seconds, count
+        kept = [g for g in groups if _varied(g)]
+        flat = [g for g in groups if not _varied(g)]
+        for _ in range(self.refills if len(kept) < len(groups) else 0):
+            more = _groups(self._played(count), self.group_size)
+            self.seconds, self.sampled = self.seconds + self._seconds, self.sampled + count
+            kept += [g for g in more if _varied(g)]
+            flat += [g for g in more if not _varied(g)]
+            if len(kept) >= len(groups):
+                break
+        kept = kept[: len(groups)]
+        fill = flat[: len(groups) - len(kept)]
+        self.dropped = len(flat) - len(fill)
+        return [e for group in kept + fill for e in group]
+
+    def _played(self, count: int) -> list[Episode]:
+        # One batch of the source; _seconds its sampling time.
         self.drawn_level = self.level  # the next items are drawn in this batch, at this level
         start = time.perf_counter()
         episodes = self.source.episodes(count)
-        self.seconds = getattr(self.source, "seconds", time.perf_counter() - start)
+        self._seconds = getattr(self.source, "seconds", time.perf_counter() - start)
         return episodes
 
     def report(self) -> dict[str, Any]:
-        """The batch's ``level`` and ``kl_coef`` (and ``staleness`` when sampled ahead) for
-        its metrics row; after it, an adaptive KL coefficient moves on."""
+        """The batch's ``level`` and ``kl_coef`` for its metrics row, with ``staleness`` when
+        sampled ahead, and with dynamic sampling the episodes it played
+        (``sampled_episodes``) and the groups it left out (``dropped_groups``); after it, an
+        adaptive KL coefficient moves on."""
         if self.pipeline is not None:  # as the batch left the shared ones
             report = self.pipeline.report()
             return {**report, "level": self.level if report["level"] is None else report["level"]}
         report = {"level": self.level, "kl_coef": None}
+        if self.refills:
+            report.update(sampled_episodes=self.sampled, dropped_groups=self.dropped)
         if self.kl is not None:
             report["kl_coef"] = float(self.kl.coef)
             self.kl.update_kl_coef()
@@ -200,6 +230,7 @@ def play(
     stream = base if isinstance(base, DatasetChatVectorEnv) else None
     curriculum = envs if config.curriculum else None  # before KL wraps it
     parts: dict[str, Any] = {"stream": stream, "curriculum": curriculum}
+    refill = {"refills": config.dynamic_sampling, "group_size": config.group_size}
     size, kl, controller = processes.num_envs, None, None
     if config.kl_coef > 0 and config.kl_target is not None:  # else a constant coefficient
         controller = AdaptiveKLController(config.kl_coef, config.kl_target, config.kl_horizon)
@@ -211,7 +242,7 @@ def play(
         source: EpisodeSource = agent_episodes(
             config, tokenizer, sampler, config.group_size, config.seed, first
         )
-        return Played(envs, Feed(source, processes, **parts), turns)
+        return Played(envs, Feed(source, processes, **parts, **refill), turns)
     if config.asynchronous:  # the vector env above only tells what the task is
         driver = _driver(
             config, tokenizer, sample, rubric, reference, controller, curriculum, weights
@@ -223,9 +254,9 @@ def play(
         return Played(envs, Feed(batches, processes, pipeline=batches, **parts), turns)
     if turns:  # tools, games: iteration k restarts each group from seed + 1 + k
         source = VectorEpisodes(envs, sample, reseed=config.seed + 1, first=first)
-        return Played(envs, Feed(source, processes, kl=kl, **parts), turns)
+        return Played(envs, Feed(source, processes, kl=kl, **parts, **refill), turns)
     source = VectorEpisodes(envs, sample, seed=config.seed)
-    feed = Feed(source, processes, kl=kl, restart=source, reset_seed=config.seed, **parts)
+    feed = Feed(source, processes, kl=kl, restart=source, reset_seed=config.seed, **parts, **refill)
     return Played(envs, feed, turns)
 
 
@@ -237,6 +268,15 @@ def kl_scorer(config: GRPOConfig, scorer: Scorer, compute: torch.dtype) -> Score
     computed = dtype_name(compute)
     served = config.backend_args.get("dtype", computed)
     return None if computed == served == "float32" else scorer
+
+
+def _groups(episodes: list[Episode], size: int) -> list[list[Episode]]:
+    return [episodes[i : i + size] for i in range(0, len(episodes), size)]
+
+
+def _varied(group: list[Episode]) -> bool:
+    # Whether the group's rewards differ: GRPO's advantages are 0 for a group of equal ones.
+    return len({e.reward for e in group}) > 1
 
 
 def run_envs(
