@@ -74,6 +74,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add("--loss-type", default=GRPOConfig.loss_type, choices=LOSS_TYPES,
         help="GRPO's loss aggregation (TRL's names)")  # fmt: skip
     add("--plot", default="docs/assets/learning-vs-trl.png", help="--vs-trl's figure")
+    add("--set", action="append", default=[], type=config_change, metavar="FIELD=VALUE",
+        help="any other GRPOConfig field (VALUE in JSON, else a string), e.g. "
+        "lr_schedule=cosine; repeatable")  # fmt: skip
     args = parser.parse_args(argv)
     if args.vs_trl and args.kl_coef:
         parser.error(
@@ -105,6 +108,23 @@ def parse_seeds(spec: str) -> list[int]:
     return seeds
 
 
+def config_change(text: str) -> tuple[str, Any]:
+    """``FIELD=VALUE`` as a GRPOConfig field and its value (JSON, else the string).
+
+    >>> config_change("warmup_steps=2"), config_change("lr_schedule=cosine")
+    (('warmup_steps', 2), ('lr_schedule', 'cosine'))
+    """
+    field, sep, value = text.partition("=")
+    if not sep or field not in {f.name for f in dataclasses.fields(GRPOConfig)}:
+        raise argparse.ArgumentTypeError(
+            f"--set takes FIELD=VALUE of a GRPOConfig field, got {text!r}"
+        )
+    try:
+        return field, json.loads(value)
+    except json.JSONDecodeError:
+        return field, value
+
+
 def run_config(args: argparse.Namespace, out: str) -> GRPOConfig:
     """llm_gym's run of ``args``, in the run folder ``out``."""
     return GRPOConfig(
@@ -114,7 +134,7 @@ def run_config(args: argparse.Namespace, out: str) -> GRPOConfig:
         learning_rate=args.learning_rate, max_new_tokens=args.max_new_tokens,
         eval_episodes=args.eval_episodes, kl_coef=args.kl_coef, device=args.device,
         dtype=args.dtype, seed=args.seed, out=out, overwrite=True, progress=False,
-        save_every=args.iterations, loss_type=args.loss_type,
+        save_every=args.iterations, loss_type=args.loss_type, **dict(args.set),
     )  # fmt: skip
 
 
