@@ -14,6 +14,7 @@ from llm_gym.train.loss import (
     group_advantages,
     grpo_loss,
     log_importance_weights,
+    overlong_penalty,
     truncated_is_weights,
     update_stats,
 )
@@ -262,3 +263,12 @@ def test_dapo_over_the_whole_batch_does_not_depend_on_the_split():
         for s in (slice(0, 1), slice(1, 4))
     )
     assert halves.item() == pytest.approx(whole.item(), abs=1e-7)
+
+
+@pytest.mark.parametrize("max_length, cache", [(100, 20), (48, 16), (10, 0)])
+def test_the_overlong_penalty_equals_trls(max_length, cache):
+    from trl.rewards import get_soft_overlong_punishment
+
+    lengths = list(range(0, max_length + 5))
+    theirs = get_soft_overlong_punishment(max_length, cache)([[1] * n for n in lengths])
+    assert [overlong_penalty(n, max_length, cache) for n in lengths] == pytest.approx(theirs)

@@ -536,3 +536,20 @@ def test_dynamic_sampling_is_refused_where_it_cannot_refill(tiny_dir, tmp_path):
         GRPOConfig(model=tiny_dir, out=str(tmp_path), asynchronous=True, dynamic_sampling=1)
     with pytest.raises(ValueError, match="does not go with --dynamic-sampling"):
         GRPOConfig(dynamic_sampling=1).check_world(2)
+
+
+@pytest.mark.parametrize("cache", [0, 6])
+def test_the_overlong_penalty_tells_right_answers_apart_by_length(tiny_dir, tmp_path, cache):
+    rows = [{"question": "What is 2 + 3?", "answer": "#### 5"}]
+    config = GRPOConfig(
+        model=tiny_dir, out=str(tmp_path), env="LLMChat-GSM8K-v0", env_args={"dataset": rows},
+        groups=1, group_size=2, max_new_tokens=12, eval_episodes=0, progress=False,
+        overlong_cache=cache,
+    )  # fmt: skip
+    trainer = GRPOTrainer(config)
+    answers = ["It is 5", "Well, well, well: it is 5"]  # both right; the second runs long
+    trainer.policy = scripted_policy(trainer.tokenizer, lambda i, _: answers[i])
+    row = trainer.iteration(0)
+    assert row["success"] == 1.0 and row["reward"] == 1.0  # the row tells the env's reward
+    assert (row["loss"] != 0.0) == bool(cache)  # the penalty alone makes the advantages differ
+    trainer.lock.release()

@@ -168,6 +168,10 @@ def _add_train(commands: Any) -> None:
     add("--dynamic-sampling", type=number(int, 0), default=defaults.dynamic_sampling,
         metavar="N", help="DAPO's dynamic sampling: up to N more batches a step, whose "
         "groups replace those whose rewards are all equal (default: %(default)s, off)")  # fmt: skip
+    add("--overlong-cache", type=number(int, 0), default=defaults.overlong_cache,
+        metavar="TOKENS", help="DAPO's soft overlong penalty: a response's reward falls "
+        "linearly to -1 over its last TOKENS of --max-new-tokens (default: %(default)s, "
+        "off)")  # fmt: skip
     add("--lr-schedule", choices=LR_SCHEDULES, default=defaults.lr_schedule,
         help="the learning rate over the optimizer steps: held, or decayed to 0 linearly or "
         "along a half cosine (default: %(default)s)")  # fmt: skip

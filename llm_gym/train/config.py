@@ -122,6 +122,7 @@ class GRPOConfig(RunConfig):
     learning_rate: float = 5e-5
     advantage: str = "grpo"
     dynamic_sampling: int = 0  # DAPO's: batches more a step may play to replace flat groups
+    overlong_cache: int = 0  # DAPO's soft overlong penalty over the last this many tokens
     lr_schedule: str = "constant"
     warmup_steps: int = 0
     update_epochs: int = 1
@@ -286,6 +287,12 @@ class GRPOConfig(RunConfig):
         check_choice("lr_schedule", self.lr_schedule, LR_SCHEDULES)
         check_choice("advantage", self.advantage, ADVANTAGE_ESTIMATORS)
         check_int("dynamic_sampling", self.dynamic_sampling, 0)
+        check_int("overlong_cache", self.overlong_cache, 0)
+        if self.overlong_cache > self.max_response_tokens:
+            raise ValueError(
+                f"overlong_cache (--overlong-cache) must be at most the response budget "
+                f"{self.max_response_tokens} (--max-new-tokens), got {self.overlong_cache}"
+            )
         if self.dynamic_sampling and self.asynchronous:
             raise ValueError(
                 "dynamic_sampling (--dynamic-sampling) with --async: batches sampled ahead "

@@ -32,6 +32,7 @@ from llm_gym.train.checkpoints import RunCheckpoints, load_checkpoint
 from llm_gym.train.config import GRPOConfig, check_episode_groups
 from llm_gym.train.evaluation import evaluate_agent, evaluate_greedy
 from llm_gym.train.loss import advantages as estimate
+from llm_gym.train.loss import shaped_rewards
 from llm_gym.train.model import check_memory, frozen_reference, trained_model
 from llm_gym.train.play import Feed, kl_scorer, play, run_envs
 from llm_gym.train.run_folder import (
@@ -302,10 +303,10 @@ class GRPOTrainer:
             str(e.info["task"]) for e in everyone if e.info.get("task") is not None
         )
         # Over the whole run's batch (a batch's std is every process's), this process's part.
-        rewards = torch.tensor([e.reward for e in everyone], device=self.device)
-        advantages = self.processes.own(
-            estimate(rewards, config.group_size, config.advantage, config.scale_rewards)
-        )
+        shaped = shaped_rewards(everyone, config.max_response_tokens, config.overlong_cache)
+        rewards = torch.tensor(shaped, device=self.device)
+        estimated = estimate(rewards, config.group_size, config.advantage, config.scale_rewards)
+        advantages = self.processes.own(estimated)
         # Each segment trains with its episode's advantage (an env episode has one; an agent's
         # as many as its calls make); asynchronous batches by the log-probs they were sampled
         # with, and --tis-cap corrects toward them.

@@ -6,7 +6,7 @@ not the trainer (a differential test against TRL holds them equal)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -18,8 +18,13 @@ from llm_gym.train.config import (
     SCALE_REWARDS,
 )
 
+if TYPE_CHECKING:
+    from llm_gym.episodes import Episode
+
 __all__ = [
     "advantages",
+    "overlong_penalty",
+    "shaped_rewards",
     "group_advantages",
     "grpo_loss",
     "log_importance_weights",
@@ -99,6 +104,29 @@ def advantages(
         return loo
     std = groups.std(1, keepdim=True) if scale == "group" else rewards.std()
     return (loo.reshape(-1, group_size) / (std + eps)).reshape(-1)
+
+
+def overlong_penalty(length: int, max_length: int, cache: int) -> float:
+    """DAPO's soft overlong punishment (Yu et al., 2025, eq. 13; TRL's
+    ``get_soft_overlong_punishment``): 0 up to ``max_length - cache`` tokens, then falling
+    linearly to -1 at ``max_length``, and -1 beyond.
+
+    >>> [overlong_penalty(n, 100, 20) for n in (80, 90, 100, 101)]
+    [0.0, -0.5, -1.0, -1.0]
+    """
+    if length <= max_length - cache:
+        return 0.0
+    if length <= max_length:
+        return ((max_length - cache) - length) / cache
+    return -1.0
+
+
+def shaped_rewards(episodes: Sequence[Episode], max_length: int, cache: int = 0) -> list[float]:
+    """The rewards advantages are taken from: each episode's, with ``cache`` the soft overlong
+    penalty of its policy tokens against ``max_length`` (``overlong_penalty``)."""
+    if not cache:
+        return [e.reward for e in episodes]
+    return [e.reward + overlong_penalty(e.policy_tokens, max_length, cache) for e in episodes]
 
 
 def log_importance_weights(
