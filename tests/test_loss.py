@@ -89,6 +89,16 @@ CASES = {
         {"beta": 0.04, "ref": True, "kl_bias_correction": False},
     ),
     "truncated IS": ({}, {"is": True}),
+    "sapo": ({"loss_type": "sapo"}, {"loss_type": "sapo"}),
+    "luspo": (
+        {"loss_type": "luspo", "importance_sampling_level": "sequence"},
+        {"loss_type": "luspo", "importance_sampling_level": "sequence"},
+    ),
+    "vespo": ({"loss_type": "vespo"}, {"loss_type": "vespo", "num_tokens": 40}),
+    "vespo, truncated IS": (
+        {"loss_type": "vespo"},
+        {"loss_type": "vespo", "num_tokens": 40, "is": True},
+    ),
 }
 
 

@@ -376,6 +376,11 @@ def test_master_adamw_resumes_from_its_masters(tmp_path):
         (["--tis-cap", "2", "--async"], "tis_cap (--tis-cap) with --async"),
         (["--loss-type", "cispo", "--clip-coef-high", "5", "--delta", "2"], "cispo has none"),
         (["--precision", "bf16", "--dtype", "float32"], "precision 'bf16' trains bfloat16"),
+        (["--loss-type", "luspo"], "pass importance_sampling_level='sequence'"),
+        (["--loss-type", "vespo", "--importance-sampling-level", "sequence"],
+         "loss_type 'vespo' takes each response's ratio itself"),
+        (["--dynamic-sampling", "1", "--async"], "dynamic_sampling (--dynamic-sampling) with"),
+        (["--overlong-cache", "49"], "overlong_cache (--overlong-cache) must be at most"),
     ],
 )  # fmt: skip
 def test_bad_input_gets_one_line(tiny_dir, tmp_path, capsys, extra, message):
@@ -392,6 +397,9 @@ def test_bad_input_gets_one_line(tiny_dir, tmp_path, capsys, extra, message):
         (["--dtype", "int8"], "invalid choice: 'int8'"),
         (["--loss-type", "ppo"], "invalid choice: 'ppo'"),
         (["--scale-rewards", "std"], "invalid choice: 'std'"),
+        (["--advantage", "ppo"], "invalid choice: 'ppo'"),
+        (["--lr-schedule", "step"], "invalid choice: 'step'"),
+        (["--warmup-steps", "-1"], "expected a number >= 0, got '-1'"),
         (["--delta", "0.9"], "expected a number > 1.0, got '0.9'"),
     ],
 )
@@ -552,4 +560,32 @@ def test_the_overlong_penalty_tells_right_answers_apart_by_length(tiny_dir, tmp_
     row = trainer.iteration(0)
     assert row["success"] == 1.0 and row["reward"] == 1.0  # the row tells the env's reward
     assert (row["loss"] != 0.0) == bool(cache)  # the penalty alone makes the advantages differ
+    trainer.lock.release()
+
+
+@pytest.mark.parametrize("loss_type", ["sapo", "luspo", "vespo"])
+def test_trls_newer_losses_train_an_iteration(tiny_dir, tmp_path, loss_type):
+    rows = [{"question": "What is 2 + 3?", "answer": "#### 5"}]
+    level = "sequence" if loss_type == "luspo" else "token"
+    config = GRPOConfig(
+        model=tiny_dir, out=str(tmp_path), env="LLMChat-GSM8K-v0", env_args={"dataset": rows},
+        groups=1, group_size=2, max_new_tokens=8, eval_episodes=0, progress=False,
+        loss_type=loss_type, importance_sampling_level=level, learning_rate=1e-2,
+        dtype="float32",
+    )  # fmt: skip
+    trainer = GRPOTrainer(config)
+    trainer.policy = scripted_policy(trainer.tokenizer, lambda i, _: f"It is {5 + i}")
+    weights = [p.detach().clone() for p in trainer.model.parameters()]
+    row = trainer.iteration(0)
+    # A right and a wrong answer of equal lengths, advantages ±a, ratio 1 (one epoch): sapo's
+    # gate is sigmoid(0) · 4 / τ = 2 / τ, τ 1.0 for a > 0 and 1.05 below; luspo's sums cancel;
+    # vespo's φ(1) = 1 weighs the log-probs (-a Σ log π + a Σ log π', not 0).
+    a = group_advantages(torch.tensor([1.0, 0.1]), 2)[0].item()
+    expected = {"sapo": -(2 / 1.0 - 2 / 1.05) * a / 2, "luspo": 0.0}.get(loss_type)
+    if expected is not None:
+        assert row["loss"] == pytest.approx(expected, abs=1e-6)
+    else:
+        assert np.isfinite(row["loss"]) and row["loss"] != 0.0
+    moved = [not torch.equal(w, p) for w, p in zip(weights, trainer.model.parameters(), strict=True)]
+    assert any(moved)
     trainer.lock.release()

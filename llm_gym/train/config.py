@@ -50,7 +50,11 @@ CONFIG_FILE = "run_config.json"  # the run's GRPOConfig, written when the run st
 # fixed length (Liu et al., 2025); "dapo" and "cispo" by the token count of the iteration's
 # whole batch (Yu et al., 2025; MiniMax, 2025), cispo weighting each log-prob by its capped,
 # detached ratio.
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo")
+# "sapo" gates the ratio with a sigmoid in place of the clip, averaged as grpo (Gao et al.,
+# 2025); "luspo" sums each response's tokens before the mean over responses, GSPO's ratio
+# (length-unbiased); "vespo" weighs each log-prob by a Gamma function of the response's
+# ratio, as dapo's sum (TRL 1.16's defaults for their shapes).
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")  # "sequence": GSPO (Zheng et al., 2025)
 SCALE_REWARDS = ("group", "batch", "none")
 # How a response's advantage is taken from its group's rewards (llm_gym.train.loss.advantages
@@ -307,6 +311,16 @@ class GRPOConfig(RunConfig):
             raise ValueError(
                 "loss_type 'cispo' caps the ratio at clip_coef_high (--clip-coef-high; 5.0 in "
                 "MiniMax's recipe): pass it"
+            )
+        if self.loss_type == "luspo" and self.importance_sampling_level != "sequence":
+            raise ValueError(
+                "loss_type 'luspo' is GSPO's sequence ratio with a length-unbiased sum: pass "
+                "importance_sampling_level='sequence' (--importance-sampling-level sequence)"
+            )
+        if self.loss_type == "vespo" and self.importance_sampling_level != "token":
+            raise ValueError(
+                "loss_type 'vespo' takes each response's ratio itself: leave "
+                "importance_sampling_level 'token'"
             )
         if self.delta is not None and self.loss_type == "cispo":
             raise ValueError("delta (--delta) caps the clipped surrogate's ratio; cispo has none")

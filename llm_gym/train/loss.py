@@ -5,6 +5,7 @@ not the trainer (a differential test against TRL holds them equal)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -207,6 +208,12 @@ def grpo_loss(
     high = clip_coef if clip_coef_high is None else clip_coef_high
     if loss_type == "cispo":  # the ratio only weighs the log-prob; no gradient through it
         per_token = -torch.clamp(coef_1, max=high).detach() * adv * log_probs
+    elif loss_type == "sapo":  # a sigmoid gate of the ratio in place of the hard clip
+        tau = torch.where(adv > 0, SAPO_TEMPERATURES[0], SAPO_TEMPERATURES[1])
+        per_token = -torch.sigmoid(tau * (coef_1 - 1)) * 4 / tau * adv
+    elif loss_type == "vespo":  # a Gamma weight of the response's ratio, no gradient through it
+        phi = _gamma_weights(adv, log_probs - old_log_probs, mask, is_weights)
+        per_token, is_weights = -phi * adv * log_probs, None  # the weights are in phi
     else:
         coef_2 = torch.clamp(coef_1, 1 - clip_coef, 1 + high)
         if delta is not None:
@@ -217,14 +224,41 @@ def grpo_loss(
     if kl is not None:
         per_token = per_token + beta * kl
     mask = mask.to(per_token.dtype)
-    if loss_type == "grpo":
+    if loss_type in ("grpo", "sapo"):
         return ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+    if loss_type == "luspo":  # each response's loss summed over its tokens: its length counts
+        return (per_token * mask).sum(-1).mean()
     if loss_type == "bnpo":
         return (per_token * mask).sum() / mask.sum().clamp(min=1.0)
     if loss_type == "dr_grpo":
         return (per_token * mask).sum() / (mask.shape[0] * max_length)
     tokens = mask.sum() if num_tokens is None else torch.as_tensor(num_tokens)
     return (per_token * mask).sum() / tokens.to(per_token).clamp(min=1.0)
+
+
+# TRL 1.16's defaults: SAPO's gate temperatures for positive and other advantages, and VESPO's
+# Gamma shape (k) and rate (λ) for non-negative and negative ones.
+SAPO_TEMPERATURES = (1.0, 1.05)
+VESPO_GAMMA = {"k_pos": 2.0, "lambda_pos": 3.0, "k_neg": 3.0, "lambda_neg": 2.0}
+
+
+@torch.no_grad()
+def _gamma_weights(
+    adv: torch.Tensor, log_ratio: torch.Tensor, mask: torch.Tensor, is_weights: torch.Tensor | None
+) -> torch.Tensor:
+    # VESPO's φ(w) = e^λ w^k e^(-λ w) of each response's ratio w = Π π/π_old (times the
+    # sampler's correction), normalised so that φ(1) = 1, computed in log space and clamped as
+    # TRL's get_gamma_weights; (B, 1), a weight without gradient.
+    low = math.log(1e-8)
+    log_w = (torch.clamp(log_ratio, -20.0, 20.0) * mask).sum(-1, keepdim=True)
+    if is_weights is not None:
+        log_w = log_w + torch.clamp(torch.log(is_weights), low, 20.0).sum(-1, keepdim=True)
+    log_w = torch.clamp(log_w, low, 20.0)
+    up = adv >= 0
+    k = torch.where(up, VESPO_GAMMA["k_pos"], VESPO_GAMMA["k_neg"])
+    lam = torch.where(up, VESPO_GAMMA["lambda_pos"], VESPO_GAMMA["lambda_neg"]).clamp(min=1e-4)
+    log_phi = lam + k * log_w - lam * torch.exp(log_w)
+    return torch.exp(log_phi).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
 
 
 def _k3(target_log_probs: torch.Tensor, log_probs: torch.Tensor) -> torch.Tensor:

@@ -380,9 +380,9 @@ class GRPOUpdate:
                         old[j] = scored(rows)[0]
                     if config.kl_loss_coef > 0:
                         refs[j] = self._reference_log_probs(*padded(rows))
-        # dapo, cispo: every micro-batch divides by the batch's tokens, so they add up to the
-        # batch's loss; the others' micro-batch losses are means, each weighing its share.
-        per_batch_tokens = config.loss_type in ("dapo", "cispo")
+        # dapo, cispo, vespo: every micro-batch divides by the batch's tokens, so they add up
+        # to the batch's loss; the others' micro-batch losses are means, each its share.
+        per_batch_tokens = config.loss_type in ("dapo", "cispo", "vespo")
         options = {
             "loss_type": config.loss_type, "clip_coef_high": config.clip_coef_high,
             "importance_sampling_level": config.importance_sampling_level,
