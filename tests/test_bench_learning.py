@@ -125,3 +125,42 @@ def test_plot_title_names_task_model_and_settings(bench, tmp_path):
     title = bench.plot_title(config_of(bench, tmp_path, "--iterations", "5"))
     assert "task chain_sum, level 0" in title and "SmolLM2-135M-Instruct" in title
     assert "5 iterations of 2 groups x 8 responses" in title and "loss grpo" in title
+
+
+@pytest.mark.parametrize(
+    ("spec", "seeds"), [("0-7", list(range(8))), ("3", [3]), ("2,0,5", [2, 0, 5])]
+)
+def test_seeds_are_a_range_or_a_list(bench, spec, seeds):
+    assert bench.parse_seeds(spec) == seeds
+
+
+@pytest.mark.parametrize("spec", ["a-b", "", "3--1", "-2"])
+def test_bad_seeds_are_refused_naming_the_flag(bench, spec, capsys):
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--seeds", spec])
+    assert "--seeds" in capsys.readouterr().err
+
+
+def test_set_changes_any_config_field_and_refuses_unknown_ones(bench, tmp_path, capsys):
+    config = config_of(bench, tmp_path, "--set", "lr_schedule=cosine", "--set", "warmup_steps=2")
+    assert (config.lr_schedule, config.warmup_steps) == ("cosine", 2)
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--set", "nope=1"])
+    assert "--set takes FIELD=VALUE of a GRPOConfig field" in capsys.readouterr().err
+
+
+def test_a_seed_row_and_the_table_over_seeds(bench):
+    rows = [
+        {"entropy": 0.5, "response_tokens": 20.0, "zero_variance_groups": 0.5},
+        {"entropy": 0.25, "response_tokens": 30.0, "zero_variance_groups": 0.0},
+    ]
+    summary = {"before": {"success": 0.25}, "after": {"success": 0.5}}
+    row = bench.seed_row(3, summary, rows, 128, 5.5)
+    assert row["gain"] == pytest.approx(25.0) and row["entropy"] == 0.25
+    assert row["response_tokens"] == 25.0 and row["zero_variance_groups"] == 0.25
+    se = math.hypot(math.sqrt(0.25 * 0.75 / 128), math.sqrt(0.25 / 128))
+    assert row["gain_se"] == pytest.approx(100 * se)
+    other = {**row, "seed": 4, "gain": 15.0}
+    lines = bench.seed_table([row, other]).splitlines()
+    assert lines[0] == bench.SEED_HEADER and lines[2].startswith("| 3 | 0.250 | 0.500 | +25.0 |")
+    assert lines[-1] == "gain over 2 seeds: worst +15.0, mean +20.0 (SE 5.0), best +25.0"
