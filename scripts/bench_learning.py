@@ -34,10 +34,16 @@ import torch
 import transformers
 
 from llm_gym.lm.loading import DEFAULT_MODEL_NAME, load_model
-from llm_gym.run.setup import env_kwargs, resolve_device, resolve_dtype
+from llm_gym.run.setup import compute_dtype, env_kwargs, resolve_device
 from llm_gym.train import GRPOConfig, GRPOTrainer
 from llm_gym.train.config import LOSS_TYPES
 from llm_gym.train.evaluation import evaluate_greedy
+from llm_gym.train.update import (
+    PRECISION_WEIGHTS,
+    TRANSFORMERS_SCHEDULES,
+    resolve_precision,
+    warmup_steps,
+)
 
 if TYPE_CHECKING:  # trl takes seconds to import: only --vs-trl pays for it
     import trl
@@ -71,6 +77,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add("--budget-minutes", type=float, default=15.0)
     add("--out", default=None, help="run folder (default: a temporary one)")
     add("--vs-trl", action="store_true", help="then the same run with TRL's GRPOTrainer")
+    add("--trainers", type=parse_trainers, default=None, metavar="NAMES",
+        help="with --seeds, which trainers run each seed: llm_gym, trl (TRL with the same "
+        "recipe), trl-defaults (TRL's own recipe at the same budget); default llm_gym, with "
+        "--vs-trl llm_gym,trl")  # fmt: skip
     add("--loss-type", default=GRPOConfig.loss_type, choices=LOSS_TYPES,
         help="GRPO's loss aggregation (TRL's names)")  # fmt: skip
     add("--plot", default="docs/assets/learning-vs-trl.png", help="--vs-trl's figure")
@@ -78,11 +88,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="any other GRPOConfig field (VALUE in JSON, else a string), e.g. "
         "lr_schedule=cosine; repeatable")  # fmt: skip
     args = parser.parse_args(argv)
-    if args.vs_trl and args.kl_coef:
+    if args.trainers is not None and args.seeds is None:
+        parser.error("--trainers picks the trainers of each seed: pass --seeds too")
+    compares = args.vs_trl or any(name != "llm_gym" for name in args.trainers or ())
+    if compares and args.kl_coef:
         parser.error(
             "--vs-trl compares without KL (llm_gym's is a reward penalty, TRL's a loss term)"
         )
-    if args.vs_trl and args.eval_episodes < 1:
+    if compares and args.eval_episodes < 1:
         parser.error("--vs-trl compares held-out success: pass --eval-episodes >= 1")
     return args
 
@@ -138,11 +151,13 @@ def run_config(args: argparse.Namespace, out: str) -> GRPOConfig:
     )  # fmt: skip
 
 
-def trl_config(config: GRPOConfig, out: str) -> trl.GRPOConfig:
+def trl_config(config: GRPOConfig, out: str, *, own_defaults: bool = False) -> trl.GRPOConfig:
     """TRL's settings for the run ``config`` describes: one generation batch of ``groups``
-    questions × ``group_size`` responses per optimizer step, one update on it, the same clip,
-    temperature, response budget, loss and optimizer (AdamW's defaults, a constant rate),
-    in the model's dtype (no mixed precision); TRL's files in ``out``."""
+    questions × ``group_size`` responses per optimizer step, one update on it, the same
+    response budget and temperature, the same loss, clip, learning rate and its schedule and
+    optimizer (AdamW's defaults), the update in the weights' dtype (no mixed precision); TRL's
+    files in ``out``. ``own_defaults``: TRL's own recipe instead (its learning rate, schedule,
+    optimizer, loss and clip), at the same budget and dtype."""
     import trl
 
     if config.kl_coef or config.update_epochs != 1:
@@ -156,6 +171,17 @@ def trl_config(config: GRPOConfig, out: str) -> trl.GRPOConfig:
     checkpointing = "activation_checkpointing"
     if checkpointing not in fields:
         checkpointing = "gradient_checkpointing"
+    recipe = {
+        "learning_rate": config.learning_rate,
+        "loss_type": config.loss_type,
+        "epsilon": config.clip_coef,
+        "max_grad_norm": config.max_grad_norm,
+        "scale_rewards": config.scale_rewards,
+        "optim": "adamw_torch",  # not transformers' default, the fused one
+        **ADAMW,
+        "lr_scheduler_type": TRANSFORMERS_SCHEDULES[config.lr_schedule],
+        "warmup_steps": warmup_steps(config.warmup_steps, config.iterations, config.lr_schedule),
+    }
     return trl.GRPOConfig(
         output_dir=out,
         num_generations=config.group_size,
@@ -166,21 +192,15 @@ def trl_config(config: GRPOConfig, out: str) -> trl.GRPOConfig:
         # each further pass as a step of max_steps).
         num_iterations=1,
         max_steps=config.iterations,
-        learning_rate=config.learning_rate,
         temperature=config.temperature,
         max_completion_length=config.max_new_tokens,
-        loss_type=config.loss_type,
-        epsilon=config.clip_coef,
         beta=0.0,
-        max_grad_norm=config.max_grad_norm,
-        scale_rewards="group",
         seed=config.seed,
-        optim="adamw_torch",  # not transformers' default, the fused one
-        **ADAMW,
-        lr_scheduler_type="constant",  # transformers' default decays linearly
-        warmup_steps=0,
+        **({} if own_defaults else recipe),
         use_cpu=resolve_device(config.device).type == "cpu",
-        bf16=False,  # TRL's default is bf16 autocast; llm_gym computes in the model's dtype
+        # TRL's default is bf16 autocast; llm_gym's update computes in the weights' dtype
+        # (--precision auto on a CPU), and both sample in --dtype (run_trl).
+        bf16=False,
         fp16=False,
         **{checkpointing: bool(config.gradient_checkpointing)},
         use_vllm=False,
@@ -233,37 +253,44 @@ def rollout_env_kwargs(config: GRPOConfig, tokenizer: Any) -> dict[str, Any]:
     return kwargs
 
 
-def run_trl(config: GRPOConfig, out: str) -> dict[str, Any]:
-    """TRL's ``GRPOTrainer`` on ``config``'s task from ``config.model``, greedy success on the
-    held-out questions before and after (llm_gym's ``evaluate_greedy``): ``before``,
-    ``after``, the rewards' ``steps`` and ``rewards``, and its ``minutes``."""
+def run_trl(config: GRPOConfig, out: str, *, own_defaults: bool = False) -> dict[str, Any]:
+    """TRL's ``GRPOTrainer`` on ``config``'s task from ``config.model`` (``trl_config``'s
+    settings), greedy success on the held-out questions before and after (llm_gym's
+    ``evaluate_greedy``): ``before``, ``after``, the rewards' ``steps`` and ``rewards``, and
+    its ``minutes``. Its weights are llm_gym's (``--precision``'s), and it samples and
+    evaluates in llm_gym's compute dtype (``--dtype`` by autocast over float32 weights)."""
     import datasets
     import trl
 
     from llm_gym.integrations.trl import env_reward_func, make_rollout_func
 
     start = time.perf_counter()
-    device, dtype = resolve_device(config.device), resolve_dtype(config.dtype)
+    device = resolve_device(config.device)
+    weights = PRECISION_WEIGHTS[resolve_precision(config.precision, device)]
+    sampling = compute_dtype(config, device, weights)
     torch.manual_seed(config.seed)
-    model, tokenizer = load_model(config.model, device=device, dtype=dtype)
+    model, tokenizer = load_model(config.model, device=device, dtype=weights)
 
     def evaluate() -> float:
         model.eval()
         held_out = evaluate_greedy(
-            model, tokenizer, config, episodes=config.eval_episodes, seed=config.eval_seed
-        )
+            model, tokenizer, config, episodes=config.eval_episodes, seed=config.eval_seed,
+            compute_dtype=sampling,
+        )  # fmt: skip
         return held_out["success"]
 
     before = evaluate()
     rollout = make_rollout_func(
-        config.env, seed=config.seed, **rollout_env_kwargs(config, tokenizer)
-    )
+        config.env, seed=config.seed, compute_dtype=sampling,
+        **rollout_env_kwargs(config, tokenizer),
+    )  # fmt: skip
     # The env poses the questions (its own stream from `seed`) and ignores the prompts, but
     # TRL draws `groups` rows a step: one placeholder row per question.
     rows = config.groups * config.iterations
     dataset = datasets.Dataset.from_dict({"prompt": ["(the env poses the question)"] * rows})
     trainer = trl.GRPOTrainer(
-        model=model, reward_funcs=[env_reward_func], args=trl_config(config, f"{out}/trl"),
+        model=model, reward_funcs=[env_reward_func],
+        args=trl_config(config, f"{out}/trl", own_defaults=own_defaults),
         train_dataset=dataset, processing_class=tokenizer, rollout_func=rollout,
     )  # fmt: skip
     trainer.train()
@@ -311,6 +338,13 @@ def plot_comparison(
     ax.set_ylabel("mean training reward")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8)
+    return saved(fig, path)
+
+
+def saved(fig: Any, path: str | Path) -> Path:
+    """``fig`` written to ``path`` (its folder made) and closed: the path."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -353,10 +387,12 @@ def seed_row(seed: int, summary: Mapping[str, Any], rows: Sequence[Mapping[str, 
         "gain": 100 * (after - before),
         "gain_se": 100 * gain_standard_error(before, after, episodes),
         "minutes": minutes,
+        # What llm_gym's rows record; None for a trainer without them (TRL).
         "entropy": rows[-1].get("entropy") if rows else None,
-        "response_tokens": sum(r["response_tokens"] for r in rows) / max(len(rows), 1),
-        "zero_variance_groups": sum(r.get("zero_variance_groups", 0.0) for r in rows)
-        / max(len(rows), 1),
+        "response_tokens": sum(r["response_tokens"] for r in rows) / len(rows) if rows else None,
+        "zero_variance_groups": sum(r.get("zero_variance_groups", 0.0) for r in rows) / len(rows)
+        if rows
+        else None,
     }
 
 
@@ -373,12 +409,15 @@ def seed_table(results: Sequence[Mapping[str, Any]]) -> str:
     gain over 2 seeds: worst +10.0, mean +15.0 (SE 5.0), best +20.0
     """
     lines = [SEED_HEADER, "|" + "---|" * SEED_HEADER.count(" | ") + "---|"]
+
+    def cell(value: float | None, digits: int) -> str:
+        return "n/a" if value is None else f"{value:.{digits}f}"
+
     for r in results:
-        entropy = "n/a" if r["entropy"] is None else f"{r['entropy']:.3f}"
         lines.append(
             f"| {r['seed']} | {r['before']:.3f} | {r['after']:.3f} | {r['gain']:+.1f} | "
-            f"{r['gain_se']:.1f} | {r['minutes']:.1f} | {entropy} | "
-            f"{r['response_tokens']:.1f} | {r['zero_variance_groups']:.2f} |"
+            f"{r['gain_se']:.1f} | {r['minutes']:.1f} | {cell(r['entropy'], 3)} | "
+            f"{cell(r['response_tokens'], 1)} | {cell(r['zero_variance_groups'], 2)} |"
         )
     gains = [r["gain"] for r in results]
     mean = sum(gains) / len(gains)
@@ -392,27 +431,83 @@ def seed_table(results: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def run_seeds(args: argparse.Namespace, out: str) -> list[dict[str, Any]]:
-    """llm_gym's run of ``args`` for each of ``args.seeds`` (run folders ``out/seed-N``), and
-    TRL's too with ``--vs-trl``: each seed's row, printed as it finishes, then the table."""
-    results, theirs = [], []
+TRAINERS = ("llm_gym", "trl", "trl-defaults")
+
+
+def parse_trainers(spec: str) -> list[str]:
+    """``--trainers``' comma-separated names, each one of ``TRAINERS``.
+
+    >>> parse_trainers("llm_gym,trl")
+    ['llm_gym', 'trl']
+    """
+    names = [name.strip() for name in spec.split(",")]
+    unknown = [name for name in names if name not in TRAINERS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"--trainers takes a comma-separated list of {', '.join(TRAINERS)}, got {spec!r}"
+        )
+    return names
+
+
+def plot_seeds(
+    path: str | Path, title: str, curves: Mapping[str, Sequence[tuple[int, list[int], list[float]]]]
+) -> Path:
+    """One panel per trainer, a line per seed: the mean training reward per iteration;
+    ``curves`` maps a trainer's name to its (seed, iterations, rewards)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display: write the file only
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(
+        1, len(curves), figsize=(4.5 * len(curves), 4), sharey=True, squeeze=False
+    )
+    for ax, (name, runs) in zip(axes[0], curves.items(), strict=True):
+        for seed, steps, rewards in runs:
+            ax.plot(steps, rewards, "o-", markersize=3, alpha=0.8, label=f"seed {seed}")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.set_title(name, fontsize=10)
+        ax.set_xlabel("iteration")
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("mean training reward")
+    fig.suptitle(title, fontsize=9)
+    return saved(fig, path)
+
+
+def run_seeds(args: argparse.Namespace, out: str) -> dict[str, list[dict[str, Any]]]:
+    """Each of ``args.trainers`` (default: llm_gym, and TRL with ``--vs-trl``) on each of
+    ``args.seeds`` (run folders ``out/seed-N``): each seed's row, printed as it finishes,
+    then a table per trainer and, with more than one trainer, every seed's curve
+    (``--plot``)."""
+    trainers = args.trainers or (["llm_gym", "trl"] if args.vs_trl else ["llm_gym"])
+    results: dict[str, list[dict[str, Any]]] = {name: [] for name in trainers}
+    curves: dict[str, list[tuple[int, list[int], list[float]]]] = {name: [] for name in trainers}
     for seed in args.seeds:
         config = dataclasses.replace(run_config(args, f"{out}/seed-{seed}"), seed=seed)
-        start = time.perf_counter()
-        summary = GRPOTrainer(config).train()
-        minutes = (time.perf_counter() - start) / 60
-        with open(Path(config.out) / "metrics.jsonl") as f:
-            rows = [json.loads(line) for line in f if line.strip()]
-        results.append(seed_row(seed, summary, rows, config.eval_episodes, minutes))
-        print(json.dumps({"llm_gym": results[-1]}), flush=True)
-        if args.vs_trl:
-            trl = run_trl(config, config.out)
-            held = {"before": {"success": trl["before"]}, "after": {"success": trl["after"]}}
-            theirs.append(seed_row(seed, held, [], config.eval_episodes, trl["minutes"]))
-            print(json.dumps({"trl": theirs[-1]}), flush=True)
-    print(f"llm_gym, dtype {args.dtype}:\n{seed_table(results)}")
-    if theirs:
-        print(f"trl, dtype {args.dtype}:\n{seed_table(theirs)}")
+        for name in trainers:
+            if name == "llm_gym":
+                start = time.perf_counter()
+                summary = GRPOTrainer(config).train()
+                minutes = (time.perf_counter() - start) / 60
+                with open(Path(config.out) / "metrics.jsonl") as f:
+                    rows = [json.loads(line) for line in f if line.strip()]
+                row = seed_row(seed, summary, rows, config.eval_episodes, minutes)
+                curves[name].append((seed, *llm_gym_rewards(rows)))
+            else:
+                theirs = run_trl(config, f"{config.out}/{name}", own_defaults=name != "trl")
+                held = {
+                    "before": {"success": theirs["before"]},
+                    "after": {"success": theirs["after"]},
+                }
+                row = seed_row(seed, held, [], config.eval_episodes, theirs["minutes"])
+                curves[name].append((seed, theirs["steps"], theirs["rewards"]))
+            results[name].append(row)
+            print(json.dumps({name: row}), flush=True)
+    for name, rows in results.items():
+        print(f"{name}, dtype {args.dtype}:\n{seed_table(rows)}")
+    if len(trainers) > 1:
+        title = plot_title(config).replace(f", seed {config.seed}", f", seeds {args.seeds}")
+        print(f"plot: {plot_seeds(args.plot, title, curves)}")
     return results
 
 

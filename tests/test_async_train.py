@@ -214,11 +214,24 @@ def test_async_trainingkl_sub_env_and_curriculum_resumes_exactly(tiny_dir, tmp_p
 
     def config(out, **changes):
         values = dict(
-            model=tiny_dir, out=str(out), env_args={"task": "chain_sum", "level": 2},
-            curriculum=2, kl_coef=0.5, kl_target=0.01, learning_rate=1e-2, groups=2,
-            group_size=2, max_new_tokens=4, eval_episodes=0, iterations=4, save_every=2,
-            progress=False, asynchronous=True, max_staleness=0,
-        )  # fmt: skip
+            model=tiny_dir,
+            out=str(out),
+            env_args={"task": "chain_sum", "level": 2},
+            curriculum=2,
+            kl_coef=0.5,
+            kl_target=0.01,
+            learning_rate=1e-2,
+            groups=2,
+            group_size=2,
+            max_new_tokens=4,
+            eval_episodes=0,
+            iterations=4,
+            save_every=2,
+            progress=False,
+            asynchronous=True,
+            max_staleness=0,
+            lr_schedule="constant",
+        )  # fmt: skip  (a constant rate: the shorter first run would decay it sooner)
         return GRPOConfig(**{**values, **changes})
 
     whole, parts = tmp_path / "whole", tmp_path / "parts"

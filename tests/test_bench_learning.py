@@ -44,23 +44,57 @@ def test_trl_config_carries_llm_gyms_settings(bench, tmp_path):
     assert args.learning_rate == config.learning_rate == 2e-5
     assert args.temperature == config.temperature == 1.0
     assert args.max_completion_length == config.max_new_tokens == 32
-    assert args.loss_type == config.loss_type == "grpo"
+    assert args.loss_type == config.loss_type == "dapo"
     assert args.epsilon == config.clip_coef == 0.2
     assert args.epsilon_high is None  # TRL then clips at 1 + epsilon above too
     assert args.beta == config.kl_coef == 0.0
     assert args.max_grad_norm == config.max_grad_norm == 1.0
     assert args.scale_rewards == "group"
     assert args.seed == config.seed == 0
-    # llm_gym's optimizer: torch.optim.AdamW(params, lr), its defaults, a constant rate.
+    # llm_gym's optimizer: torch.optim.AdamW(params, lr), its defaults, and its schedule: a
+    # half cosine, warmed up over a tenth of the steps (none of 7).
     assert args.optim == "adamw_torch"  # a str enum
     assert (args.weight_decay, args.adam_beta1, args.adam_beta2) == (0.01, 0.9, 0.999)
     assert args.adam_epsilon == 1e-8
-    assert args.lr_scheduler_type == "constant"
+    assert args.lr_scheduler_type == "cosine"
     assert args.warmup_steps == 0
     assert args.use_cpu and not args.bf16 and not args.fp16
     assert not args.gradient_checkpointing and not args.use_vllm
     assert args.logging_steps == 1 and args.report_to in ([], "none", ["none"])
     assert args.output_dir == str(tmp_path / "trl")
+
+
+def test_the_schedule_reaches_trl_and_trls_own_defaults_drop_the_recipe(bench, tmp_path):
+    config = config_of(bench, tmp_path, "--set", "lr_schedule=linear")
+    args = bench.trl_config(config, str(tmp_path / "trl"))
+    assert (args.lr_scheduler_type, args.warmup_steps) == ("linear", 2)  # a tenth of 20
+    config = config_of(bench, tmp_path, "--set", "lr_schedule=constant", "--set", "warmup_steps=3")
+    args = bench.trl_config(config, str(tmp_path / "trl"))
+    assert (args.lr_scheduler_type, args.warmup_steps) == ("constant_with_warmup", 3)
+    own = bench.trl_config(config_of(bench, tmp_path), str(tmp_path / "trl"), own_defaults=True)
+    assert (own.learning_rate, own.lr_scheduler_type, own.weight_decay) == (1e-6, "linear", 0.0)
+    assert own.optim == "adamw_torch_fused" and own.loss_type == "dapo"
+    # The budget and the dtype stay the run's.
+    assert (own.max_steps, own.num_generations, own.max_completion_length) == (20, 8, 48)
+    assert own.per_device_train_batch_size == 16 and not own.bf16
+
+
+def test_trainers_are_named_and_need_seeds(bench, capsys):
+    assert bench.parse_args(["--seeds", "0-1", "--trainers", "trl,trl-defaults"]).trainers == [
+        "trl",
+        "trl-defaults",
+    ]
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--seeds", "0", "--trainers", "llm_gym,sb3"])
+    assert "--trainers takes a comma-separated list of llm_gym, trl, trl-defaults" in (
+        capsys.readouterr().err
+    )
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--trainers", "trl"])
+    assert "pass --seeds too" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--seeds", "0", "--trainers", "trl", "--kl-coef", "0.1"])
+    assert "without KL" in capsys.readouterr().err
 
 
 def test_loss_type_reaches_both_configs(bench, tmp_path):
@@ -124,7 +158,7 @@ def test_reward_curves(bench):
 def test_plot_title_names_task_model_and_settings(bench, tmp_path):
     title = bench.plot_title(config_of(bench, tmp_path, "--iterations", "5"))
     assert "task chain_sum, level 0" in title and "SmolLM2-135M-Instruct" in title
-    assert "5 iterations of 2 groups x 8 responses" in title and "loss grpo" in title
+    assert "5 iterations of 2 groups x 8 responses" in title and "loss dapo" in title
 
 
 @pytest.mark.parametrize(
@@ -164,3 +198,19 @@ def test_a_seed_row_and_the_table_over_seeds(bench):
     lines = bench.seed_table([row, other]).splitlines()
     assert lines[0] == bench.SEED_HEADER and lines[2].startswith("| 3 | 0.250 | 0.500 | +25.0 |")
     assert lines[-1] == "gain over 2 seeds: worst +15.0, mean +20.0 (SE 5.0), best +25.0"
+    # A trainer without llm_gym's rows (TRL) has no entropy, lengths or flat groups to show.
+    theirs = bench.seed_row(3, summary, [], 128, 7.0)
+    assert theirs["entropy"] is theirs["response_tokens"] is theirs["zero_variance_groups"] is None
+    assert bench.seed_table([theirs]).splitlines()[2].endswith("| 7.0 | n/a | n/a | n/a |")
+
+
+def test_the_seeds_plot_has_a_panel_per_trainer(bench, tmp_path):
+    curves = {
+        "llm_gym": [(0, [1, 2], [0.25, 0.5]), (1, [1, 2], [0.5, 0.75])],
+        "trl": [(0, [1, 2], [0.25, 0.25])],
+    }
+    path = bench.plot_seeds(tmp_path / "seeds.png", "title", curves)
+    import matplotlib.image
+
+    height, width, _ = matplotlib.image.imread(path).shape
+    assert (width, height) == (900, 400)  # two panels of 4.5 x 4 inches at 100 dpi

@@ -42,9 +42,16 @@ def metrics(out):
 
 # TRL's loss variants, the k3 KL term, batch-scaled advantages, truncated IS weights and two
 # epochs (so that ratios move and clip): all kept by the run's config and resumed alike.
+# The interrupted run is emulated by a shorter one, resumed with more iterations: a rate that
+# decays over the run's steps would differ, so these hold it (SCHEDULE decays it over the
+# resumed run's steps, its warm-up the same either way).
+CONSTANT = dict(lr_schedule="constant", warmup_steps=0)
+# The adaptive entropy bonus's target is above the tiny model's entropy: its coefficient
+# rises every step, so a resume that lost it would differ.
 VARIANTS = dict(
     loss_type="dapo", clip_coef_high=0.28, delta=1.5, kl_loss_coef=0.04, scale_rewards="batch",
-    tis_cap=2.0, update_epochs=2,
+    tis_cap=2.0, update_epochs=2, entropy_coef=0.01, entropy_target=100.0,
+    entropy_coef_delta=0.01, **CONSTANT,
 )  # fmt: skip
 
 
@@ -53,7 +60,9 @@ SCHEDULE = dict(lr_schedule="cosine", warmup_steps=2)
 
 
 @pytest.mark.parametrize(
-    "variant", [{}, VARIANTS, SCHEDULE], ids=["grpo", "dapo+k3+tis", "cosine+warmup"]
+    "variant",
+    [dict(loss_type="grpo", **CONSTANT), VARIANTS, SCHEDULE],
+    ids=["grpo", "dapo+k3+tis", "cosine+warmup"],
 )
 def test_a_resumed_run_equals_an_uninterrupted_one(tiny_dir, tmp_path, variant):
     whole, parts = tmp_path / "whole", tmp_path / "parts"
@@ -74,7 +83,10 @@ def test_a_resumed_run_equals_an_uninterrupted_one(tiny_dir, tmp_path, variant):
     if variant is SCHEDULE:  # from 0 over 2 steps, then half a cosine to 0 at step 4
         rates = [row["learning_rate"] for row in expected]
         assert rates == pytest.approx([0.0, 0.5e-2, 1e-2, 0.5e-2])
-    elif variant:  # the update's diagnostics, the second epoch's: ratios moved
+    elif variant is VARIANTS:  # the update's diagnostics, the second epoch's: ratios moved
+        # Two steps an iteration, each 0.01 up: where the next step starts.
+        coefs = [row["entropy_coef"] for row in expected]
+        assert coefs == pytest.approx([0.03, 0.05, 0.07, 0.09])
         assert all(row["approx_kl"] > 0 and row["entropy"] > 0 for row in expected)
         assert any(row["clip_fraction"] > 0 for row in expected)
         assert all(0 <= row["tis_truncated"] <= 1 for row in expected)

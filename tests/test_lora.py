@@ -32,11 +32,12 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def config(model, out, **changes):
     # float32 pinned: in bfloat16 the first KL is exactly 0, so the adapter's B never moves.
+    # A constant rate: the resume test's shorter first run would decay it sooner.
     values = dict(
         model=model, out=str(out), env_args={"task": "chain_sum", "level": 2},
         kl_coef=0.5, learning_rate=5e-2, groups=2, group_size=2, max_new_tokens=4,
         eval_episodes=0, iterations=4, save_every=2, progress=False, lora_rank=4,
-        lora_target_modules="all-linear", dtype="float32",
+        lora_target_modules="all-linear", dtype="float32", lr_schedule="constant",
     )  # fmt: skip
     return GRPOConfig(**{**values, **changes})
 

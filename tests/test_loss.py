@@ -9,7 +9,9 @@ import torch
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import nanstd
 
+from llm_gym.lm.tensors import selected_log_probs
 from llm_gym.train.loss import (
+    EntropyBonus,
     advantages,
     group_advantages,
     grpo_loss,
@@ -35,7 +37,7 @@ def trl_trainer(model_dir, tokenizer, tmp_path, **changes):
         disable_tqdm=True,
         seed=0,
         **{"loss_type": "grpo", **changes},
-    )  # fmt: skip  (TRL's default loss is dapo, llm_gym's grpo)
+    )  # fmt: skip  (each case names its loss)
     return GRPOTrainer(
         model=model_dir,  # a folder: with beta, TRL loads its reference from it
         reward_funcs=[lambda completions, **_: [0.0] * len(completions)],
@@ -153,6 +155,70 @@ def test_every_loss_equals_trls_in_value_and_gradient(case, tiny_dir, smollm2_to
             metrics["clip_ratio/high_mean"][-1], abs=1e-7
         )
         assert stats["clip_low"] > 0 and (stats["clip_high"] > 0 or delta is not None)
+
+
+@pytest.mark.parametrize("linear_head", [True, False], ids=["chunked head", "whole logits"])
+def test_the_entropy_bonus_equals_trls_in_value_and_gradient(
+    linear_head, tiny_dir, smollm2_tokenizer, tmp_path
+):
+    # TRL's loss less entropy_coef times the mean per-token entropy, its gradient through the
+    # entropy too: ours through selected_log_probs' chunked output layer (LinearLogProbs),
+    # and through the whole logits of a model whose logits are scaled (soft-capped ones too).
+    trainer = trl_trainer(tiny_dir, smollm2_tokenizer, tmp_path, loss_type="dapo", entropy_coef=0.1)
+    trainer.model.eval()
+    if not linear_head:  # a logit scale of 1 leaves the logits as they are, not the path
+        trainer.model.config.logit_scale = 1.0 + 1e-12
+    inputs = batch()
+    mask = inputs["completion_mask"].bool()
+    tokens = int(mask.sum())
+    with torch.no_grad():
+        old = per_token_log_probs(trainer, inputs)
+    inputs["old_per_token_logps"] = old + 0.3 * torch.randn(old.shape)
+    inputs["num_items_in_batch"] = torch.tensor(float(tokens))
+    params = [p for p in trainer.model.parameters() if p.requires_grad]
+    expected = trainer._compute_loss(trainer.model, inputs)
+    expected_grads = torch.autograd.grad(expected, params)
+
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+    attention = torch.ones_like(ids, dtype=torch.bool)  # right padding: positions as TRL's
+    prompt = inputs["prompt_ids"].shape[1]
+    selected = torch.cat([torch.zeros_like(inputs["prompt_mask"]).bool(), mask], 1)
+    log_probs, entropy = selected_log_probs(
+        trainer.model, ids, attention, selected, entropy=True, entropy_grad=True
+    )
+    log_probs, entropy = log_probs[:, prompt:], entropy[:, prompt:]
+    bonus = EntropyBonus(0.1)
+    loss = grpo_loss(
+        log_probs, inputs["old_per_token_logps"], mask, inputs["advantages"], 0.2,
+        loss_type="dapo", num_tokens=tokens,
+    ) - bonus.applied() * entropy[mask].sum() / tokens  # fmt: skip
+    grads = torch.autograd.grad(loss, params)
+    assert loss.item() == pytest.approx(expected.item(), abs=1e-6)
+    assert trainer._metrics["eval"]["entropy"][-1] == pytest.approx(
+        (entropy[mask].sum() / tokens).item(), abs=1e-6
+    )
+    for ours_grad, trls in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(ours_grad, trls, atol=1e-6, rtol=1e-5)
+    # Without the entropy's gradient the bonus moves nothing: the gradients differ.
+    _, flat = selected_log_probs(trainer.model, ids, attention, selected, entropy=True)
+    assert not flat.requires_grad
+
+
+def test_the_adaptive_entropy_control_steps_as_trls():
+    # TRL's rule: no bonus before a step's entropy is known; the coefficient rises by delta
+    # while the entropy is at or below the target, falls above it, within [low, high], and
+    # applies only while the last step's entropy was at or below the target.
+    bonus = EntropyBonus(0.0, target=0.5, delta=0.3, low=0.1, high=0.5)
+    applied = []
+    for entropy in (0.4, 0.4, 0.4, 0.9, 0.9, 0.2):
+        applied.append(bonus.applied())
+        bonus.step(entropy)
+    assert applied == pytest.approx([0.0, 0.3, 0.5, 0.5, 0.0, 0.0])
+    assert bonus.coef == pytest.approx(0.4) and bonus.last_entropy == 0.2
+    resumed = EntropyBonus(0.0, target=0.5, delta=0.3, low=0.1, high=0.5)
+    resumed.load_state_dict(bonus.state_dict())
+    assert resumed.applied() == bonus.applied() == pytest.approx(0.4)
+    assert not EntropyBonus().on and EntropyBonus(target=0.2).on and EntropyBonus(0.01).on
 
 
 def test_truncated_is_weights_equal_trls_token_truncate():

@@ -27,7 +27,7 @@ def batch(lengths):
 def config(folder, **options):
     return GRPOConfig(
         model=folder, max_tokens_per_microbatch=40, learning_rate=1e-3,
-        gradient_checkpointing=False, **options,
+        gradient_checkpointing=False, lr_schedule="constant", **options,
     )  # fmt: skip
 
 

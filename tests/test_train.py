@@ -9,10 +9,12 @@ import torch
 from conftest import DEVICES
 from policy_fixture import scripted_policy
 
+from llm_gym.chat import Response
 from llm_gym.cli import main
-from llm_gym.episodes import Episode, EpisodeSource, Segment
+from llm_gym.episodes import Episode, EpisodeSource, Segment, ran_out
 from llm_gym.lm.precision import runs_fast
 from llm_gym.train import GRPOConfig, GRPOTrainer, group_advantages, grpo_loss
+from llm_gym.train.loss import trained_segments
 from llm_gym.train.update import MasterAdamW, adamw
 
 CPU = torch.device("cpu")
@@ -138,7 +140,7 @@ def test_an_update_moves_the_policy_toward_the_better_response(tiny_dir, tmp_pat
     config = GRPOConfig(
         model=tiny_dir, out=str(tmp_path), env_args={"task": "chain_sum"},
         groups=1, group_size=2, max_new_tokens=4, eval_episodes=0,
-        learning_rate=1e-2, progress=False,
+        learning_rate=1e-2, progress=False, warmup_steps=0,
     )  # fmt: skip
     trainer = GRPOTrainer(config)
     obs, _ = trainer.envs.reset(seed=0)
@@ -199,7 +201,7 @@ def given(reward, *segments):
 def test_an_iteration_trains_on_any_episode_source(tiny_dir, tmp_path):
     config = GRPOConfig(
         model=tiny_dir, out=str(tmp_path), env_args={"task": "chain_sum"},
-        groups=1, group_size=2, max_new_tokens=4, eval_episodes=0, progress=False,
+        groups=1, group_size=2, max_new_tokens=4, eval_episodes=0, progress=False, warmup_steps=0,
     )  # fmt: skip
     trainer = GRPOTrainer(config)
     one = Segment(np.array([5, 6, 7, 8]), np.array([False, False, True, True]), None)
@@ -250,7 +252,7 @@ def test_an_iteration_on_the_device_updates_the_weights(tiny_dir, tmp_path, devi
     config = GRPOConfig(
         model=tiny_dir, out=str(tmp_path), env="LLMChat-GSM8K-v0", env_args={"dataset": rows},
         groups=2, group_size=2, max_new_tokens=4, eval_episodes=2, device=device,
-        learning_rate=1e-3, progress=False,
+        learning_rate=1e-3, progress=False, warmup_steps=0,
     )  # fmt: skip
     trainer = GRPOTrainer(config)
     assert trainer.optimizer.defaults["fused"] is True  # torch's fused AdamW, on either
@@ -290,7 +292,7 @@ def test_bfloat16_weights_learn_as_float32_masters_would(tiny_dir, tmp_path):
     config = GRPOConfig(
         model=tiny_dir, out=str(tmp_path), env_args={"task": "chain_sum"}, groups=1,
         group_size=2, max_new_tokens=4, eval_episodes=0, precision="bf16", learning_rate=1e-6,
-        progress=False,
+        progress=False, warmup_steps=0,
     )  # fmt: skip
     trainer = GRPOTrainer(config)
     assert isinstance(trainer.optimizer, MasterAdamW)
@@ -563,13 +565,56 @@ def test_the_overlong_penalty_tells_right_answers_apart_by_length(tiny_dir, tmp_
     trainer.lock.release()
 
 
+@pytest.mark.parametrize("mask_truncated", [False, True])
+def test_mask_truncated_leaves_the_cut_response_out_of_the_loss(tiny_dir, tmp_path, mask_truncated):
+    rows = [{"question": "What is 2 + 3?", "answer": "#### 5"}]
+    config = GRPOConfig(
+        model=tiny_dir, out=str(tmp_path), env="LLMChat-GSM8K-v0", env_args={"dataset": rows},
+        groups=1, group_size=2, max_new_tokens=4, eval_episodes=0, progress=False,
+        mask_truncated=mask_truncated, dtype="float32",
+    )  # fmt: skip
+    trainer = GRPOTrainer(config)
+    tok = trainer.tokenizer
+    right = tok("5", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    cut = tok("Well, well, well, well", add_special_tokens=False)["input_ids"][:4]  # no EOS
+
+    def policy(batch):
+        return [Response(tok.decode(ids), np.array(ids)) for ids in (right, cut)]
+
+    trainer.policy = policy
+    row = trainer.iteration(0)
+    assert (row["success"], row["truncated_share"]) == (0.5, 0.5)
+    a = group_advantages(torch.tensor([1.0, 0.0]), 2)[0].item()  # +a right, -a cut
+    # dapo at ratio 1: minus the advantages summed over the tokens the loss counts, over them.
+    n = len(right)
+    expected = -a if mask_truncated else -(a * n - a * len(cut)) / (n + len(cut))
+    assert row["loss"] == pytest.approx(expected, abs=1e-6)
+    trainer.lock.release()
+
+
+def test_trained_segments_mask_the_episodes_the_budget_cut():
+    def episode(ids, mask):
+        segment = Segment(np.array(ids), np.array(mask), None)
+        return given(1.0, segment)
+
+    eos = 2
+    whole = episode([5, 6, 7, eos], [False, True, True, True])  # ended by EOS
+    cut = episode([5, 6, 7, 8], [False, True, True, True])  # 3 tokens, no EOS
+    segments, masks, index = trained_segments([whole, cut], 3, eos)
+    assert index == [0, 1] and [s.ids.tolist() for s in segments] == [[5, 6, 7, eos], [5, 6, 7, 8]]
+    assert [m.tolist() for m in masks] == [[False, True, True, True], [False] * 4]
+    _, kept, _ = trained_segments([whole, cut])  # no budget given: every mask as it is
+    assert [m.tolist() for m in kept] == [[False, True, True, True]] * 2
+    assert not ran_out(whole, 3, eos) and ran_out(cut, 3, eos) and not ran_out(cut, 4, eos)
+
+
 @pytest.mark.parametrize("loss_type", ["sapo", "luspo", "vespo"])
 def test_trls_newer_losses_train_an_iteration(tiny_dir, tmp_path, loss_type):
     rows = [{"question": "What is 2 + 3?", "answer": "#### 5"}]
     level = "sequence" if loss_type == "luspo" else "token"
     config = GRPOConfig(
         model=tiny_dir, out=str(tmp_path), env="LLMChat-GSM8K-v0", env_args={"dataset": rows},
-        groups=1, group_size=2, max_new_tokens=8, eval_episodes=0, progress=False,
+        groups=1, group_size=2, max_new_tokens=8, eval_episodes=0, progress=False, warmup_steps=0,
         loss_type=loss_type, importance_sampling_level=level, learning_rate=1e-2,
         dtype="float32",
     )  # fmt: skip

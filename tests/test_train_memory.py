@@ -205,7 +205,7 @@ def test_the_update_s_loss_is_today_s_get_dist_loss(tiny_dir, tmp_path):
     # Today's path, written out: one get_dist forward over the whole batch, the same loss.
     tokens, masks = batch([22, 14, 30, 9], prompt=4, vocab=256)
     advantages = torch.tensor([1.0, -1.0, 0.3, -0.3])
-    lean = trainer(tiny_dir, tmp_path, "lean", max_tokens_per_microbatch=50)
+    lean = trainer(tiny_dir, tmp_path, "lean", max_tokens_per_microbatch=50, loss_type="grpo")
     old = copy.deepcopy(lean.model)
     scorer = TransformersPolicy(old, lean.tokenizer, input_mode="tokens", generate=False)
     dist, ids = scorer.get_dist({"tokens": tuple(tokens)}, mask=masks)

@@ -246,9 +246,39 @@ def test_multi_turn_env_mask_marks_the_env_tokens(smollm2_tokenizer, tmp_path):
         assert "<|im_start|>user" in inserted or "<|im_start|>" in inserted
 
 
+def full_forward_log_probs(model, prompt_ids, completion_ids):
+    """Each completion token's float32 log-prob under ``model``, from one full forward."""
+    ids = torch.tensor([list(prompt_ids) + list(completion_ids)])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt_ids) - 1 : -1].float()
+    return logits.log_softmax(-1).gather(-1, torch.tensor(completion_ids)[:, None])[:, 0]
+
+
+def test_the_rollout_samples_in_its_compute_dtype(smollm2_tokenizer, tmp_path):
+    trainer = fake_trainer(smollm2_tokenizer, tmp_path)
+    gaps = {}
+    for dtype in (None, torch.bfloat16):
+        torch.manual_seed(0)
+        rollout = make_rollout_func(
+            "LLMChat-GSM8K-v0", dataset=fixture_rows(4), compute_dtype=dtype
+        )
+        out = rollout(["solve"] * 2, trainer)
+        assert next(trainer.model.parameters()).dtype == torch.float32  # weights untouched
+        gaps[dtype] = max(
+            (full_forward_log_probs(trainer.model, p, c) - torch.tensor(lp)).abs().max().item()
+            for p, c, lp in zip(
+                out["prompt_ids"], out["completion_ids"], out["logprobs"], strict=True
+            )
+        )
+    # float32 sampling is the float32 forward's; bfloat16 autocast's log-probs are not.
+    assert gaps[None] < 1e-4 < 1e-3 < gaps[torch.bfloat16]
+
+
 def test_rollout_func_errors(smollm2_tokenizer):
     with pytest.raises(gym.error.Error):
         make_rollout_func("Nope-v0")
+    with pytest.raises(TypeError, match=r"compute_dtype must be a torch.dtype or None, got 'bf16'"):
+        make_rollout_func("LLMChat-GSM8K-v0", compute_dtype="bf16")
     with pytest.raises(ValueError, match="one return per completion, got 1 for 2"):
         env_reward_func(completions=["a", "b"], env_reward=[1.0])
 

@@ -161,6 +161,21 @@ def _add_train(commands: Any) -> None:
         help="beta: the k3 KL to the starting model in the loss, as TRL's (the adapter "
         "disabled under LoRA; beside --kl-coef's penalty in the reward; default: "
         "%(default)s)")  # fmt: skip
+    add("--entropy-coef", type=number(float, 0.0), default=defaults.entropy_coef,
+        help="an entropy bonus: the loss less this times the mean per-token entropy, as "
+        "TRL's entropy_coef; with --entropy-target, its starting value (default: "
+        "%(default)s, off)")  # fmt: skip
+    add("--entropy-target", type=number(float, 0.0), default=None,
+        help="TRL's adaptive entropy control: after each step the coefficient rises by "
+        "--entropy-coef-delta while the entropy is at or below this, falls above it, and "
+        "applies only at or below it (default: off)")  # fmt: skip
+    add("--entropy-coef-delta", type=number(float, 0.0, False),
+        default=defaults.entropy_coef_delta,
+        help="the adaptive coefficient's step (default: %(default)s)")  # fmt: skip
+    add("--entropy-coef-min", type=number(float, 0.0), default=defaults.entropy_coef_min,
+        help="the adaptive coefficient's floor (default: %(default)s)")  # fmt: skip
+    add("--entropy-coef-max", type=number(float, 0.0), default=defaults.entropy_coef_max,
+        help="the adaptive coefficient's ceiling (default: %(default)s)")  # fmt: skip
     add("--advantage", choices=ADVANTAGE_ESTIMATORS, default=defaults.advantage,
         help="each response's advantage from its group's rewards: GRPO's group-normalised, "
         "RLOO's leave-one-out, REINFORCE++'s baseline, or ReBN's batch-normalised "
@@ -172,11 +187,15 @@ def _add_train(commands: Any) -> None:
         metavar="TOKENS", help="DAPO's soft overlong penalty: a response's reward falls "
         "linearly to -1 over its last TOKENS of --max-new-tokens (default: %(default)s, "
         "off)")  # fmt: skip
+    add("--mask-truncated", action="store_true",
+        help="leave responses that --max-new-tokens cut out of the loss and its token count, "
+        "as TRL's mask_truncated_completions (default: they train)")  # fmt: skip
     add("--lr-schedule", choices=LR_SCHEDULES, default=defaults.lr_schedule,
         help="the learning rate over the optimizer steps: held, or decayed to 0 linearly or "
         "along a half cosine (default: %(default)s)")  # fmt: skip
     add("--warmup-steps", type=number(int, 0), default=defaults.warmup_steps,
-        help="optimizer steps of linear warm-up from 0 first (default: %(default)s)")  # fmt: skip
+        help="optimizer steps of linear warm-up from 0 first (default: a tenth of the "
+        "optimizer steps, rounded down, for linear and cosine; none for constant)")  # fmt: skip
     add("--scale-rewards", choices=SCALE_REWARDS, default=defaults.scale_rewards,
         help="advantages divided by the group's reward std, the batch's, or none "
         "(default: %(default)s)")  # fmt: skip

@@ -11,6 +11,7 @@ from llm_gym.episodes.records import KL_INFO_KEYS, EpisodeTrace, json_value
 from llm_gym.episodes.summary import (
     Summary,
     iteration_metrics,
+    ran_out,
     rubric_part_names,
     summarize,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "json_value",
     "multi_turn",
     "play_episodes",
+    "ran_out",
     "rubric_part_names",
     "iteration_metrics",
     "summarize",

@@ -20,6 +20,7 @@ __all__ = [
     "Summary",
     "answer_format_held",
     "iteration_metrics",
+    "ran_out",
     "rubric_part_names",
     "summarize",
     "zero_variance_share",
@@ -246,7 +247,7 @@ def iteration_metrics(
         "zero_variance_groups": zero_variance_share([e.reward for e in episodes], group_size),
     }
     if max_new_tokens is not None:
-        cut = [_ran_out(e, max_new_tokens, eos_token_id) for e in episodes]
+        cut = [ran_out(e, max_new_tokens, eos_token_id) for e in episodes]
         row["truncated_share"] = float(np.mean(cut)) if cut else 0.0
     row.update((key, value) for key, value in extra.items() if value is not None)
     if summary.parts:  # a rubric's parts, each one's mean over the iteration's episodes
@@ -272,9 +273,9 @@ def zero_variance_share(rewards: Sequence[float], group_size: int) -> float:
     return float(np.mean(groups.max(1) == groups.min(1))) if len(groups) else 0.0
 
 
-def _ran_out(episode: Episode, max_new_tokens: int, eos_token_id: int | None) -> bool:
-    # Whether the episode's last response is its last run of policy tokens, max_new_tokens
-    # long and not ended by EOS: the budget cut it.
+def ran_out(episode: Episode, max_new_tokens: int, eos_token_id: int | None) -> bool:
+    """Whether the budget cut ``episode``'s last response: its last run of policy tokens is
+    ``max_new_tokens`` long and not ended by ``eos_token_id``."""
     if not episode.segments:
         return False
     last = episode.segments[-1]

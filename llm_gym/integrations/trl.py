@@ -53,16 +53,30 @@ def env_reward_func(
     return [float(r) for r in env_reward]
 
 
-def make_rollout_func(env_id: str, *, seed: int = 0, **env_kwargs: object) -> EnvRollout:
+def make_rollout_func(
+    env_id: str, *, seed: int = 0, compute_dtype: torch.dtype | None = None, **env_kwargs: object
+) -> EnvRollout:
     """A ``rollout_func`` for ``GRPOTrainer`` that plays ``env_id`` (made with
-    ``env_kwargs``; the first batch's questions come from ``seed``)."""
-    return EnvRollout(env_id, seed=seed, **env_kwargs)
+    ``env_kwargs``; the first batch's questions come from ``seed``). Without TRL's vLLM the
+    trainer's model samples in ``compute_dtype`` (None: its weights'; bfloat16 over float32
+    weights samples under autocast, as ``llm-gym train --dtype bfloat16`` does)."""
+    return EnvRollout(env_id, seed=seed, compute_dtype=compute_dtype, **env_kwargs)
 
 
 class EnvRollout:
     """``make_rollout_func``'s: one episode per prompt, all prompts' turns batched per turn."""
 
-    def __init__(self, env_id: str, *, seed: int = 0, **env_kwargs: object) -> None:
+    def __init__(
+        self,
+        env_id: str,
+        *,
+        seed: int = 0,
+        compute_dtype: torch.dtype | None = None,
+        **env_kwargs: object,
+    ) -> None:
+        if compute_dtype is not None and not isinstance(compute_dtype, torch.dtype):
+            raise TypeError(f"compute_dtype must be a torch.dtype or None, got {compute_dtype!r}")
+        self.compute_dtype = compute_dtype
         self.is_task = gym.spec(env_id).vector_entry_point is not None  # unknown ids fail here
         if not self.is_task:
             env_kwargs.setdefault("max_turns", 1)  # a plain chat: one reply per prompt
@@ -93,7 +107,7 @@ class EnvRollout:
             policy: Policy = SamplerPolicy(sampler, tokenizer)
         else:
             policy = TransformersPolicy(
-                model, tokenizer, input_mode="tokens",
+                model, tokenizer, input_mode="tokens", compute_dtype=self.compute_dtype,
                 generate_kwargs={"max_new_tokens": args.max_completion_length,
                                  "do_sample": True, "temperature": args.temperature},
             )  # fmt: skip

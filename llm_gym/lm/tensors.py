@@ -264,12 +264,14 @@ def selected_log_probs(
     *,
     chunk_rows: int | None = None,
     entropy: bool = False,
+    entropy_grad: bool = False,
     packed: Packed | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``(B, T)`` float32 log π(ids[t] | ids[:t]) at the ``selected`` positions of a padded
     batch, 0 elsewhere, with autograd: the same values as ``token_log_probs`` of the whole
     logits, without ever holding them. With ``entropy``, also the ``(B, T)`` entropy of π at
-    those positions (no gradient), from the same chunks of logits. ``packed``: the same
+    those positions from the same chunks of logits, with autograd where ``entropy_grad`` (an
+    entropy bonus in the loss), else none. ``packed``: the same
     sequences packed into one row (``llm_gym.lm.packing.pack``), which the model runs on
     instead: no padding token is computed, and the result is the same.
 
@@ -298,30 +300,35 @@ def selected_log_probs(
         index = torch.zeros(ids.shape, dtype=torch.long, device=ids.device)
         index[packed.rows, packed.cols] = torch.arange(len(packed.rows), device=ids.device)
         before = (0, index[rows, positions - 1])
-    entropies = torch.zeros(rows.shape, dtype=torch.float32, device=ids.device)
 
-    def result(picked: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def result(
+        picked: torch.Tensor, entropies: torch.Tensor | None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         log_probs = out.index_put((rows, positions), picked)
         if not entropy:
             return log_probs
-        return log_probs, torch.zeros_like(out).index_put_((rows, positions), entropies)
+        if not entropy_grad:
+            entropies = entropies.detach()
+        return log_probs, torch.zeros_like(out).index_put((rows, positions), entropies)
 
     if not isinstance(head, torch.nn.Linear) or base is None or transformed:
         logits = model(**forward).logits[before]
-        if entropy:
+        entropies = None
+        if entropy_grad:
+            entropies = _entropy(logits)
+        elif entropy:
             with torch.no_grad():
                 rows_at_once = max(1, _DEVICE_CHUNK_ELEMENTS // max(logits.shape[-1], 1))
                 entropies = torch.cat([_entropy(c) for c in logits.split(rows_at_once)])
-        return result(log_probs_of(logits, ids[rows, positions]))
+        return result(log_probs_of(logits, ids[rows, positions]), entropies)
     hidden = base(**forward).last_hidden_state
     if chunk_rows is None:
         budget = _CHUNK_ELEMENTS if ids.device.type == "cpu" else _DEVICE_CHUNK_ELEMENTS
         chunk_rows = max(1, budget // head.weight.shape[0])
     picked = LinearLogProbs.apply(
-        hidden[before], head.weight, head.bias, ids[rows, positions], chunk_rows,
-        entropies if entropy else None,
+        hidden[before], head.weight, head.bias, ids[rows, positions], chunk_rows, entropy
     )  # fmt: skip
-    return result(picked)
+    return result(*picked) if entropy else result(picked, None)
 
 
 def _entropy(logits: torch.Tensor) -> torch.Tensor:
@@ -334,16 +341,21 @@ class LinearLogProbs(torch.autograd.Function):
     """``log_softmax(hidden @ weight.T + bias)[i, targets[i]]`` in float32 for ``hidden``
     ``(N, H)``, ``weight`` ``(V, H)``, ``targets`` ``(N,)``, ``rows`` rows of logits at a
     time; the backward recomputes each chunk's logits rather than keeping them (one more
-    matrix product, for memory that does not grow with N · V). ``entropies``, an ``(N,)``
-    tensor or None, is filled with each row's entropy on the way (no gradient).
+    matrix product, for memory that does not grow with N · V). With ``entropy``, a second
+    output: each row's entropy, from the same chunks, with its gradient (``-p (z - E_p[z])``
+    with respect to the logits ``z``).
 
     >>> h, w = torch.randn(5, 3, requires_grad=True), torch.randn(7, 3, requires_grad=True)
     >>> t = torch.tensor([0, 6, 2, 2, 1])
-    >>> fused = LinearLogProbs.apply(h, w, None, t, 2)
-    >>> full = torch.log_softmax(h @ w.T, -1).gather(-1, t[:, None]).squeeze(-1)
-    >>> torch.allclose(fused, full), [torch.allclose(a, b, atol=1e-6) for a, b in zip(
-    ...     torch.autograd.grad(fused.sum(), (h, w)), torch.autograd.grad(full.sum(), (h, w)))]
-    (True, [True, True])
+    >>> fused, entropy = LinearLogProbs.apply(h, w, None, t, 2, True)
+    >>> full = torch.log_softmax(h @ w.T, -1)
+    >>> picked, full_entropy = full.gather(-1, t[:, None]).squeeze(-1), -(full.exp() * full).sum(-1)
+    >>> loss, full_loss = fused.sum() + 0.5 * entropy.sum(), picked.sum() + 0.5 * full_entropy.sum()
+    >>> torch.allclose(fused, picked), torch.allclose(entropy, full_entropy, atol=1e-6)
+    (True, True)
+    >>> [torch.allclose(a, b, atol=1e-5) for a, b in zip(
+    ...     torch.autograd.grad(loss, (h, w)), torch.autograd.grad(full_loss, (h, w)))]
+    [True, True]
     """
 
     @staticmethod
@@ -354,9 +366,10 @@ class LinearLogProbs(torch.autograd.Function):
         bias: torch.Tensor | None,
         targets: torch.Tensor,
         rows: int,
-        entropies: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+        entropy: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+        entropies = torch.empty_like(out) if entropy else None
         for start in range(0, hidden.shape[0], rows):
             stop = start + rows
             logits = F.linear(hidden[start:stop], weight, bias).float()
@@ -365,14 +378,17 @@ class LinearLogProbs(torch.autograd.Function):
                 entropies[start:stop] = _entropy(logits)
         ctx.save_for_backward(hidden, weight, bias, targets)
         ctx.rows = rows
+        ctx.set_materialize_grads(False)  # an output the loss leaves out: its gradient None
         # Under autocast (mixed precision) the backward's products run in its dtype too: a
         # custom Function's backward runs outside the forward's autocast otherwise.
         kind = hidden.device.type
         ctx.autocast = (kind, torch.get_autocast_dtype(kind), torch.is_autocast_enabled(kind))
-        return out
+        return (out, entropies) if entropy else out
 
     @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    def backward(
+        ctx: Any, grad_out: torch.Tensor | None, grad_entropy: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor | None, ...]:
         hidden, weight, bias, targets = ctx.saved_tensors
         needs_hidden, needs_weight, needs_bias = ctx.needs_input_grad[:3]
         grad_hidden = torch.empty_like(hidden) if needs_hidden else None
@@ -384,9 +400,20 @@ class LinearLogProbs(torch.autograd.Function):
                 stop = start + ctx.rows
                 chunk = hidden[start:stop]
                 logits = F.linear(chunk, weight, bias).float()
-                # d log_softmax(z)[t] / dz = onehot(t) - softmax(z), times the incoming gradient.
-                g = grad_out[start:stop, None].float()
-                dlogits = torch.softmax(logits, dim=-1).mul_(-g)
+                # d log_softmax(z)[t] / dz = onehot(t) - p, times the incoming gradient g;
+                # d H / dz = -p (z - E_p[z]), times the entropy's h: together
+                # onehot(t) g - p (g + h (z - E_p[z])), in place where it can be.
+                p = torch.softmax(logits, dim=-1)
+                if grad_out is None:
+                    g = torch.zeros(len(chunk), 1, device=logits.device)
+                else:
+                    g = grad_out[start:stop, None].float()
+                if grad_entropy is None:
+                    dlogits = p.mul_(-g)
+                else:
+                    h = grad_entropy[start:stop, None].float()
+                    logits.sub_((p * logits).sum(-1, keepdim=True)).mul_(h).add_(g)
+                    dlogits = p.mul_(logits).neg_()
                 dlogits.scatter_add_(-1, targets[start:stop, None], g)
                 dlogits = dlogits.to(weight.dtype)
                 if grad_hidden is not None:

@@ -127,8 +127,12 @@ class GRPOConfig(RunConfig):
     advantage: str = "grpo"
     dynamic_sampling: int = 0  # DAPO's: batches more a step may play to replace flat groups
     overlong_cache: int = 0  # DAPO's soft overlong penalty over the last this many tokens
-    lr_schedule: str = "constant"
-    warmup_steps: int = 0
+    mask_truncated: bool = False  # responses the budget cut out of the loss (TRL's option)
+    # The rate warmed up, then decayed to 0 along a half cosine (docs/training.md, "A recipe
+    # over eight seeds"); warm-up None: a tenth of the optimizer steps, rounded down, for a
+    # decaying schedule, none for a constant one.
+    lr_schedule: str = "cosine"
+    warmup_steps: int | None = None
     update_epochs: int = 1
     minibatch_size: int = 8  # responses per forward in the update, at most
     # The update's memory: tokens per forward at most, and activation checkpointing (None:
@@ -151,7 +155,7 @@ class GRPOConfig(RunConfig):
     # clipping's cap, GSPO's sequence ratio, the k3 KL term in the loss against the starting
     # model (beside kl_coef's penalty in the reward), how advantages are scaled, and the cap
     # of the truncated importance weights to the sampler's log-probs (None: off).
-    loss_type: str = "grpo"
+    loss_type: str = "dapo"
     clip_coef_high: float | None = None
     delta: float | None = None
     importance_sampling_level: str = "token"
@@ -159,6 +163,13 @@ class GRPOConfig(RunConfig):
     scale_rewards: str = "group"
     tis_cap: float | None = None
     max_grad_norm: float = 1.0
+    # An entropy bonus in the loss, as TRL's entropy_coef; given entropy_target, TRL's
+    # adaptive control (llm_gym.train.loss.EntropyBonus) with its delta and bounds.
+    entropy_coef: float = 0.0
+    entropy_target: float | None = None
+    entropy_coef_delta: float = 0.005
+    entropy_coef_min: float = 0.0
+    entropy_coef_max: float = 1.0
     kl_target: float | None = None  # adaptive controller's target KL; None: constant coef
     kl_horizon: int = 10000
     eval_episodes: int = 64
@@ -302,9 +313,22 @@ class GRPOConfig(RunConfig):
                 "dynamic_sampling (--dynamic-sampling) with --async: batches sampled ahead "
                 "cannot be refilled; drop one"
             )
-        check_int("warmup_steps", self.warmup_steps, 0)
+        check_int("warmup_steps", self.warmup_steps, 0, optional=True)
         check_number("clip_coef_high", self.clip_coef_high, 0, strict=True, optional=True)
         check_number("kl_loss_coef", self.kl_loss_coef, 0)
+        check_number("entropy_target", self.entropy_target, 0, optional=True)
+        check_number("entropy_coef_delta", self.entropy_coef_delta, 0, strict=True)
+        check_number("entropy_coef_min", self.entropy_coef_min, 0)
+        check_number("entropy_coef_max", self.entropy_coef_max, self.entropy_coef_min)
+        check_number("entropy_coef", self.entropy_coef, 0)
+        if self.entropy_target is not None and not (
+            self.entropy_coef_min <= self.entropy_coef <= self.entropy_coef_max
+        ):
+            raise ValueError(
+                f"entropy_coef (--entropy-coef) starts the adaptive control within "
+                f"[{self.entropy_coef_min}, {self.entropy_coef_max}] (--entropy-coef-min, "
+                f"--entropy-coef-max), got {self.entropy_coef}"
+            )
         check_number("tis_cap", self.tis_cap, 0, strict=True, optional=True)
         check_number("delta", self.delta, 1, strict=True, optional=True)
         if self.loss_type == "cispo" and self.clip_coef_high is None:

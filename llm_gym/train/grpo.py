@@ -32,7 +32,7 @@ from llm_gym.train.checkpoints import RunCheckpoints, load_checkpoint
 from llm_gym.train.config import GRPOConfig, check_episode_groups
 from llm_gym.train.evaluation import evaluate_agent, evaluate_greedy
 from llm_gym.train.loss import advantages as estimate
-from llm_gym.train.loss import shaped_rewards
+from llm_gym.train.loss import shaped_rewards, trained_segments
 from llm_gym.train.model import check_memory, frozen_reference, trained_model
 from llm_gym.train.play import Feed, kl_scorer, play, run_envs
 from llm_gym.train.run_folder import (
@@ -223,6 +223,7 @@ class GRPOTrainer:
         if state:
             self.checkpoints.restore(checkpoint, tensors)
             self.feed.load_state_dict(state)
+            self.updater.load_state_dict(state)
         if not state and self.lead:  # set up without error: only now does an earlier run go
             clear_out(self.out)
             config.save()  # what --resume continues
@@ -270,10 +271,9 @@ class GRPOTrainer:
                     f.write(json.dumps(row))  # a line per iteration, readable after Ctrl-C
                     bar.update(1)
                     bar.set_postfix(reward=f"{row['reward']:.3f}", success=f"{row['success']:.2f}")
-                    if (
-                        iteration + 1
-                    ) % config.save_every == 0 or iteration + 1 == config.iterations:
-                        self.save(iteration + 1)
+                    done = iteration + 1
+                    if done % config.save_every == 0 or done == config.iterations:
+                        self.save(done)
                     self.feed.publish(iteration)  # after the save: its RNG state is this one's
         except (KeyboardInterrupt, RunWriteError) as error:  # what finished is reported
             self._stopped(rows, started, error)
@@ -304,20 +304,20 @@ class GRPOTrainer:
         )
         # Over the whole run's batch (a batch's std is every process's), this process's part.
         shaped = shaped_rewards(everyone, config.max_response_tokens, config.overlong_cache)
-        rewards = torch.tensor(shaped, device=self.device)
-        estimated = estimate(rewards, config.group_size, config.advantage, config.scale_rewards)
+        estimated = estimate(torch.tensor(shaped, device=self.device), config.group_size,
+                             config.advantage, config.scale_rewards)  # fmt: skip
         advantages = self.processes.own(estimated)
-        # Each segment trains with its episode's advantage (an env episode has one; an agent's
-        # as many as its calls make); asynchronous batches by the log-probs they were sampled
-        # with, and --tis-cap corrects toward them.
-        segments = [(s, i) for i, e in enumerate(episodes) for s in e.segments]
+        # Each segment (an agent's episode has several) trains with its episode's advantage;
+        # asynchronous batches by their sampled log-probs, which --tis-cap corrects toward.
+        cut_at = config.max_new_tokens if config.mask_truncated else None
+        segments, masks, index = trained_segments(episodes, cut_at, self.tokenizer.eos_token_id)
         update: dict[str, Any] = {"loss": 0.0}
         if segments:
-            index = torch.tensor([i for _, i in segments], dtype=torch.long, device=self.device)
-            sampled = [s.log_probs for s, _ in segments]
+            sampled = [s.log_probs for s in segments]
             update = self.update(
-                [s.ids for s, _ in segments], [s.policy_mask for s, _ in segments],
-                advantages[index], sampled if config.asynchronous else None,
+                [s.ids for s in segments], masks,
+                advantages[torch.tensor(index, dtype=torch.long, device=self.device)],
+                sampled if config.asynchronous else None,
                 sampler_log_probs=sampled if config.tis_cap is not None else None,
             )  # fmt: skip
         return self._row(iteration, everyone, update, start)
@@ -388,10 +388,10 @@ class GRPOTrainer:
 
     def save(self, iteration: int) -> Path:
         """Checkpoint after ``iteration`` iterations (``llm_gym.train.checkpoints``): the
-        model, the optimizer, the RNG and the feed's state, all that ``--resume`` needs to
-        go on as if the run had not stopped."""
+        model, the optimizer, the RNG, the feed's and the update's state, all that ``--resume``
+        needs to go on as if the run had not stopped."""
         state = {"iteration": iteration, "before": self.before, **self.feed.state_dict()}
-        return self.checkpoints.save(iteration, state)
+        return self.checkpoints.save(iteration, {**state, **self.updater.state_dict()})
 
     # -- the summary ------------------------------------------------------------------------
 

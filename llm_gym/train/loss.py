@@ -9,9 +9,11 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from llm_gym.checks import check_choice
+from llm_gym.episodes import ran_out
 from llm_gym.train.config import (
     ADVANTAGE_ESTIMATORS,
     IMPORTANCE_SAMPLING_LEVELS,
@@ -20,12 +22,14 @@ from llm_gym.train.config import (
 )
 
 if TYPE_CHECKING:
-    from llm_gym.episodes import Episode
+    from llm_gym.episodes import Episode, Segment
 
 __all__ = [
+    "EntropyBonus",
     "advantages",
     "overlong_penalty",
     "shaped_rewards",
+    "trained_segments",
     "group_advantages",
     "grpo_loss",
     "log_importance_weights",
@@ -128,6 +132,26 @@ def shaped_rewards(episodes: Sequence[Episode], max_length: int, cache: int = 0)
     if not cache:
         return [e.reward for e in episodes]
     return [e.reward + overlong_penalty(e.policy_tokens, max_length, cache) for e in episodes]
+
+
+def trained_segments(
+    episodes: Sequence[Episode],
+    max_new_tokens: int | None = None,
+    eos_token_id: int | None = None,
+) -> tuple[list[Segment], list[np.ndarray], list[int]]:
+    """Every episode's segments, the mask the loss reads of each, and its episode's index.
+    Given ``max_new_tokens`` (``--mask-truncated``), an episode whose last response the budget
+    cut (``ran_out``) keeps its segments with masks of False: out of the loss and its token
+    count, as TRL's ``mask_truncated_completions``."""
+    segments, masks, index = [], [], []
+    for i, episode in enumerate(episodes):
+        cut = max_new_tokens is not None and ran_out(episode, max_new_tokens, eos_token_id)
+        for segment in episode.segments:
+            mask = np.asarray(segment.policy_mask, dtype=bool)
+            segments.append(segment)
+            masks.append(np.zeros_like(mask) if cut else mask)
+            index.append(i)
+    return segments, masks, index
 
 
 def log_importance_weights(
@@ -387,3 +411,59 @@ def microbatches(
             current = []
         current.append(i)
     return batches + [current] if current else batches
+
+
+class EntropyBonus:
+    """TRL 1.16's entropy bonus: the loss less ``coef`` times the batch's mean per-token
+    entropy H (the same meaning whatever the loss type). With a ``target`` it is TRL's
+    adaptive control (``use_adaptive_entropy``, from Skywork-OR1): after each optimizer step
+    the coefficient moves by ``delta`` within ``[low, high]``, up while that step's H is at or
+    below the target and down above it, and a step applies it only while the previous step's
+    H was at or below the target (none before the first is measured).
+
+    >>> bonus = EntropyBonus(0.01, target=0.5, delta=0.01)
+    >>> bonus.applied(), bonus.step(0.3), bonus.applied(), bonus.step(0.9), bonus.applied()
+    (0.0, None, 0.02, None, 0.0)
+    >>> bonus.state_dict()
+    {'coef': 0.01, 'last_entropy': 0.9}
+    """
+
+    def __init__(
+        self,
+        coef: float = 0.0,
+        target: float | None = None,
+        delta: float = 0.005,
+        low: float = 0.0,
+        high: float = 1.0,
+    ) -> None:
+        self.coef, self.target, self.delta, self.low, self.high = coef, target, delta, low, high
+        self.last_entropy = math.inf
+
+    @property
+    def on(self) -> bool:
+        """Whether the loss carries the bonus (an adaptive one even at a coefficient of 0)."""
+        return self.coef != 0.0 or self.target is not None
+
+    def applied(self) -> float:
+        """The coefficient this step's loss applies."""
+        if self.target is None or self.last_entropy <= self.target:
+            return self.coef
+        return 0.0
+
+    def step(self, entropy: float) -> None:
+        """After an optimizer step whose mean per-token entropy was ``entropy``."""
+        if self.target is None:
+            return
+        if entropy <= self.target:
+            self.coef = min(self.coef + self.delta, self.high)
+        else:
+            self.coef = max(self.coef - self.delta, self.low)
+        self.last_entropy = entropy
+
+    def state_dict(self) -> dict[str, float]:
+        """The coefficient and the last step's entropy, what a resumed run goes on from."""
+        return {"coef": self.coef, "last_entropy": self.last_entropy}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        """Go on from ``state_dict()``'s values."""
+        self.coef, self.last_entropy = float(state["coef"]), float(state["last_entropy"])

@@ -29,6 +29,7 @@ from llm_gym.lm.tensors import (
 from llm_gym.run.budget import activation_bytes, available_memory
 from llm_gym.train.config import CHECKPOINT_TOKENS, PRECISIONS
 from llm_gym.train.loss import (
+    EntropyBonus,
     grpo_loss,
     microbatch_tokens,
     microbatches,
@@ -43,12 +44,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PRECISION_WEIGHTS",
+    "TRANSFORMERS_SCHEDULES",
     "GRPOUpdate",
     "MasterAdamW",
     "adamw",
     "lr_scheduler",
     "resolve_precision",
     "training_forwards",
+    "warmup_steps",
 ]
 
 # The trained weights' dtype under each precision (GRPOConfig.precision).
@@ -87,8 +90,27 @@ def resolve_precision(
     return precision
 
 
-# transformers' schedule of each --lr-schedule, warm-up included.
-_SCHEDULES = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
+# transformers' schedule of each --lr-schedule, warm-up included (TRL's lr_scheduler_type).
+TRANSFORMERS_SCHEDULES = {
+    "constant": "constant_with_warmup",
+    "linear": "linear",
+    "cosine": "cosine",
+}
+
+
+def warmup_steps(given: int | None, total_steps: int, schedule: str) -> int:
+    """The warm-up's optimizer steps: ``given``, or (None) none for a ``constant`` schedule
+    and a tenth of ``total_steps`` rounded down for a decaying one (so a run of fewer than
+    ten steps starts at its full rate).
+
+    >>> [warmup_steps(None, n, "cosine") for n in (20, 9)], warmup_steps(5, 20, "cosine")
+    ([2, 0], 5)
+    >>> warmup_steps(None, 20, "constant"), warmup_steps(3, 20, "constant")
+    (0, 3)
+    """
+    if given is not None:
+        return given
+    return 0 if schedule == "constant" else total_steps // 10
 
 
 def lr_scheduler(
@@ -114,9 +136,9 @@ def lr_scheduler(
     """
     from transformers import get_scheduler
 
-    check_choice("lr_schedule", schedule, tuple(_SCHEDULES))
+    check_choice("lr_schedule", schedule, tuple(TRANSFORMERS_SCHEDULES))
     scheduler = get_scheduler(
-        _SCHEDULES[schedule], optimizer, num_warmup_steps=warmup_steps,
+        TRANSFORMERS_SCHEDULES[schedule], optimizer, num_warmup_steps=warmup_steps,
         num_training_steps=total_steps,
     )  # fmt: skip
     # At step `done`: each group's rate from its initial one (a restored optimizer keeps it).
@@ -296,9 +318,17 @@ class GRPOUpdate:
         self.model, self.optimizer, self.config = model, optimizer, config
         self.pad_id, self.reference = pad_id, reference
         # The learning rate over the run's optimizer steps, at step `done` (a resumed run's).
+        self.entropy_bonus = EntropyBonus(
+            config.entropy_coef, config.entropy_target, config.entropy_coef_delta,
+            config.entropy_coef_min, config.entropy_coef_max,
+        )  # fmt: skip
         steps = config.iterations * config.update_epochs
         self.scheduler = lr_scheduler(
-            optimizer, config.lr_schedule, config.warmup_steps, steps, done=done
+            optimizer,
+            config.lr_schedule,
+            warmup_steps(config.warmup_steps, steps, config.lr_schedule),
+            steps,
+            done=done,
         )
         model.eval()  # sampling's mode, before the first update too (a model may come in train)
         weights = next(model.parameters())
@@ -360,12 +390,14 @@ class GRPOUpdate:
             return ids, attention, selected & has_prefix(attention), packed
 
         def scored(rows: list[int], entropy: bool = False) -> tuple[Any, Any, torch.Tensor]:
-            # (log-probs, the entropy where asked for else None, the scored positions)
+            # (log-probs, the entropy where asked for else None, the scored positions); the
+            # entropy with its gradient where the loss carries the bonus.
             ids, attention, selected, packed = padded(rows)
             with self.autocast():
                 out = self._log_probs(
-                    self.model, ids, attention, selected, entropy=entropy, packed=packed
-                )
+                    self.model, ids, attention, selected, entropy=entropy,
+                    entropy_grad=entropy and bonus.on and torch.is_grad_enabled(), packed=packed,
+                )  # fmt: skip
             return (*out, selected) if entropy else (out, None, selected)
 
         # The old policy, through the very forward the update uses. With one epoch the first
@@ -387,7 +419,7 @@ class GRPOUpdate:
             "loss_type": config.loss_type, "clip_coef_high": config.clip_coef_high,
             "importance_sampling_level": config.importance_sampling_level,
         }  # fmt: skip
-        total, stats, grad_norm = 0.0, {}, 0.0
+        total, stats, grad_norm, bonus = 0.0, {}, 0.0, self.entropy_bonus
 
         def large(rows: list[int]) -> bool:
             # Large for the run's budget, not only in absolute terms: a budget of 2048 fills
@@ -422,6 +454,9 @@ class GRPOUpdate:
                 self.optimizer.zero_grad(set_to_none=True)
                 # The diagnostics are the last epoch's (with one, of the sampling policy).
                 last, total, stats = epoch == config.update_epochs - 1, 0.0, {}
+                # The bonus's coefficient, one for every micro-batch of the step (as TRL's),
+                # and the step's entropy, which its adaptive control moves on.
+                coef, step_entropy = bonus.applied(), 0.0
                 for j, (rows, old_log_probs, ref) in enumerate(
                     zip(batches, old, refs, strict=True)
                 ):
@@ -431,7 +466,7 @@ class GRPOUpdate:
                         self.model, dropout=config.keep_dropout, checkpointing=checkpointed[j]
                     )
                     with mode:
-                        log_probs, entropy, mask = scored(rows, entropy=last)  # the diagnostic's
+                        log_probs, entropy, mask = scored(rows, entropy=last or bonus.on)
                         if j >= real:  # a filler: its collectives, no gradient
                             (log_probs.sum() * 0.0).backward()
                             continue
@@ -456,8 +491,13 @@ class GRPOUpdate:
                         # Each response weighs 1/n whatever its micro-batch (dapo, cispo: each
                         # token 1/num_tokens): the same loss and gradient for any split.
                         weight = 1.0 if per_batch_tokens else len(rows) / n
-                        (loss * weight).backward()
-                        total += loss.item() * weight
+                        loss = loss * weight
+                        if bonus.on:  # the batch's mean entropy, this micro-batch's share
+                            summed = entropy[mask].sum()
+                            step_entropy += float(summed)
+                            loss = loss - coef * summed / max(num_tokens, 1)
+                        loss.backward()
+                        total += loss.item()
                         if last:
                             _add(stats, entropy=float(entropy[mask].sum()), **update_stats(
                                 log_probs, old_log_probs, mask, adv, config.clip_coef,
@@ -469,6 +509,10 @@ class GRPOUpdate:
                 self.optimizer.step()
                 self.scheduler.step()
                 self.stepped = True
+                if bonus.on:
+                    if self.sharded:
+                        step_entropy = all_reduce([step_entropy], device=self.device)[0]
+                    bonus.step(step_entropy / max(num_tokens, 1))
         finally:
             self.model.eval()
             if lean:
@@ -488,9 +532,20 @@ class GRPOUpdate:
             "grad_norm": grad_norm,
             "learning_rate": learning_rate,
         }
+        if bonus.on:  # the coefficient the next step starts from, as TRL logs it
+            row["entropy_coef"] = bonus.coef
         if sampler_log_probs is not None:
             row["tis_truncated"] = stats.get("tis_truncated", 0.0) / tokens_seen
         return row
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed update goes on from besides the optimizer and the schedule: the
+        entropy bonus's adaptive coefficient."""
+        return {"entropy_bonus": self.entropy_bonus.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Go on from ``state_dict()``'s state."""
+        self.entropy_bonus.load_state_dict(state["entropy_bonus"])
 
     def _short_of_memory(self, tokens: int) -> bool:
         # The micro-batch's activations (estimated from the model's shape) against the
