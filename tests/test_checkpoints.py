@@ -13,6 +13,8 @@ from llm_gym.lm.loading import load_model, tiny_model
 from llm_gym.sources import ProceduralSource
 from llm_gym.train import GRPOConfig, GRPOTrainer
 from llm_gym.train.checkpoints import checkpoints, latest_checkpoint, load_checkpoint
+from llm_gym.train.sharding import load_optimizer, save_optimizer
+from llm_gym.train.update import MasterAdamW
 
 TIMING = ("seconds", "tokens_per_second")  # the only metrics allowed to differ
 
@@ -98,6 +100,50 @@ def test_a_resumed_run_equals_an_uninterrupted_one(tiny_dir, tmp_path, variant):
     weights = [load_model(latest_checkpoint(out))[0].state_dict() for out in (whole, parts)]
     for name, value in weights[0].items():
         torch.testing.assert_close(weights[1][name], value, atol=1e-6, rtol=0)
+
+
+def test_bfloat16_masters_go_through_the_checkpoints_optimizer_folder(smollm2_tokenizer, tmp_path):
+    # --precision bf16: the weights in bfloat16, AdamW's over float32 masters. Its state goes
+    # through torch.distributed.checkpoint as a plain AdamW's does (it failed there with
+    # KeyError 'state'), masters included, and the resumed optimizer steps on exactly.
+    def model():
+        return tiny_model(smollm2_tokenizer, seed=0).to(torch.bfloat16)
+
+    whole, resumed = model(), model()
+    optimizers = [MasterAdamW(list(m.parameters()), lr=1e-3) for m in (whole, resumed)]
+    g = torch.Generator().manual_seed(0)
+    grads = [[torch.randn(p.shape, generator=g).to(p.dtype) for p in whole.parameters()]
+             for _ in range(4)]  # fmt: skip
+
+    def step(m, optimizer, grad):
+        for p, value in zip(m.parameters(), grad, strict=True):
+            p.grad = value.clone()
+        optimizer.step()
+
+    for grad in grads[:2]:
+        step(whole, optimizers[0], grad)
+    save_optimizer(whole, optimizers[0], tmp_path / "optimizer")
+    resumed.load_state_dict(whole.state_dict())
+    load_optimizer(resumed, optimizers[1], tmp_path / "optimizer")
+    masters = [optimizer.masters for optimizer in optimizers]
+    assert all(torch.equal(a, b) for a, b in zip(*masters, strict=True))
+    weights = list(whole.parameters())  # the masters are finer than the weights they round to
+    assert any(not torch.equal(m, w.float()) for m, w in zip(masters[0], weights, strict=True))
+    for grad in grads[2:]:
+        for m, optimizer in zip((whole, resumed), optimizers, strict=True):
+            step(m, optimizer, grad)
+    for a, b in zip(whole.parameters(), resumed.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_a_bfloat16_run_saves_its_optimizer_and_resumes(tiny_dir, tmp_path):
+    bf16 = dict(precision="bf16", dtype="bfloat16", iterations=2, save_every=1)
+    GRPOTrainer(config(tiny_dir, tmp_path, save_optimizer=True, **bf16)).train()
+    assert [c.name for c in checkpoints(tmp_path)] == ["checkpoint-1", "checkpoint-2"]
+    assert all((c / "optimizer").is_dir() for c in checkpoints(tmp_path))
+    resumed = GRPOTrainer(GRPOConfig.resumed(tmp_path, iterations=3))
+    assert resumed.start == 2 and isinstance(resumed.optimizer, MasterAdamW)
+    assert resumed.train()["iterations"] == 3
 
 
 def test_resume_without_flags_keeps_the_saved_config_and_refuses_other_changes(tiny_dir, tmp_path):

@@ -195,36 +195,64 @@ class MasterAdamW(torch.optim.Optimizer):
             for p in self.params
         ]
         self.inner = adamw(self.masters, lr)
-        # An Optimizer over the weights, for what reads one (schedulers, clip_grad_norm_
-        # callers, zero_grad); its step is the masters'.
+        # An Optimizer over the weights, for what reads one (schedulers, clip_grad_norm_,
+        # torch.distributed.checkpoint, which names the state by the model's parameters); its
+        # step is the masters', with the weights' groups' settings (a scheduler's rate).
         super().__init__(self.params, dict(self.inner.defaults))
-        self.param_groups = self.inner.param_groups
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for p in self.params:
             p.grad = None
 
+    def _settings(self, source: list[dict], target: list[dict]) -> None:
+        # The hyperparameters (lr, initial_lr, betas, ...) of each group, not its params.
+        for group, other in zip(source, target, strict=True):
+            other.update((key, value) for key, value in group.items() if key != "params")
+
+    def _mirror(self) -> None:
+        # Each weight's state is its master's: a reader of `state` (DCP: "has it stepped?")
+        # sees the moments.
+        for weight, master in zip(self.params, self.masters, strict=True):
+            if master in self.inner.state:
+                self.state[weight] = self.inner.state[master]
+
     @torch.no_grad()
     def step(self, closure: Any = None) -> None:
+        self._settings(self.param_groups, self.inner.param_groups)
         for weight, master in zip(self.params, self.masters, strict=True):
             master.grad = None if weight.grad is None else weight.grad.float()
         self.inner.step()
         for weight, master in zip(self.params, self.masters, strict=True):
             weight.copy_(master)
+        self._mirror()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"inner": self.inner.state_dict(), "masters": [m.detach() for m in self.masters]}
+        """torch's optimizer layout over the weights (``{"state": {i: ...}, "param_groups"}``,
+        which ``torch.distributed.checkpoint`` maps to the model's parameter names and
+        reshards): each weight's AdamW moments and step, and its float32 ``master``."""
+        self._settings(self.param_groups, self.inner.param_groups)
+        inner = self.inner.state_dict()
+        state = {
+            i: {**inner["state"].get(i, {}), "master": master.detach()}
+            for i, master in enumerate(self.masters)
+        }
+        return {"state": state, "param_groups": inner["param_groups"]}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if "masters" not in state_dict:  # a plain AdamW's (a checkpoint from before masters)
-            self.inner.load_state_dict(state_dict)  # its moments, in float32; masters: weights
-            self.param_groups = self.inner.param_groups
-            return
+        """``state_dict()``'s state; a plain AdamW's (no ``master``) loads its moments, the
+        masters then being the weights."""
+        state = state_dict["state"]
         with torch.no_grad():
-            for master, saved in zip(self.masters, state_dict["masters"], strict=True):
-                master.copy_(saved)
-        self.inner.load_state_dict(state_dict["inner"])
-        self.param_groups = self.inner.param_groups
+            for i, master in enumerate(self.masters):
+                if "master" in state.get(i, {}):
+                    master.copy_(state[i]["master"])
+        moments = {
+            i: {key: value for key, value in entry.items() if key != "master"}
+            for i, entry in state.items()
+        }
+        self.inner.load_state_dict({"state": moments, "param_groups": state_dict["param_groups"]})
+        self._settings(self.inner.param_groups, self.param_groups)
+        self._mirror()
 
 
 @contextlib.contextmanager
