@@ -63,7 +63,8 @@ def test_every_flag_has_help_and_shows_its_default(command):
     assert len(flags) >= {"envs": 0, "serve": 9}.get(command, 20)
     for action in flags:
         assert action.help and len(action.help) > 8, action.option_strings
-        assert "%(default)" in formatter._get_help_string(action), action.option_strings
+        shown = formatter._get_help_string(action)
+        assert "%(default)" in shown and shown.count("default:") == 1, action.option_strings
     text = " ".join(parser.format_help().split())  # unwrapped
     for action in flags:  # the shown default is the value a run gets
         assert re.search(r"default: ?" + re.escape(str(action.default)), text), action.dest

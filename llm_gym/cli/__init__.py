@@ -150,10 +150,11 @@ def _add_train(commands: Any) -> None:
         help="how the per-token losses add up, as TRL's loss_type "
         "(default: %(default)s)")  # fmt: skip
     add("--clip-coef-high", type=number(float, 0.0, False), default=None,
-        help="clip-higher: the ratio's upper clip 1 + this (default: --clip-coef); for "
-        "cispo, the cap on the ratio (5.0 in MiniMax's recipe)")  # fmt: skip
+        help="clip-higher: the ratio's upper clip 1 + this (default: %(default)s, "
+        "--clip-coef); for cispo, the cap on the ratio (5.0 in MiniMax's recipe)")  # fmt: skip
     add("--delta", type=number(float, 1.0, False), default=None,
-        help="two-sided clipping: cap the unclipped ratio at this too (default: off)")  # fmt: skip
+        help="two-sided clipping: cap the unclipped ratio at this too (default: %(default)s, "
+        "off)")  # fmt: skip
     add("--importance-sampling-level", choices=IMPORTANCE_SAMPLING_LEVELS,
         default=defaults.importance_sampling_level,
         help="the ratio per token, or per response (GSPO; default: %(default)s)")  # fmt: skip
@@ -168,7 +169,7 @@ def _add_train(commands: Any) -> None:
     add("--entropy-target", type=number(float, 0.0), default=None,
         help="TRL's adaptive entropy control: after each step the coefficient rises by "
         "--entropy-coef-delta while the entropy is at or below this, falls above it, and "
-        "applies only at or below it (default: off)")  # fmt: skip
+        "applies only at or below it (default: %(default)s, off)")  # fmt: skip
     add("--entropy-coef-delta", type=number(float, 0.0, False),
         default=defaults.entropy_coef_delta,
         help="the adaptive coefficient's step (default: %(default)s)")  # fmt: skip
@@ -187,21 +188,26 @@ def _add_train(commands: Any) -> None:
         metavar="TOKENS", help="DAPO's soft overlong penalty: a response's reward falls "
         "linearly to -1 over its last TOKENS of --max-new-tokens (default: %(default)s, "
         "off)")  # fmt: skip
+    add("--max-grad-norm", type=number(float, 0.0, False), default=defaults.max_grad_norm,
+        help="the gradient's norm is clipped to this before each step, as TRL's "
+        "max_grad_norm (default: %(default)s)")  # fmt: skip
     add("--mask-truncated", action="store_true",
         help="leave responses that --max-new-tokens cut out of the loss and its token count, "
-        "as TRL's mask_truncated_completions (default: they train)")  # fmt: skip
+        "as TRL's mask_truncated_completions (default: %(default)s, they train)")  # fmt: skip
     add("--lr-schedule", choices=LR_SCHEDULES, default=defaults.lr_schedule,
         help="the learning rate over the optimizer steps: held, or decayed to 0 linearly or "
         "along a half cosine (default: %(default)s)")  # fmt: skip
     add("--warmup-steps", type=number(int, 0), default=defaults.warmup_steps,
-        help="optimizer steps of linear warm-up from 0 first (default: a tenth of the "
-        "optimizer steps, rounded down, for linear and cosine; none for constant)")  # fmt: skip
+        help="optimizer steps of linear warm-up from 0 first (default: %(default)s, a tenth "
+        "of the optimizer steps, rounded down, for linear and cosine; none for "
+        "constant)")  # fmt: skip
     add("--scale-rewards", choices=SCALE_REWARDS, default=defaults.scale_rewards,
         help="advantages divided by the group's reward std, the batch's, or none "
         "(default: %(default)s)")  # fmt: skip
     add("--tis-cap", type=number(float, 0.0, False), default=None,
         help="truncated importance sampling: weigh each token by min(exp(trainer's old "
-        "log-prob - the sampler's), this), as TRL's token_truncate (default: off)")  # fmt: skip
+        "log-prob - the sampler's), this), as TRL's token_truncate (default: "
+        "%(default)s, off)")  # fmt: skip
     add("--kl-target", type=number(float, 0.0, False), default=None,
         help="adaptive KL controller's target (default: %(default)s, a constant "
         "coefficient)")  # fmt: skip
@@ -233,7 +239,7 @@ def _add_train(commands: Any) -> None:
         "the weights alone)")  # fmt: skip
     add("--save-dtype", choices=DTYPE_NAMES, default=None,
         help="the dtype of weights saved without the optimizer's state (default: "
-        "%(default)s, --dtype)")  # fmt: skip
+        "%(default)s, the trained weights' dtype)")  # fmt: skip
     add("--agent", default=None, metavar="MODULE:FUNCTION",
         help="train an agent program: FUNCTION(base_url, api_key, item) -> answer (in MODULE "
         "or a file.py), which calls the model through llm_gym's OpenAI-compatible gateway; "
@@ -256,7 +262,7 @@ def _add_train(commands: Any) -> None:
         help="this machine's rank among --nnodes, 0 to M-1 (default: %(default)s)")  # fmt: skip
     add("--master-addr", default=None, metavar="HOST",
         help="the address of --node-rank 0's machine, which every machine can reach "
-        "(default: one machine, a local rendezvous)")  # fmt: skip
+        "(default: %(default)s, one machine, a local rendezvous)")  # fmt: skip
     add("--master-port", type=number(int, 1), default=29500, metavar="PORT",
         help="a free port on --master-addr's machine (default: %(default)s)")  # fmt: skip
     parser.set_defaults(config=GRPOConfig, job=_prepare_train, run=_train,
@@ -322,7 +328,8 @@ def _add_serve(commands: Any) -> None:
         "may be the agent under evaluation (default: %(default)s)")  # fmt: skip
     add("--api-key", default=None, metavar="KEY",
         help="refuse callers without this key (Authorization: Bearer KEY, X-API-Key: KEY or "
-        "?api_key=KEY; /health stays open; default: $LLM_GYM_API_KEY, else none)")  # fmt: skip
+        "?api_key=KEY; /health stays open; default: %(default)s, $LLM_GYM_API_KEY, else "
+        "none)")  # fmt: skip
     add("--web", action="store_true",
         help="OpenEnv's web interface at /web, to play the env by hand in a browser, one "
         "env per browser session within --max-sessions (default: %(default)s)")  # fmt: skip
@@ -389,7 +396,8 @@ def _add_gateway(commands: Any) -> None:
         "OpenAI-compatible server at --base-url that returns token ids")  # fmt: skip
     add("--base-url", default=None, metavar="URL", help="--backend openai: the server")
     add("--served-model", default=None, metavar="NAME",
-        help="--backend openai: the model's name there (default: its only one)")  # fmt: skip
+        help="--backend openai: the model's name there (default: %(default)s, its only "
+        "one)")  # fmt: skip
     add("--backend-arg", action="append", default=[], type=env_arg, metavar="KEY=VALUE",
         help="--backend vllm: a vLLM engine option, repeatable")  # fmt: skip
     add("--vllm-python", default=None, metavar="PATH",

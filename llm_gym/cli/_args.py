@@ -172,13 +172,14 @@ def add_run_options(parser: argparse.ArgumentParser, config: type) -> tuple[Call
         "name on the server (default: %(default)s, the server's only model)")  # fmt: skip
     add("--backend-arg", action="append", default=[], type=env_arg, metavar="KEY=VALUE",
         help="--backend vllm: a vLLM engine option, repeatable, e.g. max_model_len=4096, "
-        "dtype=bfloat16 (the server's dtype; default: --dtype)")  # fmt: skip
+        "dtype=bfloat16 (the server's dtype, else --dtype's) (default: %(default)s)")  # fmt: skip
     add(
         "--vllm-python",
         default=None,
         metavar="PATH",
         help="--backend vllm: the vLLM "
-        "environment's python (default: $LLM_GYM_VLLM_PYTHON, else .venv-vllm/bin/python)",
+        "environment's python (default: %(default)s, $LLM_GYM_VLLM_PYTHON, else "
+        ".venv-vllm/bin/python)",
     )
     add("--async", dest="asynchronous", action="store_true",
         help="the asynchronous driver: each conversation steps as soon as its own response "
