@@ -142,6 +142,12 @@ def test_every_loss_equals_trls_in_value_and_gradient(case, tiny_dir, smollm2_to
     assert loss.item() == pytest.approx(expected.item(), abs=1e-6) and loss.item() != 0.0
     for ours_grad, trls in zip(grads, expected_grads, strict=True):
         torch.testing.assert_close(ours_grad, trls, atol=1e-6, rtol=1e-5)
+    if case == "k3 KL, no bias correction":  # TRL's kl metric: the k3 to the reference
+        stats = update_stats(log_probs, old, mask, inputs["advantages"], 0.2, ref_log_probs=ref)
+        assert stats["reference_kl"] / stats["tokens"] == pytest.approx(
+            trainer._metrics["eval"]["kl"][-1], abs=1e-7
+        )
+        assert stats["reference_kl"] > 0
     if case in ("grpo", "dapo clip-higher", "two-sided"):  # TRL's clip_ratio/* too
         high, delta = trl_args.get("epsilon_high"), trl_args.get("delta")
         stats = update_stats(

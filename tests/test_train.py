@@ -124,8 +124,9 @@ def test_train_with_trls_loss_variants_logs_the_update_and_resumes(tiny_dir, tmp
                "--dtype", "float32"]  # fmt: skip
     assert main(train_args(tiny_dir, out, *variant)) == 0
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    for row in rows:  # the second epoch's: its ratios moved off 1
+    for row in rows:  # the second epoch's: its ratios moved off 1, and off the reference
         assert row["entropy"] > 0 and row["approx_kl"] > 0 and row["grad_norm"] >= 0
+        assert row["reference_kl"] > 0
         parts = row["clip_fraction_low"] + row["clip_fraction_high"]
         assert row["clip_fraction"] == pytest.approx(parts) and 0 <= parts <= 1
     saved = json.loads((out / "run_config.json").read_text())

@@ -321,13 +321,16 @@ def update_stats(
     clip_coef_high: float | None = None,
     delta: float | None = None,
     importance_sampling_level: str = "token",
+    ref_log_probs: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """What the update did to the ``mask``'s tokens, as sums over them (divide by
     ``"tokens"``, after adding up a batch's micro-batches): ``clip_low``/``clip_high`` count
     the tokens whose ratio was clipped below (negative advantage) or above (positive), as
     TRL's ``clip_ratio/*`` (cispo: above its cap only; with ``delta``, of the ratio it
     capped, as TRL); ``approx_kl`` sums the k3 estimate of KL(π_old ‖ π), CleanRL's
-    ``approx_kl``. A sequence-level ratio counts at each of its tokens (TRL: once).
+    ``approx_kl``. A sequence-level ratio counts at each of its tokens (TRL: once). Given
+    ``ref_log_probs``, ``reference_kl`` sums the k3 estimate of KL(π ‖ reference), TRL's
+    ``kl`` metric (which TRL weighs by the ratio, 1 in a step's first epoch).
 
     >>> update_stats(torch.tensor([[0.5, 0.0]]), torch.zeros(1, 2), torch.ones(1, 2).bool(),
     ...              torch.tensor([1.0]), 0.2)["clip_high"]
@@ -346,12 +349,15 @@ def update_stats(
             low, above = (coef < 1 - clip_coef) & (adv < 0), (coef > 1 + high) & (adv > 0)
         low, above = low.expand_as(mask) & mask, above.expand_as(mask) & mask
         kl = _k3(log_probs, old_log_probs)[mask]  # old → new, from old's samples
-        return {
+        stats = {
             "tokens": float(mask.sum()),
             "clip_low": float(low.sum()),
             "clip_high": float(above.sum()),
             "approx_kl": float(kl.sum()),
         }
+        if ref_log_probs is not None:
+            stats["reference_kl"] = float(_k3(ref_log_probs, log_probs)[mask].sum())
+        return stats
 
 
 def sampled(mask: torch.Tensor, log_probs: Sequence[Any]) -> torch.Tensor:

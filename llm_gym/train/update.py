@@ -529,7 +529,7 @@ class GRPOUpdate:
                         if last:
                             _add(stats, entropy=float(entropy[mask].sum()), **update_stats(
                                 log_probs, old_log_probs, mask, adv, config.clip_coef,
-                                delta=config.delta, **options,
+                                delta=config.delta, ref_log_probs=ref, **options,
                             ))  # fmt: skip
                 norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.max_grad_norm)
                 grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
@@ -546,7 +546,8 @@ class GRPOUpdate:
             if lean:
                 set_host_mmap_threshold(HEAP_MMAP_THRESHOLD)
         if self.sharded:  # the whole batch's sums
-            keys = ("clip_low", "clip_high", "approx_kl", "entropy", "tokens", "tis_truncated")
+            keys = ("clip_low", "clip_high", "approx_kl", "entropy", "tokens", "tis_truncated",
+                    "reference_kl")  # fmt: skip
             summed = all_reduce([total, *(stats.get(k, 0.0) for k in keys)], device=self.device)
             total, stats = summed[0], dict(zip(keys, summed[1:], strict=True))
         tokens_seen = max(stats.get("tokens", 0.0), 1.0)
@@ -560,6 +561,8 @@ class GRPOUpdate:
             "grad_norm": grad_norm,
             "learning_rate": learning_rate,
         }
+        if config.kl_loss_coef > 0:  # the k3 KL to the reference the loss charged
+            row["reference_kl"] = stats.get("reference_kl", 0.0) / tokens_seen
         if bonus.on:  # the coefficient the next step starts from, as TRL logs it
             row["entropy_coef"] = bonus.coef
         if sampler_log_probs is not None:
