@@ -132,6 +132,15 @@ def test_library_arguments_get_one_line_naming_them(smollm2_tokenizer, tmp_path)
         GRPOTrainer(config(tmp_path), model=model)
     with pytest.raises(ValueError, match="tokenizer was given without its model"):
         GRPOTrainer(config(tmp_path), tokenizer=smollm2_tokenizer)
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module .*, got Tokenizers"):
+        GRPOTrainer(config(tmp_path), model=smollm2_tokenizer, tokenizer=model)  # swapped
+    with pytest.raises(TypeError, match="tokenizer must be a transformers tokenizer, got str"):
+        GRPOTrainer(config(tmp_path), model=model, tokenizer="gpt2")
+    frozen = tiny_model(smollm2_tokenizer, seed=0).requires_grad_(False)
+    with pytest.raises(ValueError, match="model has no parameter that requires grad"):
+        GRPOTrainer(config(tmp_path), model=frozen, tokenizer=smollm2_tokenizer)
+    with pytest.raises(TypeError, match="env must be an env id, a gymnasium VectorEnv .*, got int"):
+        GRPOTrainer(config(tmp_path), model=model, tokenizer=smollm2_tokenizer, env=42)
     with pytest.raises(ValueError, match="a model or env object cannot be resumed into"):
         GRPOTrainer(config(tmp_path, resume=True), model=model, tokenizer=smollm2_tokenizer)
     envs = native(smollm2_tokenizer)
@@ -145,3 +154,14 @@ def test_library_arguments_get_one_line_naming_them(smollm2_tokenizer, tmp_path)
     with pytest.raises(ValueError, match="env must observe 'tokens', 'history' and 'policy_m"):
         GRPOTrainer(config(tmp_path), model=model, tokenizer=smollm2_tokenizer, env=history)
     assert not (tmp_path / "run" / "run_config.json").exists()  # nothing written on an error
+
+
+def test_train_runs_once_and_says_how_to_go_on(smollm2_tokenizer, tmp_path):
+    model = tiny_model(smollm2_tokenizer, seed=0)
+    trainer = GRPOTrainer(config(tmp_path), model=model, tokenizer=smollm2_tokenizer)
+    right_and_wrong(trainer)
+    assert trainer.train()["iterations"] == 1
+    rows = (tmp_path / "run" / "metrics.jsonl").read_text()
+    with pytest.raises(RuntimeError, match=r"train\(\) has run: .*GRPOConfig.resumed\("):
+        trainer.train()
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == rows  # nothing run again

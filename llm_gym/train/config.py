@@ -391,6 +391,31 @@ class GRPOConfig(RunConfig):
                 f"{given} was given without its {missing}: pass a model object and its "
                 "tokenizer together, or neither (config.model names the model)"
             )
+        if model is not None:  # given objects: what they are is checked where they come in
+            import torch
+            from transformers import PreTrainedTokenizerBase
+
+            if not isinstance(model, torch.nn.Module):
+                raise TypeError(
+                    f"model must be a torch.nn.Module (a transformers or peft model), got "
+                    f"{type(model).__name__}"
+                )
+            if not isinstance(tokenizer, PreTrainedTokenizerBase):
+                raise TypeError(
+                    f"tokenizer must be a transformers tokenizer, got {type(tokenizer).__name__}"
+                )
+            if not any(p.requires_grad for p in model.parameters()):
+                raise ValueError(
+                    "model has no parameter that requires grad, so nothing would train: "
+                    "unfreeze it (model.requires_grad_(True)) or give a peft model with adapters"
+                )
+        import gymnasium
+
+        if env is not None and not (callable(env) or isinstance(env, gymnasium.vector.VectorEnv)):
+            raise TypeError(
+                f"env must be an env id, a gymnasium VectorEnv or a callable making one, got "
+                f"{type(env).__name__}"
+            )
         if self.resume and (model is not None or env is not None):
             raise ValueError(
                 "resume reloads a run from its folder by name; a model or env object cannot "

@@ -6,7 +6,6 @@ update, the weights published, the metrics row, the checkpoint (docs/training.md
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import json
 import threading
@@ -25,9 +24,7 @@ from llm_gym.policies import TransformersPolicy
 from llm_gym.run.describe import describe_run
 from llm_gym.run.files import LineFile, RunWriteError, told, write_text
 from llm_gym.run.lock import FolderLock
-from llm_gym.run.setup import compute_dtype, dtype_name, make_policy, resolve_device, run_rubric
-from llm_gym.samplers.transformers import SubEnvGenerators
-from llm_gym.samplers.weights import LocalWeights, ServedWeights, WeightSync, export_model
+from llm_gym.run.setup import compute_dtype, dtype_name, resolve_device, run_rubric
 from llm_gym.train.checkpoints import RunCheckpoints, load_checkpoint
 from llm_gym.train.config import GRPOConfig, check_episode_groups
 from llm_gym.train.evaluation import evaluate_agent, evaluate_greedy
@@ -37,18 +34,16 @@ from llm_gym.train.model import check_memory, frozen_reference, trained_model
 from llm_gym.train.play import Feed, kl_scorer, play, run_envs
 from llm_gym.train.run_folder import (
     METRICS_FILE,
-    SERVED_FOLDER,
     SUMMARY_FILE,
     claim_out,
     clear_out,
     earlier_rows,
     write_summary,
 )
+from llm_gym.train.sampling import sampling
 from llm_gym.train.sharding import (
     Processes,
     barrier,
-    broadcast_object,
-    full_weights,
     gather_objects,
     launched_processes,
     shard_model,
@@ -69,17 +64,16 @@ __all__ = ["GRPOTrainer"]
 
 class GRPOTrainer:
     """A prepared run, as ``Rollout`` is one (every input error raised before generating);
-    ``train()`` runs it. ``policy`` generates (``config.backend``), ``scorer`` (the model
-    being trained) re-scores; ``version`` counts the optimizer's steps, and ``weights`` moves
-    each update's weights to the sampler (``llm_gym.samplers.weights``).
+    ``train()`` runs it, once. ``policy`` generates (``config.backend``), ``scorer`` (the
+    model being trained) re-scores; ``version`` counts the optimizer's steps, and ``weights``
+    moves each update's weights to the sampler (``llm_gym.samplers.weights``).
 
     As a library, as TRL's: ``model`` (a transformers model, or a peft one whose adapters
-    train) and its ``tokenizer`` train in place of the one ``config.model`` names, on their
-    own device and dtype; ``env`` is an env id (played with ``config``'s env args), a
-    Gymnasium vector env of ``groups × group_size`` sub-envs in tokens mode observing
-    ``("tokens", "history", "policy_mask")``, whose groups of ``group_size`` consecutive
-    sub-envs play one item (the native vector env's ``repeats=group_size,
-    group_repeats=True``), or a callable making one.
+    train) and its ``tokenizer`` train in place of ``config.model``, on their own device and
+    dtype; ``env`` is an env id (played with ``config``'s env args), a Gymnasium vector env of
+    ``groups × group_size`` sub-envs in tokens mode observing ``("tokens", "history",
+    "policy_mask")`` whose groups of ``group_size`` consecutive sub-envs play one item (the
+    native vector env's ``repeats=group_size, group_repeats=True``), or a callable making one.
     """
 
     def __init__(
@@ -103,6 +97,7 @@ class GRPOTrainer:
         # Before the folder is looked at: one run at a time in it, until train() ends (the
         # first process holds the lock for all of them).
         self.lock = FolderLock(self.out) if self.lead else None
+        self.finished = False  # train() has run: its folder and processes are let go
         try:
             self._prepare(config, model, tokenizer)
         except BaseException:
@@ -144,7 +139,10 @@ class GRPOTrainer:
         )  # fmt: skip
         self.version = self.start * config.update_epochs
         self.feed = self.envs = self.rubric = None  # what close() stops, once made
-        self.policy, self.weights, self.server = self._sampling(config)
+        run = sampling(config, self.model, self.tokenizer, self.processes, self.out,
+                       self.compute_dtype)  # fmt: skip
+        self.policy, self.weights, self.server = run.policy, run.weights, run.server
+        self.generators = run.generators
         if self.processes.world > 1:  # each process holds a slice of every weight (FSDP2)
             shard_model(self.model, self.precision)
         self.sampling_lock = threading.Lock()  # no update lands in the middle of a batch
@@ -153,39 +151,6 @@ class GRPOTrainer:
         except BaseException:  # no server is left running after a setup error
             self.close()
             raise
-
-    def _sampling(self, config: GRPOConfig) -> tuple[Any, WeightSync, Any]:
-        # The policy that samples, how it gets each update's weights, and its server (if
-        # any) to close. Across processes, the first starts the vLLM server and the others
-        # sample from it.
-        lead, world = self.processes.lead, self.processes.world
-        if config.backend == "transformers":
-            # --async: a copy samples while this one trains (in eval mode: no dropout)
-            sampling = copy.deepcopy(self.model).eval() if config.asynchronous else self.model
-            policy = make_policy(sampling, self.tokenizer, config, compute_dtype=self.compute_dtype)
-            weights: WeightSync = LocalWeights(self.model, sampling, policy)
-            server = None
-        else:
-            folder = self.out / SERVED_FOLDER
-            policy = None
-            if lead:  # the weights training starts from
-                export_model(self.model, self.tokenizer, folder)
-                policy = make_policy(
-                    self.model, self.tokenizer, config, served=folder,
-                    compute_dtype=self.compute_dtype,
-                )  # fmt: skip
-            if world > 1:
-                url = broadcast_object(policy.sampler.base_url if lead else None)
-                policy = policy or make_policy(self.model, self.tokenizer, config, server=url)
-            gather = full_weights if world > 1 else None
-            weights = ServedWeights(
-                self.model, policy.sampler, folder, lead=lead, gather=gather, barrier=barrier
-            )
-            server = policy
-        # Each sub-env's own generator (see SubEnvGenerators); --async: the sampler's own.
-        generators = SubEnvGenerators(config.seed, self.processes.first_env)
-        self.generators = policy.sub_env_generators = None if config.asynchronous else generators
-        return policy, weights, server
 
     def _set_up(
         self, config: GRPOConfig, state: Any, tensors: Any, checkpoint: Path | None
@@ -244,9 +209,15 @@ class GRPOTrainer:
         """Run the iterations; write metrics, plot, checkpoints and ``summary.json``. Ctrl-C
         or a file the disk cannot take (``RunWriteError``, one line naming it) stops the run
         with its summary marked interrupted; the run folder is let go at the end."""
+        if self.finished:
+            raise RuntimeError(
+                "train() has run: a further run goes on from its folder, "
+                f"GRPOTrainer(GRPOConfig.resumed({str(self.out)!r}, iterations=N)).train()"
+            )
         try:
             return self._train()
         finally:
+            self.finished = True
             self._leave()
 
     def _train(self) -> dict[str, Any]:
