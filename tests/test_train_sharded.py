@@ -72,10 +72,12 @@ def assert_same_run(a, b, atol):
 
 @pytest.fixture(scope="module")
 def runs(digits, tmp_path_factory):
-    """The run in one process and in two (``--nproc-per-node 2``), started together."""
+    """The run in one process and in two (``--nproc-per-node 2``), started together; their
+    advantages divided by the whole batch's reward std (each process's own would differ)."""
     base = tmp_path_factory.mktemp("runs")
-    one = llm_gym(*train_args(digits, base / "one", "--save-optimizer", "--threads", "1"))
-    two = llm_gym(*train_args(digits, base / "two", "--save-optimizer", "--nproc-per-node", "2"))
+    both = ("--save-optimizer", "--scale-rewards", "batch")
+    one = llm_gym(*train_args(digits, base / "one", *both, "--threads", "1"))
+    two = llm_gym(*train_args(digits, base / "two", *both, "--nproc-per-node", "2"))
     return finished(one), base / "one", finished(two), base / "two"
 
 
