@@ -70,14 +70,17 @@ def assert_same_run(a, b, atol):
     assert max((wa[k] - wb[k]).abs().max().item() for k in wa) <= atol
 
 
+# What every run compared with the one-process run passes.
+SHARED = ("--save-optimizer", "--scale-rewards", "batch")
+
+
 @pytest.fixture(scope="module")
 def runs(digits, tmp_path_factory):
     """The run in one process and in two (``--nproc-per-node 2``), started together; their
     advantages divided by the whole batch's reward std (each process's own would differ)."""
     base = tmp_path_factory.mktemp("runs")
-    both = ("--save-optimizer", "--scale-rewards", "batch")
-    one = llm_gym(*train_args(digits, base / "one", *both, "--threads", "1"))
-    two = llm_gym(*train_args(digits, base / "two", *both, "--nproc-per-node", "2"))
+    one = llm_gym(*train_args(digits, base / "one", *SHARED, "--threads", "1"))
+    two = llm_gym(*train_args(digits, base / "two", *SHARED, "--nproc-per-node", "2"))
     return finished(one), base / "one", finished(two), base / "two"
 
 
@@ -145,8 +148,8 @@ def test_two_machines_on_the_loopback_train_as_one_process(runs, digits, tmp_pat
     _, one, _, _ = runs
     port, out = free_port(), tmp_path / "nodes"
     nodes = [
-        llm_gym(*train_args(digits, out, "--save-optimizer", "--nnodes", "2", "--node-rank",
-                            str(rank), "--master-addr", "127.0.0.1", "--master-port", str(port)))
+        llm_gym(*train_args(digits, out, *SHARED, "--nnodes", "2", "--node-rank", str(rank),
+                            "--master-addr", "127.0.0.1", "--master-port", str(port)))
         for rank in (0, 1)
     ]  # fmt: skip
     for node in nodes:
