@@ -38,6 +38,7 @@ from llm_gym.run.setup import compute_dtype, env_kwargs, resolve_device
 from llm_gym.train import GRPOConfig, GRPOTrainer
 from llm_gym.train.config import LOSS_TYPES
 from llm_gym.train.evaluation import evaluate_greedy
+from llm_gym.train.loss import overlong_tokens
 from llm_gym.train.update import (
     PRECISION_WEIGHTS,
     TRANSFORMERS_SCHEDULES,
@@ -239,9 +240,13 @@ def llm_gym_rewards(rows: Sequence[Mapping[str, Any]]) -> tuple[list[int], list[
 
 def trl_rewards(log_history: Sequence[Mapping[str, Any]]) -> tuple[list[int], list[float]]:
     """Steps (from 1) and mean training rewards of TRL's ``trainer.state.log_history`` (its
-    last entry, the run's summary, has no reward)."""
+    last entry, the run's summary, has no reward): the env's reward where TRL logs it apart
+    from the others (an overlong penalty's), as llm_gym's rows do."""
     logged = [entry for entry in log_history if "reward" in entry]
-    return [int(entry["step"]) for entry in logged], [float(entry["reward"]) for entry in logged]
+    env = "rewards/env_reward_func/mean"
+    return [int(entry["step"]) for entry in logged], [
+        float(entry.get(env, entry["reward"])) for entry in logged
+    ]
 
 
 def rollout_env_kwargs(config: GRPOConfig, tokenizer: Any) -> dict[str, Any]:
@@ -261,6 +266,7 @@ def run_trl(config: GRPOConfig, out: str, *, own_defaults: bool = False) -> dict
     evaluates in llm_gym's compute dtype (``--dtype`` by autocast over float32 weights)."""
     import datasets
     import trl
+    from trl.rewards import get_soft_overlong_punishment
 
     from llm_gym.integrations.trl import env_reward_func, make_rollout_func
 
@@ -288,8 +294,11 @@ def run_trl(config: GRPOConfig, out: str, *, own_defaults: bool = False) -> dict
     # TRL draws `groups` rows a step: one placeholder row per question.
     rows = config.groups * config.iterations
     dataset = datasets.Dataset.from_dict({"prompt": ["(the env poses the question)"] * rows})
+    # DAPO's overlong penalty as TRL gives it: a reward function added to the env's.
+    cache = overlong_tokens(config.overlong_cache, config.max_new_tokens, single_turn=True)
+    penalty = [get_soft_overlong_punishment(config.max_new_tokens, cache)] if cache else []
     trainer = trl.GRPOTrainer(
-        model=model, reward_funcs=[env_reward_func],
+        model=model, reward_funcs=[env_reward_func, *penalty],
         args=trl_config(config, f"{out}/trl", own_defaults=own_defaults),
         train_dataset=dataset, processing_class=tokenizer, rollout_func=rollout,
     )  # fmt: skip

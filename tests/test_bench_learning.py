@@ -153,6 +153,9 @@ def test_reward_curves(bench):
         {"train_runtime": 12.0, "step": 2},  # the run's summary: no reward
     ]
     assert bench.trl_rewards(history) == ([1, 2], [0.5, 0.75])
+    # With a penalty beside it, the env's own reward (as llm_gym's rows keep it).
+    shaped = [{"reward": 0.25, "rewards/env_reward_func/mean": 0.5, "step": 1}]
+    assert bench.trl_rewards(shaped) == ([1], [0.5])
 
 
 def test_plot_title_names_task_model_and_settings(bench, tmp_path):

@@ -203,6 +203,7 @@ def test_an_iteration_trains_on_any_episode_source(tiny_dir, tmp_path):
     config = GRPOConfig(
         model=tiny_dir, out=str(tmp_path), env_args={"task": "chain_sum"},
         groups=1, group_size=2, max_new_tokens=4, eval_episodes=0, progress=False, warmup_steps=0,
+        overlong_cache=0,  # the rewards as given
     )  # fmt: skip
     trainer = GRPOTrainer(config)
     one = Segment(np.array([5, 6, 7, 8]), np.array([False, False, True, True]), None)
@@ -572,7 +573,7 @@ def test_mask_truncated_leaves_the_cut_response_out_of_the_loss(tiny_dir, tmp_pa
     config = GRPOConfig(
         model=tiny_dir, out=str(tmp_path), env="LLMChat-GSM8K-v0", env_args={"dataset": rows},
         groups=1, group_size=2, max_new_tokens=4, eval_episodes=0, progress=False,
-        mask_truncated=mask_truncated, dtype="float32",
+        mask_truncated=mask_truncated, dtype="float32", overlong_cache=0,
     )  # fmt: skip
     trainer = GRPOTrainer(config)
     tok = trainer.tokenizer

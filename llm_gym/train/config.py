@@ -126,7 +126,10 @@ class GRPOConfig(RunConfig):
     learning_rate: float = 5e-5
     advantage: str = "grpo"
     dynamic_sampling: int = 0  # DAPO's: batches more a step may play to replace flat groups
-    overlong_cache: int = 0  # DAPO's soft overlong penalty over the last this many tokens
+    # DAPO's soft overlong penalty over the last this many tokens of the response budget;
+    # None: a third of it for single-turn runs, none for multi-turn and agent runs (whose
+    # policy tokens add up over turns), 0: off (llm_gym.train.loss.overlong_tokens).
+    overlong_cache: int | None = None
     mask_truncated: bool = False  # responses the budget cut out of the loss (TRL's option)
     # The rate warmed up, then decayed to 0 along a half cosine (docs/training.md, "A recipe
     # over eight seeds"); warm-up None: a tenth of the optimizer steps, rounded down, for a
@@ -302,8 +305,8 @@ class GRPOConfig(RunConfig):
         check_choice("lr_schedule", self.lr_schedule, LR_SCHEDULES)
         check_choice("advantage", self.advantage, ADVANTAGE_ESTIMATORS)
         check_int("dynamic_sampling", self.dynamic_sampling, 0)
-        check_int("overlong_cache", self.overlong_cache, 0)
-        if self.overlong_cache > self.max_response_tokens:
+        check_int("overlong_cache", self.overlong_cache, 0, optional=True)
+        if (self.overlong_cache or 0) > self.max_response_tokens:
             raise ValueError(
                 f"overlong_cache (--overlong-cache) must be at most the response budget "
                 f"{self.max_response_tokens} (--max-new-tokens), got {self.overlong_cache}"

@@ -29,7 +29,7 @@ from llm_gym.train.checkpoints import RunCheckpoints, load_checkpoint
 from llm_gym.train.config import GRPOConfig, check_episode_groups
 from llm_gym.train.evaluation import evaluate_agent, evaluate_greedy
 from llm_gym.train.loss import advantages as estimate
-from llm_gym.train.loss import shaped_rewards, trained_segments
+from llm_gym.train.loss import overlong_tokens, shaped_rewards, trained_segments
 from llm_gym.train.model import check_memory, frozen_reference, trained_model
 from llm_gym.train.play import Feed, kl_scorer, play, run_envs
 from llm_gym.train.run_folder import (
@@ -178,6 +178,10 @@ class GRPOTrainer:
             weights=self.dtype,
         )  # fmt: skip
         self.envs, self.feed, self.multi_turn = played.envs, played.feed, played.multi_turn
+        single_turn = not self.multi_turn and config.agent is None
+        self.overlong = overlong_tokens(
+            config.overlong_cache, config.max_response_tokens, single_turn
+        )
         trained = [p for p in self.model.parameters() if p.requires_grad]  # LoRA: adapters
         self.optimizer = adamw(trained, config.learning_rate)
         self.updater = GRPOUpdate(
@@ -274,7 +278,7 @@ class GRPOTrainer:
             str(e.info["task"]) for e in everyone if e.info.get("task") is not None
         )
         # Over the whole run's batch (a batch's std is every process's), this process's part.
-        shaped = shaped_rewards(everyone, config.max_response_tokens, config.overlong_cache)
+        shaped = shaped_rewards(everyone, config.max_response_tokens, self.overlong)
         estimated = estimate(torch.tensor(shaped, device=self.device), config.group_size,
                              config.advantage, config.scale_rewards)  # fmt: skip
         advantages = self.processes.own(estimated)
