@@ -594,6 +594,20 @@ def test_mask_truncated_leaves_the_cut_response_out_of_the_loss(tiny_dir, tmp_pa
     trainer.lock.release()
 
 
+def test_overlong_auto_is_a_third_of_a_single_turn_budget(tiny_dir, tmp_path):
+    from llm_gym.cli._args import overlong
+
+    assert (overlong("auto"), overlong("5")) == (None, 5)
+    config = GRPOConfig(
+        model=tiny_dir, out=str(tmp_path), env_args={"task": "chain_sum"}, groups=1,
+        group_size=2, max_new_tokens=12, eval_episodes=0, progress=False, overlong_cache=None,
+    )  # fmt: skip
+    trainer = GRPOTrainer(config)
+    assert (trainer.multi_turn, trainer.overlong) == (False, 4)
+    trainer.close()
+    trainer.lock.release()
+
+
 def test_trained_segments_mask_the_episodes_the_budget_cut():
     def episode(ids, mask):
         segment = Segment(np.array(ids), np.array(mask), None)

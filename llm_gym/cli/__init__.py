@@ -24,6 +24,7 @@ from llm_gym.cli._args import (
     llm_gym_env_ids,
     make_config,
     number,
+    overlong,
     resumed_config,
 )
 from llm_gym.cli._envs import envs_table
@@ -184,11 +185,11 @@ def _add_train(commands: Any) -> None:
     add("--dynamic-sampling", type=number(int, 0), default=defaults.dynamic_sampling,
         metavar="N", help="DAPO's dynamic sampling: up to N more batches a step, whose "
         "groups replace those whose rewards are all equal (default: %(default)s, off)")  # fmt: skip
-    add("--overlong-cache", type=number(int, 0), default=defaults.overlong_cache,
+    add("--overlong-cache", type=overlong, default=defaults.overlong_cache,
         metavar="TOKENS", help="DAPO's soft overlong penalty: a response's reward falls "
-        "linearly to -1 over its last TOKENS of --max-new-tokens; 0: off (default: "
-        "%(default)s, a third of the budget for single-turn runs, off for multi-turn and "
-        "agent runs)")  # fmt: skip
+        "linearly to -1 over its last TOKENS of --max-new-tokens; auto: a third of the "
+        "budget for single-turn runs, off for multi-turn and agent runs (default: "
+        "%(default)s, off)")  # fmt: skip
     add("--max-grad-norm", type=number(float, 0.0, False), default=defaults.max_grad_norm,
         help="the gradient's norm is clipped to this before each step, as TRL's "
         "max_grad_norm (default: %(default)s)")  # fmt: skip

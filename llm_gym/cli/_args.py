@@ -82,6 +82,15 @@ def number(kind: type, low: float, inclusive: bool = True) -> Callable[[str], in
     return parse
 
 
+def overlong(text: str) -> int | None:
+    """``--overlong-cache``: an int >= 0, or ``auto`` (None: the trainer's rule).
+
+    >>> overlong("16"), overlong("auto")
+    (16, None)
+    """
+    return None if text == "auto" else number(int, 0)(text)
+
+
 def env_arg(text: str) -> tuple[str, Any]:
     """``--env-arg KEY=VALUE``: the value as JSON when it parses, else the text; a value that
     starts as JSON (``{``, ``[``, ``"``) must parse."""

@@ -128,8 +128,9 @@ class GRPOConfig(RunConfig):
     dynamic_sampling: int = 0  # DAPO's: batches more a step may play to replace flat groups
     # DAPO's soft overlong penalty over the last this many tokens of the response budget;
     # None: a third of it for single-turn runs, none for multi-turn and agent runs (whose
-    # policy tokens add up over turns), 0: off (llm_gym.train.loss.overlong_tokens).
-    overlong_cache: int | None = None
+    # policy tokens add up over turns), 0: off (llm_gym.train.loss.overlong_tokens). Off by
+    # default until its check over seeds is in (docs/training.md, "A recipe over eight seeds").
+    overlong_cache: int | None = 0
     mask_truncated: bool = False  # responses the budget cut out of the loss (TRL's option)
     # The rate warmed up, then decayed to 0 along a half cosine (docs/training.md, "A recipe
     # over eight seeds"); warm-up None: a tenth of the optimizer steps, rounded down, for a
