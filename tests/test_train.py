@@ -595,9 +595,11 @@ def test_mask_truncated_leaves_the_cut_response_out_of_the_loss(tiny_dir, tmp_pa
 
 
 def test_overlong_auto_is_a_third_of_a_single_turn_budget(tiny_dir, tmp_path):
-    from llm_gym.cli._args import overlong
+    from llm_gym.cli import build_parser
 
-    assert (overlong("auto"), overlong("5")) == (None, 5)
+    for flag, value in (("auto", None), ("5", 5)):
+        args = build_parser().parse_args(["train", "--overlong-cache", flag])
+        assert args.overlong_cache == value
     config = GRPOConfig(
         model=tiny_dir, out=str(tmp_path), env_args={"task": "chain_sum"}, groups=1,
         group_size=2, max_new_tokens=12, eval_episodes=0, progress=False, overlong_cache=None,
