@@ -39,12 +39,8 @@ from llm_gym.train import GRPOConfig, GRPOTrainer
 from llm_gym.train.config import LOSS_TYPES
 from llm_gym.train.evaluation import evaluate_greedy
 from llm_gym.train.loss import overlong_tokens
-from llm_gym.train.update import (
-    PRECISION_WEIGHTS,
-    TRANSFORMERS_SCHEDULES,
-    resolve_precision,
-    warmup_steps,
-)
+from llm_gym.train.optim import TRANSFORMERS_SCHEDULES, warmup_steps
+from llm_gym.train.update import PRECISION_WEIGHTS, resolve_precision
 
 if TYPE_CHECKING:  # trl takes seconds to import: only --vs-trl pays for it
     import trl

@@ -545,8 +545,9 @@ def setup_sharded(
     one update, without the trainer around it."""
     from llm_gym.lm.loading import load_model
     from llm_gym.lm.lora import unwrapped, with_lora
+    from llm_gym.train.optim import adamw
     from llm_gym.train.sharding import shard_model
-    from llm_gym.train.update import PRECISION_WEIGHTS, GRPOUpdate, adamw
+    from llm_gym.train.update import PRECISION_WEIGHTS, GRPOUpdate
 
     config = new_config(args, info, case)
     device = torch.device(args.device)

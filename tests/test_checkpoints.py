@@ -13,8 +13,8 @@ from llm_gym.lm.loading import load_model, tiny_model
 from llm_gym.sources import ProceduralSource
 from llm_gym.train import GRPOConfig, GRPOTrainer
 from llm_gym.train.checkpoints import checkpoints, latest_checkpoint, load_checkpoint
+from llm_gym.train.optim import MasterAdamW
 from llm_gym.train.sharding import load_optimizer, save_optimizer
-from llm_gym.train.update import MasterAdamW
 
 TIMING = ("seconds", "tokens_per_second")  # the only metrics allowed to differ
 

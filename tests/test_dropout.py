@@ -8,7 +8,8 @@ import torch
 
 from llm_gym.lm.loading import tiny_model
 from llm_gym.train import GRPOConfig
-from llm_gym.train.update import GRPOUpdate, adamw, training_forwards
+from llm_gym.train.optim import adamw
+from llm_gym.train.update import GRPOUpdate, training_forwards
 
 LENGTHS = [14, 9, 12, 7]
 ADVANTAGES = torch.tensor([1.0, -1.0, 0.5, -0.5])

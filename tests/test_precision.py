@@ -22,7 +22,8 @@ from llm_gym.lm.precision import (
 from llm_gym.lm.tensors import LinearLogProbs
 from llm_gym.run import setup
 from llm_gym.train import GRPOConfig, GRPOTrainer
-from llm_gym.train.update import MasterAdamW, resolve_precision
+from llm_gym.train.optim import MasterAdamW
+from llm_gym.train.update import resolve_precision
 
 CPU = torch.device("cpu")
 

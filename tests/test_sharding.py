@@ -12,7 +12,8 @@ import torch.multiprocessing as mp
 
 from llm_gym.lm.lora import with_lora
 from llm_gym.train import GRPOConfig
-from llm_gym.train.update import GRPOUpdate, adamw
+from llm_gym.train.optim import adamw
+from llm_gym.train.update import GRPOUpdate
 
 LENGTHS = [30, 25, 21, 9, 12, 7]  # the first half: three micro-batches of 40; the second: one
 ADVANTAGES = [1.0, -1.0, 0.5, -0.5, 2.0, -2.0]

@@ -15,7 +15,7 @@ from llm_gym.episodes import Episode, EpisodeSource, Segment, ran_out
 from llm_gym.lm.precision import runs_fast
 from llm_gym.train import GRPOConfig, GRPOTrainer, group_advantages, grpo_loss
 from llm_gym.train.loss import trained_segments
-from llm_gym.train.update import MasterAdamW, adamw
+from llm_gym.train.optim import MasterAdamW, adamw
 
 CPU = torch.device("cpu")
 

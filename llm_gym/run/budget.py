@@ -235,7 +235,7 @@ def check_run(
     model, params = shape
     dtype_bytes = DTYPE_BYTES[dtype]
     # Training adds the gradients and AdamW's two moments; below float32, float32 masters
-    # and moments (llm_gym.train.update.MasterAdamW): 12 bytes a parameter.
+    # and moments (llm_gym.train.optim.MasterAdamW): 12 bytes a parameter.
     optimizer = 2 * dtype_bytes if dtype_bytes >= 4 else 12
     world, local = shards
     trained = dtype_bytes * (1 + train) + (optimizer if train else 0)

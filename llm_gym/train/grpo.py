@@ -31,6 +31,7 @@ from llm_gym.train.evaluation import evaluate_agent, evaluate_greedy
 from llm_gym.train.loss import advantages as estimate
 from llm_gym.train.loss import overlong_tokens, shaped_rewards, trained_segments
 from llm_gym.train.model import check_memory, frozen_reference, trained_model
+from llm_gym.train.optim import adamw
 from llm_gym.train.play import Feed, kl_scorer, play, run_envs
 from llm_gym.train.run_folder import (
     METRICS_FILE,
@@ -49,7 +50,7 @@ from llm_gym.train.sharding import (
     shard_model,
     world_size,
 )
-from llm_gym.train.update import PRECISION_WEIGHTS, GRPOUpdate, adamw, resolve_precision
+from llm_gym.train.update import PRECISION_WEIGHTS, GRPOUpdate, resolve_precision
 
 if TYPE_CHECKING:
     from collections.abc import Callable
