@@ -594,18 +594,19 @@ def test_mask_truncated_leaves_the_cut_response_out_of_the_loss(tiny_dir, tmp_pa
     trainer.lock.release()
 
 
-def test_overlong_auto_is_a_third_of_a_single_turn_budget(tiny_dir, tmp_path):
+def test_overlong_auto_is_a_sixth_of_a_single_turn_budget_and_the_default(tiny_dir, tmp_path):
     from llm_gym.cli import build_parser
 
-    for flag, value in (("auto", None), ("5", 5)):
+    assert build_parser().parse_args(["train"]).overlong_cache is None
+    for flag, value in (("auto", None), ("5", 5), ("0", 0)):
         args = build_parser().parse_args(["train", "--overlong-cache", flag])
         assert args.overlong_cache == value
     config = GRPOConfig(
         model=tiny_dir, out=str(tmp_path), env_args={"task": "chain_sum"}, groups=1,
-        group_size=2, max_new_tokens=12, eval_episodes=0, progress=False, overlong_cache=None,
+        group_size=2, max_new_tokens=18, eval_episodes=0, progress=False,
     )  # fmt: skip
     trainer = GRPOTrainer(config)
-    assert (trainer.multi_turn, trainer.overlong) == (False, 4)
+    assert (trainer.multi_turn, trainer.overlong) == (False, 3)
     trainer.close()
     trainer.lock.release()
 

@@ -187,9 +187,9 @@ def _add_train(commands: Any) -> None:
         "groups replace those whose rewards are all equal (default: %(default)s, off)")  # fmt: skip
     add("--overlong-cache", type=overlong, default=defaults.overlong_cache,
         metavar="TOKENS", help="DAPO's soft overlong penalty: a response's reward falls "
-        "linearly to -1 over its last TOKENS of --max-new-tokens; auto: a third of the "
-        "budget for single-turn runs, off for multi-turn and agent runs (default: "
-        "%(default)s, off)")  # fmt: skip
+        "linearly to -1 over its last TOKENS of --max-new-tokens; 0: off; auto: a sixth "
+        "of the budget for single-turn runs, off for multi-turn and agent runs (default: "
+        "auto)")  # fmt: skip
     add("--max-grad-norm", type=number(float, 0.0, False), default=defaults.max_grad_norm,
         help="the gradient's norm is clipped to this before each step, as TRL's "
         "max_grad_norm (default: %(default)s)")  # fmt: skip

@@ -128,19 +128,19 @@ def overlong_penalty(length: int, max_length: int, cache: int) -> float:
 
 
 def overlong_tokens(given: int | None, max_length: int, single_turn: bool) -> int:
-    """``--overlong-cache``'s tokens: ``given``, or (None) a third of the response budget
-    ``max_length`` for single-turn episodes (16 of the main job's 48; DAPO's 4096 of 20480 is
+    """``--overlong-cache``'s tokens: ``given``, or (None) a sixth of the response budget
+    ``max_length`` for single-turn episodes (8 of the main job's 48; DAPO's 4096 of 20480 is
     a fifth) and none for multi-turn and agent episodes, whose policy tokens add up over their
     turns and calls.
 
     >>> [overlong_tokens(None, 48, True), overlong_tokens(None, 48, False)]
-    [16, 0]
+    [8, 0]
     >>> overlong_tokens(8, 48, False), overlong_tokens(0, 48, True)
     (8, 0)
     """
     if given is not None:
         return given
-    return max_length // 3 if single_turn else 0
+    return max_length // 6 if single_turn else 0
 
 
 def shaped_rewards(episodes: Sequence[Episode], max_length: int, cache: int = 0) -> list[float]:
