@@ -185,11 +185,12 @@ def _add_train(commands: Any) -> None:
     add("--dynamic-sampling", type=number(int, 0), default=defaults.dynamic_sampling,
         metavar="N", help="DAPO's dynamic sampling: up to N more batches a step, whose "
         "groups replace those whose rewards are all equal (default: %(default)s, off)")  # fmt: skip
-    add("--overlong-cache", type=overlong, default=defaults.overlong_cache,
+    cache = "auto" if defaults.overlong_cache is None else defaults.overlong_cache  # typed
+    add("--overlong-cache", type=overlong, default=cache,
         metavar="TOKENS", help="DAPO's soft overlong penalty: a response's reward falls "
         "linearly to -1 over its last TOKENS of --max-new-tokens; 0: off; auto: a sixth "
         "of the budget for single-turn runs, off for multi-turn and agent runs (default: "
-        "auto)")  # fmt: skip
+        "%(default)s)")  # fmt: skip
     add("--max-grad-norm", type=number(float, 0.0, False), default=defaults.max_grad_norm,
         help="the gradient's norm is clipped to this before each step, as TRL's "
         "max_grad_norm (default: %(default)s)")  # fmt: skip
