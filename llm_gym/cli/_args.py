@@ -225,6 +225,10 @@ def add_run_options(parser: argparse.ArgumentParser, config: type) -> tuple[Call
     add("--out", default=defaults.out, help="run folder (default: %(default)s)")
     add("--overwrite", action="store_true", help="replace an earlier run in --out")
     add("--no-progress", action="store_true", help="no progress bar")
+    add("--report-to", default="none", metavar="NAMES",
+        help="experiment trackers the run reports to as it runs (each offline unless told): none, "
+        "all, or comma-separated tensorboard, wandb, trackio, mlflow (pip install "
+        "'llm-gym[tracking]'; default: %(default)s)")  # fmt: skip
     return add, defaults
 
 
@@ -350,7 +354,7 @@ def resumed_config(args: argparse.Namespace, given: set[str]) -> GRPOConfig:
                 f"--{dest.replace('_', '-')} {value!r} differs from the resumed run's "
                 f"{getattr(saved, name)!r} ({Path(args.out) / CONFIG_FILE}); with --resume only "
                 "--iterations, --save-every, --keep-checkpoints, --eval-episodes, --device, "
-                "--threads, --no-progress, the update's memory (--minibatch-size, "
+                "--threads, --no-progress, --report-to, the update's memory (--minibatch-size, "
                 "--max-tokens-per-microbatch, --gradient-checkpointing), what checkpoints "
                 "hold (--save-optimizer, --save-dtype) and the --backend options may change "
                 "(or start over with --overwrite)"

@@ -15,6 +15,7 @@ from typing import Any
 
 from llm_gym.checks import check_choice, check_int, check_number
 from llm_gym.run.budget import MAX_ENVS, check_count
+from llm_gym.run.trackers import check_report_to, report_to
 
 __all__ = [
     "BACKENDS", "DTYPE_CHOICES", "DTYPE_NAMES", "RUBRIC_PARTS", "RolloutConfig", "RunConfig",
@@ -111,8 +112,14 @@ class RunConfig:
     out: str = "runs/rollout"
     overwrite: bool = False
     progress: bool = True
+    # Experiment trackers the run reports to as it runs (llm_gym.run.trackers): "none",
+    # "all" or comma-separated names, as TRL's report_to; a list of names once checked.
+    report_to: str | list[str] = "none"
 
     def __post_init__(self) -> None:
+        if isinstance(self.report_to, str):
+            self.report_to = report_to(self.report_to)
+        check_report_to(self.report_to)
         check_int("curriculum", self.curriculum, 0)
         check_int("max_tool_calls", self.max_tool_calls, 1)
         check_int("max_new_tokens", self.max_new_tokens, 1)

@@ -38,6 +38,7 @@ from llm_gym.run.setup import (
     run_rubric,
     task_envs,
 )
+from llm_gym.run.trackers import Trackers, clear_trackers
 from llm_gym.samplers import SamplerError
 
 __all__ = [
@@ -64,6 +65,7 @@ def prepare_out(out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     for name in (EPISODES_FILE, SUMMARY_FILE, ROLLOUT_PLOT_FILE, REPORT_FILE):
         (out / name).unlink(missing_ok=True)
+    clear_trackers(out)
     return out / EPISODES_FILE
 
 
@@ -156,26 +158,31 @@ class Rollout:
         torch.manual_seed(self.config.seed)
         items: list[dict[str, Any]] = []
         start = time.perf_counter()
+        trackers = Trackers(self.config.report_to, self.out, asdict(self.config))
         try:
-            self._collect(items, start)
+            self._collect(items, start, trackers)
         except (KeyboardInterrupt, SamplerError, RunWriteError) as error:
-            self._stopped(items, start, error)
+            trackers.finish(asdict(self._stopped(items, start, error)), len(items))
             raise
         finally:
             self.envs.close()
             self.close()
         try:
-            return self.write(items, time.perf_counter() - start)
+            summary = self.write(items, time.perf_counter() - start)
         except RunWriteError as error:
-            self._stopped(items, start, error)
+            trackers.finish(asdict(self._stopped(items, start, error)), len(items))
             raise
+        trackers.finish(asdict(summary), len(items), self.out / ROLLOUT_PLOT_FILE)
+        return summary
 
-    def _stopped(self, items: list[dict[str, Any]], start: float, error: BaseException) -> None:
+    def _stopped(self, items: list[dict[str, Any]], start: float, error: BaseException) -> Summary:
         # The summary, marked interrupted, as far as the disk takes it; a RunWriteError then
         # says in its one line whether the summary was written.
-        self.write(items, time.perf_counter() - start, interrupted=True, stopped_by=error)
+        seconds = time.perf_counter() - start
+        summary = self.write(items, seconds, interrupted=True, stopped_by=error)
         if isinstance(error, RunWriteError):
             error.strerror = f"{error.strerror}; {told(self.out / SUMMARY_FILE, self.unwritten)}"
+        return summary
 
     def close(self) -> None:
         """Stop the sampler's server and the reference's Ray actor, if any (also done when
@@ -239,8 +246,9 @@ class Rollout:
         attempt(write_report, self.out, f"Rollout: {title}", rows, images, notes)
         return summary
 
-    def _collect(self, items: list[dict[str, Any]], start: float) -> None:
-        # Appends each finished episode to ``items`` as it ends, so Ctrl-C loses none of them.
+    def _collect(self, items: list[dict[str, Any]], start: float, trackers: Trackers) -> None:
+        # Appends each finished episode to ``items`` as it ends, so Ctrl-C loses none of them;
+        # the trackers get its numbers at its index.
         config = self.config
         records = self._async_records() if self.driver else self._sync_records()
         generated, correct = 0, 0
@@ -254,6 +262,7 @@ class Rollout:
                 # A line per finished episode, whole, readable after Ctrl-C.
                 f.write(json.dumps(record, ensure_ascii=False))
                 items.append(record)
+                trackers.log(record, record["episode"])
                 generated += record["num_tokens"]
                 correct += bool(record.get("success", False))
                 bar.update(1)

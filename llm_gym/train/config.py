@@ -78,7 +78,7 @@ CHECKPOINT_TOKENS = 2048
 # runs. Everything else (task, model, GRPO's settings, seed) would make it another run.
 RESUMABLE = (
     "iterations", "save_every", "keep_checkpoints", "eval_episodes", "progress", "device",
-    "out", "resume", "overwrite",
+    "out", "resume", "overwrite", "report_to",
     # the update's memory, not its math
     "minibatch_size", "max_tokens_per_microbatch", "gradient_checkpointing", "packing",
     "save_optimizer", "save_dtype",  # what a checkpoint holds

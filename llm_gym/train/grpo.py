@@ -25,6 +25,7 @@ from llm_gym.run.describe import describe_run
 from llm_gym.run.files import LineFile, RunWriteError, told, write_text
 from llm_gym.run.lock import FolderLock
 from llm_gym.run.setup import compute_dtype, dtype_name, resolve_device, run_rubric
+from llm_gym.run.trackers import Trackers
 from llm_gym.train.checkpoints import RunCheckpoints, load_checkpoint
 from llm_gym.train.config import GRPOConfig, check_episode_groups
 from llm_gym.train.evaluation import evaluate_agent, evaluate_greedy
@@ -36,6 +37,7 @@ from llm_gym.train.play import Feed, kl_scorer, play, run_envs
 from llm_gym.train.run_folder import (
     METRICS_FILE,
     SUMMARY_FILE,
+    TRAINING_PLOT_FILE,
     claim_out,
     clear_out,
     earlier_rows,
@@ -232,6 +234,8 @@ class GRPOTrainer:
             total=config.iterations, initial=self.start, unit="it",
             disable=not (config.progress and self.lead), dynamic_ncols=True,
         )  # fmt: skip
+        # The first process reports to the trackers, as it writes the files.
+        trackers = Trackers.none()
         try:
             if self.before is None and config.eval_episodes:
                 self.before = self.evaluate()
@@ -240,11 +244,13 @@ class GRPOTrainer:
                 lines = "".join(json.dumps(row) + "\n" for row in rows)
                 write_text(self.out / METRICS_FILE, lines)
                 metrics = LineFile(self.out / METRICS_FILE)
+                trackers = Trackers(config.report_to, self.out, asdict(config), self.start)
             with metrics as f:
                 for iteration in range(self.start, config.iterations):
                     row = self.iteration(iteration)
                     rows.append(row)
                     f.write(json.dumps(row))  # a line per iteration, readable after Ctrl-C
+                    trackers.log(row, iteration)
                     bar.update(1)
                     bar.set_postfix(reward=f"{row['reward']:.3f}", success=f"{row['success']:.2f}")
                     done = iteration + 1
@@ -252,17 +258,19 @@ class GRPOTrainer:
                         self.save(done)
                     self.feed.publish(iteration)  # after the save: its RNG state is this one's
         except (KeyboardInterrupt, RunWriteError) as error:  # what finished is reported
-            self._stopped(rows, started, error)
+            trackers.finish(self._stopped(rows, started, error), len(rows))
             raise
         finally:
             bar.close()
             self.close()
         after = self.evaluate() if config.eval_episodes else None
         try:
-            return self.write(rows, after, time.perf_counter() - started)
+            summary = self.write(rows, after, time.perf_counter() - started)
         except RunWriteError as error:
-            self._stopped(rows, started, error, after)
+            trackers.finish(self._stopped(rows, started, error, after), len(rows))
             raise
+        trackers.finish(summary, len(rows), self.out / TRAINING_PLOT_FILE)
+        return summary
 
     def iteration(self, iteration: int) -> dict[str, Any]:
         """Ask the feed for an episode of every sub-env (``groups × group_size``), score
@@ -377,14 +385,15 @@ class GRPOTrainer:
         started: float,
         error: BaseException,
         after: dict[str, float] | None = None,
-    ) -> None:
+    ) -> dict[str, Any]:
         # The summary, marked interrupted, as far as the disk takes it; a RunWriteError then
         # says in its one line whether the summary was written.
         seconds = time.perf_counter() - started
         note = [f"Stopped: {error}"] if isinstance(error, RunWriteError) else []
-        self.write(rows, after, seconds, interrupted=True, notes=note)
+        summary = self.write(rows, after, seconds, interrupted=True, notes=note)
         if isinstance(error, RunWriteError):
             error.strerror = f"{error.strerror}; {told(self.out / SUMMARY_FILE, self.unwritten)}"
+        return summary
 
     def write(
         self,

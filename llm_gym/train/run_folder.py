@@ -13,6 +13,7 @@ from llm_gym.run.describe import run_rows, run_title
 from llm_gym.run.files import RunWriteError, write_text
 from llm_gym.run.plots import plot_training
 from llm_gym.run.report import REPORT_FILE, write_report
+from llm_gym.run.trackers import clear_trackers
 from llm_gym.train.checkpoints import latest_checkpoint, run_checkpoints
 from llm_gym.train.config import CONFIG_FILE, GRPOConfig, check_resumable
 
@@ -85,6 +86,7 @@ def clear_out(out: Path) -> None:
     folder of the user's named ``checkpoint-backup`` stays)."""
     for name in (METRICS_FILE, TRAINING_PLOT_FILE, SUMMARY_FILE, CONFIG_FILE, REPORT_FILE):
         (out / name).unlink(missing_ok=True)
+    clear_trackers(out)
     for path in run_checkpoints(out):
         shutil.rmtree(path)
     out.mkdir(parents=True, exist_ok=True)
