@@ -94,7 +94,9 @@ def test_every_tracker_reads_back_every_metric_and_a_resumed_run_continues_it(ti
         "--report-to", "all",
     ]  # fmt: skip
     for extra in ([], ["--resume", "--iterations", "3"]):
-        subprocess.run([sys.executable, "-m", "llm_gym", *args, *extra], env=env, check=True)
+        # In tmp_path: MLflow keeps a SQLite store's artifacts in ./mlruns.
+        command = [sys.executable, "-m", "llm_gym", *args, *extra]
+        subprocess.run(command, env=env, check=True, cwd=tmp_path)
     expected = metrics(out)
     assert {step for _, step in expected} == {0, 1, 2} and ("parts/right", 2) in expected
     summary = json.loads((out / "summary.json").read_text())
@@ -168,6 +170,7 @@ def test_a_tracker_failing_mid_run_is_dropped_with_a_warning(tmp_path, monkeypat
     from mlflow import MlflowClient
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.chdir(tmp_path)  # MLflow keeps a SQLite store's artifacts in ./mlruns
     trackers = Trackers(["mlflow", "tensorboard"], tmp_path, {"seed": 0})
     trackers.log({"reward": 0.5}, 0)
     # The MLflow run deleted under the run: MLflow refuses to log into it.
