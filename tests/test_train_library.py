@@ -45,6 +45,24 @@ def test_a_model_object_trains_in_place_on_its_device_and_dtype(smollm2_tokenize
     trainer.lock.release()
 
 
+def test_the_callers_model_gets_back_what_the_run_switched(smollm2_tokenizer, tmp_path):
+    model = tiny_model(smollm2_tokenizer, seed=0).eval()
+    before = (model.is_gradient_checkpointing, model.config._attn_implementation)
+    assert before == (False, "sdpa")
+    trainer = GRPOTrainer(
+        config(tmp_path, gradient_checkpointing=True), model=model, tokenizer=smollm2_tokenizer
+    )
+    # During the run: checkpointing on, attention switched to the packed kind.
+    assert model.is_gradient_checkpointing
+    assert model.config._attn_implementation == "llm_gym_packed_sdpa"
+    right_and_wrong(trainer)
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    trainer.train()
+    after = (model.is_gradient_checkpointing, model.config._attn_implementation)
+    assert after == before and not model.training  # switched back, eval mode as given
+    assert any(not torch.equal(v, start[k]) for k, v in model.state_dict().items())  # trained
+
+
 def test_a_peft_model_trains_its_adapters_and_is_its_own_reference(smollm2_tokenizer, tmp_path):
     model = with_lora(tiny_model(smollm2_tokenizer, seed=0), 4)
     base = {k: v.clone() for k, v in model.state_dict().items() if "lora_" not in k}
@@ -139,6 +157,12 @@ def test_library_arguments_get_one_line_naming_them(smollm2_tokenizer, tmp_path)
     frozen = tiny_model(smollm2_tokenizer, seed=0).requires_grad_(False)
     with pytest.raises(ValueError, match="model has no parameter that requires grad"):
         GRPOTrainer(config(tmp_path), model=frozen, tokenizer=smollm2_tokenizer)
+    half = tiny_model(smollm2_tokenizer, seed=0).to(torch.float16)
+    with pytest.raises(ValueError, match="model holds float16 weights, which train only with"):
+        GRPOTrainer(config(tmp_path), model=half, tokenizer=smollm2_tokenizer)
+    bf16 = tiny_model(smollm2_tokenizer, seed=0).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="dtype='float32' asks another dtype than the model's"):
+        GRPOTrainer(config(tmp_path, dtype="float32"), model=bf16, tokenizer=smollm2_tokenizer)
     with pytest.raises(TypeError, match="env must be an env id, a gymnasium VectorEnv .*, got int"):
         GRPOTrainer(config(tmp_path), model=model, tokenizer=smollm2_tokenizer, env=42)
     with pytest.raises(ValueError, match="a model or env object cannot be resumed into"):
@@ -165,3 +189,14 @@ def test_train_runs_once_and_says_how_to_go_on(smollm2_tokenizer, tmp_path):
     with pytest.raises(RuntimeError, match=r"train\(\) has run: .*GRPOConfig.resumed\("):
         trainer.train()
     assert (tmp_path / "run" / "metrics.jsonl").read_text() == rows  # nothing run again
+
+
+def test_an_attention_that_cannot_pack_runs_padded_and_says_so(smollm2_tokenizer, tmp_path, capsys):
+    model = tiny_model(smollm2_tokenizer, seed=0)
+    model.set_attn_implementation("eager")
+    trainer = GRPOTrainer(config(tmp_path), model=model, tokenizer=smollm2_tokenizer)
+    assert trainer.updater.packing is False and model.config._attn_implementation == "eager"
+    err = capsys.readouterr().err
+    assert "llm-gym: note: packing is off: the model's attention (eager) cannot keep" in err
+    trainer.close()
+    trainer.lock.release()

@@ -22,7 +22,6 @@ import os
 import re
 import shutil
 import struct
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +36,7 @@ from llm_gym.train.sharding import (
     full_weights,
     is_sharded,
     load_optimizer,
+    note,
     process_rank,
     save_optimizer,
 )
@@ -107,10 +107,9 @@ class RunCheckpoints:
         if (checkpoint / OPTIMIZER_FOLDER).is_dir():
             load_optimizer(self.model, self.optimizer, checkpoint / OPTIMIZER_FOLDER)
         else:  # the run's last checkpoint, saved without it (--save-optimizer keeps it)
-            print(
-                f"llm-gym: note: {checkpoint} holds no optimizer state (a finished run's last "
-                "checkpoint): AdamW starts afresh from its weights",
-                file=sys.stderr,
+            note(
+                f"{checkpoint} holds no optimizer state (a finished run's last checkpoint): "
+                "AdamW starts afresh from its weights"
             )
         torch.set_rng_state(tensors["torch_rng"])
         if tensors["cuda_rng"] and torch.cuda.is_available():

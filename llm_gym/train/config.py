@@ -414,6 +414,19 @@ class GRPOConfig(RunConfig):
                     "model has no parameter that requires grad, so nothing would train: "
                     "unfreeze it (model.requires_grad_(True)) or give a peft model with adapters"
                 )
+            weights = next(model.parameters()).dtype
+            if weights == torch.float16:  # no loss scaling here: its gradients would underflow
+                raise ValueError(
+                    "model holds float16 weights, which train only with loss scaling (not "
+                    "done here): give it in bfloat16 or float32 (model.to(torch.bfloat16))"
+                )
+            # Weights below float32 sample, score and train in their own dtype.
+            if weights != torch.float32 and self.dtype not in ("auto", str(weights)[6:]):
+                raise ValueError(
+                    f"dtype={self.dtype!r} asks another dtype than the model's {weights}, "
+                    "which samples and scores in its own: pass dtype='auto' or cast the "
+                    "model (model.float() for float32)"
+                )
         import gymnasium
 
         if env is not None and not (callable(env) or isinstance(env, gymnasium.vector.VectorEnv)):

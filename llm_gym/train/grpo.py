@@ -31,7 +31,7 @@ from llm_gym.train.config import GRPOConfig, check_episode_groups
 from llm_gym.train.evaluation import evaluate_agent, evaluate_greedy
 from llm_gym.train.loss import advantages as estimate
 from llm_gym.train.loss import overlong_tokens, shaped_rewards, trained_segments
-from llm_gym.train.model import check_memory, frozen_reference, trained_model
+from llm_gym.train.model import CallersModel, check_memory, frozen_reference, trained_model
 from llm_gym.train.optim import adamw
 from llm_gym.train.play import Feed, kl_scorer, play, run_envs
 from llm_gym.train.run_folder import (
@@ -92,6 +92,8 @@ class GRPOTrainer:
         config.check_given(model, tokenizer, env, world)
         config.check_world(world)
         self.config, self.given_model, self.given_env = config, (model, tokenizer), env
+        # A caller's model gets back what the run switches on it when the run ends.
+        self.callers = CallersModel.of(model) if model is not None else None
         self.out = Path(config.out)
         # Under torchrun: one process of several, each on its own device (docs/many-gpus.md).
         device = model.device if model is not None else resolve_device(config.device)
@@ -108,10 +110,13 @@ class GRPOTrainer:
             raise
 
     def _leave(self) -> None:
-        # The folder let go, and the process group left if this trainer joined it.
+        # The folder let go, the process group left if this trainer joined it, the caller's
+        # model switched back.
         if self.lock is not None:
             self.lock.release()
         self.processes.leave()
+        if self.callers is not None:
+            self.callers.restore()
 
     def _prepare(self, config: GRPOConfig, given: PreTrainedModel | None, tokenizer: Any) -> None:
         if given is not None:  # the model's own device and dtype

@@ -24,7 +24,13 @@ if TYPE_CHECKING:
 
     from llm_gym.samplers import Scorer
 
-__all__ = ["check_memory", "enable_checkpointing", "frozen_reference", "trained_model"]
+__all__ = [
+    "CallersModel",
+    "check_memory",
+    "enable_checkpointing",
+    "frozen_reference",
+    "trained_model",
+]
 
 
 def trained_model(
@@ -58,6 +64,37 @@ def trained_model(
     if config.gradient_checkpointing is not False:
         enable_checkpointing(model)
     return model, tokenizer
+
+
+@dataclasses.dataclass
+class CallersModel:
+    """What a run switches on a model object its caller gave (activation checkpointing, the
+    attention packing swaps in, train or eval mode), as it was, to switch back when the run
+    ends: the caller's model keeps the trained weights and nothing else of the run. LoRA's
+    adapters, which a run with ``lora_rank`` injects into the caller's model, stay."""
+
+    model: PreTrainedModel
+    checkpointing: bool
+    attention: str | None
+    training: bool
+
+    @classmethod
+    def of(cls, model: PreTrainedModel) -> CallersModel:
+        """``model``'s switches now."""
+        inner = unwrapped(model)
+        return cls(
+            model, bool(getattr(inner, "is_gradient_checkpointing", False)),
+            getattr(inner.config, "_attn_implementation", None), model.training,
+        )  # fmt: skip
+
+    def restore(self) -> None:
+        """Switch the model back to what ``of`` saw."""
+        inner = unwrapped(self.model)
+        if getattr(inner, "is_gradient_checkpointing", False) and not self.checkpointing:
+            inner.gradient_checkpointing_disable()
+        if self.attention is not None and inner.config._attn_implementation != self.attention:
+            inner.set_attn_implementation(self.attention)
+        self.model.train(self.training)
 
 
 def _adapted(model: PreTrainedModel, config: GRPOConfig) -> PreTrainedModel:

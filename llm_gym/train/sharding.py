@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import types
 import warnings
 from collections.abc import Iterator
@@ -37,6 +38,7 @@ __all__ = [
     "join_processes",
     "launched_processes",
     "load_optimizer",
+    "note",
     "process_rank",
     "save_optimizer",
     "shard_model",
@@ -52,6 +54,13 @@ def world_size() -> int:
 def process_rank() -> int:
     """This process's rank in the default group (0 without one)."""
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def note(message: str) -> None:
+    """A one-line note to stderr (``llm-gym: note: ...``), from the first process only: a run
+    across processes says it once."""
+    if process_rank() == 0:
+        print(f"llm-gym: note: {message}", file=sys.stderr, flush=True)
 
 
 def launched_processes() -> int:

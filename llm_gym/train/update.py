@@ -38,7 +38,7 @@ from llm_gym.train.loss import (
     update_stats,
 )
 from llm_gym.train.optim import lr_scheduler, warmup_steps
-from llm_gym.train.sharding import all_reduce, is_sharded
+from llm_gym.train.sharding import all_reduce, is_sharded, note
 
 if TYPE_CHECKING:
     from llm_gym.train.config import GRPOConfig
@@ -207,6 +207,13 @@ class GRPOUpdate:
         # Packing: each micro-batch one row, no padding computed (llm_gym.lm.packing); a
         # model whose attention could not keep the sequences apart runs padded.
         self.packing = config.packing and supports_packing(unwrapped(model))
+        if config.packing and not self.packing:
+            attention = getattr(unwrapped(model).config, "_attn_implementation", None)
+            note(
+                f"packing is off: the model's attention ({attention}) cannot keep packed "
+                "sequences apart, so micro-batches run padded (the same result, more compute; "
+                "SDPA or flash attention packs)"
+            )
         if self.packing:
             use_packed_sdpa(unwrapped(model))
             if reference is not None and not is_lora(model):
