@@ -167,10 +167,20 @@ def test_uneven_groups_and_bad_launch_flags_are_one_line(digits, tmp_path, capsy
         (["--nnodes", "2", "--node-rank", "2", "--master-addr", "127.0.0.1"],
          "--node-rank 2 must be below --nnodes 2"),
     ]  # fmt: skip
-    for extra, message in cases:
-        assert main(train_args(digits, tmp_path / "x", *extra)) == 2
-        err = capsys.readouterr().err
-        assert message in err and len(err.strip().splitlines()) == 1
+    with socket.socket() as taken:  # a port another program listens on
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for flags in (["--master-addr", "127.0.0.1"], []):  # across machines, or on this one
+            cases.append((
+                ["--nproc-per-node", "2", *flags, "--master-port", str(port)],
+                f"--master-port {port} on 127.0.0.1 cannot be taken for the rendezvous "
+                "(Address already in use): pass a free port",
+            ))  # fmt: skip
+        for extra, message in cases:
+            assert main(train_args(digits, tmp_path / "x", *extra)) == 2
+            err = capsys.readouterr().err
+            assert message in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "x").exists()  # refused before anything started
 
 

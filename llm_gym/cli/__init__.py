@@ -5,6 +5,7 @@ does. Bad input gets a one-line ``llm-gym: error: ...`` and exit code 2, never a
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 from collections.abc import Sequence
@@ -42,6 +43,8 @@ from llm_gym.train.config import (
 # Nothing above imports torch: each command imports what it runs (``--help`` and ``envs``
 # answer in well under a second).
 __all__ = ["build_parser", "eval_line", "given_options", "llm_gym_env_ids", "main"]
+
+DEFAULT_MASTER_PORT = 29500  # torchrun's, with --master-addr and no --master-port
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -266,8 +269,10 @@ def _add_train(commands: Any) -> None:
     add("--master-addr", default=None, metavar="HOST",
         help="the address of --node-rank 0's machine, which every machine can reach "
         "(default: %(default)s, one machine, a local rendezvous)")  # fmt: skip
-    add("--master-port", type=number(int, 1), default=29500, metavar="PORT",
-        help="a free port on --master-addr's machine (default: %(default)s)")  # fmt: skip
+    add("--master-port", type=number(int, 1), default=None, metavar="PORT",
+        help="a free port on --master-addr's machine, 29500 if not given; on one machine "
+        "without --master-addr, the rendezvous's port on this one (default: %(default)s, a "
+        "free one)")  # fmt: skip
     parser.set_defaults(config=GRPOConfig, job=_prepare_train, run=_train,
                         kept=_iterations_kept)  # fmt: skip
 
@@ -599,11 +604,17 @@ def _launch(args: argparse.Namespace, argv: list[str]) -> int:
     from torch.distributed.run import get_args_parser, run
 
     launcher = ["--nproc-per-node", str(args.nproc_per_node), "--nnodes", str(args.nnodes)]
-    if args.master_addr is None:  # one machine: a free port, found by the launcher
+    if args.master_addr is None and args.master_port is None:  # a free port, the launcher's
         launcher += ["--standalone"]
-    else:
-        launcher += ["--node-rank", str(args.node_rank), "--master-addr", args.master_addr,
-                     "--master-port", str(args.master_port)]  # fmt: skip
+    else:  # one machine with a port given: the rendezvous on this one
+        host, port = args.master_addr or "127.0.0.1", args.master_port or DEFAULT_MASTER_PORT
+        if args.node_rank == 0 and (busy := _port_taken(host, port)):
+            return _usage_error(
+                f"--master-port {port} on {host} cannot be taken for the rendezvous ({busy}): "
+                "pass a free port, or leave out --master-addr and --master-port on one machine"
+            )
+        launcher += ["--node-rank", str(args.node_rank), "--master-addr", host,
+                     "--master-port", str(port)]  # fmt: skip
     try:
         run(get_args_parser().parse_args([*launcher, "-m", "llm_gym", *argv]))
     except ChildFailedError as error:  # each process said its own error: the first one's code
@@ -612,6 +623,21 @@ def _launch(args: argparse.Namespace, argv: list[str]) -> int:
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def _port_taken(host: str, port: int) -> str | None:
+    # Why the rendezvous could not listen on host:port, where host is this machine (None:
+    # free, or another machine's, which only that machine can tell).
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind((host, port))
+    except OSError as error:
+        if error.errno == errno.EADDRNOTAVAIL:  # not an address of this machine
+            return None
+        return error.strerror or str(error)
+    return None
 
 
 def _usage_error(error: Exception | str, code: int = EXIT_USAGE) -> int:
