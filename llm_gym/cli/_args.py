@@ -355,8 +355,9 @@ def resumed_config(args: argparse.Namespace, given: set[str]) -> GRPOConfig:
                 f"{getattr(saved, name)!r} ({Path(args.out) / CONFIG_FILE}); with --resume only "
                 "--iterations, --save-every, --keep-checkpoints, --eval-episodes, --device, "
                 "--threads, --no-progress, --report-to, the update's memory (--minibatch-size, "
-                "--max-tokens-per-microbatch, --gradient-checkpointing), what checkpoints "
-                "hold (--save-optimizer, --save-dtype) and the --backend options may change "
+                "--max-tokens-per-microbatch, --gradient-checkpointing, --packing), what "
+                "checkpoints hold (--save-optimizer, --save-dtype) and the --backend options may "
+                "change "
                 "(or start over with --overwrite)"
             )
     return GRPOConfig.resumed(args.out, **changes)
