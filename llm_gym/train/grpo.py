@@ -152,7 +152,7 @@ class GRPOTrainer:
         self.policy, self.weights, self.server = run.policy, run.weights, run.server
         self.generators = run.generators
         if self.processes.world > 1:  # each process holds a slice of every weight (FSDP2)
-            shard_model(self.model, self.precision)
+            shard_model(self.model)
         self.sampling_lock = threading.Lock()  # no update lands in the middle of a batch
         try:
             self._set_up(config, state, tensors, checkpoint)

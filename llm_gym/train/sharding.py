@@ -162,11 +162,14 @@ def is_sharded(model: torch.nn.Module) -> bool:
     return isinstance(model, FSDPModule) or isinstance(unwrapped(model), FSDPModule)
 
 
-def shard_model(model: torch.nn.Module, precision: str = "fp32") -> torch.nn.Module:
+def shard_model(model: torch.nn.Module) -> torch.nn.Module:
     """``model`` sharded in place over every process of the default group: ``fully_shard`` on
     each decoder layer (the classes the model names in ``_no_split_modules``) and on the root.
-    ``precision`` "bf16-mixed" computes in bfloat16 over the float32 shards and reduces the
-    gradients in float32 (``MixedPrecisionPolicy``). The gradients are reduced as sums, never
+    A run's ``--precision bf16-mixed`` gathers the float32 shards and computes under the update's
+    bfloat16 autocast, as one process does: FSDP's own bfloat16 parameter policy would cast
+    every weight (norms too) where autocast keeps some ops in float32, so the world size
+    would change the result (it did: a loss of -0.00225 against -0.00356 on two processes),
+    for half the all-gather's bytes. The gradients are reduced as sums, never
     averages: ``GRPOUpdate``'s losses divide by the whole batch's counts already, and a sum
     is one on every backend (some torch versions sum FSDP2's "averaged" gradients under
     gloo)."""
@@ -185,9 +188,7 @@ def shard_model(model: torch.nn.Module, precision: str = "fp32") -> torch.nn.Mod
         )
     device = next(model.parameters()).device
     mesh = init_device_mesh(device.type, (world_size(),))
-    policy = MixedPrecisionPolicy()
-    if precision == "bf16-mixed":
-        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    policy = MixedPrecisionPolicy(reduce_dtype=torch.float32)
     blocks = set(getattr(unwrapped(model), "_no_split_modules", None) or ())
     if not blocks:
         raise ValueError(
@@ -207,9 +208,14 @@ def shard_model(model: torch.nn.Module, precision: str = "fp32") -> torch.nn.Mod
     # final norm, output layer) are gathered for it and their gradients reduced after it.
     model.selected_log_probs = types.MethodType(selected_log_probs, model)
     register_fsdp_forward_method(model, "selected_log_probs")
+    if unwrapped(model) is not model:
+        # A peft model's generate runs the inner model's forward, not the root's: as a
+        # forward method of the root, generate gathers the root's weights too.
+        register_fsdp_forward_method(model, "generate")
     # transformers' mark of an FSDP2 model: its generate then steps every process until all
-    # have finished (synced_gpus), so that their gathers pair.
+    # have finished (synced_gpus), so that their gathers pair; on the model that generates.
     model._is_fsdp_managed_module = True
+    unwrapped(model)._is_fsdp_managed_module = True
     return model
 
 
