@@ -26,8 +26,8 @@ second and MFU, sharded with FSDP2):
   process, ``cuda:<LOCAL_RANK>``). Each process builds the update itself (one update, not a
   training run) with the ``new`` case's ``GRPOConfig``: the model loaded whole as the trainer
   loads it (the precision's weights; LoRA's adapters drawn after ``torch.manual_seed(seed)``;
-  checkpointing enabled unless forced off), then ``llm_gym.train.sharding.shard_model(model,
-  precision)`` (``fully_shard`` on each decoder layer and the root), ``adamw`` over what
+  checkpointing enabled unless forced off), then ``llm_gym.train.sharding.shard_model(model)``
+  (``fully_shard`` on each decoder layer and the root), ``adamw`` over what
   trains and ``GRPOUpdate(model, optimizer, config, pad_id)`` called on the process's rows of
   the batch, ``[rank·n/P, (rank+1)·n/P)`` (``--sequences`` n must divide by P). Each process
   measures itself as a case's process does (below), every one starting each update together (a
@@ -566,7 +566,7 @@ def setup_sharded(
         base = unwrapped(model)
         enable = getattr(base, "activation_checkpointing_enable", None)
         (enable or base.gradient_checkpointing_enable)({"use_reentrant": False})
-    shard_model(model, info["precision"])
+    shard_model(model)
     info["model"] = model
     info["weights"] = str(next(model.parameters()).dtype).removeprefix("torch.")
     trained = [p for p in model.parameters() if p.requires_grad]
