@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from llm_gym.rewards._parsing import parse
 from llm_gym.tools.interpreter import Channel, PythonInterpreter
 
 __all__ = ["CODE_FORMATS", "CodeScore", "extract_code", "grade", "split_check"]
@@ -206,7 +207,7 @@ def split_check(test: str, entry_point: str | None = None) -> tuple[str, list[tu
     >>> preamble.strip(), statements
     ('X = 1', [('y = 2', False), ('assert candidate(y) == 4', True), ('assert True', False)])
     """
-    tree = ast.parse(test)
+    tree = parse(test)
     checks = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "check"]
     if len(checks) != 1:
         raise ValueError(f"test must define one check(candidate) function, got {len(checks)}")
@@ -302,7 +303,7 @@ def _stubs(prompt: str) -> set[str]:
     """The functions a prompt declares without a body (docstring, ``pass`` or ``...``): what
     the program is to write."""
     try:
-        tree = ast.parse(prompt)
+        tree = parse(prompt)
     except SyntaxError:
         return set()
 
@@ -335,7 +336,7 @@ def _check_scope(
             exec(compile(prompt, "<prompt>", "exec"), scope)
         except Exception:  # the prompt's helpers then come from the program, as the rest
             pass
-    used = {n.id for n in ast.walk(ast.parse(test)) if isinstance(n, ast.Name)}
+    used = {n.id for n in ast.walk(parse(test)) if isinstance(n, ast.Name)}
     remote = {entry_point, *_stubs(prompt)} | {n for n in used if n not in scope}
     for name in remote - set(scope_builtins) | {entry_point}:
         scope[name] = function(name)

@@ -18,6 +18,7 @@ from fractions import Fraction
 from typing import Any
 
 from llm_gym.checks import check_str
+from llm_gym.rewards._parsing import parse
 from llm_gym.rewards.answers import AnswerReward, AnswerScore, trl_rows
 
 __all__ = [
@@ -45,7 +46,7 @@ def _parse(expression: str) -> ast.expr | None:
     if len(expression) > MAX_EXPRESSION_LENGTH or not _CHARACTERS.fullmatch(expression):
         return None
     try:
-        return ast.parse(expression.strip(), mode="eval").body
+        return parse(expression.strip(), mode="eval").body
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
 
