@@ -138,6 +138,7 @@ def test_every_tracker_reads_back_every_metric_and_a_resumed_run_continues_it(ti
     assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["training.png"]
 
 
+@pytest.mark.slow  # a training and a rollout (the inner loop keeps the errors' test)
 def test_tensorboard_gets_a_runs_rows_and_a_rollouts_episodes(tiny_dir, tmp_path):
     config = GRPOConfig(
         model=tiny_dir, out=str(tmp_path / "train"), env_args={"task": "chain_sum"},
@@ -166,6 +167,7 @@ def test_tensorboard_gets_a_runs_rows_and_a_rollouts_episodes(tiny_dir, tmp_path
     assert read[("episodes", 4)] == summary.episodes == 4 and images == ["rollout"]
 
 
+@pytest.mark.slow  # MLflow builds its SQLite store
 def test_a_tracker_failing_mid_run_is_dropped_with_a_warning(tmp_path, monkeypatch):
     from mlflow import MlflowClient
 
