@@ -394,6 +394,30 @@ def test_ctrl_c_during_the_first_evaluation_does_not_offer_a_resume(tiny_dir, tm
     assert "nothing to resume" in resume_hint(out)
 
 
+@pytest.mark.parametrize("command", ["train", "rollout"])
+def test_sigterm_stops_a_run_as_ctrl_c_does(tiny_dir, tmp_path, command):
+    # A scheduler's SIGTERM: what finished is written, the summary marked interrupted, the
+    # folder let go, one line, exit 143 (128 + SIGTERM) as the shell reports a killed job.
+    out = tmp_path / "run"
+    if command == "train":
+        args, done = train_args(tiny_dir, out, "--iterations", "1000"), out / "metrics.jsonl"
+    else:
+        args, done = rollout_args(tiny_dir, out, "--episodes", "100000"), out / "episodes.jsonl"
+    process = spawn(*args)
+    wait_for(lambda: done.exists() and len(done.read_text().splitlines()) >= 2, process)
+    process.terminate()
+    err = process.communicate(timeout=120)[1]
+    assert process.returncode == 143, err
+    lines = [line for line in err.splitlines() if line.startswith("llm-gym:")]
+    assert (
+        len(lines) == 1 and lines[0].startswith("llm-gym: interrupted; ") and "Traceback" not in err
+    )
+    assert json.loads((out / "summary.json").read_text())["interrupted"] is True
+    assert not (out / LOCK_FILE).exists() and not list(out.glob("checkpoint-*.*"))
+    if command == "train":
+        assert "Stopped by SIGTERM." in (out / "report.md").read_text()
+
+
 def test_task_config_that_is_not_an_object_names_itself(model_dirs, tmp_path, capsys):
     with pytest.raises(ValueError, match=r"task_config must be a dict .* got 'abc' \(str\)"):
         gym.make("LLMChat-ReasoningGym-v0", task_config="abc")

@@ -7,9 +7,11 @@ run it too; uneven groups are refused in one line."""
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -97,6 +99,7 @@ def test_two_processes_train_as_one(runs, digits):
     assert (summary["world_size"], summary["sharding"]) == (2, "fsdp2")
     alone = json.loads((one / "summary.json").read_text())
     assert (alone["world_size"], alone["sharding"]) == (1, None)
+    assert summary["packing"] is alone["packing"] is True  # FSDP's wrapped class packs too
     assert summary["before"] == alone["before"] and summary["after"] == alone["after"]
     # The first process says what one process says, once.
     assert said.count("greedy success on held-out questions") == 1
@@ -205,6 +208,69 @@ def test_two_machines_on_the_loopback_train_as_one_process(runs, digits, tmp_pat
         finished(node)
     assert_same_run(one, out, atol=1e-5)
     assert json.loads((out / "summary.json").read_text())["world_size"] == 2
+
+
+def rank_processes(launcher):
+    # The launcher's children, by their RANK.
+    found = {}
+    for pid in subprocess.run(["pgrep", "-P", str(launcher.pid)], capture_output=True,
+                              text=True).stdout.split():  # fmt: skip
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        rank = next(v for v in environ if v.startswith(b"RANK="))
+        found[int(rank.split(b"=")[1])] = int(pid)
+    return found
+
+
+# How a user or the machine stops a run of two processes: the exit code, and the one line.
+STOPS = {
+    "ctrl-c": (130, "llm-gym: interrupted; finished iterations are in"),
+    "sigterm": (143, "llm-gym: interrupted; finished iterations are in"),
+    "a rank killed": (137, "llm-gym: error: process 1 of the run was killed by SIGKILL; finished"),
+    "the launcher killed": (-9, "llm-gym: interrupted; finished iterations are in"),
+}
+
+
+@pytest.mark.parametrize("how", STOPS)
+def test_a_two_process_run_stops_as_one_process_does(digits, tmp_path, how):
+    # Stopped mid-run (a checkpoint an iteration, so maybe mid-save): one line, the summary
+    # marked interrupted, no half-written checkpoint, no lock, no process left running.
+    out = tmp_path / "run"
+    args = train_args(digits, out, "--iterations", "500", "--eval-episodes", "0",
+                      "--nproc-per-node", "2")  # fmt: skip
+    env = os.environ | {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, "-m", "llm_gym", *args]
+    launcher = subprocess.Popen(
+        command, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    metrics, deadline = out / "metrics.jsonl", time.monotonic() + 300
+    while not metrics.exists() or len(metrics.read_text().splitlines()) < 3:
+        assert launcher.poll() is None and time.monotonic() < deadline, launcher.stderr.read()
+        time.sleep(0.1)
+    ranks = rank_processes(launcher)
+    assert sorted(ranks) == [0, 1]
+    if how == "ctrl-c":  # a terminal's Ctrl-C: the whole process group
+        os.killpg(launcher.pid, signal.SIGINT)
+    elif how == "sigterm":  # a scheduler's
+        launcher.terminate()
+    elif how == "a rank killed":
+        os.kill(ranks[1], signal.SIGKILL)
+    else:  # the ranks see their parent gone
+        launcher.kill()
+    code, line = STOPS[how]
+    err = launcher.communicate(timeout=120)[1]  # stderr closes when the ranks have exited too
+    assert launcher.returncode == code, err
+    said = [x for x in err.splitlines() if x.startswith("llm-gym:") and "note:" not in x]
+    assert len(said) == 1 and said[0].startswith(line) and "Traceback" not in err, err
+    assert "--resume continues from" in said[0]
+    for pid in ranks.values():  # gone, not left running alone
+        assert (
+            not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
+        )
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] is True and summary["iterations"] >= 3
+    left = sorted(p.name for p in out.iterdir() if p.name.startswith(("checkpoint-", ".")))
+    assert left and all(name.split("-")[-1].isdigit() for name in left), left
+    # no .partial, no .deleting, no .llm-gym.lock
 
 
 def test_uneven_groups_and_bad_launch_flags_are_one_line(digits, tmp_path, capsys):

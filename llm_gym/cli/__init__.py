@@ -5,7 +5,6 @@ does. Bad input gets a one-line ``llm-gym: error: ...`` and exit code 2, never a
 from __future__ import annotations
 
 import argparse
-import errno
 import os
 import sys
 from collections.abc import Sequence
@@ -15,7 +14,6 @@ import gymnasium as gym
 
 import llm_gym
 from llm_gym.cli._args import (
-    EXIT_USAGE,
     Parser,
     add_run_options,
     check_flags,
@@ -27,9 +25,12 @@ from llm_gym.cli._args import (
     number,
     overlong,
     resumed_config,
+    usage_error,
 )
 from llm_gym.cli._envs import envs_table
+from llm_gym.cli._launch import LAUNCHED, launch, processes
 from llm_gym.run.config import BACKENDS, DTYPE_CHOICES, DTYPE_NAMES, RolloutConfig
+from llm_gym.run.signals import exit_code, interruptible, launcher_gone, watch_launcher
 from llm_gym.train.config import (
     ADVANTAGE_ESTIMATORS,
     IMPORTANCE_SAMPLING_LEVELS,
@@ -43,8 +44,6 @@ from llm_gym.train.config import (
 # Nothing above imports torch: each command imports what it runs (``--help`` and ``envs``
 # answer in well under a second).
 __all__ = ["build_parser", "eval_line", "given_options", "llm_gym_env_ids", "main"]
-
-DEFAULT_MASTER_PORT = 29500  # torchrun's, with --master-addr and no --master-port
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -345,7 +344,7 @@ def _add_serve(commands: Any) -> None:
 
 def _serve(args: argparse.Namespace) -> int:
     if args.env not in llm_gym_env_ids():
-        return _usage_error(f"{args.env!r} is not a registered llm_gym env id (llm-gym envs)")
+        return usage_error(f"{args.env!r} is not a registered llm_gym env id (llm-gym envs)")
     env_args = dict(args.env_arg)
     from llm_gym.servers import exposure_warning
 
@@ -366,7 +365,7 @@ def _serve(args: argparse.Namespace) -> int:
         )  # fmt: skip
         url = server.start()
     except (ValueError, TypeError, OSError, ImportError, gym.error.Error) as error:
-        return _usage_error(error)
+        return usage_error(error)
     # before the URL's line: whoever reads that line has had the warning
     if (warning := exposure_warning(args.host, api_key)) is not None:
         print(warning, file=sys.stderr, flush=True)
@@ -445,7 +444,7 @@ def _gateway(args: argparse.Namespace) -> int:
             device=args.device, dtype=args.dtype, seed=args.seed, out=args.out,
         )  # fmt: skip
     except (ValueError, TypeError) as error:
-        return _usage_error(error)
+        return usage_error(error)
     import torch
 
     from llm_gym.agents import Gateway
@@ -469,7 +468,7 @@ def _gateway(args: argparse.Namespace) -> int:
         )  # fmt: skip
         url = gateway.serve(args.host, args.port)
     except (ValueError, TypeError, OSError, ImportError, SamplerError) as error:
-        return _usage_error(error)
+        return usage_error(error)
     warning = exposure_warning(args.host, args.api_key)
     if warning:
         print(warning, file=sys.stderr, flush=True)
@@ -543,107 +542,67 @@ def main(argv: Sequence[str] | None = None) -> int:
             config = resumed_config(args, given)
         else:
             config = make_config(args.config, args)
-        processes = _processes(args, config)
+        world = processes(args, config)
     except (ValueError, OSError) as error:
-        return _usage_error(error)
-    if processes > 1 and "WORLD_SIZE" not in os.environ:  # not yet under a launcher
-        return _launch(args, argv)
+        return usage_error(error)
+    if world > 1 and "WORLD_SIZE" not in os.environ:  # not yet under a launcher
+        return launch(args, argv, lambda: args.kept(config.out))
     # Only a run needs torch and transformers (seconds to import).
     import torch
     import transformers
 
-    from llm_gym.samplers import SamplerError
+    # A SIGTERM stops a run as Ctrl-C does; a process torchrun started stops with it.
+    with interruptible():
+        watch_launcher()
+        transformers.utils.logging.disable_progress_bar()  # the command draws its own bar
+        if args.threads is not None:
+            torch.set_num_threads(args.threads)
+        return _run(args, config)
 
-    # The command draws its own progress bar; transformers' weight-loading bars are noise.
-    transformers.utils.logging.disable_progress_bar()
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    try:  # the run, prepared: models loaded, envs made, folder claimed
+
+def _run(args: argparse.Namespace, config: Any) -> int:
+    # The command's run, prepared (models loaded, envs made, folder claimed), then run; its
+    # setup's and its end's errors in one line each, from the first process of several.
+    from llm_gym.samplers import SamplerError
+    from llm_gym.train.sharding import peer_lost
+
+    # The first process of several says how the run ended; under llm-gym's launcher, the
+    # launcher says it (it knows whether a process died), unless it is gone.
+    def says() -> bool:
+        lead = os.environ.get("RANK", "0") == "0"
+        return lead and (LAUNCHED not in os.environ or launcher_gone())
+
+    try:
         prepared = args.job(config)
     # Setup errors (bad ids, paths, data, values, a folder in use) are the user's to fix: one
     # line, exit 2.
     except (ValueError, TypeError, OSError, ImportError, gym.error.Error) as error:
-        return _usage_error(error)
+        return usage_error(error)
     except SamplerError as error:  # the backend's server did not come up
-        return _usage_error(error, code=1)
-    except KeyboardInterrupt:
-        print(f"llm-gym: interrupted while setting up; {args.kept(config.out)}", file=sys.stderr)
-        return 130
+        return usage_error(error, code=1)
+    except KeyboardInterrupt as error:
+        if lead:
+            print(
+                f"llm-gym: interrupted while setting up; {args.kept(config.out)}", file=sys.stderr
+            )
+        return exit_code(error)
     try:
         return args.run(prepared)
     except SamplerError as error:  # the server died or failed: what finished is on disk
-        return _usage_error(f"{error}; {args.kept(prepared.out)}", code=1)
+        return usage_error(f"{error}; {args.kept(prepared.out)}", code=1)
     except OSError as error:  # a full disk, a read-only or vanished folder: one line
-        return _usage_error(f"{error}; {args.kept(prepared.out)}", code=1)
-    except KeyboardInterrupt:  # what the run finished is on disk: say where; exit 130
-        print(f"llm-gym: interrupted; {args.kept(prepared.out)}", file=sys.stderr)
-        return 130
-
-
-def _processes(args: argparse.Namespace, config: Any) -> int:
-    # The processes of a train run across devices (1: this one), its flags checked.
-    if args.command != "train":
+        return usage_error(f"{error}; {args.kept(prepared.out)}", code=1)
+    except KeyboardInterrupt as error:  # what the run finished is on disk: say where
+        if says():
+            print(f"llm-gym: interrupted; {args.kept(prepared.out)}", file=sys.stderr)
+        return exit_code(error)
+    except RuntimeError as error:  # another process of the run died
+        if not peer_lost(error):
+            raise
+        if says():
+            said = str(error).strip().splitlines()[0]
+            usage_error(f"another process of the run stopped ({said}); {args.kept(prepared.out)}")
         return 1
-    world = args.nproc_per_node * args.nnodes
-    if args.node_rank >= args.nnodes:
-        raise ValueError(f"--node-rank {args.node_rank} must be below --nnodes {args.nnodes}")
-    if args.nnodes > 1 and args.master_addr is None:
-        raise ValueError(
-            f"--nnodes {args.nnodes} needs --master-addr: the address of --node-rank 0's "
-            "machine, which every machine can reach"
-        )
-    config.check_world(world, f" (--nproc-per-node {args.nproc_per_node} x --nnodes {args.nnodes})")
-    return world
-
-
-def _launch(args: argparse.Namespace, argv: list[str]) -> int:
-    # The same command in --nproc-per-node processes through torch.distributed.run
-    # (torchrun), which sets each one's RANK, WORLD_SIZE, LOCAL_RANK and the rendezvous: what
-    # `torchrun --nproc-per-node N -m llm_gym train ...` runs. Under it, the flags say nothing.
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import get_args_parser, run
-
-    launcher = ["--nproc-per-node", str(args.nproc_per_node), "--nnodes", str(args.nnodes)]
-    if args.master_addr is None and args.master_port is None:  # a free port, the launcher's
-        launcher += ["--standalone"]
-    else:  # one machine with a port given: the rendezvous on this one
-        host, port = args.master_addr or "127.0.0.1", args.master_port or DEFAULT_MASTER_PORT
-        if args.node_rank == 0 and (busy := _port_taken(host, port)):
-            return _usage_error(
-                f"--master-port {port} on {host} cannot be taken for the rendezvous ({busy}): "
-                "pass a free port, or leave out --master-addr and --master-port on one machine"
-            )
-        launcher += ["--node-rank", str(args.node_rank), "--master-addr", host,
-                     "--master-port", str(port)]  # fmt: skip
-    try:
-        run(get_args_parser().parse_args([*launcher, "-m", "llm_gym", *argv]))
-    except ChildFailedError as error:  # each process said its own error: the first one's code
-        first = min(error.failures)
-        return error.failures[first].exitcode or 1
-    except KeyboardInterrupt:
-        return 130
-    return 0
-
-
-def _port_taken(host: str, port: int) -> str | None:
-    # Why the rendezvous could not listen on host:port, where host is this machine (None:
-    # free, or another machine's, which only that machine can tell).
-    import socket
-
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            probe.bind((host, port))
-    except OSError as error:
-        if error.errno == errno.EADDRNOTAVAIL:  # not an address of this machine
-            return None
-        return error.strerror or str(error)
-    return None
-
-
-def _usage_error(error: Exception | str, code: int = EXIT_USAGE) -> int:
-    message = " ".join(str(error).split()) or type(error).__name__
-    print(f"llm-gym: error: {message}", file=sys.stderr)
-    return code
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import dataclasses
 import inspect
 import json
 import math
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -41,6 +42,7 @@ __all__ = [
     "resumed_config",
     "task_function",
     "tool_list",
+    "usage_error",
 ]
 
 EXIT_USAGE = 2
@@ -49,6 +51,13 @@ BUILTIN_TOOLS = ("python",)
 # the two equal.
 ESTIMATOR_NAMES = ("k1", "k2", "k3")
 _JSON_STARTS = ("{", "[", '"')  # an --env-arg VALUE meant as JSON
+
+
+def usage_error(error: Exception | str, code: int = EXIT_USAGE) -> int:
+    """Print ``error`` as ``llm-gym``'s one line on stderr; the exit ``code``."""
+    message = " ".join(str(error).split()) or type(error).__name__
+    print(f"llm-gym: error: {message}", file=sys.stderr)
+    return code
 
 
 class Parser(argparse.ArgumentParser):

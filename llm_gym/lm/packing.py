@@ -133,7 +133,9 @@ def supports_packing(model: torch.nn.Module) -> bool:
     window, no soft-capped scores: those ``packed_sdpa`` does not compute)."""
     config = getattr(model, "config", None)
     implementation = getattr(config, "_attn_implementation", None)
-    if not type(model).__module__.startswith("transformers."):
+    # FSDP2 wraps the class in one of its own (FSDPLlamaForCausalLM): the model's is next.
+    cls = next(c for c in type(model).__mro__ if not c.__module__.startswith("torch.distributed"))
+    if not cls.__module__.startswith("transformers."):
         return False  # remote code may build its masks without the packed positions
     if implementation in _VARLEN:
         return True

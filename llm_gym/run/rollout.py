@@ -38,6 +38,7 @@ from llm_gym.run.setup import (
     run_rubric,
     task_envs,
 )
+from llm_gym.run.signals import hold_signals
 from llm_gym.run.trackers import Trackers, clear_trackers
 from llm_gym.samplers import SamplerError
 
@@ -162,6 +163,7 @@ class Rollout:
         try:
             self._collect(items, start, trackers)
         except (KeyboardInterrupt, SamplerError, RunWriteError) as error:
+            hold_signals()  # a second Ctrl-C or a SIGTERM waits for the summary
             trackers.finish(asdict(self._stopped(items, start, error)), len(items))
             raise
         finally:
@@ -170,6 +172,7 @@ class Rollout:
         try:
             summary = self.write(items, time.perf_counter() - start)
         except RunWriteError as error:
+            hold_signals()
             trackers.finish(asdict(self._stopped(items, start, error)), len(items))
             raise
         trackers.finish(asdict(summary), len(items), self.out / ROLLOUT_PLOT_FILE)

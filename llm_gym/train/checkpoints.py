@@ -30,6 +30,7 @@ import torch
 from llm_gym.lm.lora import ADAPTER_CONFIG, is_lora
 from llm_gym.run.files import Recorder, write_failure
 from llm_gym.run.setup import DTYPES
+from llm_gym.run.signals import deferred, hold_signals, interruption
 from llm_gym.train.config import GRPOConfig
 from llm_gym.train.sharding import (
     barrier,
@@ -172,20 +173,25 @@ def save_checkpoint(
         weights = full_weights(model) if is_sharded(model) else None  # gathered on the first
         if lead:
             _write(partial, model, tokenizer, state, tensors, dtype, weights)
-    except Exception as error:
+        barrier()  # every process's shards are written
+        if lead:
+            with deferred():  # a Ctrl-C waits for the rename
+                if final.exists():  # this iteration's checkpoint of an earlier run in the folder
+                    _discard(final)
+                os.replace(partial, final)
+    except BaseException as error:  # Ctrl-C and a dead process's collective too
+        hold_signals()  # the run stops: a launcher's SIGTERM must not cut the cleanup short
         shutil.rmtree(partial, ignore_errors=True)  # no half-written checkpoint stays
-        failure = write_failure(partial, error)
-        if failure is None:
+        # torch.distributed.checkpoint catches a Ctrl-C and raises every rank's failures.
+        failure = interruption(error) or write_failure(partial, error)
+        if failure is None or failure is error:
             raise
         raise failure from error
-    barrier()  # every process's shards are written
     if lead:
-        if final.exists():  # this iteration's checkpoint of an earlier run in the folder
-            _discard(final)
-        os.replace(partial, final)
-        _fsync(out)
-        for old in [p for p in run_checkpoints(out) if _NAME.fullmatch(p.name)][:-keep]:
-            _discard(old)
+        with deferred():  # and for the deletions
+            _fsync(out)
+            for old in [p for p in run_checkpoints(out) if _NAME.fullmatch(p.name)][:-keep]:
+                _discard(old)
     barrier()
     return final
 

@@ -25,6 +25,7 @@ from llm_gym.run.describe import describe_run
 from llm_gym.run.files import LineFile, RunWriteError, told, write_text
 from llm_gym.run.lock import FolderLock
 from llm_gym.run.setup import compute_dtype, dtype_name, resolve_device, run_rubric
+from llm_gym.run.signals import Interrupted, hold_signals, interruption
 from llm_gym.run.trackers import Trackers
 from llm_gym.train.checkpoints import RunCheckpoints, load_checkpoint
 from llm_gym.train.config import GRPOConfig, check_episode_groups
@@ -49,6 +50,7 @@ from llm_gym.train.sharding import (
     barrier,
     gather_objects,
     launched_processes,
+    peer_lost,
     shard_model,
     world_size,
 )
@@ -262,20 +264,46 @@ class GRPOTrainer:
                     if done % config.save_every == 0 or done == config.iterations:
                         self.save(done)
                     self.feed.publish(iteration)  # after the save: its RNG state is this one's
-        except (KeyboardInterrupt, RunWriteError) as error:  # what finished is reported
-            trackers.finish(self._stopped(rows, started, error), len(rows))
-            raise
+        except BaseException as error:
+            stop = self._stop(error, trackers, rows, started)
+            if stop is None or stop is error:
+                raise
+            raise stop from error
         finally:
             bar.close()
             self.close()
-        after = self.evaluate() if config.eval_episodes else None
+        after = None
         try:
+            after = self.evaluate() if config.eval_episodes else None
             summary = self.write(rows, after, time.perf_counter() - started)
-        except RunWriteError as error:
-            trackers.finish(self._stopped(rows, started, error, after), len(rows))
-            raise
+        except BaseException as error:
+            stop = self._stop(error, trackers, rows, started, after)
+            if stop is None or stop is error:
+                raise
+            raise stop from error
         trackers.finish(summary, len(rows), self.out / TRAINING_PLOT_FILE)
         return summary
+
+    def _stop(
+        self,
+        error: BaseException,
+        trackers: Trackers,
+        rows: list[dict[str, Any]],
+        started: float,
+        after: dict[str, float] | None = None,
+    ) -> BaseException | None:
+        # What stops a run with its summary marked interrupted, and what it raises then (None:
+        # a bug, whose traceback stays as it is): Ctrl-C or a signal (however a library passed
+        # it on), a file the disk cannot take, across processes another process's death.
+        stop = interruption(error)
+        if stop is None and (
+            isinstance(error, RunWriteError) or self.processes.world > 1 and peer_lost(error)
+        ):
+            stop = error
+        if stop is not None:
+            hold_signals()  # a second Ctrl-C, or the launcher's SIGTERM, waits for the summary
+            trackers.finish(self._stopped(rows, started, stop, after), len(rows))
+        return stop
 
     def iteration(self, iteration: int) -> dict[str, Any]:
         """Ask the feed for an episode of every sub-env (``groups × group_size``), score
@@ -394,7 +422,16 @@ class GRPOTrainer:
         # The summary, marked interrupted, as far as the disk takes it; a RunWriteError then
         # says in its one line whether the summary was written.
         seconds = time.perf_counter() - started
-        note = [f"Stopped: {error}"] if isinstance(error, RunWriteError) else []
+        note = []
+        if isinstance(error, RunWriteError):
+            note = [f"Stopped: {error}"]
+        elif isinstance(error, Interrupted):
+            note = [f"Stopped by {error}."]
+        elif not isinstance(error, KeyboardInterrupt):  # another process of the run is gone
+            said = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            note = [
+                f"Stopped: another process of the run stopped ({type(error).__name__}: {said})."
+            ]
         summary = self.write(rows, after, seconds, interrupted=True, notes=note)
         if isinstance(error, RunWriteError):
             error.strerror = f"{error.strerror}; {told(self.out / SUMMARY_FILE, self.unwritten)}"

@@ -39,6 +39,7 @@ __all__ = [
     "launched_processes",
     "load_optimizer",
     "note",
+    "peer_lost",
     "process_rank",
     "save_optimizer",
     "shard_model",
@@ -126,6 +127,30 @@ class Processes:
         if self.joined:
             dist.destroy_process_group()
             self.joined = False
+
+
+# What gloo's and NCCL's collectives raise when another process of the group has died: a
+# plain RuntimeError with the transport's words, or one of torch's ``DistError`` kinds.
+_PEER_GONE = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "communicator was aborted",
+)
+
+
+def peer_lost(error: BaseException) -> bool:
+    """Whether ``error`` is a collective's failure because another process of the run is gone
+    (killed, or stopped on its own error): what this process stops on, as on Ctrl-C.
+
+    >>> peer_lost(RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:20916"))
+    True
+    >>> peer_lost(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+    False
+    """
+    if isinstance(error, dist.DistError):
+        return True
+    return isinstance(error, RuntimeError) and any(words in str(error) for words in _PEER_GONE)
 
 
 def barrier() -> None:
