@@ -182,8 +182,13 @@ def _add_train(commands: Any) -> None:
         help="the adaptive coefficient's ceiling (default: %(default)s)")  # fmt: skip
     add("--advantage", choices=ADVANTAGE_ESTIMATORS, default=defaults.advantage,
         help="each response's advantage from its group's rewards: GRPO's group-normalised, "
-        "RLOO's leave-one-out, REINFORCE++'s baseline, or ReBN's batch-normalised "
-        "(default: %(default)s)")  # fmt: skip
+        "RLOO's leave-one-out or REINFORCE++'s baseline (one value for the episode); per "
+        "turn of a multi-turn episode: rebn, GEM's discounted returns normalised over the "
+        "batch, or turn-grpo, normalised within the group turn by turn (default: "
+        "%(default)s)")  # fmt: skip
+    add("--gamma", type=number(float, 0.0, False), default=defaults.gamma,
+        help="the discount of later turns' rewards, G_t = r_t + gamma G_{t+1}, at most 1 "
+        "(GEM takes 0.9 for games; default: %(default)s, their sum)")  # fmt: skip
     add("--dynamic-sampling", type=number(int, 0), default=defaults.dynamic_sampling,
         metavar="N", help="DAPO's dynamic sampling: up to N more batches a step, whose "
         "groups replace those whose rewards are all equal (default: %(default)s, off)")  # fmt: skip
@@ -581,10 +586,9 @@ def _run(args: argparse.Namespace, config: Any) -> int:
     except SamplerError as error:  # the backend's server did not come up
         return usage_error(error, code=1)
     except KeyboardInterrupt as error:
-        if lead:
-            print(
-                f"llm-gym: interrupted while setting up; {args.kept(config.out)}", file=sys.stderr
-            )
+        if says():
+            kept = args.kept(config.out)
+            print(f"llm-gym: interrupted while setting up; {kept}", file=sys.stderr)
         return exit_code(error)
     try:
         return args.run(prepared)
