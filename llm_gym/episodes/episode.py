@@ -50,6 +50,9 @@ class Episode:
     - ``reward``: its return (a KL penalty included); ``reward_task``: the task's own reward;
       ``info``: the task's reward parts and info at the end (JSON-ready: ``success``,
       ``answer``, a rubric's parts, tool counts...).
+    - ``turn_rewards``: an env episode's reward of each step (its turns', summing to
+      ``reward``), and ``turn_tokens``: how many of its policy tokens each turn sampled, in
+      order (None: an agent's, whose one reward comes at its end).
     - ``segments``: the token sequences to train on (env episodes: one, or none where the
       env's observations hold no tokens); ``versions``: the policy version of each turn.
     - ``num_tokens``: tokens sampled; per response token, ``sampled_log_probs`` (as the
@@ -89,6 +92,8 @@ class Episode:
     error: str | None = None
     calls: list[Any] | None = None  # an agent's llm_gym.agents.Call records
     seconds: float | None = None
+    turn_rewards: list[float] | None = None
+    turn_tokens: list[int] | None = None
 
     def __post_init__(self) -> None:
         if self.response is None:
@@ -130,6 +135,8 @@ class Episode:
             prompt=self.prompt, response=self.response, responses=self.responses,
             versions=self.versions, reward=self.reward,
         )  # fmt: skip
+        if self.turn_rewards is not None:
+            record["turn_rewards"] = self.turn_rewards
         record.update(self.info)
         if self.level is not None:
             record["level"] = self.level

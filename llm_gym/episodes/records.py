@@ -57,6 +57,8 @@ class EpisodeTrace:
     >>> episode = trace.finish(0, {"reward": 1.0, "success": True}, final)
     >>> episode.response, episode.reward, episode.reward_task, episode.info
     ('4', 1.0, 1.0, {'success': True})
+    >>> episode.turn_rewards, episode.turn_tokens  # a str action: no tokens sampled
+    ([1.0], [0])
     >>> episode.segments[0].policy_mask.tolist()
     [False, True]
     """
@@ -68,6 +70,8 @@ class EpisodeTrace:
         self.log_probs: list[np.ndarray | None] = []
         self.kl: list[np.ndarray] = []
         self.reward, self.tokens = 0.0, 0
+        self.rewards: list[float] = []  # each step's
+        self.turn_tokens: list[int] = []  # each step's sampled tokens
 
     def add(self, action: Response | str, reward: float, kl: np.ndarray | None = None) -> None:
         """Count one step: its action (a ``Response`` or text), reward and per-token KL."""
@@ -75,7 +79,9 @@ class EpisodeTrace:
         self.versions.append(getattr(action, "version", None))
         self.log_probs.append(getattr(action, "log_probs", None))
         tokens = getattr(action, "tokens", None)
-        self.tokens += 0 if tokens is None else len(tokens)
+        self.turn_tokens.append(0 if tokens is None else len(tokens))
+        self.tokens += self.turn_tokens[-1]
+        self.rewards.append(float(reward))
         self.reward += float(reward)
         if kl is not None:
             self.kl.append(np.asarray(kl))
@@ -113,6 +119,8 @@ class EpisodeTrace:
             kl_sum=None if kl is None else float(kl.sum()),
             env_index=env_index,
             level=level,
+            turn_rewards=list(self.rewards),
+            turn_tokens=list(self.turn_tokens),
         )
 
 

@@ -27,6 +27,7 @@ __all__ = [
 ]
 
 OUTCOMES = ("win", "draw", "loss", "unfinished")  # a game's end, as its env's info says
+MAX_TURN_COLUMNS = 12  # the turns the table's "mean reward by turn" row shows
 
 
 @dataclass
@@ -50,6 +51,8 @@ class Summary:
     hint: str | None = None  # what to try when few responses follow the answer format
     worker_restarts: int | None = None  # Ray env workers that died and were replaced
     turns_per_episode: float | None = None  # assistant turns
+    # Multi-turn episodes: the mean reward of each turn, over the episodes that reached it.
+    turn_rewards: list[float] | None = None
     # Games: the share of episodes won, drawn, lost and cut by max_turns (None: no games).
     outcomes: dict[str, float] | None = None
     pass_rate: float | None = None  # code: episodes whose every test passed (None: no code)
@@ -82,6 +85,10 @@ class Summary:
             self.turns_per_episode > 1 or self.tool_episode_share is not None
         ):  # multi-turn episodes
             rows.append(("turns / episode", f"{self.turns_per_episode:.2f}"))
+        if self.turn_rewards is not None:
+            by_turn = ", ".join(f"{mean:.3f}" for mean in self.turn_rewards[:MAX_TURN_COLUMNS])
+            more = len(self.turn_rewards) > MAX_TURN_COLUMNS
+            rows.append(("mean reward by turn", by_turn + (", ..." if more else "")))
         if self.pass_rate is not None:
             rows.append(("pass rate (all tests)", f"{self.pass_rate:.3f}"))
         if self.outcomes is not None:
@@ -171,6 +178,12 @@ def summarize(
             means[name] = float(np.mean(values))
     if means:
         extra["parts"] = means
+    by_turn = [r["turn_rewards"] for r in items if r.get("turn_rewards")]
+    if by_turn and max(map(len, by_turn)) > 1:  # each turn's mean, over those that reached it
+        extra["turn_rewards"] = [
+            float(np.mean([rewards[t] for rewards in by_turn if len(rewards) > t]))
+            for t in range(max(map(len, by_turn)))
+        ]
     ends = [r.get("outcome") for r in items]
     held = [h for h in map(answer_format_held, items) if h is not None]
     if n and any(end is not None for end in ends):

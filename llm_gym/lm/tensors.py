@@ -44,16 +44,20 @@ __all__ = [
 
 
 def left_pad(
-    sequences: Sequence[Sequence[int] | np.ndarray], pad_id: int, device: torch.device
+    sequences: Sequence[Sequence[int] | np.ndarray],
+    pad_id: float,
+    device: torch.device,
+    dtype: type = np.int64,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded ``(B, T)`` int64 ids and their bool attention mask, on ``device``.
+    """Left-padded ``(B, T)`` ids (``dtype``, int64 by default; float32 for per-token values)
+    and their bool attention mask, on ``device``.
 
     >>> ids, mask = left_pad([[1, 2], [3]], pad_id=9, device=torch.device("cpu"))
     >>> ids.tolist(), mask.tolist()
     ([[1, 2], [9, 3]], [[True, True], [False, True]])
     """
     length = max(len(s) for s in sequences)
-    ids = np.full((len(sequences), length), pad_id, dtype=np.int64)
+    ids = np.full((len(sequences), length), pad_id, dtype=dtype)
     mask = np.zeros((len(sequences), length), dtype=bool)
     for row, seq in enumerate(sequences):
         ids[row, length - len(seq) :] = seq

@@ -35,6 +35,7 @@ __all__ = [
     "PRECISIONS",
     "SCALE_REWARDS",
     "RESUMABLE",
+    "TURN_ESTIMATORS",
     "GRPOConfig",
     "check_episode_groups",
     "check_resumable",
@@ -58,9 +59,12 @@ LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vesp
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")  # "sequence": GSPO (Zheng et al., 2025)
 SCALE_REWARDS = ("group", "batch", "none")
 # How a response's advantage is taken from its group's rewards (llm_gym.train.loss.advantages
-# tells each): GRPO's group-normalised one, RLOO's leave-one-out, REINFORCE++'s baseline,
-# GEM's batch-normalised returns (ReBN).
-ADVANTAGE_ESTIMATORS = ("grpo", "rloo", "reinforce++", "rebn")
+# tells each): GRPO's group-normalised one, RLOO's leave-one-out, REINFORCE++'s baseline (the
+# episode's return, one value for all its tokens); then per turn (llm_gym.train.loss.
+# turn_advantages): GEM's batch-normalised discounted returns (ReBN), and GRPO's normalisation
+# within the group, turn by turn.
+ADVANTAGE_ESTIMATORS = ("grpo", "rloo", "reinforce++", "rebn", "turn-grpo")
+TURN_ESTIMATORS = ("rebn", "turn-grpo")  # each turn's tokens their turn's value
 # The learning rate over the run's optimizer steps, after --warmup-steps of linear warm-up
 # from 0: held ("constant"), decayed linearly to 0, or along a half cosine to 0
 # (transformers' schedules, TRL's lr_scheduler_type).
@@ -125,6 +129,9 @@ class GRPOConfig(RunConfig):
     group_size: int = 8  # responses per question
     learning_rate: float = 5e-5
     advantage: str = "grpo"
+    # The discount of the rewards of later turns: G_t = r_t + gamma * G_{t+1} (1: their sum,
+    # each turn's return the rest of the episode's; single-turn runs: no effect).
+    gamma: float = 1.0
     dynamic_sampling: int = 0  # DAPO's: batches more a step may play to replace flat groups
     # DAPO's soft overlong penalty over the last this many tokens of the response budget;
     # None: a sixth of it for single-turn runs, none for multi-turn and agent runs (whose
@@ -306,6 +313,8 @@ class GRPOConfig(RunConfig):
         check_choice("scale_rewards", self.scale_rewards, SCALE_REWARDS)
         check_choice("lr_schedule", self.lr_schedule, LR_SCHEDULES)
         check_choice("advantage", self.advantage, ADVANTAGE_ESTIMATORS)
+        if not 0 < check_number("gamma", self.gamma, 0, strict=True) <= 1:
+            raise ValueError(f"gamma (--gamma) must be in (0, 1], got {self.gamma!r}")
         check_int("dynamic_sampling", self.dynamic_sampling, 0)
         check_int("overlong_cache", self.overlong_cache, 0, optional=True)
         if (self.overlong_cache or 0) > self.max_response_tokens:

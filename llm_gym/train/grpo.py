@@ -14,6 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 
@@ -28,10 +29,17 @@ from llm_gym.run.setup import compute_dtype, dtype_name, resolve_device, run_rub
 from llm_gym.run.signals import Interrupted, hold_signals, interruption
 from llm_gym.run.trackers import Trackers
 from llm_gym.train.checkpoints import RunCheckpoints, load_checkpoint
-from llm_gym.train.config import GRPOConfig, check_episode_groups
+from llm_gym.train.config import TURN_ESTIMATORS, GRPOConfig, check_episode_groups
 from llm_gym.train.evaluation import evaluate_agent, evaluate_greedy
 from llm_gym.train.loss import advantages as estimate
-from llm_gym.train.loss import overlong_tokens, shaped_rewards, trained_segments
+from llm_gym.train.loss import (
+    overlong_tokens,
+    shaped_rewards,
+    shaped_turn_rewards,
+    token_advantages,
+    trained_segments,
+    turn_advantages,
+)
 from llm_gym.train.model import CallersModel, check_memory, frozen_reference, trained_model
 from llm_gym.train.optim import adamw
 from llm_gym.train.play import Feed, kl_scorer, play, run_envs
@@ -62,6 +70,7 @@ if TYPE_CHECKING:
     import gymnasium as gym
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+    from llm_gym.episodes import Episode, Segment
     from llm_gym.policies.base import Policy
 
 __all__ = ["GRPOTrainer"]
@@ -319,25 +328,45 @@ class GRPOTrainer:
         self.task_names.update(
             str(e.info["task"]) for e in everyone if e.info.get("task") is not None
         )
-        # Over the whole run's batch (a batch's std is every process's), this process's part.
-        shaped = shaped_rewards(everyone, config.max_response_tokens, self.overlong)
-        estimated = estimate(torch.tensor(shaped, device=self.device), config.group_size,
-                             config.advantage, config.scale_rewards)  # fmt: skip
-        advantages = self.processes.own(estimated)
-        # Each segment (an agent's episode has several) trains with its episode's advantage;
-        # asynchronous batches by their sampled log-probs, which --tis-cap corrects toward.
+        # Each segment (an agent's episode has several) trains with its episode's advantage,
+        # or each turn's tokens with their turn's; asynchronous batches by their sampled
+        # log-probs, which --tis-cap corrects toward.
         cut_at = config.max_new_tokens if config.mask_truncated else None
         segments, masks, index = trained_segments(episodes, cut_at, self.tokenizer.eos_token_id)
         update: dict[str, Any] = {"loss": 0.0}
         if segments:
             sampled = [s.log_probs for s in segments]
             update = self.update(
-                [s.ids for s in segments], masks,
-                advantages[torch.tensor(index, dtype=torch.long, device=self.device)],
+                [s.ids for s in segments], masks, self._advantages(everyone, segments, index),
                 sampled if config.asynchronous else None,
                 sampler_log_probs=sampled if config.tis_cap is not None else None,
             )  # fmt: skip
         return self._row(iteration, everyone, update, start)
+
+    def _advantages(
+        self, everyone: list[Episode], segments: list[Segment], index: list[int]
+    ) -> torch.Tensor | list[np.ndarray]:
+        # Taken over the whole run's batch (a batch's std is every process's), each of this
+        # process's segments its episode's advantage ((n,)), or its tokens their turns' (a
+        # (T,) array each).
+        config = self.config
+        if config.advantage in TURN_ESTIMATORS:
+            shaped = shaped_turn_rewards(everyone, config.max_response_tokens, self.overlong)
+            turns = self.processes.own(turn_advantages(
+                shaped, config.group_size, config.advantage, config.gamma, config.scale_rewards
+            ))  # fmt: skip
+            mine = self.processes.own(everyone)
+            return [
+                token_advantages(segment.policy_mask, mine[i].turn_tokens, turns[i])
+                if mine[i].turn_tokens is not None
+                else np.full(len(segment.ids), float(turns[i][-1]), dtype=np.float32)
+                for segment, i in zip(segments, index, strict=True)
+            ]
+        shaped = shaped_rewards(everyone, config.max_response_tokens, self.overlong, config.gamma)
+        estimated = estimate(torch.tensor(shaped, device=self.device), config.group_size,
+                             config.advantage, config.scale_rewards)  # fmt: skip
+        advantages = self.processes.own(estimated)
+        return advantages[torch.tensor(index, dtype=torch.long, device=self.device)]
 
     def update(
         self,

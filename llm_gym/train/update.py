@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -223,13 +223,15 @@ class GRPOUpdate:
         self,
         tokens: list[Any],
         masks: list[Any],
-        advantages: torch.Tensor,
+        advantages: torch.Tensor | Sequence[np.ndarray],
         behaviour: Any = None,
         *,
         sampler_log_probs: Any = None,
     ) -> dict[str, Any]:
         """``update_epochs`` optimizer steps over the conversations ``tokens``, the loss on
-        each one's ``masks`` (``(T,)`` bools) with its ``advantages``; ``behaviour``: the
+        each one's ``masks`` (``(T,)`` bools) with its ``advantages``: one a conversation
+        (``(n,)``), or one a token (a ``(T,)`` array a conversation: turn-level credit,
+        ``llm_gym.train.loss.token_advantages``); ``behaviour``: the
         log-probs each policy token was sampled with (asynchronous batches: the ratio's
         denominator); ``sampler_log_probs``: the same, for ``tis_cap``'s weights. The
         metrics row's part: the loss and the update's diagnostics."""
@@ -254,6 +256,13 @@ class GRPOUpdate:
             selected = left_pad([masks[i] for i in rows], False, self.device)[0].bool()
             packed = pack([tokens[i] for i in rows], self.device) if self.packing else None
             return ids, attention, selected & has_prefix(attention), packed
+
+        def advantage_rows(rows: list[int]) -> torch.Tensor:
+            # (B,) one a conversation, or (B, T) one a token, left-padded as the mask is.
+            if isinstance(advantages, torch.Tensor):
+                return advantages[rows]
+            values = [advantages[i] for i in rows]
+            return left_pad(values, 0.0, self.device, np.float32)[0]
 
         def scored(rows: list[int], entropy: bool = False) -> tuple[Any, Any, torch.Tensor]:
             # (log-probs, the entropy where asked for else None, the scored positions); the
@@ -347,7 +356,7 @@ class GRPOUpdate:
                                 old_log_probs, drawn, mask, config.tis_cap
                             )
                             _add(stats, tis_truncated=float(cut.sum()))
-                        adv = advantages[rows]
+                        adv = advantage_rows(rows)
                         loss = grpo_loss(
                             log_probs, old_log_probs, mask, adv, config.clip_coef,
                             delta=config.delta, ref_log_probs=ref, beta=config.kl_loss_coef,
