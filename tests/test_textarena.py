@@ -49,6 +49,36 @@ def test_a_game_is_played_to_its_end_by_textarenas_rules():
     assert obs["history"][2]["content"] == "[GAME] The target number is higher."
 
 
+@pytest.mark.parametrize("guesses, end", [([2, 19, 10, 15, 12], 1.0), ([2, 5, 5, 5], None)])
+def test_progress_rewards_pay_each_move_its_share_of_the_games_reward(guesses, end):
+    # Target 12 of 1..20: each guess pays the change in its closeness, 1 - |guess - 12| / 19;
+    # the last, the rest of the game's reward (a win's 1; three invalid repeats end a game
+    # with its partial credit), so the moves add up to the game's reward.
+    env = gym.make("LLMChat-TextArena-v0", game=GUESS, progress_rewards=True)
+    plain = gym.make("LLMChat-TextArena-v0", game=GUESS)
+    env.reset(seed=3), plain.reset(seed=3)
+    paid, closeness, last = [], 0.0, None
+    for guess in guesses:
+        _, reward, terminated, _, info = env.step(f"[{guess}]")
+        _, game_reward, plain_end, _, plain_info = plain.step(f"[{guess}]")
+        paid.append(reward)
+        if not terminated:
+            if guess not in guesses[: len(paid) - 1]:  # a repeat moves nothing
+                now = 1 - abs(guess - 12) / 19
+                assert reward == pytest.approx(now - closeness)
+                closeness = now
+            else:
+                assert reward == 0.0
+            assert game_reward == 0.0 and not plain_end
+        else:
+            last = info
+    assert plain_end and last["reward"] == plain_info["reward"] == game_reward
+    assert sum(paid) == pytest.approx(game_reward) and game_reward == (end or closeness)
+    assert paid[1] > 0 and paid[3] < 0 if end else True  # 19 closer than 2; 15 further than 10
+    with pytest.raises(ValueError, match="progress_rewards=True needs a one-player game"):
+        TextArenaEnv("TicTacToe-v0", opponent=lambda observation: "[0]", progress_rewards=True)
+
+
 def test_the_same_seed_replays_the_same_game_and_another_seed_another():
     env = gym.make("LLMChat-TextArena-v0", game=GUESS)
     targets = {}

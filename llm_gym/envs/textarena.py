@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from llm_gym.chat.history import History
-from llm_gym.checks import check_str
+from llm_gym.checks import check_bool, check_str
 from llm_gym.envs.session import EnvResponse, SessionChatEnv, seed_stream
 from llm_gym.envs.vector import sharded_env_fns
 from llm_gym.games import Opponent, TextArenaGame, outcome_of
@@ -51,7 +51,12 @@ class TextArenaEnv(SessionChatEnv):
     ``0.0`` until the game ends, then TextArena's reward for the learner's seat: alone, 1
     for a win and the game's partial credit otherwise (in most games the share solved; an
     invalid move after its warning ends the game with the game's penalty); against an
-    opponent +1 / 0 / -1. A move the game fails on (an exception of TextArena's, such as
+    opponent +1 / 0 / -1. With ``progress_rewards=True`` each move of a one-player game pays
+    the change in the game's own measure of progress (the partial credit it would pay at
+    that point: GuessTheNumber's closeness of the last valid guess), and the last move the
+    rest of the game's reward, so the moves' rewards sum to the game's reward exactly
+    (shaping by a potential, which leaves the best play as it was): credit for each turn.
+    A move the game fails on (an exception of TextArena's, such as
     GuessTheNumber's on a 5000-digit guess) is an invalid move of whoever made it, the
     learner or the opponent, never an exception out of ``step``. The last step's ``info``
     has ``outcome`` (``"win"``, ``"draw"``, ``"loss"``, or ``"unfinished"`` when
@@ -82,6 +87,8 @@ class TextArenaEnv(SessionChatEnv):
       a callable ``observation -> action`` such as a TextArena agent, a fixed function, or
       ``llm_gym.games.PolicyOpponent`` over a second model or the trained policy itself.
     - ``seat``: the learner's player id in a two-player game (0 moves first).
+    - ``progress_rewards``: pay each move the change in the game's progress (see Rewards);
+      for one-player games whose TextArena class measures it (``_get_percentage_completion``).
     - ``max_turns``: the learner's moves per episode (None: the game's own limit).
     - ``seed``, ``repeats``, ``group_repeats``, ``shard``: the stream of games, as
       ``DatasetChatEnv``'s (``llm_gym.envs.sharded_env_fns`` shards it over sub-envs).
@@ -120,16 +127,26 @@ class TextArenaEnv(SessionChatEnv):
         *,
         opponent: Opponent | None = None,
         seat: int = 0,
+        progress_rewards: bool = False,
         **options: object,
     ) -> None:
         check_str("game", game)
+        check_bool("progress_rewards", progress_rewards)
         super().__init__(seed_stream(self.seed_field, query=game, game=game), **options)
         self.game = game
         self._game = TextArenaGame(game, opponent, seat)
+        if progress_rewards and (self._game.players > 1 or self._game.progress() is None):
+            raise ValueError(
+                f"progress_rewards=True needs a one-player game that measures its progress; "
+                f"{game!r} {'has an opponent' if self._game.players > 1 else 'measures none'}"
+            )
+        self.progress_rewards = progress_rewards
+        self._progress = 0.0  # the game's progress after the learner's last move
 
     def episode_start(self, item: Mapping[str, Any]) -> tuple[History, dict[str, Any]]:
         """Reset the game at ``item``'s ``game_seed``: its first message as the prompt."""
         seed = int(item["game_seed"])
+        self._progress = 0.0
         return self._history_for(self._game.reset(seed)), {"task": self.game, "game_seed": seed}
 
     def env_response(
@@ -138,13 +155,18 @@ class TextArenaEnv(SessionChatEnv):
         """Play ``text`` as the game's move: the game, not a reward function, decides the end,
         the reward and the next user message (the game's, or the opponent's move)."""
         if not self._game.step(text):
-            return EnvResponse(self._game.messages() or NO_MESSAGE)
+            reward = 0.0
+            if self.progress_rewards:  # the move's share of the game's reward
+                now = self._game.progress() or 0.0
+                reward, self._progress = now - self._progress, now
+            return EnvResponse(self._game.messages() or NO_MESSAGE, reward)
         reward, game_info = self._game.result()
+        paid = reward - self._progress if self.progress_rewards else reward
         outcome = outcome_of(reward, self._game.players)
         info = {"outcome": outcome, "success": outcome == "win"}
         info.update(reason=str(game_info.get("reason", "")))
         info.update(invalid_move=bool(game_info.get("invalid_move", False)))
-        return EnvResponse(None, reward, terminated=True, info=info)
+        return EnvResponse(None, paid, terminated=True, info=info)
 
     def end_info(self, item: Mapping[str, Any], cut: bool) -> dict[str, Any]:
         """The episode's record names its game (and, cut by ``max_turns``, an unfinished one)."""

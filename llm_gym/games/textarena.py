@@ -304,6 +304,19 @@ class TextArenaGame:
             rewards, game_info = self.env.close()
         return _reward_in_order(rewards[self.seat], dict(game_info.get(self.seat, {})))
 
+    def progress(self) -> float | None:
+        """The game's own measure of how far the learner has come (its partial credit, what
+        it pays at an unfinished end: GuessTheNumber's closeness of the last valid guess),
+        None for a game that keeps none."""
+        measure = getattr(self.env, "_get_percentage_completion", None)
+        if measure is None:
+            return None
+        with self._random_state():
+            try:
+                return float(measure())
+            except Exception:  # a game's measure that fails on its state: none
+                return None
+
     def _take(self, player: int) -> list[tuple[Any, str, Any]]:
         observations = self.env.state.observations
         new, observations[player] = list(observations[player]), []

@@ -1,0 +1,168 @@
+"""Credit per turn against credit per episode, over seeds, on TextArena's GuessTheNumber.
+
+Trains the default model with ``llm-gym train`` on GuessTheNumber, whose moves each pay the
+change in the game's progress (``progress_rewards=true``: the closeness of the guess, the
+last move the rest of the game's reward), once with the episode's one advantage for every
+token (``--advantage grpo``) and once with each turn's own (``--advantage turn-grpo --gamma
+0.9``), for each seed; then prints a table of the greedy win rate on held-out games before and
+after (the worst and the mean over the seeds, with its standard error), the peak memory of
+each run, and plots the sampled win rate of every iteration for both (``--plot``).
+
+Each run goes into ``--out``/``<credit>-seed<N>``; a run with a finished summary there is
+read, not run again, so the bench continues where an earlier call stopped.
+
+    python scripts/bench_turn_credit.py --seeds 0 1 2 --plot docs/assets/turn-credit.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+# How each credit trains: the flags that differ.
+CREDITS = {
+    "episode": ["--advantage", "grpo"],
+    "turn": ["--advantage", "turn-grpo", "--gamma", "0.9"],
+}
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add = parser.add_argument
+    add("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    add("--credits", nargs="+", choices=sorted(CREDITS), default=list(CREDITS))
+    add("--iterations", type=int, default=16)
+    add("--eval-episodes", type=int, default=32)
+    add("--out", default="runs/turn-credit")
+    add("--plot", default=None, help="a PNG of the sampled win rate per iteration")
+    add("--report-only", action="store_true", help="read the runs there are, start none")
+    return parser.parse_args(argv)
+
+
+def command(args: argparse.Namespace, credit: str, seed: int, out: Path) -> list[str]:
+    return [
+        sys.executable, "-m", "llm_gym", "train", "--env", "LLMChat-TextArena-v0",
+        "--env-arg", "game=GuessTheNumber-v0", "--env-arg", "progress_rewards=true",
+        "--iterations", str(args.iterations), "--groups", "2", "--group-size", "8",
+        "--max-new-tokens", "12", "--eval-episodes", str(args.eval_episodes),
+        "--seed", str(seed), "--save-every", str(args.iterations), "--no-progress",
+        "--out", str(out), "--overwrite", *CREDITS[credit],
+    ]  # fmt: skip
+
+
+def finished(out: Path) -> dict[str, Any] | None:
+    summary = out / "summary.json"
+    if not summary.exists():
+        return None
+    read = json.loads(summary.read_text())
+    return None if read.get("interrupted") or read.get("after") is None else read
+
+
+def run(args: argparse.Namespace, credit: str, seed: int) -> dict[str, Any] | None:
+    """The run's summary, with its metrics rows and peak memory (GiB); trained first unless
+    it is there already (or ``--report-only``)."""
+    out = Path(args.out) / f"{credit}-seed{seed}"
+    summary = finished(out)
+    if summary is None and not args.report_only:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        timed = ["/usr/bin/time", "-v", *command(args, credit, seed, out)]
+        done = subprocess.run(timed, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SystemExit(f"{credit} seed {seed} failed:\n{done.stderr[-3000:]}")
+        peak = re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr)
+        (out / "peak_memory_gib.txt").write_text(f"{int(peak.group(1)) / 2**20:.2f}\n")
+        summary = finished(out)
+    if summary is None:
+        return None
+    memory = out / "peak_memory_gib.txt"
+    summary["peak_gib"] = float(memory.read_text()) if memory.exists() else math.nan
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    summary["rows"] = [json.loads(line) for line in lines]
+    return summary
+
+
+def mean_se(values: Sequence[float]) -> tuple[float, float]:
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, math.nan
+    var = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
+    return mean, math.sqrt(var / len(values))
+
+
+def table(results: dict[str, dict[int, dict[str, Any]]]) -> str:
+    lines = [
+        "| credit | seeds | greedy win rate after, by seed | worst | mean (SE) | before (mean) "
+        "| minutes (mean) | peak memory (GiB, max) | dtype |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for credit, runs in results.items():
+        if not runs:
+            continue
+        seeds = sorted(runs)
+        after = [runs[s]["after"]["success"] for s in seeds]
+        before = [runs[s]["before"]["success"] for s in seeds]
+        mean, se = mean_se(after)
+        minutes = sum(runs[s]["minutes_this_run"] for s in seeds) / len(seeds)
+        peak = max(runs[s]["peak_gib"] for s in seeds)
+        dtypes = sorted({runs[s]["dtype"] for s in seeds})
+        lines.append(
+            f"| {credit} | {', '.join(map(str, seeds))} | {' '.join(f'{a:.3f}' for a in after)} "
+            f"| {min(after):.3f} | {mean:.3f} ({se:.3f}) | {sum(before) / len(before):.3f} "
+            f"| {minutes:.1f} | {peak:.1f} | {', '.join(dtypes)} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, dict[int, dict[str, Any]]], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4))
+    for (credit, runs), colour in zip(results.items(), ("tab:blue", "tab:orange"), strict=False):
+        curves = [[row["success"] for row in runs[s]["rows"]] for s in sorted(runs)]
+        for curve in curves:
+            axes.plot(curve, color=colour, alpha=0.25, linewidth=1)
+        if curves:
+            length = min(map(len, curves))
+            mean = [sum(c[i] for c in curves) / len(curves) for i in range(length)]
+            axes.plot(mean, color=colour, linewidth=2.5, label=f"{credit} ({len(curves)} seeds)")
+    axes.set_xlabel("iteration")
+    axes.set_ylabel("sampled win rate of the iteration's games")
+    axes.set_title("GuessTheNumber: credit per turn vs per episode")
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    results: dict[str, dict[int, dict[str, Any]]] = {credit: {} for credit in args.credits}
+    for seed in args.seeds:  # both credits of a seed before the next seed
+        for credit in args.credits:
+            summary = run(args, credit, seed)
+            if summary is not None:
+                results[credit][seed] = summary
+                print(
+                    f"{credit} seed {seed}: {summary['before']['success']:.3f} -> "
+                    f"{summary['after']['success']:.3f}, {summary['minutes_this_run']:.1f} min, "
+                    f"peak {summary['peak_gib']:.1f} GiB",
+                    flush=True,
+                )
+    print(table(results))
+    if args.plot:
+        plot(results, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
