@@ -170,10 +170,11 @@ def test_rollout_and_train_run_with_ray_from_the_command_line(cluster, tiny_dir,
     from llm_gym.cli import main
 
     common = ["--model", tiny_dir, "--env-arg", "task=chain_sum", "--max-new-tokens", "4",
-              "--threads", "1", "--no-progress", "--ray", "auto", "--workers", "2"]  # fmt: skip
+              "--threads", "1", "--no-progress", "--ray", "auto"]  # fmt: skip
     out = tmp_path / "rollout"
     kl = ["--ref-model", tiny_dir, "--kl-coef", "0.05"]  # the reference: one shared actor
-    rollout = ["rollout", *common, *kl, "--num-envs", "4", "--episodes", "6", "--out", str(out)]
+    rollout = ["rollout", *common, *kl, "--workers", "2", "--num-envs", "4", "--episodes", "6",
+               "--out", str(out)]  # fmt: skip
     assert main(rollout) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["summary"]["episodes"] == 6 and summary["summary"]["worker_restarts"] == 0
@@ -181,8 +182,9 @@ def test_rollout_and_train_run_with_ray_from_the_command_line(cluster, tiny_dir,
     lines = (out / "episodes.jsonl").read_text().splitlines()
     assert sorted(json.loads(line)["item_index"] for line in lines) == list(range(6))
     out = tmp_path / "train"
-    train = ["train", *common, "--iterations", "2", "--groups", "1", "--group-size", "2",
-             "--eval-episodes", "2", "--out", str(out)]  # fmt: skip
+    # One worker for the trainings: each Ray worker is a process that imports torch (seconds).
+    train = ["train", *common, "--workers", "1", "--iterations", "2", "--groups", "1",
+             "--group-size", "2", "--eval-episodes", "2", "--out", str(out)]  # fmt: skip
     assert main(train) == 0
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows] == [0, 1] and all(r["staleness"] <= 1 for r in rows)

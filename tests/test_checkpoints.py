@@ -63,7 +63,12 @@ SCHEDULE = dict(lr_schedule="cosine", warmup_steps=2)
 
 @pytest.mark.parametrize(
     "variant",
-    [dict(loss_type="grpo", **CONSTANT), VARIANTS, SCHEDULE],
+    [
+        dict(loss_type="grpo", **CONSTANT),
+        # The others, a run and its resumption each (about 9 s), in the slow mark.
+        pytest.param(VARIANTS, marks=pytest.mark.slow),
+        pytest.param(SCHEDULE, marks=pytest.mark.slow),
+    ],
     ids=["grpo", "dapo+k3+tis", "cosine+warmup"],
 )
 def test_a_resumed_run_equals_an_uninterrupted_one(tiny_dir, tmp_path, variant):

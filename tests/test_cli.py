@@ -189,6 +189,7 @@ def test_bad_input_is_one_line_and_exit_code_2(args, message, model_dirs, tmp_pa
     assert not (tmp_path / "run").exists()  # nothing written for a run that never started
 
 
+@pytest.mark.slow  # three runs of the command (about 17 s)
 def test_default_task_is_procedural_with_env_args_and_curriculum(model_dirs, tmp_path):
     # No --env, no data: the default task is generated offline.
     out = tmp_path / "run"

@@ -253,7 +253,9 @@ def no_partial_files(out):
     return [p.name for p in out.rglob("*") if "partial" in p.name]
 
 
-@pytest.mark.parametrize("full", ["file size limit", "tmpfs"])
+@pytest.mark.parametrize(
+    "full", [pytest.param("file size limit", marks=pytest.mark.slow), "tmpfs"]
+)  # the two ways a disk fills, a run each (about 8 s): one in the inner loop
 def test_a_full_disk_while_training_stops_in_one_line_with_an_interrupted_summary(
     full, tiny_dir, tmp_path, request
 ):

@@ -46,12 +46,12 @@ def broken(solution):
 
 @pytest.mark.slow
 def test_the_verdict_agrees_with_human_evals_check_correctness():
-    cases = [  # 41 problems, 3 broken solutions each, and the right one
+    cases = [  # 21 problems, 3 broken solutions each, and the right one
         (problem, completion)
-        for problem in PROBLEMS[::4]
+        for problem in PROBLEMS[::8]
         for completion in [problem["canonical_solution"], *broken(problem["canonical_solution"])]
     ]
-    assert len(cases) == 41 * 4
+    assert len(cases) == 21 * 4
 
     def both(problem, completion):
         theirs = check_correctness(problem, completion, timeout=5.0)["passed"]

@@ -94,6 +94,7 @@ def test_gpt2_missing_package_names_pip_command(tmp_path, monkeypatch):
 # Default model: SmolLM2-135M-Instruct
 
 
+@pytest.mark.slow  # converts the GGUF into a fresh cache first (about 20 s)
 def test_default_model_tokens(smol):
     model, tokenizer, _ = smol
     assert tokenizer.eos_token == "<|im_end|>"
@@ -107,6 +108,7 @@ def test_default_model_tokens(smol):
     assert not getattr(model, "is_quantized", False)
 
 
+@pytest.mark.slow  # converts the GGUF into a fresh cache first (about 20 s)
 def test_default_chat_template(smol):
     _, tokenizer, _ = smol
     text = tokenizer.apply_chat_template(
@@ -116,6 +118,7 @@ def test_default_chat_template(smol):
     assert "{% generation %}" in tokenizer.chat_template
 
 
+@pytest.mark.slow  # converts the GGUF into a fresh cache first (about 20 s)
 def test_cached_reload_reuses_the_cache_and_is_identical(smol, smol_cache):
     model, tokenizer, _ = smol
     weights = smol_cache / "smollm2-135m-instruct" / "model.safetensors"
@@ -131,6 +134,7 @@ def test_cached_reload_reuses_the_cache_and_is_identical(smol, smol_cache):
         assert torch.equal(model(FIXED_IDS).logits, model2(FIXED_IDS).logits)
 
 
+@pytest.mark.slow  # converts the GGUF into a fresh cache first (about 20 s)
 def test_load_model_dispatch(smol, smol_cache):
     model, _, _ = smol
     folder = smol_cache / "smollm2-135m-instruct"
@@ -140,6 +144,7 @@ def test_load_model_dispatch(smol, smol_cache):
         assert torch.equal(model(FIXED_IDS).logits, model2(FIXED_IDS).logits)
 
 
+@pytest.mark.slow  # converts the GGUF into a fresh cache first (about 20 s)
 def test_greedy_generation_answers(smol):
     model, tokenizer, _ = smol
     prompt = tokenizer.apply_chat_template(

@@ -9,6 +9,7 @@ from llm_gym import TransformersPolicy
 from llm_gym.tasks import PRODUCTS_CODE_REQUEST, products_task
 
 
+@pytest.mark.slow  # the default model's episode with a tool call (about 9 s)
 def test_default_model_calls_the_python_tool_and_gets_its_output(smol):
     model, tokenizer = smol
     policy = TransformersPolicy(
