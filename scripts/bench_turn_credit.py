@@ -3,15 +3,17 @@
 Trains the default model with ``llm-gym train`` on GuessTheNumber, whose moves each pay the
 change in the game's progress (``progress_rewards=true``: the closeness of the guess, the
 last move the rest of the game's reward), once with the episode's one advantage for every
-token (``--advantage grpo``) and once with each turn's own (``--advantage turn-grpo --gamma
-0.9``), for each seed; then prints a table of the greedy win rate on held-out games before and
-after (the worst and the mean over the seeds, with its standard error), the peak memory of
-each run, and plots the sampled win rate of every iteration for both (``--plot``).
+token (``--advantage grpo``) and once with each turn's own (``--advantage rebn --gamma 0.9``,
+GEM's ReBN; ``--credits`` may add ``turn-grpo``), for each seed; then prints a table of the
+greedy win rate on held-out games before and after (the worst and the mean over the seeds,
+with its standard error), the peak memory of each run, and plots the sampled win rate of
+every iteration for each credit (``--plot``).
 
 Each run goes into ``--out``/``<credit>-seed<N>``; a run with a finished summary there is
 read, not run again, so the bench continues where an earlier call stopped.
 
     python scripts/bench_turn_credit.py --seeds 0 1 2 --plot docs/assets/turn-credit.png
+    python scripts/bench_turn_credit.py --credits episode rebn turn-grpo --report-only
 """
 
 from __future__ import annotations
@@ -26,10 +28,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-# How each credit trains: the flags that differ.
+# How each credit trains: the flags that differ. ReBN with GEM's discount for games is the
+# default credit per turn; turn-grpo (its standard deviation per turn, over the few episodes
+# still playing at a late turn) is there to compare.
 CREDITS = {
     "episode": ["--advantage", "grpo"],
-    "turn": ["--advantage", "turn-grpo", "--gamma", "0.9"],
+    "rebn": ["--advantage", "rebn", "--gamma", "0.9"],
+    "turn-grpo": ["--advantage", "turn-grpo", "--gamma", "0.9"],
 }
 
 
@@ -37,7 +42,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add = parser.add_argument
     add("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    add("--credits", nargs="+", choices=sorted(CREDITS), default=list(CREDITS))
+    add("--credits", nargs="+", choices=sorted(CREDITS), default=["episode", "rebn"])
     add("--iterations", type=int, default=16)
     add("--eval-episodes", type=int, default=32)
     add("--out", default="runs/turn-credit")
@@ -127,7 +132,8 @@ def plot(results: dict[str, dict[int, dict[str, Any]]], path: str) -> None:
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(figsize=(7, 4))
-    for (credit, runs), colour in zip(results.items(), ("tab:blue", "tab:orange"), strict=False):
+    colours = ("tab:blue", "tab:orange", "tab:green")
+    for (credit, runs), colour in zip(results.items(), colours, strict=False):
         curves = [[row["success"] for row in runs[s]["rows"]] for s in sorted(runs)]
         for curve in curves:
             axes.plot(curve, color=colour, alpha=0.25, linewidth=1)
