@@ -28,7 +28,13 @@ SYSTEM_LAST = (
     "{%- endfor -%}"
 )
 VLLM = Path(__file__).parents[1] / ".venv-vllm"
-VLLM_TEMPLATES = VLLM / "lib/python3.11/site-packages/vllm/transformers_utils/chat_templates"
+
+
+def vllm_templates():
+    # The chat templates vLLM's package ships, wherever its environment put it.
+    where = "import os, vllm; print(os.path.dirname(vllm.__file__))"
+    done = subprocess.run([VLLM / "bin/python", "-c", where], capture_output=True, text=True)
+    return Path(done.stdout.strip()) / "transformers_utils/chat_templates"
 
 
 @pytest.fixture(scope="module")
@@ -82,12 +88,13 @@ def test_templates_shipped_offline_that_break_and_keep(tokenizer, tmp_path):
     # vLLM's MiniCPM-V 4.5 template (Qwen3's way: an empty thinking block in the generation
     # prompt that the turn, once in the history, does not have); Mistral's v3 and v7
     # templates as mistral_common writes them.
+    templates = vllm_templates()
     found = check_prefix(
-        tokenizer, chat_template=(VLLM_TEMPLATES / "template_minicpmv45.jinja").read_text()
+        tokenizer, chat_template=(templates / "template_minicpmv45.jinja").read_text()
     )
     assert (found.keeps, found.turn) == (False, 1) and "<think>\\n\\n</think>" in found.detail
     assert check_prefix(
-        tokenizer, chat_template=(VLLM_TEMPLATES / "template_chatml.jinja").read_text()
+        tokenizer, chat_template=(templates / "template_chatml.jinja").read_text()
     ).keeps
     write = (
         "import sys\n"
