@@ -169,8 +169,9 @@ def turn_advantages(
     ]
     flat = torch.cat(returns)
     if estimator == "rebn":
-        return [(g - flat.mean()) / (flat.std() + eps) for g in returns]
-    out = []
+        mean, std = flat.mean(), flat.std()
+        return [(g - mean) / (std + eps) for g in returns]
+    batch_std, out = flat.std(), []
     for start in range(0, len(returns), group_size):
         group = returns[start : start + group_size]
         # (episodes, turns): turn t's returns side by side; NaN where an episode had ended.
@@ -185,7 +186,7 @@ def turn_advantages(
             std = torch.where(count > 1, squares / (count - 1).clamp(min=1), 0.0).sqrt()
             centred = centred / (std + eps)
         elif scale == "batch":
-            centred = centred / (flat.std() + eps)
+            centred = centred / (batch_std + eps)
         out += [centred[row, : len(g)] for row, g in enumerate(group)]
     return out
 
