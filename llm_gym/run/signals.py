@@ -20,6 +20,7 @@ import contextlib
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from types import FrameType
 
@@ -168,7 +169,7 @@ def watch_launcher(every: float = 1.0) -> threading.Thread | None:
 
     def watch() -> None:
         while os.getppid() == parent:
-            threading.Event().wait(every)
+            time.sleep(every)
         os.kill(os.getpid(), signal.SIGTERM)
 
     thread = threading.Thread(target=watch, name="llm-gym-launcher-watch", daemon=True)
