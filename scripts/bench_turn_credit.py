@@ -1,13 +1,15 @@
 """Credit per turn against credit per episode, over seeds, on TextArena's GuessTheNumber.
 
-Trains the default model with ``llm-gym train`` on GuessTheNumber, whose moves each pay the
-change in the game's progress (``progress_rewards=true``: the closeness of the guess, the
-last move the rest of the game's reward), once with the episode's one advantage for every
-token (``--advantage grpo``) and once with each turn's own (``--advantage rebn --gamma 0.9``,
-GEM's ReBN; ``--credits`` may add ``turn-grpo``), for each seed; then prints a table of the
-greedy win rate on held-out games before and after (the worst and the mean over the seeds,
-with its standard error), the peak memory of each run, and plots the sampled win rate of
-every iteration for each credit (``--plot``).
+Trains the default model with ``llm-gym train`` on GuessTheNumber once with the episode's one
+advantage for every token (``--advantage grpo``, on the game's reward: its moves paying the
+change in the game's progress, ``rewards=progress``, which add up to it) and once with each
+turn's own (``--advantage rebn --gamma 0.9``, GEM's ReBN with its discount for games, on GEM's
+rewards for games: ``rewards=outcome`` with ``invalid_move_reward=-0.1``, the winning move 1
+and each move the game refuses -0.1; ``--credits`` may add ``rebn-progress``, ReBN on the
+progress rewards, and ``turn-grpo``), for each seed; then prints a table of the greedy win
+rate on held-out games before and after (the worst and the mean over the seeds, with its
+standard error), the peak memory of each run, and plots the sampled win rate of every
+iteration for each credit (``--plot``).
 
 Each run goes into ``--out``/``<credit>-seed<N>``; a run with a finished summary there is
 read, not run again, so the bench continues where an earlier call stopped.
@@ -28,13 +30,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-# How each credit trains: the flags that differ. ReBN with GEM's discount for games is the
-# default credit per turn; turn-grpo (its standard deviation per turn, over the few episodes
-# still playing at a late turn) is there to compare.
+# How each credit trains: the flags that differ. Credit per episode trains on the game's
+# reward (its moves paying their change in progress, which add up to it); credit per turn on
+# GEM's rewards for games (1 for the winning move, -0.1 for each move the game refuses, 0
+# otherwise) with ReBN and GEM's discount. "rebn-progress" (ReBN on the moves' progress) and
+# turn-grpo (its standard deviation per turn, over the few episodes still playing at a late
+# turn) are there to compare.
+PROGRESS = ["--env-arg", "rewards=progress"]
+OUTCOME = ["--env-arg", "rewards=outcome", "--env-arg", "invalid_move_reward=-0.1"]
 CREDITS = {
-    "episode": ["--advantage", "grpo"],
-    "rebn": ["--advantage", "rebn", "--gamma", "0.9"],
-    "turn-grpo": ["--advantage", "turn-grpo", "--gamma", "0.9"],
+    "episode": [*PROGRESS, "--advantage", "grpo"],
+    "rebn": [*OUTCOME, "--advantage", "rebn", "--gamma", "0.9"],
+    "rebn-progress": [*PROGRESS, "--advantage", "rebn", "--gamma", "0.9"],
+    "turn-grpo": [*OUTCOME, "--advantage", "turn-grpo", "--gamma", "0.9"],
 }
 
 
@@ -54,7 +62,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def command(args: argparse.Namespace, credit: str, seed: int, out: Path) -> list[str]:
     return [
         sys.executable, "-m", "llm_gym", "train", "--env", "LLMChat-TextArena-v0",
-        "--env-arg", "game=GuessTheNumber-v0", "--env-arg", "progress_rewards=true",
+        "--env-arg", "game=GuessTheNumber-v0",
         "--iterations", str(args.iterations), "--groups", "2", "--group-size", "8",
         "--max-new-tokens", "12", "--eval-episodes", str(args.eval_episodes),
         "--seed", str(seed), "--save-every", str(args.iterations), "--no-progress",
@@ -132,7 +140,7 @@ def plot(results: dict[str, dict[int, dict[str, Any]]], path: str) -> None:
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(figsize=(7, 4))
-    colours = ("tab:blue", "tab:orange", "tab:green")
+    colours = ("tab:blue", "tab:orange", "tab:green", "tab:red")
     for (credit, runs), colour in zip(results.items(), colours, strict=False):
         curves = [[row["success"] for row in runs[s]["rows"]] for s in sorted(runs)]
         for curve in curves:

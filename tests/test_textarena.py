@@ -54,7 +54,7 @@ def test_progress_rewards_pay_each_move_its_share_of_the_games_reward(guesses, e
     # Target 12 of 1..20: each guess pays the change in its closeness, 1 - |guess - 12| / 19;
     # the last, the rest of the game's reward (a win's 1; three invalid repeats end a game
     # with its partial credit), so the moves add up to the game's reward.
-    env = gym.make("LLMChat-TextArena-v0", game=GUESS, progress_rewards=True)
+    env = gym.make("LLMChat-TextArena-v0", game=GUESS, rewards="progress")
     plain = gym.make("LLMChat-TextArena-v0", game=GUESS)
     env.reset(seed=3), plain.reset(seed=3)
     paid, closeness, last = [], 0.0, None
@@ -75,8 +75,38 @@ def test_progress_rewards_pay_each_move_its_share_of_the_games_reward(guesses, e
     assert plain_end and last["reward"] == plain_info["reward"] == game_reward
     assert sum(paid) == pytest.approx(game_reward) and game_reward == (end or closeness)
     assert paid[1] > 0 and paid[3] < 0 if end else True  # 19 closer than 2; 15 further than 10
-    with pytest.raises(ValueError, match="progress_rewards=True needs a one-player game"):
-        TextArenaEnv("TicTacToe-v0", opponent=lambda observation: "[0]", progress_rewards=True)
+    with pytest.raises(ValueError, match="rewards='progress' needs a one-player game"):
+        TextArenaEnv("TicTacToe-v0", opponent=lambda observation: "[0]", rewards="progress")
+
+
+@pytest.mark.parametrize("rewards", ["game", "progress", "outcome"])
+def test_each_move_the_game_refuses_pays_the_invalid_move_reward(rewards):
+    # Target 12: a repeat and a move without brackets are each refused with a warning (the
+    # game goes on), two refusals in a row end it. Each refused move pays -0.25 beside what
+    # the mode pays; "outcome" pays the win 1 and nothing else, the others as without it.
+    plain = gym.make("LLMChat-TextArena-v0", game=GUESS, rewards=rewards)
+    env = gym.make("LLMChat-TextArena-v0", game=GUESS, rewards=rewards, invalid_move_reward=-0.25)
+    won = ["[2]", "[2]", "[19]", "twelve", "[10]", "[12]"]
+    lost = ["[2]", "[2]", "no"]
+    for moves, outcome in ((won, "win"), (lost, "loss")):
+        env.reset(seed=3), plain.reset(seed=3)
+        for i, move in enumerate(moves):
+            _, reward, end, _, info = env.step(move)
+            _, plain_reward, plain_end, _, _ = plain.step(move)
+            refused = move in ("twelve", "no") or moves[:i].count(move) > 0
+            assert end == plain_end == (i == len(moves) - 1)
+            assert reward == pytest.approx(plain_reward - 0.25 * refused), (move, rewards)
+            if rewards == "outcome":
+                assert plain_reward == (1.0 if end and outcome == "win" else 0.0)
+        assert info["outcome"] == outcome and info["invalid_move"] == (outcome == "loss")
+    with pytest.raises(
+        ValueError, match=r"rewards must be one of \('game', 'progress', 'outcome'\)"
+    ):
+        TextArenaEnv(GUESS, rewards="dense")
+    with pytest.raises(TypeError, match="invalid_move_reward must be an int or float, got str"):
+        TextArenaEnv(GUESS, invalid_move_reward="-0.1")
+    with pytest.raises(ValueError, match="rewards='outcome' needs a one-player game"):
+        TextArenaEnv("TicTacToe-v0", opponent=lambda observation: "[0]", rewards="outcome")
 
 
 def test_the_same_seed_replays_the_same_game_and_another_seed_another():

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from llm_gym.chat.history import History
-from llm_gym.checks import check_bool, check_str
+from llm_gym.checks import check_choice, check_reward, check_str
 from llm_gym.envs.session import EnvResponse, SessionChatEnv, seed_stream
 from llm_gym.envs.vector import sharded_env_fns
 from llm_gym.games import Opponent, TextArenaGame, outcome_of
@@ -16,9 +16,10 @@ from llm_gym.games import Opponent, TextArenaGame, outcome_of
 if TYPE_CHECKING:
     from llm_gym.chat.conversation import Conversation
 
-__all__ = ["TEXTARENA_ID", "TextArenaEnv", "make_textarena_vector_env"]
+__all__ = ["REWARDS", "TEXTARENA_ID", "TextArenaEnv", "make_textarena_vector_env"]
 
 TEXTARENA_ID = "LLMChat-TextArena-v0"
+REWARDS = ("game", "progress", "outcome")  # what a move pays: see TextArenaEnv's Rewards
 NO_MESSAGE = "[GAME] Your move."  # the user turn when a move brought the learner no message
 
 
@@ -48,21 +49,27 @@ class TextArenaEnv(SessionChatEnv):
 
     ## Rewards
 
-    ``0.0`` until the game ends, then TextArena's reward for the learner's seat: alone, 1
-    for a win and the game's partial credit otherwise (in most games the share solved; an
-    invalid move after its warning ends the game with the game's penalty); against an
-    opponent +1 / 0 / -1. With ``progress_rewards=True`` each move of a one-player game pays
-    the change in the game's own measure of progress (the partial credit it would pay at
-    that point: GuessTheNumber's closeness of the last valid guess), and the last move the
-    rest of the game's reward, so the moves' rewards sum to the game's reward exactly
-    (shaping by a potential, which leaves the best play as it was): credit for each turn.
+    By ``rewards``: ``"game"`` (the default), ``0.0`` until the game ends, then TextArena's
+    reward for the learner's seat: alone, 1 for a win and the game's partial credit otherwise
+    (in most games the share solved; an invalid move after its warning ends the game with the
+    game's penalty); against an opponent +1 / 0 / -1. ``"progress"`` (one-player games): each
+    move pays the change in the game's own measure of progress (the partial credit it would
+    pay at that point: GuessTheNumber's closeness of the last valid guess), and the last move
+    the rest of the game's reward, so the moves' rewards sum to the game's reward exactly
+    (shaping by a potential, which leaves the best play as it was). ``"outcome"`` (one-player
+    games; GEM's rewards for games): the winning move pays 1, every other move 0, a lost game
+    nothing (TextArena's partial credit left out). In every mode each move the game refuses
+    as invalid (with its warning, or the one that ends the game) also pays
+    ``invalid_move_reward`` (GEM pays -0.1 for a move it cannot read): credit for each turn,
+    which ``llm-gym train --advantage rebn`` gives to that move's tokens.
     A move the game fails on (an exception of TextArena's, such as
     GuessTheNumber's on a 5000-digit guess) is an invalid move of whoever made it, the
     learner or the opponent, never an exception out of ``step``. The last step's ``info``
     has ``outcome`` (``"win"``, ``"draw"``, ``"loss"``, or ``"unfinished"`` when
     ``max_turns`` cut the game), ``success`` (a win), TextArena's ``reason`` and
-    ``invalid_move``, the game's ``task`` and ``game_seed``, and ``reward`` (the game's,
-    which a record keeps as ``reward_task`` beside KL penalties).
+    ``invalid_move``, the game's ``task`` and ``game_seed``, and ``reward`` (the moves'
+    rewards added up: the game's own in ``"game"`` and ``"progress"`` without
+    ``invalid_move_reward``; a record keeps it as ``reward_task`` beside KL penalties).
 
     ## Starting State
 
@@ -87,8 +94,9 @@ class TextArenaEnv(SessionChatEnv):
       a callable ``observation -> action`` such as a TextArena agent, a fixed function, or
       ``llm_gym.games.PolicyOpponent`` over a second model or the trained policy itself.
     - ``seat``: the learner's player id in a two-player game (0 moves first).
-    - ``progress_rewards``: pay each move the change in the game's progress (see Rewards);
-      for one-player games whose TextArena class measures it (``_get_percentage_completion``).
+    - ``rewards``: what each move pays (``REWARDS``; see Rewards): ``"progress"`` needs a
+      one-player game whose TextArena class measures it (``_get_percentage_completion``).
+    - ``invalid_move_reward``: added to the reward of each move the game refuses (default 0).
     - ``max_turns``: the learner's moves per episode (None: the game's own limit).
     - ``seed``, ``repeats``, ``group_repeats``, ``shard``: the stream of games, as
       ``DatasetChatEnv``'s (``llm_gym.envs.sharded_env_fns`` shards it over sub-envs).
@@ -127,20 +135,26 @@ class TextArenaEnv(SessionChatEnv):
         *,
         opponent: Opponent | None = None,
         seat: int = 0,
-        progress_rewards: bool = False,
+        rewards: str = "game",
+        invalid_move_reward: float = 0.0,
         **options: object,
     ) -> None:
         check_str("game", game)
-        check_bool("progress_rewards", progress_rewards)
+        check_choice("rewards", rewards, REWARDS)
+        invalid_move_reward = check_reward("invalid_move_reward", invalid_move_reward)
         super().__init__(seed_stream(self.seed_field, query=game, game=game), **options)
         self.game = game
         self._game = TextArenaGame(game, opponent, seat)
-        if progress_rewards and (self._game.players > 1 or self._game.progress() is None):
+        if rewards != "game" and self._game.players > 1:
             raise ValueError(
-                f"progress_rewards=True needs a one-player game that measures its progress; "
-                f"{game!r} {'has an opponent' if self._game.players > 1 else 'measures none'}"
+                f"rewards={rewards!r} needs a one-player game; {game!r} has an opponent"
             )
-        self.progress_rewards = progress_rewards
+        if rewards == "progress" and self._game.progress() is None:
+            raise ValueError(
+                "rewards='progress' needs a game that measures its progress; "
+                f"{game!r} measures none"
+            )
+        self.rewards, self.invalid_move_reward = rewards, invalid_move_reward
         self._progress = 0.0  # the game's progress after the learner's last move
 
     def episode_start(self, item: Mapping[str, Any]) -> tuple[History, dict[str, Any]]:
@@ -154,19 +168,23 @@ class TextArenaEnv(SessionChatEnv):
     ) -> EnvResponse:
         """Play ``text`` as the game's move: the game, not a reward function, decides the end,
         the reward and the next user message (the game's, or the opponent's move)."""
-        if not self._game.step(text):
+        done = self._game.step(text)
+        penalty = self.invalid_move_reward if self._game.refused else 0.0
+        if not done:
             reward = 0.0
-            if self.progress_rewards:  # the move's share of the game's reward
+            if self.rewards == "progress":  # the move's share of the game's reward
                 now = self._game.progress() or 0.0
                 reward, self._progress = now - self._progress, now
-            return EnvResponse(self._game.messages() or NO_MESSAGE, reward)
+            return EnvResponse(self._game.messages() or NO_MESSAGE, reward + penalty)
         reward, game_info = self._game.result()
-        paid = reward - self._progress if self.progress_rewards else reward
         outcome = outcome_of(reward, self._game.players)
+        paid = {"game": reward, "progress": reward - self._progress}.get(
+            self.rewards, float(outcome == "win")
+        )
         info = {"outcome": outcome, "success": outcome == "win"}
         info.update(reason=str(game_info.get("reason", "")))
         info.update(invalid_move=bool(game_info.get("invalid_move", False)))
-        return EnvResponse(None, paid, terminated=True, info=info)
+        return EnvResponse(None, paid + penalty, terminated=True, info=info)
 
     def end_info(self, item: Mapping[str, Any], cut: bool) -> dict[str, Any]:
         """The episode's record names its game (and, cut by ``max_turns``, an unfinished one)."""

@@ -258,6 +258,7 @@ class TextArenaGame:
         self._random = random.Random(0).getstate()
         self._log: list[tuple[int, str]] = []  # the opponent's seat's messages
         self.done = False
+        self.refused = False  # whether the game refused the learner's last move
         try:
             if self.declared not in (None, self.players):
                 raise AssertionError(f"its state is for {self.declared} players")
@@ -274,7 +275,7 @@ class TextArenaGame:
     def reset(self, seed: int) -> str:
         """Start the game ``seed`` names; the learner's first message (after the opponent's
         first move when the learner is player 1)."""
-        self._log, self.done = [], False
+        self._log, self.done, self.refused = [], False, False
         with self._random_state():
             random.seed(seed)
             self.env.reset(num_players=self.players, seed=seed)
@@ -283,10 +284,16 @@ class TextArenaGame:
 
     def step(self, action: str) -> bool:
         """Play the learner's ``action``, then the opponent's moves until it is the learner's
-        turn again; whether the game is over."""
+        turn again; whether the game is over. ``refused`` then says whether the game refused
+        the learner's move as invalid (with a warning, or past its error allowance, the end)."""
         if self.done:
             raise RuntimeError("the game is over: reset it")
+        state = self.env.state
+        errors = getattr(state, "error_count", 0)
         self._play(action)
+        # Read before the opponent moves: its valid move resets the state's error count.
+        ended_invalid = self.done and state.game_info.get(self.seat, {}).get("invalid_move")
+        self.refused = getattr(state, "error_count", 0) > errors or bool(ended_invalid)
         self._play_opponent()
         return self.done
 
