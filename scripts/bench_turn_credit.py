@@ -3,19 +3,20 @@
 Trains the default model with ``llm-gym train`` on GuessTheNumber once with the episode's one
 advantage for every token (``--advantage grpo``, on the game's reward: its moves paying the
 change in the game's progress, ``rewards=progress``, which add up to it) and once with each
-turn's own (``--advantage rebn --gamma 0.9``, GEM's ReBN with its discount for games, on GEM's
-rewards for games: ``rewards=outcome`` with ``invalid_move_reward=-0.1``, the winning move 1
-and each move the game refuses -0.1; ``--credits`` may add ``rebn-progress``, ReBN on the
-progress rewards, and ``turn-grpo``), for each seed; then prints a table of the greedy win
-rate on held-out games before and after (the worst and the mean over the seeds, with its
-standard error), the peak memory of each run, and plots the sampled win rate of every
-iteration for each credit (``--plot``).
+turn's own (``--advantage turn-grpo --gamma 0.9``: each turn's discounted return against the
+same turn of its group's games, on GEM's rewards for games: ``rewards=outcome`` with
+``invalid_move_reward=-0.1``, the winning move 1 and each move the game refuses -0.1;
+``--credits`` may add ``rebn``, GEM's ReBN on those rewards, and ``rebn-progress``, ReBN on
+the progress rewards), for each seed; then prints a table of the greedy win rate on held-out
+games before and after (the worst and the mean over the seeds, with its standard error), the
+peak memory of each run, and plots the sampled win rate of every iteration for each credit
+(``--plot``).
 
 Each run goes into ``--out``/``<credit>-seed<N>``; a run with a finished summary there is
 read, not run again, so the bench continues where an earlier call stopped.
 
     python scripts/bench_turn_credit.py --seeds 0 1 2 --plot docs/assets/turn-credit.png
-    python scripts/bench_turn_credit.py --credits episode rebn turn-grpo --report-only
+    python scripts/bench_turn_credit.py --credits episode turn-grpo rebn --report-only
 """
 
 from __future__ import annotations
@@ -33,9 +34,10 @@ from typing import Any
 # How each credit trains: the flags that differ. Credit per episode trains on the game's
 # reward (its moves paying their change in progress, which add up to it); credit per turn on
 # GEM's rewards for games (1 for the winning move, -0.1 for each move the game refuses, 0
-# otherwise) with ReBN and GEM's discount. "rebn-progress" (ReBN on the moves' progress) and
-# turn-grpo (its standard deviation per turn, over the few episodes still playing at a late
-# turn) are there to compare.
+# otherwise) with GEM's discount, by turn-grpo (each turn against the same turn of its group's
+# other games). ReBN on the same rewards, and on the progress rewards, are there to compare:
+# over the batch, a later refused move's return (-0.1) is above an earlier one's (-0.19), so
+# games that are all refusals still train, towards refusing later.
 PROGRESS = ["--env-arg", "rewards=progress"]
 OUTCOME = ["--env-arg", "rewards=outcome", "--env-arg", "invalid_move_reward=-0.1"]
 CREDITS = {
@@ -50,7 +52,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add = parser.add_argument
     add("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    add("--credits", nargs="+", choices=sorted(CREDITS), default=["episode", "rebn"])
+    add("--credits", nargs="+", choices=sorted(CREDITS), default=["episode", "turn-grpo"])
     add("--iterations", type=int, default=16)
     add("--eval-episodes", type=int, default=32)
     add("--out", default="runs/turn-credit")
@@ -109,11 +111,17 @@ def mean_se(values: Sequence[float]) -> tuple[float, float]:
     return mean, math.sqrt(var / len(values))
 
 
+def first_iteration(rows: Sequence[dict[str, Any]], win_rate: float) -> int | str:
+    """The first iteration whose sampled games won at least ``win_rate``; "-" for none."""
+    return next((row["iteration"] for row in rows if row["success"] >= win_rate), "-")
+
+
 def table(results: dict[str, dict[int, dict[str, Any]]]) -> str:
     lines = [
         "| credit | seeds | greedy win rate after, by seed | worst | mean (SE) | before (mean) "
-        "| minutes (mean) | peak memory (GiB, max) | dtype |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| first iteration sampling half wins, by seed | minutes (mean) "
+        "| peak memory (GiB, max) | dtype |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for credit, runs in results.items():
         if not runs:
@@ -125,10 +133,11 @@ def table(results: dict[str, dict[int, dict[str, Any]]]) -> str:
         minutes = sum(runs[s]["minutes_this_run"] for s in seeds) / len(seeds)
         peak = max(runs[s]["peak_gib"] for s in seeds)
         dtypes = sorted({runs[s]["dtype"] for s in seeds})
+        half = [first_iteration(runs[s]["rows"], 0.5) for s in seeds]
         lines.append(
             f"| {credit} | {', '.join(map(str, seeds))} | {' '.join(f'{a:.3f}' for a in after)} "
             f"| {min(after):.3f} | {mean:.3f} ({se:.3f}) | {sum(before) / len(before):.3f} "
-            f"| {minutes:.1f} | {peak:.1f} | {', '.join(dtypes)} |"
+            f"| {' '.join(map(str, half))} | {minutes:.1f} | {peak:.1f} | {', '.join(dtypes)} |"
         )
     return "\n".join(lines)
 
