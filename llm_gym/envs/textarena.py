@@ -61,7 +61,7 @@ class TextArenaEnv(SessionChatEnv):
     nothing (TextArena's partial credit left out). In every mode each move the game refuses
     as invalid (with its warning, or the one that ends the game) also pays
     ``invalid_move_reward`` (GEM pays -0.1 for a move it cannot read): credit for each turn,
-    which ``llm-gym train --advantage rebn`` gives to that move's tokens.
+    which ``llm-gym train --advantage turn-grpo`` (or ``rebn``) gives to that move's tokens.
     A move the game fails on (an exception of TextArena's, such as
     GuessTheNumber's on a 5000-digit guess) is an invalid move of whoever made it, the
     learner or the opponent, never an exception out of ``step``. The last step's ``info``
@@ -178,9 +178,11 @@ class TextArenaEnv(SessionChatEnv):
             return EnvResponse(self._game.messages() or NO_MESSAGE, reward + penalty)
         reward, game_info = self._game.result()
         outcome = outcome_of(reward, self._game.players)
-        paid = {"game": reward, "progress": reward - self._progress}.get(
-            self.rewards, float(outcome == "win")
-        )
+        paid = reward  # "game"
+        if self.rewards == "progress":  # the rest of the game's reward
+            paid = reward - self._progress
+        elif self.rewards == "outcome":  # a win or nothing, as GEM pays
+            paid = float(outcome == "win")
         info = {"outcome": outcome, "success": outcome == "win"}
         info.update(reason=str(game_info.get("reason", "")))
         info.update(invalid_move=bool(game_info.get("invalid_move", False)))
