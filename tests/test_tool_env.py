@@ -268,3 +268,29 @@ def test_the_vector_env_runs_sub_envs_tool_calls_concurrently():
     _, _, _, _, info = envs.step([call("meet", label=f"sub-env {i}") for i in range(8)])
     assert [records[0]["output"] for records in info["tool_calls"]] == ["done"] * 8
     envs.close()
+
+
+@pytest.mark.parametrize("vector", [False, True])
+def test_each_failed_call_pays_the_tool_error_reward_on_its_own_turn(vector):
+    # Two bad calls and one good in a turn: that turn pays 2 x -0.25; the answer after it pays
+    # the task's reward alone, in the native vector env as in the single env.
+    action = call("add", a=1) + call("add", a=24, b=48) + call("nope")
+    options = {"tools": [add], "tool_error_reward": -0.25}
+    if vector:
+        env = gym.make_vec("LLMChat-GSM8K-v0", num_envs=2, dataset=ROWS, shuffle=False, **options)
+        env.reset(seed=0)
+        answer_21 = ANSWER.replace("72", "21")  # the second sub-env's question
+        _, rewards, terminated, _, info = env.step([action, answer_21])
+        assert rewards.tolist() == [-0.5, 1.0] and terminated.tolist() == [False, True]
+        assert info["failed_tool_calls"].tolist() == [2, 0]
+        _, rewards, *_ = env.step([ANSWER, ANSWER])
+        assert rewards[0] == 1.0
+    else:
+        env = gsm8k(**options)
+        env.reset(seed=0)
+        _, reward, terminated, _, info = env.step(action)
+        assert (reward, terminated, info["failed_tool_calls"]) == (-0.5, False, 2)
+        _, reward, terminated, *_ = env.step(ANSWER)
+        assert (reward, terminated) == (1.0, True)
+    with pytest.raises(TypeError, match="tool_error_reward must be an int or float, got str"):
+        gsm8k(tools=[add], tool_error_reward="-0.1")

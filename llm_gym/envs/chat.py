@@ -21,7 +21,7 @@ from llm_gym.chat.containers import Response
 from llm_gym.chat.conversation import Conversation, PromptBuilder, TokenPrefixError
 from llm_gym.chat.history import History
 from llm_gym.chat.templates import resolve_chat_template
-from llm_gym.checks import check_choice, check_int, check_str
+from llm_gym.checks import check_choice, check_int, check_reward, check_str
 from llm_gym.envs.actions import MASK_KEY, check_action, observation_keys_for, turn_content
 from llm_gym.spaces import MAX_TEXT_LENGTH, UnicodeText, history_space, token_space
 
@@ -89,9 +89,11 @@ class ChatEnv(gym.Env):
 
     ## Tools
 
-    With ``tools=``, a turn that holds tool calls is no answer (reward ``0.0`` in every env):
-    the env runs the calls in order (``Toolbox.run``, which never raises) and appends the turn
-    verbatim and one ``tool`` message per call, its output or an error the model can read.
+    With ``tools=``, a turn that holds tool calls is no answer (reward ``0.0`` in every env,
+    plus ``tool_error_reward`` for each of its calls that failed, so that a turn-level
+    advantage blames that turn): the env runs the calls in order (``Toolbox.run``, which
+    never raises) and appends the turn verbatim and one ``tool`` message per call, its output
+    or an error the model can read.
     The turn without a call is the final answer. ``info["tool_calls"]`` lists the step's
     ``ToolRecord``s as dicts; ``info["num_tool_calls"]`` and ``info["failed_tool_calls"]``
     count the episode's. The model sees the tools in the chat template's ``tools=`` where it
@@ -127,6 +129,8 @@ class ChatEnv(gym.Env):
       functions, ``Tool`` or ``MCPTools`` (shut down by ``close()``).
     - ``tool_format``: ``"hermes"`` (default) or ``"markdown"`` (see ``llm_gym.tools.calls``).
     - ``max_tool_calls``: tool calls per episode (default 4).
+    - ``tool_error_reward``: added to a turn's reward for each of its calls that failed
+      (default 0; a small negative value, as GEM's -0.1 for an invalid move, blames the turn).
 
     ## Version History
 
@@ -164,6 +168,7 @@ class ChatEnv(gym.Env):
         tools: Sequence[Any] | None = None,
         tool_format: str = "hermes",
         max_tool_calls: int = 4,
+        tool_error_reward: float = 0.0,
         render_mode: str | None = None,
     ) -> None:
         keys = observation_keys_for(input_mode, observation_keys, tools, tokenizer)
@@ -178,6 +183,7 @@ class ChatEnv(gym.Env):
         self.query = check_str("query", query, optional=True)
         self.max_text_length = check_int("max_text_length", max_text_length, low=1)
         self.max_tool_calls = check_int("max_tool_calls", max_tool_calls, 1)
+        self.tool_error_reward = check_reward("tool_error_reward", tool_error_reward)
         modes = (None, *self.metadata["render_modes"])
         self.render_mode = check_choice("render_mode", render_mode, modes)
         self.input_mode = input_mode
@@ -317,9 +323,10 @@ class ChatEnv(gym.Env):
         _, content, calls = read
         turn = conversation.turns + 1
         made = conversation.tool_calls + len(records)
-        failed = conversation.failed_tool_calls + sum(not r.ok for r in records)
+        errors = sum(not r.ok for r in records)
+        failed = conversation.failed_tool_calls + errors
         if calls:  # not an answer: the turn verbatim, then one tool message per call that ran
-            reward, terminated, info = 0.0, False, {}
+            reward, terminated, info = self.tool_error_reward * errors, False, {}
             # Calls past max_tool_calls did not run. With tools max_turns=1 means nothing
             # (the answer ends the episode); above 1 it bounds the turns.
             over = len(records) < len(calls)
