@@ -1,22 +1,25 @@
-"""Credit per turn against credit per episode, over seeds, on TextArena's GuessTheNumber.
+"""Credit per turn against credit per episode, over seeds, on a game or a tool task.
 
-Trains the default model with ``llm-gym train`` on GuessTheNumber once with the episode's one
-advantage for every token (``--advantage grpo``, on the game's reward: its moves paying the
-change in the game's progress, ``rewards=progress``, which add up to it) and once with each
-turn's own (``--advantage turn-grpo --gamma 0.9``: each turn's discounted return against the
-same turn of its group's games, on GEM's rewards for games: ``rewards=outcome`` with
-``invalid_move_reward=-0.1``, the winning move 1 and each move the game refuses -0.1;
-``--credits`` may add ``rebn``, GEM's ReBN on those rewards, and ``rebn-progress``, ReBN on
-the progress rewards), for each seed; then prints a table of the greedy win rate on held-out
-games before and after (the worst and the mean over the seeds, with its standard error), the
-peak memory of each run, and plots the sampled win rate of every iteration for each credit
-(``--plot``).
+``--task guess`` (default) trains the default model with ``llm-gym train`` on TextArena's
+GuessTheNumber once with the episode's one advantage for every token (``--advantage grpo``,
+on the game's reward: its moves paying the change in the game's progress,
+``rewards=progress``, which add up to it) and once with each turn's own (``--advantage
+turn-grpo --gamma 0.9``: each turn's discounted return against the same turn of its group's
+games, on GEM's rewards for games: ``rewards=outcome`` with ``invalid_move_reward=-0.1``, the
+winning move 1 and each move the game refuses -0.1; ``--credits`` may add ``rebn``, GEM's ReBN
+on those rewards, and ``rebn-progress``, ReBN on the progress rewards). ``--task products``
+does the same on ``LLMChat-Products-v0`` with the sandboxed python tool (markdown blocks, two
+calls at most), per turn with ``tool_error_reward=-0.1`` on each failed call. For each seed;
+then it prints a table of the greedy success rate on held-out episodes before and after (the
+worst and the mean over the seeds, with its standard error), the peak memory of each run, and
+plots the sampled success rate of every iteration for each credit (``--plot``).
 
 Each run goes into ``--out``/``<credit>-seed<N>``; a run with a finished summary there is
 read, not run again, so the bench continues where an earlier call stopped.
 
-    python scripts/bench_turn_credit.py --seeds 0 1 2 --plot docs/assets/turn-credit.png
+    python scripts/bench_turn_credit.py --plot docs/assets/turn-credit.png
     python scripts/bench_turn_credit.py --credits episode turn-grpo rebn --report-only
+    python scripts/bench_turn_credit.py --task products --seeds 0
 """
 
 from __future__ import annotations
@@ -40,35 +43,65 @@ from typing import Any
 # games that are all refusals still train, towards refusing later.
 PROGRESS = ["--env-arg", "rewards=progress"]
 OUTCOME = ["--env-arg", "rewards=outcome", "--env-arg", "invalid_move_reward=-0.1"]
-CREDITS = {
-    "episode": [*PROGRESS, "--advantage", "grpo"],
-    "rebn": [*OUTCOME, "--advantage", "rebn", "--gamma", "0.9"],
-    "rebn-progress": [*PROGRESS, "--advantage", "rebn", "--gamma", "0.9"],
-    "turn-grpo": [*OUTCOME, "--advantage", "turn-grpo", "--gamma", "0.9"],
-}
+# On the tool task (``--task products``: the default model writes a Python block, the sandbox
+# runs it, the next turn answers) a failed call costs its own turn -0.1 (``tool_error_reward``).
+TOOL_ERRORS = ["--env-arg", "tool_error_reward=-0.1"]
+TASKS = {
+    "guess": {
+        "flags": ["--env", "LLMChat-TextArena-v0", "--env-arg", "game=GuessTheNumber-v0",
+                  "--max-new-tokens", "12"],
+        "credits": {
+            "episode": [*PROGRESS, "--advantage", "grpo"],
+            "rebn": [*OUTCOME, "--advantage", "rebn", "--gamma", "0.9"],
+            "rebn-progress": [*PROGRESS, "--advantage", "rebn", "--gamma", "0.9"],
+            "turn-grpo": [*OUTCOME, "--advantage", "turn-grpo", "--gamma", "0.9"],
+        },
+        "title": "GuessTheNumber",
+    },
+    "products": {
+        "flags": ["--env", "LLMChat-Products-v0", "--tools", "python", "--tool-format",
+                  "markdown", "--max-tool-calls", "2", "--max-new-tokens", "64"],
+        "credits": {
+            "episode": ["--advantage", "grpo"],
+            "rebn": [*TOOL_ERRORS, "--advantage", "rebn", "--gamma", "0.9"],
+            "turn-grpo": [*TOOL_ERRORS, "--advantage", "turn-grpo", "--gamma", "0.9"],
+        },
+        "title": "Products with the python tool",
+    },
+}  # fmt: skip
+CREDITS = sorted({credit for task in TASKS.values() for credit in task["credits"]})
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add = parser.add_argument
-    add("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    add("--credits", nargs="+", choices=sorted(CREDITS), default=["episode", "turn-grpo"])
+    add("--task", choices=sorted(TASKS), default="guess")
+    add("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
+    add("--credits", nargs="+", choices=CREDITS, default=["episode", "turn-grpo"])
     add("--iterations", type=int, default=16)
     add("--eval-episodes", type=int, default=32)
-    add("--out", default="runs/turn-credit")
-    add("--plot", default=None, help="a PNG of the sampled win rate per iteration")
+    add("--out", default=None, help="the runs' folder (default: runs/turn-credit/TASK)")
+    add("--plot", default=None, help="a PNG of the sampled success rate per iteration")
     add("--report-only", action="store_true", help="read the runs there are, start none")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    unknown = [c for c in args.credits if c not in TASKS[args.task]["credits"]]
+    if unknown:
+        parser.error(
+            f"--credits {' '.join(unknown)}: not a credit of --task {args.task} "
+            f"(its credits: {', '.join(TASKS[args.task]['credits'])})"
+        )
+    args.out = args.out or f"runs/turn-credit/{args.task}"
+    return args
 
 
 def command(args: argparse.Namespace, credit: str, seed: int, out: Path) -> list[str]:
+    task = TASKS[args.task]
     return [
-        sys.executable, "-m", "llm_gym", "train", "--env", "LLMChat-TextArena-v0",
-        "--env-arg", "game=GuessTheNumber-v0",
+        sys.executable, "-m", "llm_gym", "train", *task["flags"],
         "--iterations", str(args.iterations), "--groups", "2", "--group-size", "8",
-        "--max-new-tokens", "12", "--eval-episodes", str(args.eval_episodes),
+        "--eval-episodes", str(args.eval_episodes),
         "--seed", str(seed), "--save-every", str(args.iterations), "--no-progress",
-        "--out", str(out), "--overwrite", *CREDITS[credit],
+        "--out", str(out), "--overwrite", *task["credits"][credit],
     ]  # fmt: skip
 
 
@@ -111,15 +144,15 @@ def mean_se(values: Sequence[float]) -> tuple[float, float]:
     return mean, math.sqrt(var / len(values))
 
 
-def first_iteration(rows: Sequence[dict[str, Any]], win_rate: float) -> int | str:
-    """The first iteration whose sampled games won at least ``win_rate``; "-" for none."""
-    return next((row["iteration"] for row in rows if row["success"] >= win_rate), "-")
+def first_iteration(rows: Sequence[dict[str, Any]], rate: float) -> int | str:
+    """The first iteration whose sampled episodes succeeded at least ``rate``; "-" for none."""
+    return next((row["iteration"] for row in rows if row["success"] >= rate), "-")
 
 
 def table(results: dict[str, dict[int, dict[str, Any]]]) -> str:
     lines = [
-        "| credit | seeds | greedy win rate after, by seed | worst | mean (SE) | before (mean) "
-        "| first iteration sampling half wins, by seed | minutes (mean) "
+        "| credit | seeds | greedy success after, by seed | worst | mean (SE) | before (mean) "
+        "| first iteration sampling half successes, by seed | minutes (mean) "
         "| peak memory (GiB, max) | dtype |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -142,7 +175,7 @@ def table(results: dict[str, dict[int, dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
-def plot(results: dict[str, dict[int, dict[str, Any]]], path: str) -> None:
+def plot(results: dict[str, dict[int, dict[str, Any]]], path: str, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -159,8 +192,8 @@ def plot(results: dict[str, dict[int, dict[str, Any]]], path: str) -> None:
             mean = [sum(c[i] for c in curves) / len(curves) for i in range(length)]
             axes.plot(mean, color=colour, linewidth=2.5, label=f"{credit} ({len(curves)} seeds)")
     axes.set_xlabel("iteration")
-    axes.set_ylabel("sampled win rate of the iteration's games")
-    axes.set_title("GuessTheNumber: credit per turn vs per episode")
+    axes.set_ylabel("sampled success rate of the iteration's episodes")
+    axes.set_title(f"{title}: credit per turn vs per episode")
     axes.legend()
     figure.tight_layout()
     figure.savefig(path, dpi=110)
@@ -182,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
     print(table(results))
     if args.plot:
-        plot(results, args.plot)
+        plot(results, args.plot, TASKS[args.task]["title"])
         print(f"wrote {args.plot}")
     return 0
 
