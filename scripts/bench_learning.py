@@ -36,9 +36,9 @@ import transformers
 from llm_gym.lm.loading import DEFAULT_MODEL_NAME, load_model
 from llm_gym.run.setup import compute_dtype, env_kwargs, resolve_device
 from llm_gym.train import GRPOConfig, GRPOTrainer
+from llm_gym.train.advantages import overlong_tokens
 from llm_gym.train.config import LOSS_TYPES
 from llm_gym.train.evaluation import evaluate_greedy
-from llm_gym.train.loss import overlong_tokens
 from llm_gym.train.optim import TRANSFORMERS_SCHEDULES, warmup_steps
 from llm_gym.train.update import PRECISION_WEIGHTS, resolve_precision
 

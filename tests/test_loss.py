@@ -1,6 +1,7 @@
 """GRPO's losses, advantages and update diagnostics against TRL 1.16's own: a real
 ``trl.GRPOTrainer`` over a tiny model computes its ``_compute_loss`` on a batch, and
-``llm_gym.train.loss`` must give the same loss and the same gradient."""
+``llm_gym.train.loss`` must give the same loss and the same gradient (its advantages,
+``llm_gym.train.advantages``, the same values)."""
 
 import datasets
 import numpy as np
@@ -10,13 +11,11 @@ from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import nanstd
 
 from llm_gym.lm.tensors import selected_log_probs
+from llm_gym.train.advantages import advantages, group_advantages, overlong_penalty
 from llm_gym.train.loss import (
     EntropyBonus,
-    advantages,
-    group_advantages,
     grpo_loss,
     log_importance_weights,
-    overlong_penalty,
     truncated_is_weights,
     update_stats,
 )

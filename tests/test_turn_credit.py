@@ -14,7 +14,7 @@ from llm_gym.envs import DatasetChatVectorEnv, EnvResponse, SessionChatEnv
 from llm_gym.episodes import summarize
 from llm_gym.lm.loading import tiny_model
 from llm_gym.train import GRPOConfig, GRPOTrainer
-from llm_gym.train.loss import advantages, discounted_returns, turn_advantages
+from llm_gym.train.advantages import advantages, discounted_returns, turn_advantages
 
 TURNS, GROUPS, GROUP_SIZE = 3, 2, 3
 ROWS = [{"query": "Say something, three times."}]
@@ -98,7 +98,7 @@ def turn_tokens(tokenizer, i):
 
 
 def by_hand(rewards, estimator, gamma, scale="group", eps=1e-4):
-    # The formulas, written out apart from llm_gym.train.loss.
+    # The formulas, written out apart from llm_gym.train.advantages.
     returns = []
     for r in rewards:
         g, later = [], 0.0

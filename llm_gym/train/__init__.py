@@ -1,5 +1,5 @@
-"""``llm-gym train``: the GRPO trainer (``grpo``), its options (``config``), its loss
-(``loss``) and the greedy evaluation (``evaluation``).
+"""``llm-gym train``: the GRPO trainer (``grpo``), its options (``config``), the
+advantages (``advantages``), its loss (``loss``) and the greedy evaluation (``evaluation``).
 
 The names below are imported on first use, so ``llm_gym.train.config`` loads without torch."""
 
@@ -9,9 +9,9 @@ from llm_gym._lazy import lazy_exports
 _EXPORTS = {
     "GRPOConfig": "llm_gym.train.config",
     "GRPOTrainer": "llm_gym.train.grpo",
-    "advantages": "llm_gym.train.loss",
+    "advantages": "llm_gym.train.advantages",
     "evaluate_greedy": "llm_gym.train.evaluation",
-    "group_advantages": "llm_gym.train.loss",
+    "group_advantages": "llm_gym.train.advantages",
     "grpo_loss": "llm_gym.train.loss",
 }
 

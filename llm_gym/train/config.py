@@ -58,11 +58,11 @@ CONFIG_FILE = "run_config.json"  # the run's GRPOConfig, written when the run st
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")  # "sequence": GSPO (Zheng et al., 2025)
 SCALE_REWARDS = ("group", "batch", "none")
-# How a response's advantage is taken from its group's rewards (llm_gym.train.loss.advantages
-# tells each): GRPO's group-normalised one, RLOO's leave-one-out, REINFORCE++'s baseline (the
-# episode's return, one value for all its tokens); then per turn (llm_gym.train.loss.
-# turn_advantages): GEM's batch-normalised discounted returns (ReBN), and GRPO's normalisation
-# within the group, turn by turn.
+# How a response's advantage is taken from its group's rewards (llm_gym.train.advantages.
+# advantages tells each): GRPO's group-normalised one, RLOO's leave-one-out, REINFORCE++'s
+# baseline (the episode's return, one value for all its tokens); then per turn
+# (llm_gym.train.advantages.turn_advantages): GEM's batch-normalised discounted returns
+# (ReBN), and GRPO's normalisation within the group, turn by turn.
 ADVANTAGE_ESTIMATORS = ("grpo", "rloo", "reinforce++", "rebn", "turn-grpo")
 TURN_ESTIMATORS = ("rebn", "turn-grpo")  # each turn's tokens their turn's value
 # The learning rate over the run's optimizer steps, after --warmup-steps of linear warm-up
@@ -135,7 +135,7 @@ class GRPOConfig(RunConfig):
     dynamic_sampling: int = 0  # DAPO's: batches more a step may play to replace flat groups
     # DAPO's soft overlong penalty over the last this many tokens of the response budget;
     # None: a sixth of it for single-turn runs, none for multi-turn and agent runs (whose
-    # policy tokens add up over turns), 0: off (llm_gym.train.loss.overlong_tokens). A third
+    # policy tokens add up over turns), 0: off (llm_gym.train.advantages.overlong_tokens). A third
     # rescued float32's seed 0 and cost bfloat16's seed 7; a sixth kept both (docs/training.md,
     # "A recipe over eight seeds").
     overlong_cache: int | None = None

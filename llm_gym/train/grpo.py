@@ -28,18 +28,18 @@ from llm_gym.run.lock import FolderLock
 from llm_gym.run.setup import compute_dtype, dtype_name, resolve_device, run_rubric
 from llm_gym.run.signals import Interrupted, hold_signals, interruption
 from llm_gym.run.trackers import Trackers
-from llm_gym.train.checkpoints import RunCheckpoints, load_checkpoint
-from llm_gym.train.config import TURN_ESTIMATORS, GRPOConfig, check_episode_groups
-from llm_gym.train.evaluation import evaluate_agent, evaluate_greedy
-from llm_gym.train.loss import advantages as estimate
-from llm_gym.train.loss import (
+from llm_gym.train.advantages import advantages as estimate
+from llm_gym.train.advantages import (
     overlong_tokens,
     shaped_rewards,
     shaped_turn_rewards,
     token_advantages,
-    trained_segments,
     turn_advantages,
 )
+from llm_gym.train.checkpoints import RunCheckpoints, load_checkpoint
+from llm_gym.train.config import TURN_ESTIMATORS, GRPOConfig, check_episode_groups
+from llm_gym.train.evaluation import evaluate_agent, evaluate_greedy
+from llm_gym.train.loss import trained_segments
 from llm_gym.train.model import CallersModel, check_memory, frozen_reference, trained_model
 from llm_gym.train.optim import adamw
 from llm_gym.train.play import Feed, kl_scorer, play, run_envs

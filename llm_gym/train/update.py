@@ -231,7 +231,7 @@ class GRPOUpdate:
         """``update_epochs`` optimizer steps over the conversations ``tokens``, the loss on
         each one's ``masks`` (``(T,)`` bools) with its ``advantages``: one a conversation
         (``(n,)``), or one a token (a ``(T,)`` array a conversation: turn-level credit,
-        ``llm_gym.train.loss.token_advantages``); ``behaviour``: the
+        ``llm_gym.train.advantages.token_advantages``); ``behaviour``: the
         log-probs each policy token was sampled with (asynchronous batches: the ratio's
         denominator); ``sampler_log_probs``: the same, for ``tis_cap``'s weights. The
         metrics row's part: the loss and the update's diagnostics."""
