@@ -9,10 +9,11 @@ games, on GEM's rewards for games: ``rewards=outcome`` with ``invalid_move_rewar
 winning move 1 and each move the game refuses -0.1; ``--credits`` may add ``rebn``, GEM's ReBN
 on those rewards, and ``rebn-progress``, ReBN on the progress rewards). ``--task products``
 does the same on ``LLMChat-Products-v0`` with the sandboxed python tool (markdown blocks, two
-calls at most), per turn with ``tool_error_reward=-0.1`` on each failed call. For each seed;
-then it prints a table of the greedy success rate on held-out episodes before and after (the
-worst and the mean over the seeds, with its standard error), the peak memory of each run, and
-plots the sampled success rate of every iteration for each credit (``--plot``).
+calls at most, sampled at temperature 0.5), per turn with ``tool_error_reward=-0.1`` on each
+failed call. For each seed; then it prints a table of the greedy success rate on held-out
+episodes before and after (the worst and the mean over the seeds, with its standard error), the
+peak memory of each run, and plots the sampled success rate of every iteration for each credit
+(``--plot``).
 
 Each run goes into ``--out``/``<credit>-seed<N>``; a run with a finished summary there is
 read, not run again, so the bench continues where an earlier call stopped.
@@ -45,8 +46,9 @@ PROGRESS = ["--env-arg", "rewards=progress"]
 OUTCOME = ["--env-arg", "rewards=outcome", "--env-arg", "invalid_move_reward=-0.1"]
 # On the tool task (``--task products``: the default model writes a Python block, the sandbox
 # runs it, the next turn answers) a failed call costs its own turn -0.1 (``tool_error_reward``).
-# Its env's default level (4-digit factors) gave no sampled success in a 16-iteration pilot at
-# temperature 1 (turn-grpo, seed 0): the penalty alone taught the model to stop calling the tool.
+# At temperature 1 the default model sampled no success in a 16-iteration pilot (turn-grpo, seed
+# 0; the penalty alone taught it to stop calling the tool); 32 episodes at 0.7 had 1 success,
+# at 0.5 2, greedy 4: the tool task samples at 0.5, where the group can see success.
 TOOL_ERRORS = ["--env-arg", "tool_error_reward=-0.1"]
 TASKS = {
     "guess": {
@@ -62,7 +64,8 @@ TASKS = {
     },
     "products": {
         "flags": ["--env", "LLMChat-Products-v0", "--tools", "python", "--tool-format",
-                  "markdown", "--max-tool-calls", "2", "--max-new-tokens", "64"],
+                  "markdown", "--max-tool-calls", "2", "--max-new-tokens", "64",
+                  "--temperature", "0.5"],
         "credits": {
             "episode": ["--advantage", "grpo"],
             "rebn": [*TOOL_ERRORS, "--advantage", "rebn", "--gamma", "0.9"],
