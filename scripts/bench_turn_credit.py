@@ -85,6 +85,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add("--credits", nargs="+", choices=CREDITS, default=["episode", "turn-grpo"])
     add("--iterations", type=int, default=16)
     add("--eval-episodes", type=int, default=32)
+    add("--threads", type=int, default=None, help="torch CPU threads per run (default: torch's)")
     add("--out", default=None, help="the runs' folder (default: runs/turn-credit/TASK)")
     add("--plot", default=None, help="a PNG of the sampled success rate per iteration")
     add("--report-only", action="store_true", help="read the runs there are, start none")
@@ -107,6 +108,7 @@ def command(args: argparse.Namespace, credit: str, seed: int, out: Path) -> list
         "--eval-episodes", str(args.eval_episodes),
         "--seed", str(seed), "--save-every", str(args.iterations), "--no-progress",
         "--out", str(out), "--overwrite", *task["credits"][credit],
+        *(["--threads", str(args.threads)] if args.threads else []),
     ]  # fmt: skip
 
 
