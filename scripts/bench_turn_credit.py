@@ -16,11 +16,15 @@ peak memory of each run, and plots the sampled success rate of every iteration f
 (``--plot``).
 
 Each run goes into ``--out``/``<credit>-seed<N>``; a run with a finished summary there is
-read, not run again, so the bench continues where an earlier call stopped.
+read, not run again, so the bench continues where an earlier call stopped; two benches over
+different seeds may share ``--out`` (on 2 cores, ``--threads 1`` each).
 
     python scripts/bench_turn_credit.py --plot docs/assets/turn-credit.png
     python scripts/bench_turn_credit.py --credits episode turn-grpo rebn --report-only
-    python scripts/bench_turn_credit.py --task products --seeds 0
+    python scripts/bench_turn_credit.py --task products --threads 1 --seeds 0 1 &
+    python scripts/bench_turn_credit.py --task products --threads 1 --seeds 2 3
+    python scripts/bench_turn_credit.py --task products --report-only \
+        --plot docs/assets/turn-credit-products.png
 """
 
 from __future__ import annotations
