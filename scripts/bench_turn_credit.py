@@ -167,9 +167,10 @@ def table(results: dict[str, dict[int, dict[str, Any]]]) -> str:
     lines = [
         "| credit | seeds | greedy success after, by seed | worst | mean (SE) | before (mean) "
         "| first iteration sampling half successes, by seed "
-        "| sampled success over the iterations, mean (SE) | minutes (mean) "
+        "| sampled success over the iterations, mean (SE) "
+        "| share of tool calls failing after iteration 0, mean (SE) | minutes (mean) "
         "| peak memory (GiB, max) | dtype |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for credit, runs in results.items():
         if not runs:
@@ -183,12 +184,17 @@ def table(results: dict[str, dict[int, dict[str, Any]]]) -> str:
         dtypes = sorted({runs[s]["dtype"] for s in seeds})
         half = [first_iteration(runs[s]["rows"], 0.5) for s in seeds]
         # How fast it learned, at the same compute: where every run ends at the ceiling, the
-        # final rates tie and the area under the sampled curve still tells them apart.
+        # final rates tie and the area under the sampled curve can still tell them apart.
         sampled = mean_se([mean_se([row["success"] for row in runs[s]["rows"]])[0] for s in seeds])
+        # What tool_error_reward is for: the calls that fail while the run learns.
+        failing = [[row.get("failed_tool_share") for row in runs[s]["rows"][1:]] for s in seeds]
+        failed = "-"
+        if all(failing) and all(r is not None for rows in failing for r in rows):
+            failed = "{:.3f} ({:.3f})".format(*mean_se([mean_se(f)[0] for f in failing]))
         lines.append(
             f"| {credit} | {', '.join(map(str, seeds))} | {' '.join(f'{a:.3f}' for a in after)} "
             f"| {min(after):.3f} | {mean:.3f} ({se:.3f}) | {sum(before) / len(before):.3f} "
-            f"| {' '.join(map(str, half))} | {sampled[0]:.3f} ({sampled[1]:.3f}) "
+            f"| {' '.join(map(str, half))} | {sampled[0]:.3f} ({sampled[1]:.3f}) | {failed} "
             f"| {minutes:.1f} | {peak:.1f} | {', '.join(dtypes)} |"
         )
     return "\n".join(lines)
