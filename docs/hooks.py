@@ -1,6 +1,8 @@
 """MkDocs hook: the command-line page shows ``llm-gym --help`` and every subcommand's help,
-generated from ``llm_gym.cli.build_parser()`` at build time, so it cannot drift from the
-parser."""
+generated from ``llm_gym.cli.build_parser()`` at build time, and a page's
+``<!-- llm-gym options CONFIG -->`` marker becomes the table of that config's options
+(``llm_gym.options.options_table``), so neither can drift from the options' one
+declaration."""
 
 from __future__ import annotations
 
@@ -13,6 +15,11 @@ from mkdocs.exceptions import PluginError
 
 MARKER = "<!-- llm-gym help -->"
 PAGE = "cli.md"
+# Where each config's table of options goes: the marker, the page that must hold it.
+OPTION_TABLES = {
+    "<!-- llm-gym options rollout -->": ("cli.md", "llm_gym.run.config", "RolloutConfig"),
+    "<!-- llm-gym options train -->": ("training.md", "llm_gym.train.config", "GRPOConfig"),
+}
 WIDTH = "100"  # argparse wraps help at $COLUMNS
 
 
@@ -44,7 +51,25 @@ def cli_reference() -> str:
             os.environ["COLUMNS"] = columns
 
 
+def option_tables(markdown: str, page: str) -> str:
+    """``markdown`` with each options marker replaced by its config's table; a page that
+    lost its marker is an error."""
+    import importlib
+
+    from llm_gym.options import options_table
+
+    for marker, (home, module, name) in OPTION_TABLES.items():
+        if home != page:
+            continue
+        if marker not in markdown:
+            raise PluginError(f"{page} lost its marker {marker!r}: the options table has no place")
+        config = getattr(importlib.import_module(module), name)
+        markdown = markdown.replace(marker, options_table(config))
+    return markdown
+
+
 def on_page_markdown(markdown: str, page: Any, **kwargs: Any) -> str:
+    markdown = option_tables(markdown, page.file.src_uri)
     if page.file.src_uri != PAGE:
         return markdown
     if MARKER not in markdown:

@@ -257,7 +257,7 @@ def test_batch_infos_keeps_ragged_arrays_per_env():
 
 # Top-level module or package of llm_gym -> its layer; an import may only point to a lower one.
 LAYERS = {
-    "_lazy": 0, "checks": 0, "seeding": 0, "spaces": 0,
+    "_lazy": 0, "checks": 0, "options": 0, "seeding": 0, "spaces": 0,
     "chat": 1, "sources": 1, "tools": 1, "games": 1, "servers": 1,
     "lm": 2, "rewards": 2,
     "samplers": 3,

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from llm_gym.cli import build_parser, eval_line, given_options, llm_gym_env_ids, main
-from llm_gym.cli._args import ESTIMATOR_NAMES, check_flags
+from llm_gym.cli import build_parser, check_flags, eval_line, given_options, llm_gym_env_ids, main
+from llm_gym.run.config import ESTIMATOR_NAMES
 
 
 def _offline_env():
@@ -28,7 +28,7 @@ def _commands():
 def test_importing_the_cli_loads_neither_torch_nor_data_libraries():
     code = (
         "import sys, llm_gym.cli, llm_gym.run.config, llm_gym.train.config\n"
-        "from llm_gym.cli._envs import envs_table\n"
+        "from llm_gym.cli import envs_table\n"
         "envs_table()\n"
         "print(sorted(m for m in ('torch', 'transformers', 'datasets') if m in sys.modules))"
     )
@@ -193,14 +193,14 @@ def test_given_options_are_the_flags_on_the_command_line():
     parser = build_parser()
     argv = ["rollout", "--kl-coef", "0.05", "--env-arg", "level=1", "--overwrite",
             "--model=default", "--episodes", "3"]  # fmt: skip
-    # Given with its default value still counts as given.
-    assert given_options(parser, argv) == {"kl_coef", "env_arg", "overwrite", "model", "episodes"}
+    # Given with its default value still counts as given; each by its field's name.
+    assert given_options(parser, argv) == {"kl_coef", "env_args", "overwrite", "model", "episodes"}
     resume = ["train", "--resume", "--iterations", "30", "--eval-episodes", "0"]
     assert given_options(parser, resume) == {"resume", "iterations", "eval_episodes"}
     assert given_options(parser, ["train"]) == set()
     # The parser itself keeps its defaults.
     args = parser.parse_args(["train"])
-    assert (args.iterations, args.kl_coef, args.resume, args.env_arg) == (20, 0.0, False, [])
+    assert (args.iterations, args.kl_coef, args.resume, args.env_args) == (20, 0.0, False, {})
 
 
 def test_eval_line_needs_both_evaluations():

@@ -15,14 +15,13 @@ import gymnasium as gym
 import llm_gym
 from llm_gym.cli._args import (
     Parser,
-    add_run_options,
+    add_config_options,
     check_flags,
     check_task_env,
     given_options,
     llm_gym_env_ids,
     make_config,
-    number,
-    overlong,
+    parse_with_recipe,
     resumed_config,
     usage_error,
 )
@@ -30,21 +29,17 @@ from llm_gym.cli._check_template import add_check_template, check_template
 from llm_gym.cli._envs import envs_table
 from llm_gym.cli._launch import LAUNCHED, launch, processes
 from llm_gym.cli._servers import add_gateway, add_serve, gateway, serve
-from llm_gym.run.config import DTYPE_NAMES, RolloutConfig
+from llm_gym.options import number
+from llm_gym.run.config import RolloutConfig
 from llm_gym.run.signals import exit_code, interruptible, launcher_gone, watch_launcher
-from llm_gym.train.config import (
-    ADVANTAGE_ESTIMATORS,
-    IMPORTANCE_SAMPLING_LEVELS,
-    LOSS_TYPES,
-    LR_SCHEDULES,
-    PRECISIONS,
-    SCALE_REWARDS,
-    GRPOConfig,
-)
+from llm_gym.train.config import GRPOConfig
 
 # Nothing above imports torch: each command imports what it runs (``--help`` and ``envs``
 # answer in well under a second).
-__all__ = ["build_parser", "eval_line", "given_options", "llm_gym_env_ids", "main"]
+__all__ = [
+    "build_parser", "check_flags", "envs_table", "eval_line", "given_options", "llm_gym_env_ids",
+    "main", "parse_with_recipe",
+]  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,21 +67,8 @@ def _add_rollout(commands: Any) -> None:
         description="Run a model on a registered chat task with the policy adapter and, given "
         "--ref-model, the KL reward wrapper.",
     )
-    add, defaults = add_run_options(parser, RolloutConfig)
-    add("--split", default=None, help="data split of dataset tasks (GSM8K, MATH; "
-        "default: %(default)s, the task's: train)")  # fmt: skip
-    add("--data-dir", default=None, help="folder with a dataset task's data files "
-        "(GSM8K: train.jsonl/test.jsonl; default: %(default)s, $LLM_GYM_GSM8K_PATH or "
-        "$LLM_GYM_MATH_PATH, else the Hub)")  # fmt: skip
-    add("--num-envs", type=number(int, 1), default=defaults.num_envs,
-        help="envs stepped together, one batched generation a step")  # fmt: skip
-    add("--episodes", type=number(int, 1), default=None,
-        help="episodes to run (default: %(default)s, one epoch of a dataset split, each "
-        "question exactly once across the envs; 64 for procedural tasks)")  # fmt: skip
-    add("--ref-model", default=None, help="reference model for the KL penalty ('default' or a "
-        "folder; default: %(default)s, no KL charged)")  # fmt: skip
-    parser.set_defaults(config=RolloutConfig, job=_prepare_rollout, run=_rollout,
-                        kept=_episodes_kept)  # fmt: skip
+    add_config_options(parser, RolloutConfig)
+    parser.set_defaults(job=_prepare_rollout, run=_rollout, kept=_episodes_kept)
 
 
 def _episodes_kept(out: str) -> str:
@@ -114,155 +96,8 @@ def _add_train(commands: Any) -> None:
         "group-relative advantages, the clipped surrogate, an optional KL penalty against the "
         "starting model (--kl-coef > 0).",
     )
-    add, defaults = add_run_options(parser, GRPOConfig)
-    add("--iterations", type=number(int, 1), default=defaults.iterations,
-        help="GRPO iterations: sample the groups, then update")  # fmt: skip
-    add("--groups", type=number(int, 1), default=defaults.groups,
-        help="questions per iteration")  # fmt: skip
-    add("--group-size", type=number(int, 2), default=defaults.group_size,
-        help="responses per question")  # fmt: skip
-    add("--learning-rate", type=number(float, 0.0, False), default=defaults.learning_rate,
-        help="AdamW's learning rate")  # fmt: skip
-    add("--update-epochs", type=number(int, 1), default=defaults.update_epochs,
-        help="passes over an iteration's responses")  # fmt: skip
-    add("--minibatch-size", type=number(int, 1), default=defaults.minibatch_size,
-        help="responses per forward in the update (memory, not the math)")  # fmt: skip
-    add("--max-tokens-per-microbatch", type=number(int, 1),
-        default=defaults.max_tokens_per_microbatch,
-        help="tokens per forward in the update, at most (memory, not the math: a "
-        "batch is split into micro-batches, shortest first, their gradients summed)")  # fmt: skip
-    add("--gradient-checkpointing", action=argparse.BooleanOptionalAction,
-        default=defaults.gradient_checkpointing,
-        help="keep only each layer's input in the update and recompute the rest in the "
-        "backward (less memory, about a third more time; default: %(default)s, on CUDA where "
-        "a micro-batch's activations would not fit in the free memory, on the CPU for "
-        "micro-batches of 2048 tokens or half the budget, if less, or more)")  # fmt: skip
-    add("--packing", action=argparse.BooleanOptionalAction, default=defaults.packing,
-        help="pack each micro-batch's responses into one row: no padding computed, the same "
-        "loss and gradients (default: %(default)s)")  # fmt: skip
-    add("--keep-dropout", action="store_true",
-        help="dropout in the update's loss forwards (the model's own and --lora-dropout); "
-        "off by default, as in TRL: sampling, the old policy and the reference run without "
-        "it either way")  # fmt: skip
-    add("--precision", choices=PRECISIONS, default=defaults.precision,
-        help="how the update computes: fp32; bf16-mixed (float32 weights and AdamW, bfloat16 "
-        "autocast); bf16 (bfloat16 weights, float32 masters in AdamW); auto: bf16-mixed on a "
-        "GPU with bfloat16, fp32 elsewhere (default: %(default)s)")  # fmt: skip
-    add("--clip-coef", type=number(float, 0.0, False), default=defaults.clip_coef,
-        help="the surrogate's ratio clip: 1 +- this")  # fmt: skip
-    # GRPO as TRL runs it (docs/training.md, "Loss variants").
-    add("--loss-type", choices=LOSS_TYPES, default=defaults.loss_type,
-        help="how the per-token losses add up, as TRL's loss_type "
-        "(default: %(default)s)")  # fmt: skip
-    add("--clip-coef-high", type=number(float, 0.0, False), default=None,
-        help="clip-higher: the ratio's upper clip 1 + this (default: %(default)s, "
-        "--clip-coef); for cispo, the cap on the ratio (5.0 in MiniMax's recipe)")  # fmt: skip
-    add("--delta", type=number(float, 1.0, False), default=None,
-        help="two-sided clipping: cap the unclipped ratio at this too (default: %(default)s, "
-        "off)")  # fmt: skip
-    add("--importance-sampling-level", choices=IMPORTANCE_SAMPLING_LEVELS,
-        default=defaults.importance_sampling_level,
-        help="the ratio per token, or per response (GSPO; default: %(default)s)")  # fmt: skip
-    add("--kl-loss-coef", type=number(float, 0.0), default=defaults.kl_loss_coef,
-        help="beta: the k3 KL to the starting model in the loss, as TRL's (the adapter "
-        "disabled under LoRA; beside --kl-coef's penalty in the reward; default: "
-        "%(default)s)")  # fmt: skip
-    add("--entropy-coef", type=number(float, 0.0), default=defaults.entropy_coef,
-        help="an entropy bonus: the loss less this times the mean per-token entropy, as "
-        "TRL's entropy_coef; with --entropy-target, its starting value (default: "
-        "%(default)s, off)")  # fmt: skip
-    add("--entropy-target", type=number(float, 0.0), default=None,
-        help="TRL's adaptive entropy control: after each step the coefficient rises by "
-        "--entropy-coef-delta while the entropy is at or below this, falls above it, and "
-        "applies only at or below it (default: %(default)s, off)")  # fmt: skip
-    add("--entropy-coef-delta", type=number(float, 0.0, False),
-        default=defaults.entropy_coef_delta,
-        help="the adaptive coefficient's step (default: %(default)s)")  # fmt: skip
-    add("--entropy-coef-min", type=number(float, 0.0), default=defaults.entropy_coef_min,
-        help="the adaptive coefficient's floor (default: %(default)s)")  # fmt: skip
-    add("--entropy-coef-max", type=number(float, 0.0), default=defaults.entropy_coef_max,
-        help="the adaptive coefficient's ceiling (default: %(default)s)")  # fmt: skip
-    add("--advantage", choices=ADVANTAGE_ESTIMATORS, default=defaults.advantage,
-        help="each response's advantage from its group's rewards: GRPO's group-normalised, "
-        "RLOO's leave-one-out or REINFORCE++'s baseline (one value for the episode); per "
-        "turn of a multi-turn episode: rebn, GEM's discounted returns normalised over the "
-        "batch, or turn-grpo, normalised within the group turn by turn (default: "
-        "%(default)s)")  # fmt: skip
-    add("--gamma", type=number(float, 0.0, False), default=defaults.gamma,
-        help="the discount of later turns' rewards, G_t = r_t + gamma G_{t+1}, at most 1 "
-        "(GEM takes 0.9 for games; default: %(default)s, their sum)")  # fmt: skip
-    add("--dynamic-sampling", type=number(int, 0), default=defaults.dynamic_sampling,
-        metavar="N", help="DAPO's dynamic sampling: up to N more batches a step, whose "
-        "groups replace those whose rewards are all equal (default: %(default)s, off)")  # fmt: skip
-    cache = "auto" if defaults.overlong_cache is None else defaults.overlong_cache  # typed
-    add("--overlong-cache", type=overlong, default=cache,
-        metavar="TOKENS", help="DAPO's soft overlong penalty: a response's reward falls "
-        "linearly to -1 over its last TOKENS of --max-new-tokens; 0: off; auto: a sixth "
-        "of the budget for single-turn runs, off for multi-turn and agent runs (default: "
-        "%(default)s)")  # fmt: skip
-    add("--max-grad-norm", type=number(float, 0.0, False), default=defaults.max_grad_norm,
-        help="the gradient's norm is clipped to this before each step, as TRL's "
-        "max_grad_norm (default: %(default)s)")  # fmt: skip
-    add("--mask-truncated", action="store_true",
-        help="leave responses that --max-new-tokens cut out of the loss and its token count, "
-        "as TRL's mask_truncated_completions (default: %(default)s, they train)")  # fmt: skip
-    add("--lr-schedule", choices=LR_SCHEDULES, default=defaults.lr_schedule,
-        help="the learning rate over the optimizer steps: held, or decayed to 0 linearly or "
-        "along a half cosine (default: %(default)s)")  # fmt: skip
-    add("--warmup-steps", type=number(int, 0), default=defaults.warmup_steps,
-        help="optimizer steps of linear warm-up from 0 first (default: %(default)s, a tenth "
-        "of the optimizer steps, rounded down, for linear and cosine; none for "
-        "constant)")  # fmt: skip
-    add("--scale-rewards", choices=SCALE_REWARDS, default=defaults.scale_rewards,
-        help="advantages divided by the group's reward std, the batch's, or none "
-        "(default: %(default)s)")  # fmt: skip
-    add("--tis-cap", type=number(float, 0.0, False), default=None,
-        help="truncated importance sampling: weigh each token by min(exp(trainer's old "
-        "log-prob - the sampler's), this), as TRL's token_truncate (default: "
-        "%(default)s, off)")  # fmt: skip
-    add("--kl-target", type=number(float, 0.0, False), default=None,
-        help="adaptive KL controller's target (default: %(default)s, a constant "
-        "coefficient)")  # fmt: skip
-    add("--eval-episodes", type=number(int, 0), default=defaults.eval_episodes,
-        help="greedy episodes on held-out questions before and after (0: none)")  # fmt: skip
-    add("--save-every", type=number(int, 1), default=defaults.save_every,
-        help="iterations between checkpoints")  # fmt: skip
-    add("--keep-checkpoints", type=number(int, 1), default=defaults.keep_checkpoints,
-        help="the newest checkpoints kept in --out (older ones are deleted)")  # fmt: skip
-    add("--max-staleness", type=number(int, 0), default=defaults.max_staleness,
-        help="--async/--ray: updates a batch may be sampled ahead of the update that trains "
-        "on it (default: %(default)s; 0: no overlap)")  # fmt: skip
-    add("--lora-rank", type=number(int, 0), default=defaults.lora_rank,
-        help="train LoRA adapters of this rank (peft) instead of every weight; the KL's "
-        "reference is the model with its adapter disabled, checkpoints hold the adapter "
-        "(default: %(default)s, no LoRA)")  # fmt: skip
-    add("--lora-alpha", type=number(float, 0.0, False), default=None,
-        help="LoRA's alpha (default: %(default)s, 2 x --lora-rank)")  # fmt: skip
-    add("--lora-dropout", type=number(float, 0.0), default=defaults.lora_dropout,
-        help="dropout on LoRA's input, in the loss's forwards with --keep-dropout only "
-        "(default: %(default)s)")  # fmt: skip
-    add("--lora-target-modules", type=_names, default=None, metavar="NAMES",
-        help="comma-separated module names the adapters wrap, or 'all-linear' (default: "
-        "%(default)s, peft's for the model's family: q_proj,v_proj for Llama, "
-        "Qwen2)")  # fmt: skip
-    add("--save-optimizer", action=argparse.BooleanOptionalAction, default=None,
-        help="the optimizer's state in checkpoints, what an exact --resume needs (twice the "
-        "weights with AdamW; default: %(default)s, in all but the run's last, which holds "
-        "the weights alone)")  # fmt: skip
-    add("--save-dtype", choices=DTYPE_NAMES, default=None,
-        help="the dtype of weights saved without the optimizer's state (default: "
-        "%(default)s, the trained weights' dtype)")  # fmt: skip
-    add("--agent", default=None, metavar="MODULE:FUNCTION",
-        help="train an agent program: FUNCTION(base_url, api_key, item) -> answer (in MODULE "
-        "or a file.py), which calls the model through llm_gym's OpenAI-compatible gateway; "
-        "each call is recorded token for token and the task's reward scores the answer "
-        "(docs/agents.md; default: %(default)s, the env's own turns)")  # fmt: skip
-    add("--num-agents", type=number(int, 1), default=defaults.num_agents,
-        help="--agent: runs at once (default: %(default)s)")  # fmt: skip
-    add("--agent-timeout", type=number(float, 0.0, False), default=defaults.agent_timeout,
-        metavar="SECONDS", help="--agent: seconds a run may take; past it the run scores 0 "
-        "with its error (default: %(default)s)")  # fmt: skip
-    add("--resume", action="store_true", help="continue from the checkpoint in --out")
+    add_config_options(parser, GRPOConfig)
+    add = parser.add_argument
     # Past one device: torchrun's own flags (docs/many-gpus.md).
     add("--nproc-per-node", type=number(int, 1), default=1, metavar="N",
         help="processes on this machine, one GPU each (gloo on the CPU): the update sharded "
@@ -279,20 +114,7 @@ def _add_train(commands: Any) -> None:
         help="a free port on --master-addr's machine, 29500 if not given; on one machine "
         "without --master-addr, the rendezvous's port on this one (default: %(default)s, a "
         "free one)")  # fmt: skip
-    parser.set_defaults(config=GRPOConfig, job=_prepare_train, run=_train,
-                        kept=_iterations_kept)  # fmt: skip
-
-
-def _names(text: str) -> list[str] | str:
-    """``--lora-target-modules``: ``all-linear`` or comma-separated module names."""
-    if text.strip() == "all-linear":
-        return "all-linear"
-    names = [name.strip() for name in text.split(",") if name.strip()]
-    if not names or not all(name.replace("_", "").replace(".", "").isalnum() for name in names):
-        raise argparse.ArgumentTypeError(
-            f"expected 'all-linear' or comma-separated module names, got {text!r}"
-        )
-    return names
+    parser.set_defaults(job=_prepare_train, run=_train, kept=_iterations_kept)
 
 
 def _iterations_kept(out: str) -> str:
@@ -342,7 +164,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``llm-gym`` with ``argv`` (default: the command line); the exit code."""
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args, recipe = parse_with_recipe(parser, argv)  # --config's options, flags over them
+    except ValueError as error:
+        return usage_error(error)
     if args.command == "envs":
         print(envs_table())
         return 0
@@ -354,12 +179,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return gateway(args)
     try:  # flags and values checked before anything heavy loads
         check_task_env(args.env, args.command)
-        given = given_options(parser, argv)
+        given = given_options(parser, argv) | recipe
         check_flags(args, given)
         if args.command == "train" and args.resume:  # the saved run, not the defaults
             config = resumed_config(args, given)
         else:
-            config = make_config(args.config, args)
+            config = make_config(args.config_class, args)
         world = processes(args, config)
     except (ValueError, OSError) as error:
         return usage_error(error)

@@ -1,8 +1,9 @@
-"""What the ``llm-gym`` commands share: one-line errors, number and KEY=VALUE parsing, the
-task options, which env ids a command can run, which options a command line gives, and the
-checks of flag combinations the parser cannot see (a flag the task does not take, one that
-would be ignored, a folder that is not a model), made before anything heavy loads. Each error
-names the flag; ``main`` prints it on one line with exit code 2. Nothing here imports torch:
+"""What the ``llm-gym`` commands share: one-line errors, the run's options on a parser
+(declared once, on ``RolloutConfig`` and ``GRPOConfig``: ``llm_gym.options``) and its YAML
+recipe, which env ids a command can run, which options a command line gives, and the checks
+of flag combinations the parser cannot see (a flag the task does not take, one that would be
+ignored, a folder that is not a model), made before anything heavy loads. Each error names
+the flag; ``main`` prints it on one line with exit code 2. Nothing here imports torch:
 ``llm-gym --help`` starts in well under a second."""
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ import argparse
 import copy
 import dataclasses
 import inspect
-import json
-import math
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -21,36 +20,26 @@ from typing import Any, NoReturn
 import gymnasium as gym
 from gymnasium.envs.registration import load_env_creator
 
-from llm_gym.rewards.answers import ANSWER_FORMATS
-from llm_gym.run.config import BACKENDS, DTYPE_CHOICES
-from llm_gym.tools.calls import TOOL_FORMATS
-from llm_gym.train.config import CONFIG_FILE, RESUMABLE, GRPOConfig, load_config
+from llm_gym.options import add_options, flags, number, read_recipe
+from llm_gym.train.config import RESUMABLE, GRPOConfig
 
 __all__ = [
     "EXIT_USAGE",
-    "ESTIMATOR_NAMES",
     "Parser",
-    "add_run_options",
+    "add_config_options",
     "check_flags",
     "check_task_env",
     "dataset_env_ids",
-    "env_arg",
     "given_options",
     "llm_gym_env_ids",
     "make_config",
-    "number",
+    "parse_with_recipe",
     "resumed_config",
     "task_function",
-    "tool_list",
     "usage_error",
 ]
 
 EXIT_USAGE = 2
-BUILTIN_TOOLS = ("python",)
-# llm_gym.wrappers.estimators.ESTIMATORS' keys (that package imports torch); a test holds
-# the two equal.
-ESTIMATOR_NAMES = ("k1", "k2", "k3")
-_JSON_STARTS = ("{", "[", '"')  # an --env-arg VALUE meant as JSON
 
 
 def usage_error(error: Exception | str, code: int = EXIT_USAGE) -> int:
@@ -71,49 +60,6 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         """Exit with ``message`` on one line and code 2."""
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
-
-
-def number(kind: type, low: float, inclusive: bool = True) -> Callable[[str], int | float]:
-    """argparse ``type``: a finite ``kind`` (int, float) ``>= low``, ``>`` unless ``inclusive``."""
-    relation = ">=" if inclusive else ">"
-
-    def parse(text: str) -> int | float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {kind.__name__}, got {text!r}") from None
-        if (isinstance(value, float) and not math.isfinite(value)) or (
-            value < low if inclusive else value <= low
-        ):
-            raise argparse.ArgumentTypeError(f"expected a number {relation} {low}, got {text!r}")
-        return value
-
-    return parse
-
-
-def overlong(text: str) -> int | None:
-    """``--overlong-cache``: an int >= 0, or ``auto`` (None: the trainer's rule).
-
-    >>> overlong("16"), overlong("auto")
-    (16, None)
-    """
-    return None if text == "auto" else number(int, 0)(text)
-
-
-def env_arg(text: str) -> tuple[str, Any]:
-    """``--env-arg KEY=VALUE``: the value as JSON when it parses, else the text; a value that
-    starts as JSON (``{``, ``[``, ``"``) must parse."""
-    key, sep, value = text.partition("=")
-    if not sep or not key.isidentifier():
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    try:
-        return key, json.loads(value)
-    except json.JSONDecodeError as error:
-        if value.lstrip().startswith(_JSON_STARTS):
-            raise argparse.ArgumentTypeError(
-                f"{key}: {value!r} looks like JSON but does not parse: {error}"
-            ) from None
-        return key, value  # a plain string, e.g. task=leg_counting
 
 
 def llm_gym_env_ids() -> list[str]:
@@ -145,122 +91,47 @@ def check_task_env(env_id: str, command: str) -> None:
         )
 
 
-def add_run_options(parser: argparse.ArgumentParser, config: type) -> tuple[Callable, Any]:
-    """The options of ``RunConfig`` (``rollout``'s and ``train``'s) on ``parser``; its
-    ``add_argument`` and ``config``'s defaults, for the command's own options."""
-    add, defaults = parser.add_argument, config()
-    add("--env", default=defaults.env, help="registered env id (default: %(default)s, "
-        "procedural and offline; LLMChat-GSM8K-v0 for GSM8K)")  # fmt: skip
-    add("--env-arg", action="append", default=[], type=env_arg, metavar="KEY=VALUE",
-        help="an env argument, repeatable; VALUE is read as JSON when it parses, e.g. "
-        "task=leg_counting, level=2, task_config='{\"max_terms\": 3}'")  # fmt: skip
-    add("--answer-format", choices=ANSWER_FORMATS, default=defaults.answer_format,
-        help="the answer format the prompt asks for and the reward reads "
-        "(default: %(default)s; None: the env's)")  # fmt: skip
-    add("--curriculum", type=number(int, 1), default=None, metavar="WINDOW",
-        help="move the task's level with the success rate over WINDOW episodes (tasks with "
-        "levels: Countdown, ReasoningGym; default: %(default)s, a fixed level)")  # fmt: skip
-    add("--model", default=defaults.model, help="'default' (SmolLM2-135M-Instruct) or a folder")
-    add("--max-new-tokens", type=number(int, 1), default=defaults.max_new_tokens,
-        help="tokens generated per assistant turn, at most")  # fmt: skip
-    add("--temperature", type=number(float, 0.0), default=defaults.temperature,
-        help="sampling temperature (default: %(default)s)")  # fmt: skip
-    add("--kl-coef", type=number(float, 0.0), default=defaults.kl_coef,
-        help="the KL penalty's coefficient (default: %(default)s; 0: none), against "
-        "--ref-model in rollout, the starting model in train")  # fmt: skip
-    add("--estimator", choices=ESTIMATOR_NAMES, default=defaults.estimator,
-        help="the per-token KL estimator: k1 log(p/q), k2 its square / 2, k3 (q/p - 1) - "
-        "log(q/p)")  # fmt: skip
-    add("--device", default=defaults.device,
-        help="'auto' (CUDA when there is a GPU), 'cpu', 'cuda' or 'cuda:N'")  # fmt: skip
-    add("--dtype", choices=DTYPE_CHOICES, default=defaults.dtype,
-        help="the dtype the models run in: sampling, the reference, a judge, a vLLM server "
-        "('auto': bfloat16 where the device runs it fast, else float32; default: "
-        "%(default)s); train's --precision says how the update computes")  # fmt: skip
-    add("--backend", choices=BACKENDS, default=defaults.backend,
-        help="what generates: transformers' generate here, a vLLM server llm_gym starts "
-        "(needs scripts/setup_vllm.sh), or an OpenAI-compatible server at --base-url")  # fmt: skip
-    add(
-        "--base-url",
-        default=None,
-        metavar="URL",
-        help="--backend openai: the server, e.g. http://127.0.0.1:8000 (default: %(default)s)",
-    )
-    add("--served-model", default=None, metavar="NAME", help="--backend openai: the model's "
-        "name on the server (default: %(default)s, the server's only model)")  # fmt: skip
-    add("--backend-arg", action="append", default=[], type=env_arg, metavar="KEY=VALUE",
-        help="--backend vllm: a vLLM engine option, repeatable, e.g. max_model_len=4096, "
-        "dtype=bfloat16 (the server's dtype, else --dtype's) (default: %(default)s)")  # fmt: skip
-    add(
-        "--vllm-python",
-        default=None,
-        metavar="PATH",
-        help="--backend vllm: the vLLM "
-        "environment's python (default: %(default)s, $LLM_GYM_VLLM_PYTHON, else "
-        ".venv-vllm/bin/python)",
-    )
-    add("--async", dest="asynchronous", action="store_true",
-        help="the asynchronous driver: each conversation steps as soon as its own response "
-        "(or tool result) is back, none waits for the slowest")  # fmt: skip
-    add("--ray", dest="ray_address", nargs="?", const="local", default=None, metavar="ADDRESS",
-        help="run the env workers as Ray actors (implies --async): on the cluster at ADDRESS "
-        "('auto', 'ray://host:10001'); alone, the one running here or a new one")  # fmt: skip
-    add("--workers", type=number(int, 1), default=defaults.workers,
-        help="--ray: env workers (Ray actors) that share the sub-envs (default: "
-        "%(default)s)")  # fmt: skip
-    add("--seed", type=number(int, 0), default=defaults.seed,
-        help="seeds the question order, the sampling and the weights' init")  # fmt: skip
-    add("--threads", type=number(int, 1), default=None, help="torch CPU threads (default: "
-        "%(default)s, torch's); 1 is much faster when other processes load the cores")  # fmt: skip
-    add("--tools", type=tool_list, default=None, metavar="NAMES",
-        help="tools the model may call between turns, e.g. 'python' (the sandboxed "
-        "interpreter); episodes become multi-turn")  # fmt: skip
-    add("--max-tool-calls", type=number(int, 1), default=defaults.max_tool_calls,
-        help="tool calls per episode (default: %(default)s)")  # fmt: skip
-    add("--tool-format", choices=TOOL_FORMATS, default=defaults.tool_format,
-        help="how the model calls tools: 'hermes' (<tool_call> JSON) or 'markdown' "
-        "(```python blocks run by the python tool); default: %(default)s")  # fmt: skip
-    add("--rubric", default=defaults.rubric, metavar="PARTS",
-        help="the reward's parts, comma-separated PART[=WEIGHT]: 'task' (the task's own "
-        "reward), 'judge' (an LLM judge of each response, in [0, 1]), 'group-judge' (train: "
-        "an LLM judge ranks each group's responses); weight 1 unless given, 0 reports a part "
-        "without paying it; the task's parts are reported even when not paid")  # fmt: skip
-    add("--judge", default=None, metavar="MODEL|URL",
-        help="the LLM judge of --rubric's judge parts: 'default', a model folder, or an "
-        "OpenAI-compatible server's URL (default: %(default)s, none)")  # fmt: skip
-    add("--judge-tokenizer", default=None, metavar="MODEL",
-        help="--judge URL: the model whose chat template builds the judge's prompts "
-        "(default: %(default)s, --model's)")  # fmt: skip
-    add("--out", default=defaults.out, help="run folder (default: %(default)s)")
-    add("--overwrite", action="store_true", help="replace an earlier run in --out")
-    add("--no-progress", action="store_true", help="no progress bar")
-    add("--report-to", default="none", metavar="NAMES",
-        help="experiment trackers the run reports to as it runs (each offline unless told): none, "
-        "all, or comma-separated tensorboard, wandb, trackio, mlflow (pip install "
-        "'llm-gym[tracking]'; default: %(default)s)")  # fmt: skip
-    return add, defaults
+def add_config_options(parser: argparse.ArgumentParser, config: type) -> None:
+    """A flag on ``parser`` for each option of ``config`` (``RolloutConfig``,
+    ``GRPOConfig``: each declared once, there), then the command's own: ``--config`` (a YAML
+    recipe of those options, which flags override, as ``trl grpo --config``) and
+    ``--threads`` (the process's, not the run's)."""
+    add_options(parser, config)
+    parser.add_argument(
+        "--config", dest="recipe", default=None, metavar="RECIPE.yaml",
+        help="a YAML file of options by name (max_new_tokens: 64, env_args: {task: "
+        "chain_sum}, ...), as trl's --config; flags given beside it win (default: "
+        "%(default)s)",
+    )  # fmt: skip
+    parser.add_argument("--threads", type=number(int, 1), default=None, help="torch CPU "
+        "threads (default: %(default)s, torch's); 1 is much faster when other processes "
+        "load the cores")  # fmt: skip
+    parser.set_defaults(config_class=config)
 
 
-def tool_list(text: str) -> list[str]:
-    """``--tools``: comma-separated built-in tool names."""
-    names = [name.strip() for name in text.split(",") if name.strip()]
-    unknown = [name for name in names if name not in BUILTIN_TOOLS]
-    if not names or unknown:
-        raise argparse.ArgumentTypeError(
-            f"expected a comma-separated list of {list(BUILTIN_TOOLS)}, got {text!r}"
-        )
-    return names
+def parse_with_recipe(
+    parser: argparse.ArgumentParser, argv: Sequence[str]
+) -> tuple[argparse.Namespace, set[str]]:
+    """``argv`` parsed by ``parser``, the options of its ``--config`` recipe taken as the
+    subcommand's defaults (flags win); and the options the recipe sets."""
+    args = parser.parse_args(list(argv))
+    if getattr(args, "recipe", None) is None:
+        return args, set()
+    recipe = read_recipe(args.recipe, args.config_class)
+    _subcommand(parser, args.command).set_defaults(**recipe)
+    return parser.parse_args(list(argv)), set(recipe)
+
+
+def _subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices[name]
+    raise ValueError(f"{parser.prog} has no subcommand {name!r}")
 
 
 def make_config(cls: type, args: argparse.Namespace) -> Any:
-    """``cls`` (a ``RunConfig``) from the parsed options, field by field."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    values = {name: value for name, value in vars(args).items() if name in names}
-    values.update(
-        env_args=dict(args.env_arg), curriculum=args.curriculum or 0, progress=not args.no_progress
-    )
-    values.update(backend_args=dict(args.backend_arg))
-    return cls(**values)
+    """``cls`` (a ``RunConfig``) from the parsed options: each flag's ``dest`` is its field."""
+    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
 
 
 def given_options(parser: argparse.ArgumentParser, argv: Sequence[str]) -> set[str]:
@@ -342,31 +213,26 @@ def check_flags(args: argparse.Namespace, given: set[str]) -> None:
 
 
 def resumed_config(args: argparse.Namespace, given: set[str]) -> GRPOConfig:
-    """``train --resume``: the run config saved in ``--out`` with the ``given`` flags that a
-    resumed run may change (``RESUMABLE``); a given flag that would change anything else is a
-    ``ValueError`` naming it (a flag equal to the saved value is fine)."""
+    """``train --resume``: the run config saved in ``--out`` with the ``given`` options that
+    a resumed run may change (``RESUMABLE``); a given option that would change anything else
+    is a ``ValueError`` naming its flag and what may change (a value equal to the saved one
+    is fine)."""
+    # The run folder's home imports torch (its checkpoints): only a resume loads it here.
+    from llm_gym.train.run_folder import CONFIG_FILE, load_config, resumable_flags
+    from llm_gym.train.run_folder import resumed_config as resume_saved
+
     if args.overwrite:  # checked first: there may be no run to load
         raise ValueError("resume and overwrite contradict each other: pass one")
     saved, parsed = load_config(args.out), make_config(GRPOConfig, args)
-    fields = {f.name for f in dataclasses.fields(GRPOConfig)}
-    changes = {}
-    for dest in sorted(given):
-        renamed = {"env_arg": "env_args", "backend_arg": "backend_args", "no_progress": "progress"}
-        name = renamed.get(dest, dest)
-        if name not in fields or name == "out":  # --threads, --resume: not the run's config
-            continue
+    named, changes = flags(GRPOConfig), {}
+    for name in sorted(given & set(named) - {"out"}):  # --threads: not the run's config
         value = getattr(parsed, name)
         if name in RESUMABLE:
             changes[name] = value
         elif value != getattr(saved, name):
             raise ValueError(
-                f"--{dest.replace('_', '-')} {value!r} differs from the resumed run's "
+                f"{named[name]} {value!r} differs from the resumed run's "
                 f"{getattr(saved, name)!r} ({Path(args.out) / CONFIG_FILE}); with --resume only "
-                "--iterations, --save-every, --keep-checkpoints, --eval-episodes, --device, "
-                "--threads, --no-progress, --report-to, the update's memory (--minibatch-size, "
-                "--max-tokens-per-microbatch, --gradient-checkpointing, --packing), what "
-                "checkpoints hold (--save-optimizer, --save-dtype) and the --backend options may "
-                "change "
-                "(or start over with --overwrite)"
+                f"{resumable_flags()} and --threads may change (or start over with --overwrite)"
             )
-    return GRPOConfig.resumed(args.out, **changes)
+    return resume_saved(args.out, **changes)

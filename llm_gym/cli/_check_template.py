@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from llm_gym.cli._args import number, usage_error
+from llm_gym.cli._args import usage_error
+from llm_gym.options import number
 
 __all__ = ["add_check_template", "check_template"]
 

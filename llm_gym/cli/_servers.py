@@ -10,7 +10,8 @@ from typing import Any
 
 import gymnasium as gym
 
-from llm_gym.cli._args import env_arg, llm_gym_env_ids, number, usage_error
+from llm_gym.cli._args import llm_gym_env_ids, usage_error
+from llm_gym.options import env_arg, number
 from llm_gym.run.config import BACKENDS, DTYPE_CHOICES, RolloutConfig
 
 __all__ = ["add_gateway", "add_serve", "gateway", "serve"]

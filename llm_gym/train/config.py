@@ -1,5 +1,7 @@
-"""``GRPOConfig``, ``llm-gym train``'s options, and the copy of it a run folder keeps so that
-``--resume`` continues the very run it interrupted. This module imports nothing heavy.
+"""``GRPOConfig``: ``llm-gym train``'s options, each declared once with its help, bounds and
+whether a resume may change it (``llm_gym.options``), and the checks across them. Saving,
+loading and resuming a run's config live in the run folder's home
+(``llm_gym.train.run_folder``). This module imports nothing heavy.
 
 >>> GRPOConfig(group_size=1)
 Traceback (most recent call last):
@@ -9,25 +11,17 @@ ValueError: group_size must be an int >= 2, got 1
 
 from __future__ import annotations
 
-import dataclasses
-import json
+import argparse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
-from llm_gym.checks import check_bool, check_choice, check_int, check_number
+from llm_gym.checks import check_number
+from llm_gym.options import number, option, redeclare, resumable
 from llm_gym.run.budget import MAX_ENVS
-from llm_gym.run.config import DTYPE_NAMES, RunConfig, rubric_weights
-from llm_gym.run.files import write_text
-
-if TYPE_CHECKING:
-    from collections.abc import Sequence
-
-    import gymnasium as gym
+from llm_gym.run.config import DTYPE_NAMES, RunConfig
 
 __all__ = [
     "CHECKPOINT_TOKENS",
-    "CONFIG_FILE",
     "ADVANTAGE_ESTIMATORS",
     "IMPORTANCE_SAMPLING_LEVELS",
     "LOSS_TYPES",
@@ -37,14 +31,10 @@ __all__ = [
     "RESUMABLE",
     "TURN_ESTIMATORS",
     "GRPOConfig",
-    "check_episode_groups",
-    "check_resumable",
-    "check_vector_env",
-    "load_config",
-    "resume_conflicts",
+    "module_names",
+    "overlong",
 ]
 
-CONFIG_FILE = "run_config.json"  # the run's GRPOConfig, written when the run starts
 # The choices of GRPO's loss (llm_gym.train.loss tells each), here where the options are
 # checked without torch. TRL's names: "grpo" averages each response's tokens, then the
 # responses; "bnpo" the batch's tokens; "dr_grpo" divides the batch's token sum by rows × a
@@ -78,19 +68,6 @@ PRECISIONS = ("auto", "fp32", "bf16-mixed", "bf16")
 # half the run's token budget, if less): below, the activations are small and recomputing them
 # costs a third more time for little.
 CHECKPOINT_TOKENS = 2048
-# What a resumed run may change: how long it goes on, how it saves and reports, where it
-# runs. Everything else (task, model, GRPO's settings, seed) would make it another run.
-RESUMABLE = (
-    "iterations", "save_every", "keep_checkpoints", "eval_episodes", "progress", "device",
-    "out", "resume", "overwrite", "report_to",
-    # the update's memory, not its math
-    "minibatch_size", "max_tokens_per_microbatch", "gradient_checkpointing", "packing",
-    "save_optimizer", "save_dtype",  # what a checkpoint holds
-    # how the samples are drawn, not what is learned from them
-    "num_agents", "agent_timeout",
-    "backend", "base_url", "served_model", "backend_args", "vllm_python",
-    "ray_address", "workers",  # where the env workers run
-)  # fmt: skip
 
 
 # What an env object (not an id) cannot be asked for: each makes envs of its own from
@@ -113,120 +90,298 @@ _SHARDED_CONFLICTS = (
 _TRAINER_KEYS = ("tokens", "history", "policy_mask")
 
 
+def overlong(text: str) -> int | None:
+    """``--overlong-cache``: an int >= 0, or ``auto`` (None: the trainer's rule).
+
+    >>> overlong("16"), overlong("auto")
+    (16, None)
+    """
+    return None if text == "auto" else number(int, 0)(text)
+
+
+def module_names(text: str) -> list[str] | str:
+    """``--lora-target-modules``: ``all-linear`` or comma-separated module names.
+
+    >>> module_names("q_proj, v_proj")
+    ['q_proj', 'v_proj']
+    """
+    if text.strip() == "all-linear":
+        return "all-linear"
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names or not all(name.replace("_", "").replace(".", "").isalnum() for name in names):
+        raise argparse.ArgumentTypeError(
+            f"expected 'all-linear' or comma-separated module names, got {text!r}"
+        )
+    return names
+
+
+
 @dataclass
 class GRPOConfig(RunConfig):
     """``llm-gym train``'s options: the run (``RunConfig``) and GRPO's own settings; the KL
     penalty (``kl_coef > 0``) is charged against the starting model."""
 
     # The run's defaults here are the CPU demo's (docs/training.md, "Learning, measured").
-    answer_format: str | None = "last_number"
-    max_new_tokens: int = 48
-    temperature: float = 1.0
-    kl_coef: float = 0.0  # 0: no KL penalty, no reference model
-    out: str = "runs/train"
-    iterations: int = 20
-    groups: int = 2  # questions per iteration
-    group_size: int = 8  # responses per question
-    learning_rate: float = 5e-5
-    advantage: str = "grpo"
-    # The discount of the rewards of later turns: G_t = r_t + gamma * G_{t+1} (1: their sum,
-    # each turn's return the rest of the episode's; single-turn runs: no effect).
-    gamma: float = 1.0
-    dynamic_sampling: int = 0  # DAPO's: batches more a step may play to replace flat groups
-    # DAPO's soft overlong penalty over the last this many tokens of the response budget;
-    # None: a sixth of it for single-turn runs, none for multi-turn and agent runs (whose
-    # policy tokens add up over turns), 0: off (llm_gym.train.advantages.overlong_tokens). A third
-    # rescued float32's seed 0 and cost bfloat16's seed 7; a sixth kept both (docs/training.md,
-    # "A recipe over eight seeds").
-    overlong_cache: int | None = None
-    mask_truncated: bool = False  # responses the budget cut out of the loss (TRL's option)
-    # The rate warmed up, then decayed to 0 along a half cosine (docs/training.md, "A recipe
-    # over eight seeds"); warm-up None: a tenth of the optimizer steps, rounded down, for a
-    # decaying schedule, none for a constant one.
-    lr_schedule: str = "cosine"
-    warmup_steps: int | None = None
-    update_epochs: int = 1
-    minibatch_size: int = 8  # responses per forward in the update, at most
-    # The update's memory: tokens per forward at most, and activation checkpointing (None:
-    # on CUDA where a micro-batch's activations would not fit in the free memory; on the CPU
-    # for micro-batches of min(CHECKPOINT_TOKENS, half the budget) tokens or more).
-    max_tokens_per_microbatch: int = 4096
-    gradient_checkpointing: bool | None = None
+    answer_format: str | None = redeclare(RunConfig, "answer_format", "last_number")
+    max_new_tokens: int = redeclare(RunConfig, "max_new_tokens", 48)
+    # Training samples: greedy (0) would make every group's responses one.
+    temperature: float = redeclare(RunConfig, "temperature", 1.0, strict=True)
+    kl_coef: float = redeclare(RunConfig, "kl_coef", 0.0)  # 0: no KL penalty, no reference
+    out: str = redeclare(RunConfig, "out", "runs/train")
+    iterations: int = option(
+        20, low=1, resumable=True,
+        help="GRPO iterations: sample the groups, then update",
+    )  # fmt: skip
+    groups: int = option(2, low=1, help="questions per iteration")
+    # One response has no group to compare with.
+    group_size: int = option(8, low=2, help="responses per question")
+    learning_rate: float = option(5e-5, low=0, strict=True, help="AdamW's learning rate")
+    advantage: str = option(
+        "grpo", choices=ADVANTAGE_ESTIMATORS,
+        help="each response's advantage from its group's rewards: GRPO's group-normalised, "
+        "RLOO's leave-one-out or REINFORCE++'s baseline (one value for the episode); per "
+        "turn of a multi-turn episode: rebn, GEM's discounted returns normalised over the "
+        "batch, or turn-grpo, normalised within the group turn by turn (default: "
+        "%(default)s)",
+    )  # fmt: skip
+    # G_t = r_t + gamma * G_{t+1}: 1 sums them, each turn's return the rest of the episode's;
+    # single-turn runs: no effect.
+    gamma: float = option(
+        1.0, low=0, strict=True,
+        help="the discount of later turns' rewards, G_t = r_t + gamma G_{t+1}, at most 1 "
+        "(GEM takes 0.9 for games; default: %(default)s, their sum)",
+    )  # fmt: skip
+    dynamic_sampling: int = option(
+        0, low=0, metavar="N",
+        help="DAPO's dynamic sampling: up to N more batches a step, whose groups replace "
+        "those whose rewards are all equal (default: %(default)s, off)",
+    )  # fmt: skip
+    # None: a sixth of the budget for single-turn runs, none for multi-turn and agent runs
+    # (whose policy tokens add up over turns), 0: off (llm_gym.train.advantages.
+    # overlong_tokens). A third rescued float32's seed 0 and cost bfloat16's seed 7; a sixth
+    # kept both (docs/training.md, "A recipe over eight seeds").
+    overlong_cache: int | None = option(
+        None, low=0, parse=overlong, shown="auto", metavar="TOKENS",
+        help="DAPO's soft overlong penalty: a response's reward falls linearly to -1 over its "
+        "last TOKENS of --max-new-tokens; 0: off; auto: a sixth of the budget for "
+        "single-turn runs, off for multi-turn and agent runs (default: %(default)s)",
+    )  # fmt: skip
+    mask_truncated: bool = option(
+        False,
+        help="leave responses that --max-new-tokens cut out of the loss and its token count, "
+        "as TRL's mask_truncated_completions (default: %(default)s, they train)",
+    )  # fmt: skip
+    # transformers' schedules, TRL's lr_scheduler_type; the cosine was chosen over eight
+    # seeds (docs/training.md, "A recipe over eight seeds").
+    lr_schedule: str = option(
+        "cosine", choices=LR_SCHEDULES,
+        help="the learning rate over the optimizer steps: held, or decayed to 0 linearly or "
+        "along a half cosine (default: %(default)s)",
+    )  # fmt: skip
+    warmup_steps: int | None = option(
+        None, low=0,
+        help="optimizer steps of linear warm-up from 0 first (default: %(default)s, a tenth "
+        "of the optimizer steps, rounded down, for linear and cosine; none for constant)",
+    )  # fmt: skip
+    update_epochs: int = option(1, low=1, help="passes over an iteration's responses")
+    # The update's memory, not its math: a resume may change these.
+    minibatch_size: int = option(
+        8, low=1, resumable=True,
+        help="responses per forward in the update (memory, not the math)",
+    )  # fmt: skip
+    max_tokens_per_microbatch: int = option(
+        4096, low=1, resumable=True,
+        help="tokens per forward in the update, at most (memory, not the math: a batch is "
+        "split into micro-batches, shortest first, their gradients summed)",
+    )  # fmt: skip
+    gradient_checkpointing: bool | None = option(
+        None, resumable=True,
+        help="keep only each layer's input in the update and recompute the rest in the "
+        "backward (less memory, about a third more time; default: %(default)s, on CUDA where "
+        "a micro-batch's activations would not fit in the free memory, on the CPU for "
+        f"micro-batches of {CHECKPOINT_TOKENS} tokens or half the budget, if less, or more)",
+    )  # fmt: skip
     # The update's arithmetic (PRECISIONS); --dtype is what sampling and the reference run in.
-    precision: str = "auto"
-    # Each micro-batch's sequences packed into one row (llm_gym.lm.packing): no padding
-    # computed, the budget counts real tokens; the loss and gradients are the padded ones.
-    packing: bool = True
-    # Dropout in the loss's forwards (the model's own, LoRA's): off by default, as TRL's
-    # disable_dropout, so that the ratio compares the policy with itself, not two dropout
-    # masks; sampling, the old policy and the reference run without it either way.
-    keep_dropout: bool = False
-    clip_coef: float = 0.2
-    # GRPO as TRL 1.16 runs it (llm_gym.train.loss; docs/training.md, "Loss variants"): the
-    # loss's aggregation, clip-higher's upper ε (cispo: its cap on the ratio), two-sided
-    # clipping's cap, GSPO's sequence ratio, the k3 KL term in the loss against the starting
-    # model (beside kl_coef's penalty in the reward), how advantages are scaled, and the cap
-    # of the truncated importance weights to the sampler's log-probs (None: off).
-    loss_type: str = "dapo"
-    clip_coef_high: float | None = None
-    delta: float | None = None
-    importance_sampling_level: str = "token"
-    kl_loss_coef: float = 0.0
-    scale_rewards: str = "group"
-    tis_cap: float | None = None
-    max_grad_norm: float = 1.0
-    # An entropy bonus in the loss, as TRL's entropy_coef; given entropy_target, TRL's
-    # adaptive control (llm_gym.train.loss.EntropyBonus) with its delta and bounds.
-    entropy_coef: float = 0.0
-    entropy_target: float | None = None
-    entropy_coef_delta: float = 0.005
-    entropy_coef_min: float = 0.0
-    entropy_coef_max: float = 1.0
-    kl_target: float | None = None  # adaptive controller's target KL; None: constant coef
-    kl_horizon: int = 10000
-    eval_episodes: int = 64
-    eval_seed: int = 1_000_003  # held out: the training stream's seed is `seed`
-    save_every: int = 10
-    keep_checkpoints: int = 2  # the newest ones; older are deleted once a new one is complete
-    # The optimizer's state in checkpoints (None: in all but the run's last, which holds the
-    # weights alone), and the dtype of weights saved alone (None: the training dtype).
-    save_optimizer: bool | None = None
-    save_dtype: str | None = None
-    # LoRA (peft): the adapters' rank (0: every weight trains), alpha (None: 2 · rank),
-    # dropout (with keep_dropout only), and the modules they wrap (None: peft's for the
-    # model's family).
-    lora_rank: int = 0
-    lora_alpha: float | None = None
-    lora_dropout: float = 0.0
-    lora_target_modules: list[str] | str | None = None
-    resume: bool = False
-    max_staleness: int = 1  # --async: updates a batch may be sampled ahead of its own
-    # An agent program (module:function) that plays each item through llm_gym's gateway
-    # (llm_gym.agents): runs at once, and seconds a run may take.
-    agent: str | None = None
-    num_agents: int = 16
-    agent_timeout: float = 300.0
+    precision: str = option(
+        "auto", choices=PRECISIONS,
+        help="how the update computes: fp32; bf16-mixed (float32 weights and AdamW, bfloat16 "
+        "autocast); bf16 (bfloat16 weights, float32 masters in AdamW); auto: bf16-mixed on a "
+        "GPU with bfloat16, fp32 elsewhere (default: %(default)s)",
+    )  # fmt: skip
+    # llm_gym.lm.packing; the loss and gradients are the padded ones.
+    packing: bool = option(
+        True, resumable=True,
+        help="pack each micro-batch's responses into one row: no padding computed, the same "
+        "loss and gradients (default: %(default)s)",
+    )  # fmt: skip
+    # Off, as TRL's disable_dropout, so that the ratio compares the policy with itself, not
+    # two dropout masks.
+    keep_dropout: bool = option(
+        False,
+        help="dropout in the update's loss forwards (the model's own and --lora-dropout); "
+        "off by default, as in TRL: sampling, the old policy and the reference run without "
+        "it either way",
+    )  # fmt: skip
+    clip_coef: float = option(
+        0.2, low=0, strict=True, help="the surrogate's ratio clip: 1 +- this"
+    )
+    # GRPO as TRL 1.16 runs it (llm_gym.train.loss; docs/training.md, "Loss variants").
+    loss_type: str = option(
+        "dapo", choices=LOSS_TYPES,
+        help="how the per-token losses add up, as TRL's loss_type (default: %(default)s)",
+    )  # fmt: skip
+    clip_coef_high: float | None = option(
+        None, low=0, strict=True,
+        help="clip-higher: the ratio's upper clip 1 + this (default: %(default)s, "
+        "--clip-coef); for cispo, the cap on the ratio (5.0 in MiniMax's recipe)",
+    )  # fmt: skip
+    delta: float | None = option(
+        None, low=1, strict=True,
+        help="two-sided clipping: cap the unclipped ratio at this too (default: %(default)s, "
+        "off)",
+    )  # fmt: skip
+    importance_sampling_level: str = option(
+        "token", choices=IMPORTANCE_SAMPLING_LEVELS,
+        help="the ratio per token, or per response (GSPO; default: %(default)s)",
+    )  # fmt: skip
+    kl_loss_coef: float = option(
+        0.0, low=0,
+        help="beta: the k3 KL to the starting model in the loss, as TRL's (the adapter "
+        "disabled under LoRA; beside --kl-coef's penalty in the reward; default: "
+        "%(default)s)",
+    )  # fmt: skip
+    scale_rewards: str = option(
+        "group", choices=SCALE_REWARDS,
+        help="advantages divided by the group's reward std, the batch's, or none "
+        "(default: %(default)s)",
+    )  # fmt: skip
+    tis_cap: float | None = option(
+        None, low=0, strict=True,
+        help="truncated importance sampling: weigh each token by min(exp(trainer's old "
+        "log-prob - the sampler's), this), as TRL's token_truncate (default: %(default)s, "
+        "off)",
+    )  # fmt: skip
+    max_grad_norm: float = option(
+        1.0, low=0, strict=True,
+        help="the gradient's norm is clipped to this before each step, as TRL's "
+        "max_grad_norm (default: %(default)s)",
+    )  # fmt: skip
+    # TRL's entropy bonus and its adaptive control (llm_gym.train.loss.EntropyBonus).
+    entropy_coef: float = option(
+        0.0, low=0,
+        help="an entropy bonus: the loss less this times the mean per-token entropy, as "
+        "TRL's entropy_coef; with --entropy-target, its starting value (default: "
+        "%(default)s, off)",
+    )  # fmt: skip
+    entropy_target: float | None = option(
+        None, low=0,
+        help="TRL's adaptive entropy control: after each step the coefficient rises by "
+        "--entropy-coef-delta while the entropy is at or below this, falls above it, and "
+        "applies only at or below it (default: %(default)s, off)",
+    )  # fmt: skip
+    entropy_coef_delta: float = option(
+        0.005, low=0, strict=True,
+        help="the adaptive coefficient's step (default: %(default)s)",
+    )  # fmt: skip
+    entropy_coef_min: float = option(
+        0.0, low=0, help="the adaptive coefficient's floor (default: %(default)s)"
+    )
+    entropy_coef_max: float = option(
+        1.0, low=0, help="the adaptive coefficient's ceiling (default: %(default)s)"
+    )
+    kl_target: float | None = option(
+        None, low=0, strict=True,
+        help="adaptive KL controller's target (default: %(default)s, a constant coefficient)",
+    )  # fmt: skip
+    kl_horizon: int = option(
+        10000, low=1,
+        help="the adaptive KL controller's horizon (Ziegler et al.): each update moves the "
+        "coefficient by its clipped error times the update's steps over this (with "
+        "--kl-target; default: %(default)s)",
+    )  # fmt: skip
+    eval_episodes: int = option(
+        64, low=0, resumable=True,
+        help="greedy episodes on held-out questions before and after (0: none)",
+    )  # fmt: skip
+    eval_seed: int = option(
+        1_000_003, low=0,
+        help="the seed of the held-out questions; the training stream's is --seed "
+        "(default: %(default)s)",
+    )  # fmt: skip
+    save_every: int = option(
+        10, low=1, resumable=True, help="iterations between checkpoints"
+    )
+    keep_checkpoints: int = option(
+        2, low=1, resumable=True,
+        help="the newest checkpoints kept in --out (older ones are deleted once a new one is "
+        "complete)",
+    )  # fmt: skip
+    # What a checkpoint holds: a resume may change these.
+    save_optimizer: bool | None = option(
+        None, resumable=True,
+        help="the optimizer's state in checkpoints, what an exact --resume needs (twice the "
+        "weights with AdamW; default: %(default)s, in all but the run's last, which holds "
+        "the weights alone)",
+    )  # fmt: skip
+    save_dtype: str | None = option(
+        None, choices=DTYPE_NAMES, resumable=True,
+        help="the dtype of weights saved without the optimizer's state (default: "
+        "%(default)s, the trained weights' dtype)",
+    )  # fmt: skip
+    # LoRA through peft.
+    lora_rank: int = option(
+        0, low=0,
+        help="train LoRA adapters of this rank (peft) instead of every weight; the KL's "
+        "reference is the model with its adapter disabled, checkpoints hold the adapter "
+        "(default: %(default)s, no LoRA)",
+    )  # fmt: skip
+    lora_alpha: float | None = option(
+        None, low=0, strict=True,
+        help="LoRA's alpha (default: %(default)s, 2 x --lora-rank)",
+    )  # fmt: skip
+    lora_dropout: float = option(
+        0.0, low=0,
+        help="dropout on LoRA's input, in the loss's forwards with --keep-dropout only "
+        "(default: %(default)s)",
+    )  # fmt: skip
+    lora_target_modules: list[str] | str | None = option(
+        None, parse=module_names, metavar="NAMES",
+        help="comma-separated module names the adapters wrap, or 'all-linear' (default: "
+        "%(default)s, peft's for the model's family: q_proj,v_proj for Llama, Qwen2)",
+    )  # fmt: skip
+    resume: bool = option(
+        False, resumable=True, help="continue from the checkpoint in --out"
+    )
+    max_staleness: int = option(
+        1, low=0,
+        help="--async/--ray: updates a batch may be sampled ahead of the update that trains "
+        "on it (default: %(default)s; 0: no overlap)",
+    )  # fmt: skip
+    # An agent program that plays each item through llm_gym's gateway (llm_gym.agents).
+    agent: str | None = option(
+        None, metavar="MODULE:FUNCTION",
+        help="train an agent program: FUNCTION(base_url, api_key, item) -> answer (in MODULE "
+        "or a file.py), which calls the model through llm_gym's OpenAI-compatible gateway; "
+        "each call is recorded token for token and the task's reward scores the answer "
+        "(docs/agents.md; default: %(default)s, the env's own turns)",
+    )  # fmt: skip
+    # How the samples are drawn, not what is learned from them: a resume may change these.
+    num_agents: int = option(
+        16, low=1, resumable=True, help="--agent: runs at once (default: %(default)s)"
+    )
+    agent_timeout: float = option(
+        300.0, low=0, strict=True, resumable=True, metavar="SECONDS",
+        help="--agent: seconds a run may take; past it the run scores 0 with its error "
+        "(default: %(default)s)",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
-        positive = (
-            "iterations", "groups", "update_epochs", "minibatch_size", "save_every",
-            "max_tokens_per_microbatch",
-        )  # fmt: skip
-        for name in (*positive, "kl_horizon", "keep_checkpoints"):
-            check_int(name, getattr(self, name), 1)
-        if self.gradient_checkpointing is not None:
-            check_bool("gradient_checkpointing", self.gradient_checkpointing)
-        check_choice("precision", self.precision, PRECISIONS)
-        check_bool("packing", self.packing)
-        check_bool("keep_dropout", self.keep_dropout)
+        super().__post_init__()  # each option's own bound or choices, and the run's checks
         if self.precision == "bf16" and self.dtype not in ("auto", "bfloat16"):
             raise ValueError(
                 f"precision 'bf16' trains bfloat16 weights, which sample and score in bfloat16: "
                 f"dtype must be 'bfloat16' or 'auto', got {self.dtype!r}"
             )
-        check_int("lora_rank", self.lora_rank, 0)
-        check_number("lora_alpha", self.lora_alpha, 0, strict=True, optional=True)
-        check_number("lora_dropout", self.lora_dropout, 0)
         if self.lora_dropout >= 1:
             raise ValueError(f"lora_dropout must be below 1, got {self.lora_dropout}")
         lora_given = (self.lora_alpha, self.lora_dropout or None, self.lora_target_modules)
@@ -235,24 +390,13 @@ class GRPOConfig(RunConfig):
                 "lora_alpha, lora_dropout and lora_target_modules (--lora-*) shape LoRA's "
                 "adapters: pass lora_rank (--lora-rank) > 0"
             )
-        if self.save_optimizer is not None:
-            check_bool("save_optimizer", self.save_optimizer)
-        if self.save_dtype is not None:
-            check_choice("save_dtype", self.save_dtype, DTYPE_NAMES)
-        check_int("group_size", self.group_size, 2)  # one response has no group to compare
-        check_int("eval_episodes", self.eval_episodes, 0)
-        check_int("max_staleness", self.max_staleness, 0)
         if self.groups * self.group_size > MAX_ENVS:  # a sub-env per response
             raise ValueError(
                 f"groups × group_size = {self.groups} × {self.group_size} = "
                 f"{self.groups * self.group_size} (--groups, --group-size) is more than the "
                 f"{MAX_ENVS} sub-envs a run steps at once"
             )
-        for name in ("learning_rate", "clip_coef", "max_grad_norm", "temperature"):
-            check_number(name, getattr(self, name), 0, strict=True)
         self._check_loss()
-        super().__post_init__()
-        check_number("kl_target", self.kl_target, 0, strict=True, optional=True)
         if self.kl_target is not None and self.kl_coef == 0:
             raise ValueError("kl_target needs kl_coef > 0 (the adaptive controller's start)")
         if self.tools and self.kl_coef > 0:
@@ -272,8 +416,6 @@ class GRPOConfig(RunConfig):
                 "(the model with its adapter disabled) would be scored while the same model "
                 "samples or trains; drop one"
             )
-        check_int("num_agents", self.num_agents, 1)
-        check_number("agent_timeout", self.agent_timeout, 0, strict=True)
         if self.agent is not None:
             if not isinstance(self.agent, str) or self.agent.count(":") != 1:
                 raise ValueError(
@@ -307,16 +449,8 @@ class GRPOConfig(RunConfig):
         return self.max_new_tokens * (self.max_tool_calls + 1 if self.tools else 1)
 
     def _check_loss(self) -> None:
-        check_choice("loss_type", self.loss_type, LOSS_TYPES)
-        check_choice("importance_sampling_level", self.importance_sampling_level,
-                     IMPORTANCE_SAMPLING_LEVELS)  # fmt: skip
-        check_choice("scale_rewards", self.scale_rewards, SCALE_REWARDS)
-        check_choice("lr_schedule", self.lr_schedule, LR_SCHEDULES)
-        check_choice("advantage", self.advantage, ADVANTAGE_ESTIMATORS)
-        if not 0 < check_number("gamma", self.gamma, 0, strict=True) <= 1:
+        if self.gamma > 1:
             raise ValueError(f"gamma (--gamma) must be in (0, 1], got {self.gamma!r}")
-        check_int("dynamic_sampling", self.dynamic_sampling, 0)
-        check_int("overlong_cache", self.overlong_cache, 0, optional=True)
         if (self.overlong_cache or 0) > self.max_response_tokens:
             raise ValueError(
                 f"overlong_cache (--overlong-cache) must be at most the response budget "
@@ -327,14 +461,7 @@ class GRPOConfig(RunConfig):
                 "dynamic_sampling (--dynamic-sampling) with --async: batches sampled ahead "
                 "cannot be refilled; drop one"
             )
-        check_int("warmup_steps", self.warmup_steps, 0, optional=True)
-        check_number("clip_coef_high", self.clip_coef_high, 0, strict=True, optional=True)
-        check_number("kl_loss_coef", self.kl_loss_coef, 0)
-        check_number("entropy_target", self.entropy_target, 0, optional=True)
-        check_number("entropy_coef_delta", self.entropy_coef_delta, 0, strict=True)
-        check_number("entropy_coef_min", self.entropy_coef_min, 0)
         check_number("entropy_coef_max", self.entropy_coef_max, self.entropy_coef_min)
-        check_number("entropy_coef", self.entropy_coef, 0)
         if self.entropy_target is not None and not (
             self.entropy_coef_min <= self.entropy_coef <= self.entropy_coef_max
         ):
@@ -343,8 +470,6 @@ class GRPOConfig(RunConfig):
                 f"[{self.entropy_coef_min}, {self.entropy_coef_max}] (--entropy-coef-min, "
                 f"--entropy-coef-max), got {self.entropy_coef}"
             )
-        check_number("tis_cap", self.tis_cap, 0, strict=True, optional=True)
-        check_number("delta", self.delta, 1, strict=True, optional=True)
         if self.loss_type == "cispo" and self.clip_coef_high is None:
             raise ValueError(
                 "loss_type 'cispo' caps the ratio at clip_coef_high (--clip-coef-high; 5.0 in "
@@ -388,183 +513,16 @@ class GRPOConfig(RunConfig):
                 "run it in one process"
             )
 
-    def check_start(self, done: int) -> None:
-        """That a resumed run whose checkpoint has ``done`` iterations has some left."""
-        if done >= self.iterations:
-            raise ValueError(
-                f"the run in {self.out} has done {done} iterations; pass --iterations above "
-                f"{done} to train on"
-            )
-
-    def check_given(self, model: Any, tokenizer: Any, env: Any, world: int) -> None:
-        """What a library run's ``model``, ``tokenizer`` and ``env`` objects (None: not
-        given; an env id is no object) allow with this config across ``world`` processes."""
-        if (model is None) != (tokenizer is None):
-            given, missing = ("model", "tokenizer") if tokenizer is None else ("tokenizer", "model")
-            raise ValueError(
-                f"{given} was given without its {missing}: pass a model object and its "
-                "tokenizer together, or neither (config.model names the model)"
-            )
-        if model is not None:  # given objects: what they are is checked where they come in
-            import torch
-            from transformers import PreTrainedTokenizerBase
-
-            if not isinstance(model, torch.nn.Module):
-                raise TypeError(
-                    f"model must be a torch.nn.Module (a transformers or peft model), got "
-                    f"{type(model).__name__}"
-                )
-            if not isinstance(tokenizer, PreTrainedTokenizerBase):
-                raise TypeError(
-                    f"tokenizer must be a transformers tokenizer, got {type(tokenizer).__name__}"
-                )
-            if not any(p.requires_grad for p in model.parameters()):
-                raise ValueError(
-                    "model has no parameter that requires grad, so nothing would train: "
-                    "unfreeze it (model.requires_grad_(True)) or give a peft model with adapters"
-                )
-            weights = next(model.parameters()).dtype
-            if weights == torch.float16:  # no loss scaling here: its gradients would underflow
-                raise ValueError(
-                    "model holds float16 weights, which train only with loss scaling (not "
-                    "done here): give it in bfloat16 or float32 (model.to(torch.bfloat16))"
-                )
-            # Weights below float32 sample, score and train in their own dtype.
-            if weights != torch.float32 and self.dtype not in ("auto", str(weights)[6:]):
-                raise ValueError(
-                    f"dtype={self.dtype!r} asks another dtype than the model's {weights}, "
-                    "which samples and scores in its own: pass dtype='auto' or cast the "
-                    "model (model.float() for float32)"
-                )
-        import gymnasium
-
-        if env is not None and not (callable(env) or isinstance(env, gymnasium.vector.VectorEnv)):
-            raise TypeError(
-                f"env must be an env id, a gymnasium VectorEnv or a callable making one, got "
-                f"{type(env).__name__}"
-            )
-        if self.resume and (model is not None or env is not None):
-            raise ValueError(
-                "resume reloads a run from its folder by name; a model or env object cannot "
-                "be resumed into: resume with GRPOTrainer(GRPOConfig.resumed(out))"
-            )
-        if env is not None:
-            given = [flag for name, flag in _ENV_OBJECT_CONFLICTS if getattr(self, name)]
-            if set(rubric_weights(self.rubric)) - {"task"}:  # parts beyond the task's reward
-                given.append("--rubric")
-            if given:
-                raise ValueError(
-                    f"env as an object does not go with {', '.join(given)}, which make envs "
-                    "of their own from config.env: pass the env id, or leave them off "
-                    "(eval_episodes=0; evaluate with trainer.evaluate() on an id's run)"
-                )
-        if world > 1 and (model is not None or env is not None):
-            raise ValueError(
-                f"a run across {world} processes does not go with a model or env object yet: "
-                "run it in one process"
-            )
-
     @classmethod
     def resumed(cls, out: str | Path, **changes: object) -> GRPOConfig:
-        """The config of the run saved in ``out``, set to resume, with ``changes`` (fields of
-        ``RESUMABLE`` only; others must equal the saved values)."""
-        changes.update(out=str(out), resume=True, overwrite=False)
-        config = dataclasses.replace(load_config(out), **changes)
-        check_resumable(config)
-        return config
+        """The config of the run saved in ``out``, set to resume, with ``changes`` (options a
+        resume may change only: ``RESUMABLE``; others must equal the saved values)."""
+        from llm_gym.train.run_folder import resumed_config  # the run folder's home
 
-    def save(self) -> Path:
-        """Write this config as JSON into its run folder ``out``; the file's path."""
-        text = json.dumps(dataclasses.asdict(self), indent=2) + "\n"
-        return write_text(Path(self.out) / CONFIG_FILE, text)
+        return resumed_config(out, **changes)
 
 
-def load_config(out: str | Path) -> GRPOConfig:
-    """The ``GRPOConfig`` a run saved in its folder ``out``; a one-line error naming the file
-    when it is missing or broken."""
-    path = Path(out) / CONFIG_FILE
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"--resume needs an earlier run in {out}, but its run config {path} does not "
-            "exist (train once without --resume first)"
-        )
-    try:
-        values = json.loads(path.read_text(encoding="utf-8"))
-        names = {f.name for f in dataclasses.fields(GRPOConfig)}
-        unknown = sorted(set(values) - names)
-        if unknown:
-            raise ValueError(f"unknown fields {unknown}")
-        return GRPOConfig(**values)
-    except (ValueError, TypeError) as error:  # JSONDecodeError is a ValueError
-        message = " ".join(str(error).split())
-        raise ValueError(
-            f"the run config {path} is truncated or not a GRPOConfig: {message}"
-        ) from None
-
-
-def resume_conflicts(saved: GRPOConfig, config: GRPOConfig) -> list[str]:
-    """The fields outside ``RESUMABLE`` in which ``config`` differs from the ``saved`` run's."""
-    return [
-        f.name
-        for f in dataclasses.fields(GRPOConfig)
-        if f.name not in RESUMABLE and getattr(saved, f.name) != getattr(config, f.name)
-    ]
-
-
-def check_resumable(config: GRPOConfig) -> GRPOConfig:
-    """The saved config of the run ``config`` resumes (in ``config.out``); a one-line error
-    naming the first field outside ``RESUMABLE`` that differs from it."""
-    saved = load_config(config.out)
-    for name in resume_conflicts(saved, config):
-        changeable = ", ".join(n for n in RESUMABLE if n not in ("out", "resume", "overwrite"))
-        raise ValueError(
-            f"{name}={getattr(config, name)!r} differs from the resumed run's "
-            f"{name}={getattr(saved, name)!r} ({Path(config.out) / CONFIG_FILE}); a resumed "
-            f"run may change only {changeable}"
-        )
-    return saved
-
-
-def check_vector_env(
-    config: GRPOConfig, envs: gym.vector.VectorEnv, world: int, multi_turn: bool
-) -> None:
-    """What the run's vector env must be: a sub-env per response observing the trainer's
-    keys, and single-turn across processes (``multi_turn``: whether its episodes may take
-    more than one response)."""
-    size = config.groups * config.group_size // world
-    if envs.num_envs != size:
-        raise ValueError(
-            f"env has {envs.num_envs} sub-envs; the run steps groups × group_size = "
-            f"{config.groups} × {config.group_size} = {size}, a sub-env per response"
-        )
-    keys = getattr(envs.single_observation_space, "spaces", {})
-    if not set(_TRAINER_KEYS) <= set(keys):
-        raise ValueError(
-            "env must observe 'tokens', 'history' and 'policy_mask' (input_mode='tokens', "
-            "observation_keys=('tokens', 'history', 'policy_mask')), got the keys "
-            f"{sorted(keys)}"
-        )
-    if multi_turn and config.dynamic_sampling:
-        raise ValueError(
-            f"{config.env} plays more than one turn an episode, whose iterations reseed "
-            "their groups: dynamic_sampling (--dynamic-sampling) refills single-turn tasks"
-        )
-    if multi_turn and world > 1:
-        raise ValueError(
-            f"{config.env} plays more than one turn an episode (tools, a game, max_turns), "
-            "which a run across processes does not train yet: run it in one process"
-        )
-
-
-def check_episode_groups(prompts: Sequence[object], group_size: int) -> None:
-    """That each group of ``group_size`` consecutive episodes (given by their ``prompts``)
-    played one item: GRPO compares a group's responses."""
-    for start in range(0, len(prompts), group_size):
-        played = {json.dumps(p, sort_keys=True, default=str)
-                  for p in prompts[start : start + group_size]}  # fmt: skip
-        if len(played) > 1:
-            raise ValueError(
-                f"env's sub-envs {start}..{start + group_size - 1} (one group) played "
-                f"{len(played)} different prompts; a group must play one item: make the "
-                f"vector env with repeats={group_size}, group_repeats=True"
-            )
+# What a resumed run may change, as the options declare it: how long it goes on, how it
+# saves and reports, where it runs, the update's memory, how the samples are drawn.
+# Everything else (task, model, GRPO's settings, seed) would make it another run.
+RESUMABLE = resumable(GRPOConfig)

@@ -37,19 +37,34 @@ from llm_gym.train.advantages import (
     turn_advantages,
 )
 from llm_gym.train.checkpoints import RunCheckpoints, load_checkpoint
-from llm_gym.train.config import TURN_ESTIMATORS, GRPOConfig, check_episode_groups
+from llm_gym.train.config import TURN_ESTIMATORS, GRPOConfig
 from llm_gym.train.evaluation import evaluate_agent, evaluate_greedy
 from llm_gym.train.loss import trained_segments
-from llm_gym.train.model import CallersModel, check_memory, frozen_reference, trained_model
+from llm_gym.train.model import (
+    CallersModel,
+    check_given_model,
+    check_memory,
+    frozen_reference,
+    trained_model,
+)
 from llm_gym.train.optim import adamw
-from llm_gym.train.play import Feed, kl_scorer, play, run_envs
+from llm_gym.train.play import (
+    Feed,
+    check_episode_groups,
+    check_given_env,
+    kl_scorer,
+    play,
+    run_envs,
+)
 from llm_gym.train.run_folder import (
     METRICS_FILE,
     SUMMARY_FILE,
     TRAINING_PLOT_FILE,
+    check_start,
     claim_out,
     clear_out,
     earlier_rows,
+    save_config,
     write_summary,
 )
 from llm_gym.train.sampling import sampling
@@ -100,7 +115,8 @@ class GRPOTrainer:
         if isinstance(env, str):
             config, env = dataclasses.replace(config, env=env), None
         world = max(launched_processes(), world_size())
-        config.check_given(model, tokenizer, env, world)
+        check_given_model(config, model, tokenizer, world)
+        check_given_env(config, env, world)
         config.check_world(world)
         self.config, self.given_model, self.given_env = config, (model, tokenizer), env
         # A caller's model gets back what the run switches on it when the run ends.
@@ -146,7 +162,7 @@ class GRPOTrainer:
         barrier()  # every process has looked before the first clears the folder
         state, tensors = load_checkpoint(checkpoint) if checkpoint else (None, None)
         self.start, self.before = (int(state["iteration"]), state["before"]) if state else (0, None)
-        config.check_start(self.start)
+        check_start(config, self.start)
         torch.manual_seed(config.seed)
         self.model, self.tokenizer = trained_model(
             config, given, tokenizer, checkpoint, self.device, self.dtype
@@ -214,7 +230,7 @@ class GRPOTrainer:
             self.updater.load_state_dict(state)
         if not state and self.lead:  # set up without error: only now does an earlier run go
             clear_out(self.out)
-            config.save()  # what --resume continues
+            save_config(config)  # what --resume continues
         barrier()
 
     @property

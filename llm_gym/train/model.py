@@ -8,7 +8,7 @@ import copy
 import dataclasses
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from llm_gym.lm.loading import load_model
 from llm_gym.lm.lora import AdapterDisabled, is_lora, load_lora, unwrapped, with_lora
@@ -26,11 +26,66 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CallersModel",
+    "check_given_model",
     "check_memory",
     "enable_checkpointing",
     "frozen_reference",
     "trained_model",
 ]
+
+
+def check_given_model(config: GRPOConfig, model: Any, tokenizer: Any, world: int) -> None:
+    """What a library run's ``model`` and ``tokenizer`` objects (None: not given) allow with
+    ``config`` across ``world`` processes: a trainable torch model in float32 or bfloat16
+    and its tokenizer, together, in a new run of one process."""
+    if (model is None) != (tokenizer is None):
+        given, missing = ("model", "tokenizer") if tokenizer is None else ("tokenizer", "model")
+        raise ValueError(
+            f"{given} was given without its {missing}: pass a model object and its "
+            "tokenizer together, or neither (config.model names the model)"
+        )
+    if model is None:
+        return
+    import torch
+    from transformers import PreTrainedTokenizerBase
+
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(
+            f"model must be a torch.nn.Module (a transformers or peft model), got "
+            f"{type(model).__name__}"
+        )
+    if not isinstance(tokenizer, PreTrainedTokenizerBase):
+        raise TypeError(
+            f"tokenizer must be a transformers tokenizer, got {type(tokenizer).__name__}"
+        )
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ValueError(
+            "model has no parameter that requires grad, so nothing would train: "
+            "unfreeze it (model.requires_grad_(True)) or give a peft model with adapters"
+        )
+    weights = next(model.parameters()).dtype
+    if weights == torch.float16:  # no loss scaling here: its gradients would underflow
+        raise ValueError(
+            "model holds float16 weights, which train only with loss scaling (not "
+            "done here): give it in bfloat16 or float32 (model.to(torch.bfloat16))"
+        )
+    # Weights below float32 sample, score and train in their own dtype.
+    if weights != torch.float32 and config.dtype not in ("auto", str(weights)[6:]):
+        raise ValueError(
+            f"dtype={config.dtype!r} asks another dtype than the model's {weights}, "
+            "which samples and scores in its own: pass dtype='auto' or cast the "
+            "model (model.float() for float32)"
+        )
+    if config.resume:
+        raise ValueError(
+            "resume reloads a run from its folder by name; a model or env object cannot "
+            "be resumed into: resume with GRPOTrainer(GRPOConfig.resumed(out))"
+        )
+    if world > 1:
+        raise ValueError(
+            f"a run across {world} processes does not go with a model or env object yet: "
+            "run it in one process"
+        )
 
 
 def trained_model(

@@ -4,9 +4,10 @@ keeps of them (the item stream, the curriculum, the KL coefficient)."""
 
 from __future__ import annotations
 
+import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
@@ -14,6 +15,7 @@ import gymnasium as gym
 from llm_gym.agents import AgentEpisodes, load_agent
 from llm_gym.envs import DatasetChatVectorEnv
 from llm_gym.episodes import EpisodeSource, VectorEpisodes, multi_turn
+from llm_gym.run.config import rubric_weights
 from llm_gym.run.setup import (
     async_episodes,
     charge_kl,
@@ -22,7 +24,7 @@ from llm_gym.run.setup import (
     reference_scorer,
     task_envs,
 )
-from llm_gym.train.config import GRPOConfig, check_vector_env
+from llm_gym.train.config import GRPOConfig
 from llm_gym.train.pipeline import AsyncBatches
 from llm_gym.train.sharding import Processes, gather_objects
 from llm_gym.wrappers import AdaptiveKLController
@@ -37,8 +39,21 @@ if TYPE_CHECKING:
     from llm_gym.samplers import Sampler, Scorer
     from llm_gym.wrappers.controllers import KLController
 
-__all__ = ["Feed", "Played", "agent_episodes", "kl_scorer", "play", "run_envs"]
+__all__ = [
+    "Feed", "Played", "agent_episodes", "check_episode_groups", "check_given_env",
+    "check_vector_env", "kl_scorer", "play", "run_envs",
+]  # fmt: skip
 
+# What an env object (not an id) cannot be asked for: each makes envs of its own from
+# config.env (the asynchronous driver's, an agent's, Ray's workers, the held-out evaluation)
+# or wraps the ones it makes (curriculum, rubric).
+_ENV_OBJECT_CONFLICTS = (
+    ("asynchronous", "--async"), ("agent", "--agent"), ("ray_address", "--ray"),
+    ("curriculum", "--curriculum"), ("eval_episodes", "--eval-episodes"),
+)  # fmt: skip
+# What a trainer's env must observe: the prompt's tokens, the history for the episode's
+# record and which tokens the policy wrote.
+_TRAINER_KEYS = ("tokens", "history", "policy_mask")
 # What a checkpoint holds of the episodes: each field None where the run has no such part.
 _EMPTY = {"kl_coef": None, "level": None, "drawn_level": None, "successes": None}
 
@@ -202,6 +217,83 @@ class Played:
 
     def __init__(self, envs: gym.vector.VectorEnv, feed: Feed, multi_turn: bool) -> None:
         self.envs, self.feed, self.multi_turn = envs, feed, multi_turn
+
+
+def check_given_env(config: GRPOConfig, env: object, world: int) -> None:
+    """What a library run's ``env`` object (None: not given; an env id is no object) allows
+    with ``config`` across ``world`` processes: a vector env or a callable making one, in a
+    new run of one process that makes no envs of its own from ``config.env``."""
+    if env is None:
+        return
+    if not (callable(env) or isinstance(env, gym.vector.VectorEnv)):
+        raise TypeError(
+            f"env must be an env id, a gymnasium VectorEnv or a callable making one, got "
+            f"{type(env).__name__}"
+        )
+    if config.resume:
+        raise ValueError(
+            "resume reloads a run from its folder by name; a model or env object cannot "
+            "be resumed into: resume with GRPOTrainer(GRPOConfig.resumed(out))"
+        )
+    given = [flag for name, flag in _ENV_OBJECT_CONFLICTS if getattr(config, name)]
+    if set(rubric_weights(config.rubric)) - {"task"}:  # parts beyond the task's reward
+        given.append("--rubric")
+    if given:
+        raise ValueError(
+            f"env as an object does not go with {', '.join(given)}, which make envs "
+            "of their own from config.env: pass the env id, or leave them off "
+            "(eval_episodes=0; evaluate with trainer.evaluate() on an id's run)"
+        )
+    if world > 1:
+        raise ValueError(
+            f"a run across {world} processes does not go with a model or env object yet: "
+            "run it in one process"
+        )
+
+
+def check_vector_env(
+    config: GRPOConfig, envs: gym.vector.VectorEnv, world: int, multi_turn: bool
+) -> None:
+    """What the run's vector env must be: a sub-env per response observing the trainer's
+    keys, and single-turn across processes (``multi_turn``: whether its episodes may take
+    more than one response)."""
+    size = config.groups * config.group_size // world
+    if envs.num_envs != size:
+        raise ValueError(
+            f"env has {envs.num_envs} sub-envs; the run steps groups × group_size = "
+            f"{config.groups} × {config.group_size} = {size}, a sub-env per response"
+        )
+    keys = getattr(envs.single_observation_space, "spaces", {})
+    if not set(_TRAINER_KEYS) <= set(keys):
+        raise ValueError(
+            "env must observe 'tokens', 'history' and 'policy_mask' (input_mode='tokens', "
+            "observation_keys=('tokens', 'history', 'policy_mask')), got the keys "
+            f"{sorted(keys)}"
+        )
+    if multi_turn and config.dynamic_sampling:
+        raise ValueError(
+            f"{config.env} plays more than one turn an episode, whose iterations reseed "
+            "their groups: dynamic_sampling (--dynamic-sampling) refills single-turn tasks"
+        )
+    if multi_turn and world > 1:
+        raise ValueError(
+            f"{config.env} plays more than one turn an episode (tools, a game, max_turns), "
+            "which a run across processes does not train yet: run it in one process"
+        )
+
+
+def check_episode_groups(prompts: Sequence[object], group_size: int) -> None:
+    """That each group of ``group_size`` consecutive episodes (given by their ``prompts``)
+    played one item: GRPO compares a group's responses."""
+    for start in range(0, len(prompts), group_size):
+        played = {json.dumps(p, sort_keys=True, default=str)
+                  for p in prompts[start : start + group_size]}  # fmt: skip
+        if len(played) > 1:
+            raise ValueError(
+                f"env's sub-envs {start}..{start + group_size - 1} (one group) played "
+                f"{len(played)} different prompts; a group must play one item: make the "
+                f"vector env with repeats={group_size}, group_repeats=True"
+            )
 
 
 def play(

@@ -1,39 +1,130 @@
 """What a training run keeps in its folder, and who may use the folder: a new run, a resumed
-one (``--resume``) or one that replaces it (``--overwrite``)."""
+one (``--resume``) or one that replaces it (``--overwrite``); the run's config saved there,
+loaded again, and what a resume may change in it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
+from llm_gym.options import flags
 from llm_gym.run.describe import run_rows, run_title
 from llm_gym.run.files import RunWriteError, write_text
 from llm_gym.run.plots import plot_training
 from llm_gym.run.report import REPORT_FILE, write_report
-from llm_gym.run.trackers import clear_trackers
+from llm_gym.run.trackers import clear_trackers, report_to
 from llm_gym.train.checkpoints import latest_checkpoint, run_checkpoints
-from llm_gym.train.config import CONFIG_FILE, GRPOConfig, check_resumable
+from llm_gym.train.config import RESUMABLE, GRPOConfig
 
 __all__ = [
+    "CONFIG_FILE",
     "METRICS_FILE",
     "TRAINING_PLOT_FILE",
     "SERVED_FOLDER",
     "SUMMARY_FILE",
+    "check_resumable",
+    "check_start",
     "claim_out",
     "clear_out",
     "earlier_rows",
+    "load_config",
+    "resumable_flags",
+    "resume_conflicts",
     "resume_hint",
+    "resumed_config",
+    "save_config",
     "write_summary",
 ]
 
 # What a run leaves in its folder (the files --resume reads among them).
+CONFIG_FILE = "run_config.json"  # the run's GRPOConfig, written when the run starts
 METRICS_FILE = "metrics.jsonl"  # a line per iteration, written as it ends
 TRAINING_PLOT_FILE = "training.png"
 SUMMARY_FILE = "summary.json"
 SERVED_FOLDER = "served-model"  # --backend vllm: the weights the server samples with
+
+
+def save_config(config: GRPOConfig) -> Path:
+    """Write ``config`` as JSON into its run folder ``config.out``; the file's path."""
+    text = json.dumps(dataclasses.asdict(config), indent=2) + "\n"
+    return write_text(Path(config.out) / CONFIG_FILE, text)
+
+
+def load_config(out: str | Path) -> GRPOConfig:
+    """The ``GRPOConfig`` a run saved in its folder ``out``; a one-line error naming the file
+    when it is missing or broken. Its trackers are not asked to be installed here (a run
+    loads on a machine that lacks one): a resume that reports to them asks."""
+    path = Path(out) / CONFIG_FILE
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"--resume needs an earlier run in {out}, but its run config {path} does not "
+            "exist (train once without --resume first)"
+        )
+    try:
+        values = json.loads(path.read_text(encoding="utf-8"))
+        names = {f.name for f in dataclasses.fields(GRPOConfig)}
+        unknown = sorted(set(values) - names)
+        if unknown:
+            raise ValueError(f"unknown fields {unknown}")
+        trackers = values.pop("report_to", [])
+        config = GRPOConfig(**values)
+        config.report_to = report_to(",".join(trackers) or "none")  # the names, checked
+        return config
+    except (ValueError, TypeError) as error:  # JSONDecodeError is a ValueError
+        message = " ".join(str(error).split())
+        raise ValueError(
+            f"the run config {path} is truncated or not a GRPOConfig: {message}"
+        ) from None
+
+
+def resumable_flags() -> str:
+    """The flags a resumed run may change (``RESUMABLE``'s), for its messages."""
+    named = flags(GRPOConfig)
+    return ", ".join(named[n] for n in RESUMABLE if n not in ("out", "resume", "overwrite"))
+
+
+def resume_conflicts(saved: GRPOConfig, config: GRPOConfig) -> list[str]:
+    """The fields outside ``RESUMABLE`` in which ``config`` differs from the ``saved`` run's."""
+    return [
+        f.name
+        for f in dataclasses.fields(GRPOConfig)
+        if f.name not in RESUMABLE and getattr(saved, f.name) != getattr(config, f.name)
+    ]
+
+
+def check_resumable(config: GRPOConfig) -> GRPOConfig:
+    """The saved config of the run ``config`` resumes (in ``config.out``); a one-line error
+    naming the first field outside ``RESUMABLE`` that differs from it."""
+    saved = load_config(config.out)
+    for name in resume_conflicts(saved, config):
+        raise ValueError(
+            f"{name}={getattr(config, name)!r} differs from the resumed run's "
+            f"{name}={getattr(saved, name)!r} ({Path(config.out) / CONFIG_FILE}); a resumed "
+            f"run may change only {resumable_flags()}"
+        )
+    return saved
+
+
+def resumed_config(out: str | Path, **changes: object) -> GRPOConfig:
+    """The config of the run saved in ``out``, set to resume, with ``changes`` (options a
+    resume may change only: ``RESUMABLE``; others must equal the saved values)."""
+    changes.update(out=str(out), resume=True, overwrite=False)
+    config = dataclasses.replace(load_config(out), **changes)
+    check_resumable(config)
+    return config
+
+
+def check_start(config: GRPOConfig, done: int) -> None:
+    """That a resumed run whose checkpoint has ``done`` iterations has some left."""
+    if done >= config.iterations:
+        raise ValueError(
+            f"the run in {config.out} has done {done} iterations; pass --iterations above "
+            f"{done} to train on"
+        )
 
 
 def claim_out(config: GRPOConfig) -> Path | None:
