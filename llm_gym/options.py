@@ -89,9 +89,7 @@ def option(
         "choices": tuple(choices) if choices is not None else None, "metavar": metavar,
         "parse": parse, "const": const, "shown": shown, "resumable": resumable,
     }  # fmt: skip
-    return dataclasses.field(
-        default=default, default_factory=default_factory, metadata=metadata
-    )
+    return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
 
 
 def redeclare(cls: type, name: str, default: Any, **changes: Any) -> Any:
@@ -160,11 +158,20 @@ def option_specs(cls: type) -> list[OptionSpec]:
             default = field.default_factory()  # type: ignore[misc]
         specs.append(
             OptionSpec(
-                name=field.name, kind=kind, optional=optional, default=default,
-                help=meta["help"], flag=meta["flag"] or f"--{field.name.replace('_', '-')}",
-                low=meta["low"], strict=meta["strict"], choices=meta["choices"],
-                metavar=meta["metavar"], parse=meta["parse"], const=meta["const"],
-                shown=meta["shown"], resumable=meta["resumable"],
+                name=field.name,
+                kind=kind,
+                optional=optional,
+                default=default,
+                help=meta["help"],
+                flag=meta["flag"] or f"--{field.name.replace('_', '-')}",
+                low=meta["low"],
+                strict=meta["strict"],
+                choices=meta["choices"],
+                metavar=meta["metavar"],
+                parse=meta["parse"],
+                const=meta["const"],
+                shown=meta["shown"],
+                resumable=meta["resumable"],
             )  # fmt: skip
         )
     return specs

@@ -516,7 +516,7 @@ def record_forwards(model: torch.nn.Module) -> list[str]:
 
 
 def setup_new(args: argparse.Namespace, info: dict[str, Any], case: NewCase) -> Any:
-    from llm_gym.train import GRPOTrainer
+    from llm_gym.train import GRPOTrainer, per_token_advantages
 
     config = new_config(args, info, case)
     trainer = GRPOTrainer(config)
@@ -524,11 +524,12 @@ def setup_new(args: argparse.Namespace, info: dict[str, Any], case: NewCase) -> 
     info["model"], info["optimizer"] = trainer.model, trainer.optimizer
     info["weights"] = str(next(trainer.model.parameters()).dtype).removeprefix("torch.")
     tokens, masks, advantages = make_batch(args, trainer.model.config.vocab_size)
+    lengths = [len(t) for t in tokens]
     forwards = record_forwards(trainer.model)
 
     def update() -> float:
         forwards.clear()
-        loss = trainer.update(tokens, masks, advantages)["loss"]
+        loss = trainer.update(tokens, masks, per_token_advantages(advantages, lengths))["loss"]
         info["forwards"] = "+".join(forwards)
         return loss
 
@@ -545,6 +546,7 @@ def setup_sharded(
     one update, without the trainer around it."""
     from llm_gym.lm.loading import load_model
     from llm_gym.lm.lora import unwrapped, with_lora
+    from llm_gym.train import per_token_advantages
     from llm_gym.train.optim import adamw
     from llm_gym.train.sharding import shard_model
     from llm_gym.train.update import PRECISION_WEIGHTS, GRPOUpdate
@@ -575,11 +577,12 @@ def setup_sharded(
     tokens, masks, advantages = make_batch(args, unwrapped(model).config.vocab_size)
     tokens, masks = [tokens[i] for i in rows], [masks[i] for i in rows]
     advantages = advantages[rows.start : rows.stop]  # on the CPU, as the trainer's
+    spread = per_token_advantages(advantages, [len(t) for t in tokens])
     forwards = record_forwards(model)
 
     def update() -> float:
         forwards.clear()
-        loss = updater(tokens, masks, advantages)["loss"]  # the whole batch's (summed)
+        loss = updater(tokens, masks, spread)["loss"]  # the whole batch's (summed)
         info["forwards"] = "+".join(forwards)
         return loss
 

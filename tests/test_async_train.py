@@ -16,7 +16,7 @@ from llm_gym.cli import main
 from llm_gym.envs import DatasetChatEnv
 from llm_gym.episodes import AsyncEpisodes, Episode
 from llm_gym.run.config import RolloutConfig
-from llm_gym.train import GRPOConfig
+from llm_gym.train import GRPOConfig, resumed_config
 from llm_gym.train.loss import sampled
 from llm_gym.train.pipeline import AsyncBatches, staleness
 
@@ -237,7 +237,7 @@ def test_async_trainingkl_sub_env_and_curriculum_resumes_exactly(tiny_dir, tmp_p
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     GRPOTrainer(config(whole)).train()
     GRPOTrainer(config(parts, iterations=2, save_optimizer=True)).train()
-    GRPOTrainer(GRPOConfig.resumed(parts, iterations=4)).train()
+    GRPOTrainer(resumed_config(parts, iterations=4)).train()
 
     def metrics(out):
         rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

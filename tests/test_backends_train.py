@@ -13,7 +13,7 @@ from conftest import DIGIT_ROWS
 from llm_gym.cli import main
 from llm_gym.lm.loading import load_model
 from llm_gym.policies import TransformersPolicy
-from llm_gym.train import GRPOConfig, GRPOTrainer
+from llm_gym.train import GRPOConfig, GRPOTrainer, per_token_advantages
 from llm_gym.train.run_folder import SERVED_FOLDER
 
 pytestmark = pytest.mark.vllm
@@ -31,6 +31,11 @@ def sequences(prompts, samples):
     return tokens, [np.arange(len(t)) >= len(p) for t, p in zip(tokens, prompts, strict=True)]
 
 
+def spread(values, tokens):
+    """Each sequence's advantage on each of its tokens, as the update takes them."""
+    return per_token_advantages(torch.tensor(values), [len(t) for t in tokens])
+
+
 def test_the_served_weights_follow_each_update(tmp_path, smol):
     _, tokenizer = smol
     before = set(server_processes())
@@ -45,7 +50,8 @@ def test_the_served_weights_follow_each_update(tmp_path, smol):
         assert sampler.version == trainer.version == 1
         # An update whose advantages are not all zero (a group can be all wrong): the
         # weights move for sure.
-        trainer.update(*sequences(prompts, sampler.sample(prompts)), torch.tensor([1.0, -1, 1]))
+        tokens, masks = sequences(prompts, sampler.sample(prompts))
+        trainer.update(tokens, masks, spread([1.0, -1, 1], tokens))
         assert sampler.version == trainer.version == 2 and row["sync_seconds"] > 0
         samples = sampler.sample(prompts)
         assert {s.version for s in samples} == {2}
@@ -103,7 +109,8 @@ def test_a_lora_run_serves_its_merged_weights_and_its_checkpoint_serves_too(tmp_
     initial = TransformersPolicy(smol[0], tokenizer, input_mode="tokens", generate=False)
     prompts = prompts_for(tokenizer)
     try:
-        trainer.update(*sequences(prompts, sampler.sample(prompts)), torch.tensor([1.0, -1, 1]))
+        tokens, masks = sequences(prompts, sampler.sample(prompts))
+        trainer.update(tokens, masks, spread([1.0, -1, 1], tokens))
         samples = sampler.sample(prompts)
         assert {s.version for s in samples} == {1}
         tokens = [s.tokens for s in samples]

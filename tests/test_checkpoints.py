@@ -11,7 +11,7 @@ import torch
 
 from llm_gym.lm.loading import load_model, tiny_model
 from llm_gym.sources import ProceduralSource
-from llm_gym.train import GRPOConfig, GRPOTrainer
+from llm_gym.train import GRPOConfig, GRPOTrainer, resumed_config
 from llm_gym.train.checkpoints import checkpoints, latest_checkpoint, load_checkpoint
 from llm_gym.train.optim import MasterAdamW
 from llm_gym.train.sharding import load_optimizer, save_optimizer
@@ -76,7 +76,7 @@ def test_a_resumed_run_equals_an_uninterrupted_one(tiny_dir, tmp_path, variant):
     GRPOTrainer(config(tiny_dir, whole, **variant)).train()
     # A run's last checkpoint keeps the optimizer's state only when asked: this one goes on.
     GRPOTrainer(config(tiny_dir, parts, iterations=2, save_optimizer=True, **variant)).train()
-    resumed = GRPOTrainer(GRPOConfig.resumed(parts, iterations=4))
+    resumed = GRPOTrainer(resumed_config(parts, iterations=4))
     assert resumed.start == 2 and resumed.config.kl_target == 0.01  # the saved run's config
     for key, value in variant.items():
         assert getattr(resumed.config, key) == value
@@ -146,18 +146,18 @@ def test_a_bfloat16_run_saves_its_optimizer_and_resumes(tiny_dir, tmp_path):
     GRPOTrainer(config(tiny_dir, tmp_path, save_optimizer=True, **bf16)).train()
     assert [c.name for c in checkpoints(tmp_path)] == ["checkpoint-1", "checkpoint-2"]
     assert all((c / "optimizer").is_dir() for c in checkpoints(tmp_path))
-    resumed = GRPOTrainer(GRPOConfig.resumed(tmp_path, iterations=3))
+    resumed = GRPOTrainer(resumed_config(tmp_path, iterations=3))
     assert resumed.start == 2 and isinstance(resumed.optimizer, MasterAdamW)
     assert resumed.train()["iterations"] == 3
 
 
 def test_resume_without_flags_keeps_the_saved_config_and_refuses_other_changes(tiny_dir, tmp_path):
     GRPOTrainer(config(tiny_dir, tmp_path, iterations=1, save_every=1)).train()
-    restored = GRPOConfig.resumed(tmp_path, iterations=2, eval_episodes=4)
+    restored = resumed_config(tmp_path, iterations=2, eval_episodes=4)
     assert restored.env_args == {"task": "chain_sum", "level": 2} and restored.kl_coef == 0.5
     assert restored.curriculum == 4 and restored.iterations == 2 and restored.resume
     with pytest.raises(ValueError, match=r"kl_coef=0\.1 differs from the resumed run's kl_coef"):
-        GRPOConfig.resumed(tmp_path, kl_coef=0.1)
+        resumed_config(tmp_path, kl_coef=0.1)
     with pytest.raises(ValueError, match=r"env_args=\{'task': 'leg_counting'\} differs"):
         GRPOTrainer(config(tiny_dir, tmp_path, env_args={"task": "leg_counting"}, resume=True))
     saved = json.loads((tmp_path / "run_config.json").read_text())
@@ -210,7 +210,7 @@ def test_lean_checkpoints_save_the_last_weights_in_the_save_dtype(
         for a, b in zip(model.state_dict().values(), trained.state_dict().values(), strict=True)
     )
     # Training on from it: AdamW starts afresh, and the run says so.
-    GRPOTrainer(GRPOConfig.resumed(tmp_path, iterations=3)).train()
+    GRPOTrainer(resumed_config(tmp_path, iterations=3)).train()
     assert "holds no optimizer state" in capsys.readouterr().err
     assert [path.name for path in checkpoints(tmp_path)] == ["checkpoint-2", "checkpoint-3"]
 
@@ -247,7 +247,7 @@ def test_a_broken_checkpoint_file_is_named_in_one_line(tiny_dir, tmp_path, damag
     else:
         os.truncate(path, path.stat().st_size // 2)
     with pytest.raises((ValueError, FileNotFoundError)) as caught:
-        GRPOTrainer(GRPOConfig.resumed(tmp_path, iterations=2))
+        GRPOTrainer(resumed_config(tmp_path, iterations=2))
     message = str(caught.value)
     assert str(path) in message and "\n" not in message
     assert "missing" in message if damage == "delete" else "truncated or corrupt" in message
@@ -301,7 +301,7 @@ def test_ctrl_c_at_any_moment_of_a_save_leaves_a_checkpoint_that_resumes(tiny_di
     assert [path.name for path in tmp_path.iterdir() if "checkpoint" in path.name] == [
         "checkpoint-2"
     ]
-    resumed = GRPOTrainer(GRPOConfig.resumed(tmp_path, iterations=3))
+    resumed = GRPOTrainer(resumed_config(tmp_path, iterations=3))
     assert resumed.start == 2
     resumed.train()
     assert [row["iteration"] for row in metrics(tmp_path)] == [0, 2]  # 1 was never finished
@@ -345,7 +345,7 @@ def test_ctrl_c_during_training_writes_the_summary_and_resumes(tiny_dir, tmp_pat
     assert summary["interrupted"] is True and summary["iterations"] == 1
     assert summary["task"]["name"] == "chain_sum" and summary["after"] is None
     assert (tmp_path / "training.png").is_file() and (tmp_path / "report.md").is_file()
-    assert GRPOTrainer(GRPOConfig.resumed(tmp_path)).start == 1
+    assert GRPOTrainer(resumed_config(tmp_path)).start == 1
 
 
 def test_cli_resume_restores_the_saved_run_and_names_a_conflicting_flag(tiny_dir, tmp_path, capsys):
@@ -393,7 +393,7 @@ def test_a_wrong_field_in_trainer_state_is_named_with_its_file(
     state = json.loads(path.read_text())
     path.write_text(json.dumps({**state, field: value}))
     with pytest.raises(ValueError) as caught:
-        GRPOTrainer(GRPOConfig.resumed(tmp_path, iterations=2))
+        GRPOTrainer(resumed_config(tmp_path, iterations=2))
     message = str(caught.value)
     assert message.startswith(
         f"checkpoint file {path}: field {field!r} must be {expected}, got {value!r}; delete"
@@ -405,7 +405,7 @@ def test_resume_refuses_when_the_metrics_file_is_gone(tiny_dir, tmp_path):
     GRPOTrainer(config(tiny_dir, tmp_path, iterations=1, save_every=1)).train()
     (tmp_path / "metrics.jsonl").unlink()
     with pytest.raises(FileNotFoundError) as caught:
-        GRPOTrainer(GRPOConfig.resumed(tmp_path, iterations=2))
+        GRPOTrainer(resumed_config(tmp_path, iterations=2))
     message = str(caught.value)
     assert message.startswith(f"--resume: {tmp_path / 'metrics.jsonl'} is missing")
     assert "the rows of the iterations before checkpoint-1 (0 to 0)" in message

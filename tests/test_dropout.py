@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from llm_gym.lm.loading import tiny_model
-from llm_gym.train import GRPOConfig
+from llm_gym.train import GRPOConfig, per_token_advantages
 from llm_gym.train.optim import adamw
 from llm_gym.train.update import GRPOUpdate, training_forwards
 
@@ -62,7 +62,8 @@ def test_the_update_runs_without_dropout_unless_kept_and_checkpoints_either_way(
     trained = [p for p in model.parameters() if p.requires_grad]
     updater = GRPOUpdate(model, adamw(trained, config.learning_rate), config, PAD)
     assert not any(module.training for module in model.modules())
-    row = updater(*batch(), ADVANTAGES)
+    tokens, masks = batch()
+    row = updater(tokens, masks, per_token_advantages(ADVANTAGES, LENGTHS))
     # One micro-batch: the old policy's forward (no gradient), then each epoch's loss forward
     # and its recompute in the backward.
     assert mlp == [False, True, True, True, True]

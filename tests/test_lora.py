@@ -20,7 +20,7 @@ from llm_gym.lm.lora import (
 )
 from llm_gym.policies import TransformersPolicy
 from llm_gym.samplers.weights import served_tensors
-from llm_gym.train import GRPOConfig, GRPOTrainer
+from llm_gym.train import GRPOConfig, GRPOTrainer, resumed_config
 from llm_gym.train.checkpoints import checkpoints, latest_checkpoint, load_checkpoint
 
 TIMING = ("seconds", "tokens_per_second")
@@ -116,7 +116,7 @@ def test_a_resumed_lora_run_equals_an_uninterrupted_one(tiny_dir, tmp_path, drop
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     GRPOTrainer(config(tiny_dir, whole, **dropout)).train()
     GRPOTrainer(config(tiny_dir, parts, iterations=2, save_optimizer=True, **dropout)).train()
-    GRPOTrainer(GRPOConfig.resumed(parts, iterations=4)).train()
+    GRPOTrainer(resumed_config(parts, iterations=4)).train()
     expected = metrics(whole)
     assert len({row["kl"] for row in expected}) == 4  # the KL moves: the curves say something
     for a, b in zip(metrics(parts), expected, strict=True):

@@ -14,6 +14,7 @@ import pytest
 from llm_gym.cli import build_parser, main
 from llm_gym.options import flags, option_specs, options_table, resumable
 from llm_gym.run.config import RolloutConfig
+from llm_gym.train import resumed_config
 from llm_gym.train.config import RESUMABLE, GRPOConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,7 +112,7 @@ def test_a_saved_run_loads_where_its_tracker_is_not_installed(tmp_path, monkeypa
     assert load_config(tmp_path).report_to == ["tensorboard"]
     # Resuming it to report there asks for the tracker; reporting elsewhere does not.
     with pytest.raises(ValueError, match="'tensorboard' is not installed"):
-        GRPOConfig.resumed(tmp_path)
+        resumed_config(tmp_path)
     raw = json.loads((tmp_path / "run_config.json").read_text())
     assert raw["report_to"] == ["tensorboard"]
 

@@ -11,7 +11,7 @@ import torch
 import torch.multiprocessing as mp
 
 from llm_gym.lm.lora import with_lora
-from llm_gym.train import GRPOConfig
+from llm_gym.train import GRPOConfig, per_token_advantages
 from llm_gym.train.optim import adamw
 from llm_gym.train.update import GRPOUpdate
 
@@ -43,8 +43,9 @@ def update(model, options, rows):
     tokens, masks = batch(LENGTHS)
     trained = [p for p in model.parameters() if p.requires_grad]
     updater = GRPOUpdate(model, adamw(trained, 1e-3), config("x", **options), 0)
+    tokens, masks = [tokens[i] for i in rows], [masks[i] for i in rows]
     advantages = torch.tensor([ADVANTAGES[i] for i in rows])
-    return updater([tokens[i] for i in rows], [masks[i] for i in rows], advantages)
+    return updater(tokens, masks, per_token_advantages(advantages, [len(t) for t in tokens]))
 
 
 # (LoRA, the update's options): every case runs in the same two processes (one start-up).
@@ -137,7 +138,9 @@ def checkpointed_process(rank, world, port, folder, out, resume):
 
         def step():
             advantages = torch.tensor([ADVANTAGES[i] for i in rows])
-            updater([tokens[i] for i in rows], [masks[i] for i in rows], advantages)
+            mine = [tokens[i] for i in rows]
+            spread = per_token_advantages(advantages, [len(t) for t in mine])
+            updater(mine, [masks[i] for i in rows], spread)
 
         if resume:
             load_optimizer(model, optimizer, f"{out}/optimizer")
@@ -178,7 +181,7 @@ def test_a_sharded_checkpoint_resumes_exactly_and_on_one_process(tiny_dir, tmp_p
     assert optimizer.state  # AdamW's moments and step, from the shards
     updater = GRPOUpdate(model, optimizer, config("x"), 0)
     tokens, masks = batch(LENGTHS)
-    updater(tokens, masks, torch.tensor(ADVANTAGES))
+    updater(tokens, masks, per_token_advantages(torch.tensor(ADVANTAGES), [len(t) for t in tokens]))
     for key, value in model.state_dict().items():
         torch.testing.assert_close(value, uninterrupted[key], atol=1e-6, rtol=0, msg=key)
 

@@ -13,7 +13,13 @@ from llm_gym.chat import Response
 from llm_gym.cli import main
 from llm_gym.episodes import Episode, EpisodeSource, Segment, ran_out
 from llm_gym.lm.precision import runs_fast
-from llm_gym.train import GRPOConfig, GRPOTrainer, group_advantages, grpo_loss
+from llm_gym.train import (
+    GRPOConfig,
+    GRPOTrainer,
+    group_advantages,
+    grpo_loss,
+    per_token_advantages,
+)
 from llm_gym.train.loss import trained_segments
 from llm_gym.train.optim import MasterAdamW, adamw
 
@@ -152,7 +158,8 @@ def test_an_update_moves_the_policy_toward_the_better_response(tiny_dir, tmp_pat
     prompts = obs["tokens"]
     tokens = [np.concatenate([p, r.tokens]) for p, r in zip(prompts, responses, strict=True)]
     masks = [np.arange(len(t)) >= len(p) for t, p in zip(tokens, prompts, strict=True)]
-    trainer.update(tokens, masks, torch.tensor([1.0, -1.0]))
+    advantages = per_token_advantages(torch.tensor([1.0, -1.0]), [len(t) for t in tokens])
+    trainer.update(tokens, masks, advantages)
     with torch.no_grad():
         dist, ids = trainer.scorer.get_dist(obs, responses, mask="prompt")
         after = (dist.log_prob(ids).sum(-1)).tolist()

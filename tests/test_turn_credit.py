@@ -171,7 +171,9 @@ def test_gamma_one_and_a_reward_at_the_end_give_todays_numbers(smollm2_tokenizer
     rows = {name: run.iteration(0) for name, run in runs.items()}
     per_episode, per_token = runs["grpo"].given[2], runs["turn-grpo"].given[2]
     for value, tokens, mask in zip(per_episode, per_token, runs["grpo"].given[1], strict=True):
-        assert np.all(tokens[np.asarray(mask, bool)] == value.item())
+        # Each a token: GRPO's one value on every token of its episode.
+        assert np.all(value == value[0])
+        assert np.all(tokens[np.asarray(mask, bool)] == value[0])
     assert rows["grpo"]["loss"] == rows["turn-grpo"]["loss"]
     weights = [dict(run.model.named_parameters()) for run in runs.values()]
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])

@@ -22,7 +22,7 @@ from llm_gym.cli._args import (
     llm_gym_env_ids,
     make_config,
     parse_with_recipe,
-    resumed_config,
+    resume_from_flags,
     usage_error,
 )
 from llm_gym.cli._check_template import add_check_template, check_template
@@ -182,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         given = given_options(parser, argv) | recipe
         check_flags(args, given)
         if args.command == "train" and args.resume:  # the saved run, not the defaults
-            config = resumed_config(args, given)
+            config = resume_from_flags(args, given)
         else:
             config = make_config(args.config_class, args)
         world = processes(args, config)

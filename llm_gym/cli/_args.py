@@ -34,7 +34,7 @@ __all__ = [
     "llm_gym_env_ids",
     "make_config",
     "parse_with_recipe",
-    "resumed_config",
+    "resume_from_flags",
     "task_function",
     "usage_error",
 ]
@@ -212,7 +212,7 @@ def check_flags(args: argparse.Namespace, given: set[str]) -> None:
             )
 
 
-def resumed_config(args: argparse.Namespace, given: set[str]) -> GRPOConfig:
+def resume_from_flags(args: argparse.Namespace, given: set[str]) -> GRPOConfig:
     """``train --resume``: the run config saved in ``--out`` with the ``given`` options that
     a resumed run may change (``RESUMABLE``); a given option that would change anything else
     is a ``ValueError`` naming its flag and what may change (a value equal to the saved one

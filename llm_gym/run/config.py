@@ -133,9 +133,7 @@ class RunConfig:
         "(```python blocks run by the python tool); default: %(default)s",
     )  # fmt: skip
     model: str = option("default", help="'default' (SmolLM2-135M-Instruct) or a folder")
-    max_new_tokens: int = option(
-        256, low=1, help="tokens generated per assistant turn, at most"
-    )
+    max_new_tokens: int = option(256, low=1, help="tokens generated per assistant turn, at most")
     temperature: float = option(0.7, low=0, help="sampling temperature (default: %(default)s)")
     kl_coef: float = option(
         0.05, low=0,
@@ -298,17 +296,14 @@ class RolloutConfig(RunConfig):
 
     split: str | None = option(
         None,
-        help="data split of dataset tasks (GSM8K, MATH; default: %(default)s, the task's: "
-        "train)",
+        help="data split of dataset tasks (GSM8K, MATH; default: %(default)s, the task's: train)",
     )
     data_dir: str | None = option(
         None,
         help="folder with a dataset task's data files (GSM8K: train.jsonl/test.jsonl; "
         "default: %(default)s, $LLM_GYM_GSM8K_PATH or $LLM_GYM_MATH_PATH, else the Hub)",
     )
-    num_envs: int = option(
-        8, low=1, help="envs stepped together, one batched generation a step"
-    )
+    num_envs: int = option(8, low=1, help="envs stepped together, one batched generation a step")
     episodes: int | None = option(
         None, low=1,
         help="episodes to run (default: %(default)s, one epoch of a dataset split, each "

@@ -136,6 +136,7 @@ def make_policy(
     served: str | Path | None = None,
     compute_dtype: torch.dtype | None = None,
     server: str | None = None,
+    device: torch.device | None = None,
 ) -> TransformersPolicy | SamplerPolicy:
     """A tokens-mode policy over ``config.backend`` that samples ``max_new_tokens`` at
     ``temperature`` (greedy at 0): a ``TransformersPolicy`` of ``model``, or a
@@ -143,7 +144,8 @@ def make_policy(
     its log in ``config.out``) or over the server at ``config.base_url``. ``compute_dtype``:
     what ``model`` computes in (``TransformersPolicy``'s) and a vLLM server's dtype (None:
     ``config.dtype``'s). ``server``: the URL of the vLLM server that another process of the
-    run started, sampled from instead of starting one."""
+    run started, sampled from instead of starting one. ``device``: where a vLLM server runs
+    (None: ``config.device``'s; a trainer's: its own, resolved once)."""
     if config.backend == "transformers":
         kwargs: dict[str, Any] = {"max_new_tokens": config.max_new_tokens, "do_sample": False}
         if config.temperature > 0:
@@ -164,7 +166,7 @@ def make_policy(
         sampler = OpenAISampler(server, SERVED_NAME, **sampling)
     else:
         engine = dict(config.backend_args)
-        device = resolve_device(config.device)
+        device = device if device is not None else resolve_device(config.device)
         dtype = dtype_name(compute_dtype or resolve_dtype(config.dtype, device))
         if served is None and is_adapter_folder(config.model):  # vLLM loads whole models
             served = export_model(model, tokenizer, Path(config.out) / "served-model")
@@ -216,14 +218,18 @@ def compute_dtype(config: RunConfig, device: torch.device, weights: torch.dtype)
 
 
 def reference_scorer(
-    config: RunConfig, reference: str, *, weights: torch.dtype | None = None
+    config: RunConfig,
+    reference: str,
+    *,
+    weights: torch.dtype | None = None,
+    device: torch.device | None = None,
 ) -> Scorer:
     """The frozen ``reference`` model ('default' or a folder) as a scorer: a
     ``TransformersPolicy`` here, or with ``config.ray_address`` one Ray actor every env worker
     shares (``RayLogProbModel``). It computes in ``config.dtype``, its weights loaded in
     ``weights`` (None: that dtype; a trainer's: the trained weights', so that both score
-    alike)."""
-    device = resolve_device(config.device)
+    alike), on ``device`` (None: ``config.device``'s; a trainer's: its own)."""
+    device = device if device is not None else resolve_device(config.device)
     weights = weights or resolve_dtype(config.dtype, device)
     kwargs = {"input_mode": "tokens", "compute_dtype": compute_dtype(config, device, weights)}
     if config.ray_address is not None:
@@ -257,11 +263,18 @@ def charge_kl(
 
 
 def run_rubric(
-    config: RunConfig, tokenizer: PreTrainedTokenizerBase, group_size: int = 1
+    config: RunConfig,
+    tokenizer: PreTrainedTokenizerBase,
+    group_size: int = 1,
+    *,
+    device: torch.device | None = None,
+    dtype: torch.dtype | None = None,
 ) -> RunRubric:
     """``config.rubric``'s parts, each judge part asking ``config.judge`` (one model, loaded
     once, frozen; or a server at its URL, its prompts in ``config.judge_tokenizer``'s
-    template, else ``tokenizer``'s); a group judge scores ``group_size`` responses a call."""
+    template, else ``tokenizer``'s); a group judge scores ``group_size`` responses a call. A
+    judge model runs on ``device`` in ``dtype`` (None: ``config``'s; a trainer's: its own,
+    resolved once)."""
     weights = rubric_weights(config.rubric)
     task_weight = weights.pop("task", 0.0)
     if not weights:
@@ -274,10 +287,9 @@ def run_rubric(
             temperature=0.0, seed=config.seed, vocab_size=len(tokenizer),
         )  # fmt: skip
     else:
-        device = resolve_device(config.device)
-        model, tokenizer = load_model(
-            config.judge, device=device, dtype=resolve_dtype(config.dtype, device)
-        )
+        device = device if device is not None else resolve_device(config.device)
+        dtype = dtype if dtype is not None else resolve_dtype(config.dtype, device)
+        model, tokenizer = load_model(config.judge, device=device, dtype=dtype)
         model.requires_grad_(False)
         kwargs = {"do_sample": False, "max_new_tokens": JUDGE_NEW_TOKENS * group_size}
         sampler = TransformersPolicy(model, tokenizer, input_mode="tokens", generate_kwargs=kwargs)

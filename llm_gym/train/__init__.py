@@ -13,6 +13,8 @@ _EXPORTS = {
     "evaluate_greedy": "llm_gym.train.evaluation",
     "group_advantages": "llm_gym.train.advantages",
     "grpo_loss": "llm_gym.train.loss",
+    "per_token_advantages": "llm_gym.train.advantages",
+    "resumed_config": "llm_gym.train.run_folder",
 }
 
 __all__ = sorted(_EXPORTS)

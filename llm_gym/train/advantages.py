@@ -17,7 +17,7 @@ from llm_gym.checks import check_choice
 from llm_gym.train.config import ADVANTAGE_ESTIMATORS, SCALE_REWARDS, TURN_ESTIMATORS
 
 if TYPE_CHECKING:
-    from llm_gym.episodes import Episode
+    from llm_gym.episodes import Episode, Segment
 
 __all__ = [
     "advantages",
@@ -25,6 +25,8 @@ __all__ = [
     "group_advantages",
     "overlong_penalty",
     "overlong_tokens",
+    "per_token_advantages",
+    "segment_advantages",
     "shaped_rewards",
     "shaped_turn_rewards",
     "token_advantages",
@@ -196,6 +198,59 @@ def token_advantages(
     out = np.zeros(len(policy_mask), dtype=np.float32)
     out[positions] = np.repeat(values.detach().cpu().numpy(), turn_tokens)
     return out
+
+
+def per_token_advantages(values: torch.Tensor, lengths: Sequence[int]) -> list[np.ndarray]:
+    """Each conversation's advantage (``values``, ``(n,)``) on every one of its tokens
+    (``lengths[i]`` of them): the one type the update takes (``(T,)`` float32 a
+    conversation), whatever the estimator; the loss reads the masked ones.
+
+    >>> per_token_advantages(torch.tensor([0.5, -1.0]), [2, 3])
+    [array([0.5, 0.5], dtype=float32), array([-1., -1., -1.], dtype=float32)]
+    """
+    if len(values) != len(lengths):
+        raise ValueError(
+            f"values has {len(values)} advantages for {len(lengths)} conversations (lengths)"
+        )
+    values = values.detach().to("cpu", torch.float32).numpy()
+    pairs = zip(values, lengths, strict=True)
+    return [np.full(length, value, dtype=np.float32) for value, length in pairs]
+
+
+def segment_advantages(
+    episodes: Sequence[Episode],
+    segments: Sequence[Segment],
+    index: Sequence[int],
+    *,
+    estimator: str,
+    group_size: int,
+    gamma: float,
+    scale: str,
+    max_length: int,
+    overlong: int,
+    mine: slice = slice(None),
+) -> list[np.ndarray]:
+    """Each trained segment's advantages, one a token (``(T,)`` float32): the ``estimator``
+    taken over the whole run's batch of ``episodes`` (a batch's std is every process's), in
+    groups of ``group_size``, from their shaped rewards (``gamma``, DAPO's ``overlong``
+    penalty past ``max_length - overlong`` tokens), scaled by ``scale``. ``mine``: this
+    process's episodes among them; ``index``: each of ``segments``' episode among those. A
+    per-episode estimator's value lies on all of its segment's tokens, a per-turn one's on
+    each turn's policy tokens (``token_advantages``)."""
+    if estimator in TURN_ESTIMATORS:
+        shaped = shaped_turn_rewards(episodes, max_length, overlong)
+        turns = turn_advantages(shaped, group_size, estimator, gamma, scale)[mine]
+        own = list(episodes)[mine]
+        return [
+            token_advantages(segment.policy_mask, own[i].turn_tokens, turns[i])
+            if own[i].turn_tokens is not None
+            else np.full(len(segment.ids), float(turns[i][-1]), dtype=np.float32)
+            for segment, i in zip(segments, index, strict=True)
+        ]
+    shaped = shaped_rewards(episodes, max_length, overlong, gamma)
+    values = advantages(torch.tensor(shaped), group_size, estimator, scale)[mine]
+    values = values[torch.tensor(list(index), dtype=torch.long)]
+    return per_token_advantages(values, [len(segment.ids) for segment in segments])
 
 
 def overlong_penalty(length: int, max_length: int, cache: int) -> float:

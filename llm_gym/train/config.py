@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
-from pathlib import Path
 
 from llm_gym.checks import check_number
 from llm_gym.options import number, option, redeclare, resumable
@@ -113,7 +112,6 @@ def module_names(text: str) -> list[str] | str:
             f"expected 'all-linear' or comma-separated module names, got {text!r}"
         )
     return names
-
 
 
 @dataclass
@@ -222,9 +220,7 @@ class GRPOConfig(RunConfig):
         "off by default, as in TRL: sampling, the old policy and the reference run without "
         "it either way",
     )  # fmt: skip
-    clip_coef: float = option(
-        0.2, low=0, strict=True, help="the surrogate's ratio clip: 1 +- this"
-    )
+    clip_coef: float = option(0.2, low=0, strict=True, help="the surrogate's ratio clip: 1 +- this")
     # GRPO as TRL 1.16 runs it (llm_gym.train.loss; docs/training.md, "Loss variants").
     loss_type: str = option(
         "dapo", choices=LOSS_TYPES,
@@ -308,9 +304,7 @@ class GRPOConfig(RunConfig):
         help="the seed of the held-out questions; the training stream's is --seed "
         "(default: %(default)s)",
     )  # fmt: skip
-    save_every: int = option(
-        10, low=1, resumable=True, help="iterations between checkpoints"
-    )
+    save_every: int = option(10, low=1, resumable=True, help="iterations between checkpoints")
     keep_checkpoints: int = option(
         2, low=1, resumable=True,
         help="the newest checkpoints kept in --out (older ones are deleted once a new one is "
@@ -349,9 +343,7 @@ class GRPOConfig(RunConfig):
         help="comma-separated module names the adapters wrap, or 'all-linear' (default: "
         "%(default)s, peft's for the model's family: q_proj,v_proj for Llama, Qwen2)",
     )  # fmt: skip
-    resume: bool = option(
-        False, resumable=True, help="continue from the checkpoint in --out"
-    )
+    resume: bool = option(False, resumable=True, help="continue from the checkpoint in --out")
     max_staleness: int = option(
         1, low=0,
         help="--async/--ray: updates a batch may be sampled ahead of the update that trains "
@@ -512,14 +504,6 @@ class GRPOConfig(RunConfig):
                 f"a run across {world} processes does not go with {', '.join(given)} yet: "
                 "run it in one process"
             )
-
-    @classmethod
-    def resumed(cls, out: str | Path, **changes: object) -> GRPOConfig:
-        """The config of the run saved in ``out``, set to resume, with ``changes`` (options a
-        resume may change only: ``RESUMABLE``; others must equal the saved values)."""
-        from llm_gym.train.run_folder import resumed_config  # the run folder's home
-
-        return resumed_config(out, **changes)
 
 
 # What a resumed run may change, as the options declare it: how long it goes on, how it

@@ -5,7 +5,6 @@ update, the weights published, the metrics row, the checkpoint (docs/training.md
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import threading
@@ -22,30 +21,22 @@ from llm_gym.envs import single_env
 from llm_gym.episodes import EpisodeSource, iteration_metrics, rubric_part_names
 from llm_gym.lm.lora import is_lora, unwrapped
 from llm_gym.policies import TransformersPolicy
-from llm_gym.run.describe import describe_run
-from llm_gym.run.files import LineFile, RunWriteError, told, write_text
+from llm_gym.run.files import RunWriteError, told
 from llm_gym.run.lock import FolderLock
 from llm_gym.run.setup import compute_dtype, dtype_name, resolve_device, run_rubric
-from llm_gym.run.signals import Interrupted, hold_signals, interruption
+from llm_gym.run.signals import hold_signals, interruption
 from llm_gym.run.trackers import Trackers
-from llm_gym.train.advantages import advantages as estimate
-from llm_gym.train.advantages import (
-    overlong_tokens,
-    shaped_rewards,
-    shaped_turn_rewards,
-    token_advantages,
-    turn_advantages,
-)
+from llm_gym.train.advantages import overlong_tokens, segment_advantages
 from llm_gym.train.checkpoints import RunCheckpoints, load_checkpoint
-from llm_gym.train.config import TURN_ESTIMATORS, GRPOConfig
+from llm_gym.train.config import GRPOConfig
 from llm_gym.train.evaluation import evaluate_agent, evaluate_greedy
 from llm_gym.train.loss import trained_segments
 from llm_gym.train.model import (
     CallersModel,
     check_given_model,
-    check_memory,
     frozen_reference,
     trained_model,
+    training_precision,
 )
 from llm_gym.train.optim import adamw
 from llm_gym.train.play import (
@@ -57,14 +48,16 @@ from llm_gym.train.play import (
     run_envs,
 )
 from llm_gym.train.run_folder import (
-    METRICS_FILE,
     SUMMARY_FILE,
     TRAINING_PLOT_FILE,
     check_start,
     claim_out,
     clear_out,
     earlier_rows,
+    metrics_file,
     save_config,
+    stop_notes,
+    training_summary,
     write_summary,
 )
 from llm_gym.train.sampling import sampling
@@ -77,7 +70,7 @@ from llm_gym.train.sharding import (
     shard_model,
     world_size,
 )
-from llm_gym.train.update import PRECISION_WEIGHTS, GRPOUpdate, resolve_precision
+from llm_gym.train.update import GRPOUpdate
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -85,7 +78,6 @@ if TYPE_CHECKING:
     import gymnasium as gym
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from llm_gym.episodes import Episode, Segment
     from llm_gym.policies.base import Policy
 
 __all__ = ["GRPOTrainer"]
@@ -146,15 +138,8 @@ class GRPOTrainer:
             self.callers.restore()
 
     def _prepare(self, config: GRPOConfig, given: PreTrainedModel | None, tokenizer: Any) -> None:
-        if given is not None:  # the model's own device and dtype
-            parameter = next(given.parameters())
-            self.device, self.dtype = parameter.device, parameter.dtype
-            self.precision = resolve_precision(config.precision, self.device, self.dtype)
-        else:  # the trained weights' dtype is the precision's
-            self.device = self.processes.device
-            self.precision = resolve_precision(config.precision, self.device)
-            self.dtype = PRECISION_WEIGHTS[self.precision]
-            check_memory(config, self.device, self.dtype, self.processes)  # before allocating
+        # Where and in what the model trains, resolved once: every part gets these.
+        self.device, self.precision, self.dtype = training_precision(config, given, self.processes)
         # What sampling, scoring and the reference compute in: --dtype, by autocast over
         # float32 weights (as the update does under bf16-mixed); weights below float32, theirs.
         self.compute_dtype = compute_dtype(config, self.device, self.dtype)
@@ -193,17 +178,17 @@ class GRPOTrainer:
         self._publish(write=False)
         # The judges of --rubric, if any: their parts score each step's answers (a group
         # judge each group's), not the evaluation, which reads the task's success.
-        self.rubric = run_rubric(config, self.tokenizer, config.group_size)
-        envs = self.envs = run_envs(
-            config, self.tokenizer, self.processes, self.rubric, self.given_env
-        )
+        self.rubric = run_rubric(config, self.tokenizer, config.group_size, device=self.device,
+                                 dtype=self.compute_dtype)  # fmt: skip
+        envs = self.envs = run_envs(config, self.tokenizer, self.processes, self.rubric,
+                                    self.given_env)  # fmt: skip
         self.part_names = rubric_part_names(envs)
         # What the env plays, for the summary: its answer format and the tasks it names.
         self.answer_format = getattr(single_env(envs), "answer_format", None)
         self.task_names: set[str] = set()
         self.reference = frozen_reference(
             config, self.model, self.scorer, given=self.given_model[0] is not None,
-            weights=self.dtype,
+            weights=self.dtype, device=self.device,
         )  # fmt: skip
         played = play(
             config, envs, self.tokenizer, self.processes, self._sample, self.rubric,
@@ -251,7 +236,7 @@ class GRPOTrainer:
         if self.finished:
             raise RuntimeError(
                 "train() has run: a further run goes on from its folder, "
-                f"GRPOTrainer(GRPOConfig.resumed({str(self.out)!r}, iterations=N)).train()"
+                f"GRPOTrainer(resumed_config({str(self.out)!r}, iterations=N)).train()"
             )
         try:
             return self._train()
@@ -271,13 +256,9 @@ class GRPOTrainer:
         try:
             if self.before is None and config.eval_episodes:
                 self.before = self.evaluate()
-            metrics: Any = contextlib.nullcontext(_NOWHERE)  # the first process writes files
-            if self.lead:  # the earlier rows are written aside first: a full disk cannot cost them
-                lines = "".join(json.dumps(row) + "\n" for row in rows)
-                write_text(self.out / METRICS_FILE, lines)
-                metrics = LineFile(self.out / METRICS_FILE)
+            if self.lead:
                 trackers = Trackers(config.report_to, self.out, asdict(config), self.start)
-            with metrics as f:
+            with metrics_file(self.out, rows, self.lead) as f:
                 for iteration in range(self.start, config.iterations):
                     row = self.iteration(iteration)
                     rows.append(row)
@@ -325,9 +306,13 @@ class GRPOTrainer:
             isinstance(error, RunWriteError) or self.processes.world > 1 and peer_lost(error)
         ):
             stop = error
-        if stop is not None:
+        if stop is not None:  # the summary, marked interrupted, as far as the disk takes it
             hold_signals()  # a second Ctrl-C, or the launcher's SIGTERM, waits for the summary
-            trackers.finish(self._stopped(rows, started, stop, after), len(rows))
+            seconds = time.perf_counter() - started
+            summary = self.write(rows, after, seconds, interrupted=True, notes=stop_notes(stop))
+            if isinstance(stop, RunWriteError):  # its one line says if the summary was written
+                stop.strerror = f"{stop.strerror}; {told(self.out / SUMMARY_FILE, self.unwritten)}"
+            trackers.finish(summary, len(rows))
         return stop
 
     def iteration(self, iteration: int) -> dict[str, Any]:
@@ -351,54 +336,32 @@ class GRPOTrainer:
         segments, masks, index = trained_segments(episodes, cut_at, self.tokenizer.eos_token_id)
         update: dict[str, Any] = {"loss": 0.0}
         if segments:
-            sampled = [s.log_probs for s in segments]
             update = self.update(
-                [s.ids for s in segments], masks, self._advantages(everyone, segments, index),
-                sampled if config.asynchronous else None,
-                sampler_log_probs=sampled if config.tis_cap is not None else None,
+                [s.ids for s in segments], masks, segment_advantages(
+                    everyone, segments, index, estimator=config.advantage,
+                    group_size=config.group_size, gamma=config.gamma,
+                    scale=config.scale_rewards, max_length=config.max_response_tokens,
+                    overlong=self.overlong, mine=self.processes.mine,
+                ),
+                [s.log_probs for s in segments],
             )  # fmt: skip
-        return self._row(iteration, everyone, update, start)
-
-    def _advantages(
-        self, everyone: list[Episode], segments: list[Segment], index: list[int]
-    ) -> torch.Tensor | list[np.ndarray]:
-        # Taken over the whole run's batch (a batch's std is every process's), each of this
-        # process's segments its episode's advantage ((n,)), or its tokens their turns' (a
-        # (T,) array each).
-        config = self.config
-        if config.advantage in TURN_ESTIMATORS:
-            shaped = shaped_turn_rewards(everyone, config.max_response_tokens, self.overlong)
-            turns = self.processes.own(turn_advantages(
-                shaped, config.group_size, config.advantage, config.gamma, config.scale_rewards
-            ))  # fmt: skip
-            mine = self.processes.own(everyone)
-            return [
-                token_advantages(segment.policy_mask, mine[i].turn_tokens, turns[i])
-                if mine[i].turn_tokens is not None
-                else np.full(len(segment.ids), float(turns[i][-1]), dtype=np.float32)
-                for segment, i in zip(segments, index, strict=True)
-            ]
-        shaped = shaped_rewards(everyone, config.max_response_tokens, self.overlong, config.gamma)
-        estimated = estimate(torch.tensor(shaped, device=self.device), config.group_size,
-                             config.advantage, config.scale_rewards)  # fmt: skip
-        advantages = self.processes.own(estimated)
-        return advantages[torch.tensor(index, dtype=torch.long, device=self.device)]
+        row = self._row(iteration, everyone, update, start)
+        self.feed.advance_kl()  # the next batch's coefficient, once this one's is reported
+        return row
 
     def update(
         self,
-        sequences: list[Any],
-        masks: list[Any],
-        advantages: torch.Tensor,
-        behaviour: list[Any] | None = None,
-        *,
-        sampler_log_probs: list[Any] | None = None,
+        sequences: list[np.ndarray],
+        masks: list[np.ndarray],
+        advantages: list[np.ndarray],
+        sampled_log_probs: list[np.ndarray] | None = None,
     ) -> dict[str, Any]:
         """One update (``llm_gym.train.update``) on token ``sequences`` whose ``masks`` mark
-        the policy's tokens, each weighed by its advantage; then the sampler gets the new
+        the policy's tokens, each token weighed by its advantage (``per_token_advantages``
+        spreads one a sequence); ``sampled_log_probs``: the log-probs its policy tokens were
+        sampled with (an asynchronous ratio's, ``tis_cap``'s). Then the sampler gets the new
         weights. The loss and the update's diagnostics."""
-        row = self.updater(
-            sequences, masks, advantages, behaviour, sampler_log_probs=sampler_log_probs
-        )
+        row = self.updater(sequences, masks, advantages, sampled_log_probs)
         self.version += self.config.update_epochs
         self._publish()
         return row
@@ -406,7 +369,7 @@ class GRPOTrainer:
     def _row(
         self, iteration: int, everyone: list[Any], update: dict[str, Any], start: float
     ) -> dict[str, Any]:
-        # The iteration's metrics row, then the adaptive KL coefficient moves on.
+        # The iteration's metrics row (reading the feed's state, changing none).
         config, report = self.config, self.feed.report()
         level, kl_coef = report.pop("level"), report.pop("kl_coef")  # the rest: as they are
         kl_coef = config.kl_coef if kl_coef is None else kl_coef
@@ -457,31 +420,6 @@ class GRPOTrainer:
 
     # -- the summary ------------------------------------------------------------------------
 
-    def _stopped(
-        self,
-        rows: list[dict[str, Any]],
-        started: float,
-        error: BaseException,
-        after: dict[str, float] | None = None,
-    ) -> dict[str, Any]:
-        # The summary, marked interrupted, as far as the disk takes it; a RunWriteError then
-        # says in its one line whether the summary was written.
-        seconds = time.perf_counter() - started
-        note = []
-        if isinstance(error, RunWriteError):
-            note = [f"Stopped: {error}"]
-        elif isinstance(error, Interrupted):
-            note = [f"Stopped by {error}."]
-        elif not isinstance(error, KeyboardInterrupt):  # another process of the run is gone
-            said = str(error).strip().splitlines()[0] if str(error).strip() else ""
-            note = [
-                f"Stopped: another process of the run stopped ({type(error).__name__}: {said})."
-            ]
-        summary = self.write(rows, after, seconds, interrupted=True, notes=note)
-        if isinstance(error, RunWriteError):
-            error.strerror = f"{error.strerror}; {told(self.out / SUMMARY_FILE, self.unwritten)}"
-        return summary
-
     def write(
         self,
         rows: list[dict[str, Any]],
@@ -492,31 +430,19 @@ class GRPOTrainer:
     ) -> dict[str, Any]:
         """Write ``summary.json``, the plot and ``report.md`` (with ``notes``) of the metrics
         ``rows`` and the evaluation ``after`` (with ``before``); the summary. An
-        ``interrupted`` run writes what the disk takes (``unwritten``: the others' errors)."""
-        levels = {row["level"] for row in rows if row.get("level") is not None}
-        config, names = self.config, self.task_names
-        run = describe_run(config, self.answer_format, names, levels, config.backend)
-        if self.given_model[0] is not None:  # the object's name, not config.model's
-            name = getattr(unwrapped(self.model).config, "_name_or_path", "")
-            run["model"] = name or type(unwrapped(self.model)).__name__
-        summary = {"interrupted": interrupted, **run, "before": self.before, "after": after}
-        summary.update(iterations=len(rows), minutes_this_run=seconds / 60)
-        restarts = self.feed.restarts if config.ray_address else None
-        summary.update(device=str(self.device), worker_restarts=restarts)
-        # What "auto" came to on this machine: the update's precision, the compute dtype.
-        summary.update(precision=self.precision, dtype=dtype_name(self.compute_dtype))
-        summary.update(packing=self.updater.packing, config=asdict(config))
-        # How many processes ran it, and whether each held a slice of the model (FSDP2).
-        world = self.processes.world
-        summary.update(world_size=world, sharding="fsdp2" if world > 1 else None)
-        if rows and rows[-1].get("parts"):  # a rubric's parts, as the last iteration paid them
-            summary["parts"] = rows[-1]["parts"]
-        if self.rubric.judges:  # what the judges cost this run
-            summary["judges"] = self.rubric.stats()
-        if self.lead:
-            self.unwritten = write_summary(self.out, summary, rows, list(notes))
+        ``interrupted`` run writes what the disk takes (``unwritten``: the others' errors,
+        on every process; only the first writes)."""
+        config, model = self.config, unwrapped(self.model)
+        summary = training_summary(
+            config, rows, before=self.before, after=after, seconds=seconds,
+            interrupted=interrupted, answer_format=self.answer_format, tasks=self.task_names,
+            # A model object's own name, not config.model's.
+            model=getattr(model.config, "_name_or_path", "") or type(model).__name__
+            if self.given_model[0] is not None else None,
+            device=self.device, precision=self.precision, dtype=dtype_name(self.compute_dtype),
+            packing=self.updater.packing, world=self.processes.world,
+            restarts=self.feed.restarts if config.ray_address else None,
+            judges=self.rubric.stats() if self.rubric.judges else None,
+        )  # fmt: skip
+        self.unwritten = write_summary(self.out, summary, rows, list(notes)) if self.lead else []
         return summary
-
-
-# Where the processes past the first write their files: nowhere (the first writes them).
-_NOWHERE = type("_Nowhere", (), {"write": staticmethod(lambda line: None)})()

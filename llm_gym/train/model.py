@@ -17,6 +17,7 @@ from llm_gym.run.budget import check_run
 from llm_gym.run.setup import dtype_name, reference_scorer
 from llm_gym.train.config import GRPOConfig
 from llm_gym.train.sharding import Processes
+from llm_gym.train.update import PRECISION_WEIGHTS, resolve_precision
 
 if TYPE_CHECKING:
     import torch
@@ -28,6 +29,7 @@ __all__ = [
     "CallersModel",
     "check_given_model",
     "check_memory",
+    "training_precision",
     "enable_checkpointing",
     "frozen_reference",
     "trained_model",
@@ -79,13 +81,31 @@ def check_given_model(config: GRPOConfig, model: Any, tokenizer: Any, world: int
     if config.resume:
         raise ValueError(
             "resume reloads a run from its folder by name; a model or env object cannot "
-            "be resumed into: resume with GRPOTrainer(GRPOConfig.resumed(out))"
+            "be resumed into: resume with GRPOTrainer(resumed_config(out))"
         )
     if world > 1:
         raise ValueError(
             f"a run across {world} processes does not go with a model or env object yet: "
             "run it in one process"
         )
+
+
+def training_precision(
+    config: GRPOConfig, given: PreTrainedModel | None, processes: Processes
+) -> tuple[torch.device, str, torch.dtype]:
+    """Where and in what a run trains, resolved once: the device, the update's precision
+    (``config.precision`` with "auto" resolved) and the trained weights' dtype. A ``given``
+    model trains on its own device in its own dtype; else the process's device in the
+    precision's dtype, the run's memory checked before anything allocates."""
+    if given is not None:
+        parameter = next(given.parameters())
+        device, dtype = parameter.device, parameter.dtype
+        return device, resolve_precision(config.precision, device, dtype), dtype
+    device = processes.device
+    precision = resolve_precision(config.precision, device)
+    dtype = PRECISION_WEIGHTS[precision]
+    check_memory(config, device, dtype, processes)
+    return device, precision, dtype
 
 
 def trained_model(
@@ -177,11 +197,12 @@ def frozen_reference(
     *,
     given: bool,
     weights: torch.dtype,
+    device: torch.device,
 ) -> Scorer | None:
     """The starting model, frozen, for the KL penalty and the KL term in the loss (None when
     neither is asked for): with LoRA the trained model itself with its adapter disabled (no
-    copy); a given model's copy; else ``config.model`` loaded again in the trained
-    ``weights``' dtype, so that its log-probs start equal to the policy's."""
+    copy); a given model's copy; else ``config.model`` loaded again on the trained model's
+    ``device`` in its ``weights``' dtype, so that its log-probs start equal to the policy's."""
     if not (config.kl_coef > 0 or config.kl_loss_coef > 0):
         return None
     if is_lora(model):
@@ -193,7 +214,7 @@ def frozen_reference(
             compute_dtype=scorer.compute_dtype,
         )  # fmt: skip
     local = dataclasses.replace(config, ray_address=None)  # the trainer's own, not an actor
-    return reference_scorer(local, config.model, weights=weights)
+    return reference_scorer(local, config.model, weights=weights, device=device)
 
 
 def check_memory(

@@ -128,8 +128,8 @@ class Feed:
     def report(self) -> dict[str, Any]:
         """The batch's ``level`` and ``kl_coef`` for its metrics row, with ``staleness`` when
         sampled ahead, and with dynamic sampling the episodes it played
-        (``sampled_episodes``) and the groups it left out (``dropped_groups``); after it, an
-        adaptive KL coefficient moves on."""
+        (``sampled_episodes``) and the groups it left out (``dropped_groups``). It changes
+        nothing: ``advance_kl`` moves an adaptive KL coefficient on after the batch."""
         if self.pipeline is not None:  # as the batch left the shared ones
             report = self.pipeline.report()
             return {**report, "level": self.level if report["level"] is None else report["level"]}
@@ -138,8 +138,14 @@ class Feed:
             report.update(sampled_episodes=self.sampled, dropped_groups=self.dropped)
         if self.kl is not None:
             report["kl_coef"] = float(self.kl.coef)
-            self.kl.update_kl_coef()
         return report
+
+    def advance_kl(self) -> None:
+        """After a batch is reported: an adaptive KL coefficient moves on by the KL its
+        episodes were charged (a constant one stays; the asynchronous driver moves its own
+        as episodes finish)."""
+        if self.kl is not None and self.pipeline is None:
+            self.kl.update_kl_coef()
 
     def publish(self, iteration: int) -> None:
         """Iteration ``iteration``'s update reached the sampler (batches sampled ahead may
@@ -233,7 +239,7 @@ def check_given_env(config: GRPOConfig, env: object, world: int) -> None:
     if config.resume:
         raise ValueError(
             "resume reloads a run from its folder by name; a model or env object cannot "
-            "be resumed into: resume with GRPOTrainer(GRPOConfig.resumed(out))"
+            "be resumed into: resume with GRPOTrainer(resumed_config(out))"
         )
     given = [flag for name, flag in _ENV_OBJECT_CONFLICTS if getattr(config, name)]
     if set(rubric_weights(config.rubric)) - {"task"}:  # parts beyond the task's reward
@@ -337,8 +343,9 @@ def play(
         return Played(envs, Feed(source, processes, **parts, **refill), turns)
     if config.asynchronous:  # the vector env above only tells what the task is
         driver = _driver(
-            config, tokenizer, sample, rubric, reference, controller, curriculum, weights
-        )
+            config, tokenizer, sample, rubric, reference, controller, curriculum, weights,
+            processes.device,
+        )  # fmt: skip
         driver.seek(first * size)  # batch j is stream positions [j B, (j + 1) B)
         batches = AsyncBatches(
             driver, size, config.max_staleness, first, update_epochs=config.update_epochs
@@ -409,6 +416,7 @@ def _driver(
     controller: KLController | None,
     curriculum: Any,
     weights: torch.dtype | None,
+    device: torch.device,
 ) -> Any:
     # One curriculum and one KL coefficient for every sub-env, moved by episodes in the order
     # they finish. In this process one generate runs at a time: each waits for every env step
@@ -418,7 +426,7 @@ def _driver(
     if config.kl_coef > 0:  # each sub-env charges its own; the controller is shared
         ref = reference
         if config.ray_address is not None:  # one Ray actor the env workers share
-            ref = reference_scorer(config, config.model, weights=weights)
+            ref = reference_scorer(config, config.model, weights=weights, device=device)
     schedule = curriculum.schedule if curriculum is not None else None
     wait = math.inf if config.backend == "transformers" else 0.05
     return async_episodes(

@@ -4,6 +4,7 @@ loaded again, and what a resume may change in it."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import shutil
@@ -12,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from llm_gym.options import flags
-from llm_gym.run.describe import run_rows, run_title
-from llm_gym.run.files import RunWriteError, write_text
+from llm_gym.run.describe import describe_run, run_rows, run_title
+from llm_gym.run.files import LineFile, RunWriteError, write_text
 from llm_gym.run.plots import plot_training
 from llm_gym.run.report import REPORT_FILE, write_report
+from llm_gym.run.signals import Interrupted
 from llm_gym.run.trackers import clear_trackers, report_to
 from llm_gym.train.checkpoints import latest_checkpoint, run_checkpoints
 from llm_gym.train.config import RESUMABLE, GRPOConfig
@@ -32,11 +34,14 @@ __all__ = [
     "clear_out",
     "earlier_rows",
     "load_config",
+    "metrics_file",
     "resumable_flags",
     "resume_conflicts",
     "resume_hint",
     "resumed_config",
     "save_config",
+    "stop_notes",
+    "training_summary",
     "write_summary",
 ]
 
@@ -200,6 +205,21 @@ def resume_hint(out: str | Path) -> str:
     return f"nothing was written to {out}: run the command again"
 
 
+def metrics_file(out: Path, rows: list[dict[str, Any]], lead: bool) -> Any:
+    """``out``'s ``metrics.jsonl`` opened for a line per iteration (a context manager whose
+    ``write(line)`` appends one, readable after Ctrl-C), holding the earlier iterations'
+    ``rows`` first, written aside so that a full disk cannot cost them; a process past the
+    first (``lead`` False) writes nothing."""
+    if not lead:
+        return contextlib.nullcontext(_NOWHERE)
+    write_text(out / METRICS_FILE, "".join(json.dumps(row) + "\n" for row in rows))
+    return LineFile(out / METRICS_FILE)
+
+
+# Where the processes past the first write their files: nowhere (the first writes them).
+_NOWHERE = type("_Nowhere", (), {"write": staticmethod(lambda line: None)})()
+
+
 def earlier_rows(out: Path, start: int) -> list[dict[str, Any]]:
     """The metrics rows of the iterations before ``start`` (a resumed run keeps those its
     checkpoint holds; later ones, and a line cut short by Ctrl-C, are done again)."""
@@ -213,6 +233,61 @@ def earlier_rows(out: Path, start: int) -> list[dict[str, Any]]:
         if row["iteration"] < start:
             rows.append(row)
     return rows
+
+
+def training_summary(
+    config: GRPOConfig,
+    rows: list[dict[str, Any]],
+    *,
+    before: dict[str, float] | None,
+    after: dict[str, float] | None,
+    seconds: float,
+    interrupted: bool,
+    answer_format: str | None,
+    tasks: set[str],
+    model: str | None,
+    device: Any,
+    precision: str,
+    dtype: str,
+    packing: bool,
+    world: int,
+    restarts: int | None,
+    judges: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """A training run's ``summary.json``: what ran (``describe_run``'s fields; ``model``: a
+    model object's name in place of ``config.model``'s), the greedy evaluations ``before``
+    and ``after``, the ``rows``' count and the ``seconds`` this run took, what "auto" came to
+    on this machine (``device``, the update's ``precision``, the compute ``dtype``,
+    ``packing``), how many processes ran it (FSDP2's slices past one), the env workers Ray
+    replaced, the last iteration's rubric parts and what the ``judges`` cost."""
+    levels = {row["level"] for row in rows if row.get("level") is not None}
+    run = describe_run(config, answer_format, tasks, levels, config.backend)
+    if model is not None:
+        run["model"] = model
+    summary = {"interrupted": interrupted, **run, "before": before, "after": after}
+    summary.update(iterations=len(rows), minutes_this_run=seconds / 60)
+    summary.update(device=str(device), worker_restarts=restarts)
+    summary.update(precision=precision, dtype=dtype, packing=packing)
+    summary.update(config=dataclasses.asdict(config))
+    summary.update(world_size=world, sharding="fsdp2" if world > 1 else None)
+    if rows and rows[-1].get("parts"):  # a rubric's parts, as the last iteration paid them
+        summary["parts"] = rows[-1]["parts"]
+    if judges is not None:
+        summary["judges"] = judges
+    return summary
+
+
+def stop_notes(error: BaseException) -> list[str]:
+    """What the report of a run that ``error`` stopped says of it: the file the disk did
+    not take, the signal, or another process's end (Ctrl-C: nothing more)."""
+    if isinstance(error, RunWriteError):
+        return [f"Stopped: {error}"]
+    if isinstance(error, Interrupted):
+        return [f"Stopped by {error}."]
+    if isinstance(error, KeyboardInterrupt):
+        return []
+    said = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return [f"Stopped: another process of the run stopped ({type(error).__name__}: {said})."]
 
 
 def write_summary(

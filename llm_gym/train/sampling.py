@@ -53,7 +53,9 @@ def sampling(
     if config.backend == "transformers":
         # --async: a copy samples while this one trains (in eval mode: no dropout)
         sampler = copy.deepcopy(model).eval() if config.asynchronous else model
-        policy = make_policy(sampler, tokenizer, config, compute_dtype=compute_dtype)
+        policy = make_policy(
+            sampler, tokenizer, config, compute_dtype=compute_dtype, device=processes.device
+        )
         weights: WeightSync = LocalWeights(model, sampler, policy)
         server = None
     else:
@@ -62,8 +64,9 @@ def sampling(
         if lead:  # the weights training starts from
             export_model(model, tokenizer, folder)
             policy = make_policy(
-                model, tokenizer, config, served=folder, compute_dtype=compute_dtype
-            )
+                model, tokenizer, config, served=folder, compute_dtype=compute_dtype,
+                device=processes.device,
+            )  # fmt: skip
         if world > 1:
             url = broadcast_object(policy.sampler.base_url if lead else None)
             policy = policy or make_policy(model, tokenizer, config, server=url)

@@ -118,9 +118,14 @@ class Processes:
         """This process's first sub-env among the run's."""
         return self.rank * self.num_envs
 
+    @property
+    def mine(self) -> slice:
+        """This process's sub-envs among the run's."""
+        return slice(self.first_env, self.first_env + self.num_envs)
+
     def own(self, values: list) -> list:
         """This process's part of a list over the run's sub-envs."""
-        return values[self.first_env : self.first_env + self.num_envs]
+        return values[self.mine]
 
     def leave(self) -> None:
         """Leave the process group if ``join`` joined it."""

@@ -9,6 +9,7 @@ import contextlib
 import functools
 import os
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -45,13 +46,43 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PRECISION_WEIGHTS",
+    "EpochStep",
     "GRPOUpdate",
+    "UpdatePlan",
     "resolve_precision",
     "training_forwards",
 ]
 
 # The trained weights' dtype under each precision (GRPOConfig.precision).
 PRECISION_WEIGHTS = {"fp32": torch.float32, "bf16-mixed": torch.float32, "bf16": torch.bfloat16}
+
+
+@dataclass
+class UpdatePlan:
+    """How one update runs (``GRPOUpdate.plan``): its micro-batches (``batches``: rows of
+    the batch; those past ``real`` are a sharded update's fillers, forwards and backwards of
+    weight 0), the batch's ``responses`` and policy tokens (``num_tokens``; every process's
+    when sharded), which micro-batches recompute their activations in the backward
+    (``checkpointed``), and whether the host hands freed memory back at once (``lean``)."""
+
+    batches: list[list[int]]
+    real: int
+    responses: int
+    num_tokens: int
+    checkpointed: list[bool]
+    lean: bool
+
+
+@dataclass
+class EpochStep:
+    """What one optimizer step over a batch did (``GRPOUpdate.epoch``): the summed loss of
+    its micro-batches, the diagnostics' sums (``update_stats``', the entropy's), the
+    gradient's norm before clipping and the learning rate it stepped with."""
+
+    loss: float
+    stats: dict[str, float]
+    grad_norm: float
+    learning_rate: float
 
 
 def resolve_precision(
@@ -176,6 +207,10 @@ class GRPOUpdate:
             raise ValueError("kl_loss_coef > 0 needs the reference (the starting model's scorer)")
         self.model, self.optimizer, self.config = model, optimizer, config
         self.pad_id, self.reference = pad_id, reference
+        self.loss_options = {  # how grpo_loss and update_stats read the ratio
+            "loss_type": config.loss_type, "clip_coef_high": config.clip_coef_high,
+            "importance_sampling_level": config.importance_sampling_level,
+        }  # fmt: skip
         # The learning rate over the run's optimizer steps, at step `done` (a resumed run's).
         self.entropy_bonus = EntropyBonus(
             config.entropy_coef, config.entropy_target, config.entropy_coef_delta,
@@ -221,21 +256,41 @@ class GRPOUpdate:
 
     def __call__(
         self,
-        tokens: list[Any],
-        masks: list[Any],
-        advantages: torch.Tensor | Sequence[np.ndarray],
-        behaviour: Any = None,
-        *,
-        sampler_log_probs: Any = None,
+        tokens: Sequence[np.ndarray],
+        masks: Sequence[np.ndarray],
+        advantages: Sequence[np.ndarray],
+        sampled_log_probs: Sequence[np.ndarray] | None = None,
     ) -> dict[str, Any]:
         """``update_epochs`` optimizer steps over the conversations ``tokens``, the loss on
-        each one's ``masks`` (``(T,)`` bools) with its ``advantages``: one a conversation
-        (``(n,)``), or one a token (a ``(T,)`` array a conversation: turn-level credit,
-        ``llm_gym.train.advantages.token_advantages``); ``behaviour``: the
-        log-probs each policy token was sampled with (asynchronous batches: the ratio's
-        denominator); ``sampler_log_probs``: the same, for ``tis_cap``'s weights. The
-        metrics row's part: the loss and the update's diagnostics."""
-        config, n = self.config, len(tokens)
+        each one's ``masks`` (``(T,)`` bools) with its ``advantages``, one a token (a
+        ``(T,)`` float32 array a conversation, whatever the estimator:
+        ``llm_gym.train.advantages.per_token_advantages`` spreads one a conversation);
+        ``sampled_log_probs``: the log-probs each policy token was sampled with, which an
+        asynchronous run's ratio is taken to and ``tis_cap`` weighs toward. The metrics row's
+        part: the loss and the update's diagnostics."""
+        config = self.config
+        plan = self.plan(tokens, masks)
+        old, refs = self.old_and_reference(tokens, masks, plan, sampled_log_probs)
+        if plan.lean:
+            set_host_mmap_threshold(LEAN_MMAP_THRESHOLD)
+        try:
+            for epoch in range(config.update_epochs):
+                last = epoch == config.update_epochs - 1  # the diagnostics are the last's
+                step = self.epoch(
+                    tokens, masks, advantages, plan, old, refs, sampled_log_probs, last=last
+                )
+        finally:
+            self.model.eval()
+            if plan.lean:
+                set_host_mmap_threshold(HEAP_MMAP_THRESHOLD)
+        return self._row(step, sampled_log_probs is not None and config.tis_cap is not None)
+
+    def plan(self, tokens: Sequence[np.ndarray], masks: Sequence[np.ndarray]) -> UpdatePlan:
+        """How an update of ``tokens`` (their ``masks``: the tokens the loss reads) runs: its
+        micro-batches by the token budget, the batch's counts (every process's, when
+        sharded), which micro-batches recompute their activations, whether the host hands
+        freed memory back at once."""
+        config, responses = self.config, len(tokens)
         lengths = [len(t) for t in tokens]
         batches = microbatches(
             lengths, config.max_tokens_per_microbatch, config.minibatch_size, packed=self.packing
@@ -243,155 +298,151 @@ class GRPOUpdate:
         num_tokens = sum(int(np.count_nonzero(np.asarray(m)[1:])) for m in masks)
         real = len(batches)  # the micro-batches past these are a sharded update's fillers
         if self.sharded:
-            if not n:
+            if not responses:
                 raise ValueError("a sharded update needs responses on every process, got none")
-            n, num_tokens = all_reduce([n, num_tokens], device=self.device)
-            n, num_tokens = int(n), int(num_tokens)
+            responses, num_tokens = (int(v) for v in all_reduce([responses, num_tokens],
+                                                                 device=self.device))  # fmt: skip
             most = int(all_reduce([real], "max", self.device)[0])
             batches += [batches[0][:1]] * (most - real)  # forwards and backwards of weight 0
 
-        def padded(rows: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any]:
-            # The left-padded layout the loss reads, and the packed row the model runs on.
-            ids, attention = left_pad([tokens[i] for i in rows], self.pad_id, self.device)
-            selected = left_pad([masks[i] for i in rows], False, self.device)[0].bool()
-            packed = pack([tokens[i] for i in rows], self.device) if self.packing else None
-            return ids, attention, selected & has_prefix(attention), packed
+        def size(rows: list[int]) -> int:
+            return microbatch_tokens([lengths[i] for i in rows], self.packing)
 
-        def advantage_rows(rows: list[int]) -> torch.Tensor:
-            # (B,) one a conversation, or (B, T) one a token, left-padded as the mask is.
-            if isinstance(advantages, torch.Tensor):
-                return advantages[rows]
-            values = [advantages[i] for i in rows]
-            return left_pad(values, 0.0, self.device, np.float32)[0]
-
-        def scored(rows: list[int], entropy: bool = False) -> tuple[Any, Any, torch.Tensor]:
-            # (log-probs, the entropy where asked for else None, the scored positions); the
-            # entropy with its gradient where the loss carries the bonus.
-            ids, attention, selected, packed = padded(rows)
-            with self.autocast():
-                out = self._log_probs(
-                    self.model, ids, attention, selected, entropy=entropy,
-                    entropy_grad=entropy and bonus.on and torch.is_grad_enabled(), packed=packed,
-                )  # fmt: skip
-            return (*out, selected) if entropy else (out, None, selected)
-
-        # The old policy, through the very forward the update uses. With one epoch the first
-        # forward is the old policy itself (ratio 1, as TRL does): no second forward. The
-        # reference's log-probs (--kl-loss-coef) in the same pass, once for every epoch.
-        old: list[torch.Tensor | None] = [None] * len(batches)
-        refs: list[torch.Tensor | None] = [None] * len(batches)
-        if (config.update_epochs > 1 and behaviour is None) or config.kl_loss_coef > 0:
-            with torch.no_grad():
-                for j, rows in enumerate(batches):
-                    if config.update_epochs > 1 and behaviour is None:
-                        old[j] = scored(rows)[0]
-                    if config.kl_loss_coef > 0:
-                        refs[j] = self._reference_log_probs(*padded(rows))
-        # dapo, cispo, vespo: every micro-batch divides by the batch's tokens, so they add up
-        # to the batch's loss; the others' micro-batch losses are means, each its share.
-        per_batch_tokens = config.loss_type in ("dapo", "cispo", "vespo")
-        options = {
-            "loss_type": config.loss_type, "clip_coef_high": config.clip_coef_high,
-            "importance_sampling_level": config.importance_sampling_level,
-        }  # fmt: skip
-        total, stats, grad_norm, bonus = 0.0, {}, 0.0, self.entropy_bonus
-
-        def large(rows: list[int]) -> bool:
-            # Large for the run's budget, not only in absolute terms: a budget of 2048 fills
-            # micro-batches of 1400 tokens of long sequences, whose activations are its peak.
-            threshold = min(CHECKPOINT_TOKENS, config.max_tokens_per_microbatch // 2)
-            return microbatch_tokens([lengths[i] for i in rows], self.packing) >= threshold
-
-        def checkpointing(rows: list[int]) -> bool:
-            if config.gradient_checkpointing is not None:
-                return config.gradient_checkpointing
-            if self.by_memory:
-                return self._short_of_memory(
-                    microbatch_tokens([lengths[i] for i in rows], self.packing)
-                )
-            return large(rows)
-
-        checkpointed = [checkpointing(rows) for rows in batches]
+        # Large for the run's budget, not only in absolute terms: a budget of 2048 fills
+        # micro-batches of 1400 tokens of long sequences, whose activations are its peak.
+        threshold = min(CHECKPOINT_TOKENS, config.max_tokens_per_microbatch // 2)
+        if config.gradient_checkpointing is not None:
+            checkpointed = [config.gradient_checkpointing] * len(batches)
+        elif self.by_memory:
+            checkpointed = [self._short_of_memory(size(rows)) for rows in batches]
+        else:
+            checkpointed = [size(rows) >= threshold for rows in batches]
         if self.sharded:  # the same on every process: a recompute gathers the layer's weights
             checkpointed = [v > 0 for v in all_reduce(checkpointed, "max", self.device)]
-
         # On CPU a large update's peak is the process's memory: its freed activations go back
         # to the system at once, and sampling gets glibc's usual threshold back after it
         # (unless the environment sets the threshold itself).
         lean = (
             self.device.type == "cpu" and "MALLOC_MMAP_THRESHOLD_" not in os.environ
-            and any(large(rows) for rows in batches)
+            and any(size(rows) >= threshold for rows in batches)
         )  # fmt: skip
-        if lean:
-            set_host_mmap_threshold(LEAN_MMAP_THRESHOLD)
-        try:
-            for epoch in range(config.update_epochs):
-                self.optimizer.zero_grad(set_to_none=True)
-                # The diagnostics are the last epoch's (with one, of the sampling policy).
-                last, total, stats = epoch == config.update_epochs - 1, 0.0, {}
-                # The bonus's coefficient, one for every micro-batch of the step (as TRL's),
-                # and the step's entropy, which its adaptive control moves on.
-                coef, step_entropy = bonus.applied(), 0.0
-                for j, (rows, old_log_probs, ref) in enumerate(
-                    zip(batches, old, refs, strict=True)
-                ):
-                    # Dropout (off unless asked for) and checkpointing, each on its own; the
-                    # backward inside, as a recompute runs the forward again in the same mode.
-                    mode = training_forwards(
-                        self.model, dropout=config.keep_dropout, checkpointing=checkpointed[j]
+        return UpdatePlan(batches, real, responses, num_tokens, checkpointed, lean)
+
+    def old_and_reference(
+        self,
+        tokens: Sequence[np.ndarray],
+        masks: Sequence[np.ndarray],
+        plan: UpdatePlan,
+        sampled_log_probs: Sequence[np.ndarray] | None = None,
+    ) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None]]:
+        """Each micro-batch's old policy log-probs and the reference's (``(B, T)``, or None
+        where the update does not need them). The old policy runs through the very forward
+        the update uses, and only with several epochs: with one the first forward is the old
+        policy itself (ratio 1, as TRL does); an asynchronous run's ratio is taken to
+        ``sampled_log_probs`` instead. The reference's (``kl_loss_coef``) once for every
+        epoch."""
+        config = self.config
+        own = config.update_epochs > 1 and not (
+            config.asynchronous and sampled_log_probs is not None
+        )
+        old: list[torch.Tensor | None] = [None] * len(plan.batches)
+        refs: list[torch.Tensor | None] = [None] * len(plan.batches)
+        if own or config.kl_loss_coef > 0:
+            with torch.no_grad():
+                for j, rows in enumerate(plan.batches):
+                    if own:
+                        old[j] = self._scored(tokens, masks, rows)[0]
+                    if config.kl_loss_coef > 0:
+                        refs[j] = self._reference_log_probs(*self._padded(tokens, masks, rows))
+        return old, refs
+
+    def epoch(
+        self,
+        tokens: Sequence[np.ndarray],
+        masks: Sequence[np.ndarray],
+        advantages: Sequence[np.ndarray],
+        plan: UpdatePlan,
+        old: Sequence[torch.Tensor | None],
+        refs: Sequence[torch.Tensor | None],
+        sampled_log_probs: Sequence[np.ndarray] | None = None,
+        *,
+        last: bool = True,
+    ) -> EpochStep:
+        """One optimizer step over ``plan``'s micro-batches, their gradients summed: the
+        loss of each (``old``: its old log-probs, None: the forward's own, detached;
+        ``refs``: the reference's), the entropy bonus, the clipped gradient, the step and the
+        schedule's. The diagnostics only where ``last``."""
+        config, bonus = self.config, self.entropy_bonus
+        asynchronous = config.asynchronous and sampled_log_probs is not None
+        tis = config.tis_cap is not None and sampled_log_probs is not None
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum, stats = 0.0, {}
+        # The bonus's coefficient, one for every micro-batch of the step (as TRL's), and the
+        # step's entropy, which its adaptive control moves on.
+        coef, step_entropy = bonus.applied(), 0.0
+        for j, rows in enumerate(plan.batches):
+            # Dropout (off unless asked for) and checkpointing, each on its own; the backward
+            # inside, as a recompute runs the forward again in the same mode.
+            mode = training_forwards(
+                self.model, dropout=config.keep_dropout, checkpointing=plan.checkpointed[j]
+            )
+            with mode:
+                log_probs, entropy, mask = self._scored(
+                    tokens, masks, rows, entropy=last or bonus.on
+                )
+                if j >= plan.real:  # a filler: its collectives, no gradient
+                    (log_probs.sum() * 0.0).backward()
+                    continue
+                old_log_probs = old[j]
+                if asynchronous:  # the ratio to the version that sampled
+                    old_log_probs = sampled(mask, [sampled_log_probs[i] for i in rows])
+                elif old_log_probs is None:
+                    old_log_probs = log_probs.detach()
+                is_weights = None
+                if tis:  # toward the engine that sampled
+                    drawn = sampled(mask, [sampled_log_probs[i] for i in rows])
+                    is_weights, cut = truncated_is_weights(
+                        old_log_probs, drawn, mask, config.tis_cap
                     )
-                    with mode:
-                        log_probs, entropy, mask = scored(rows, entropy=last or bonus.on)
-                        if j >= real:  # a filler: its collectives, no gradient
-                            (log_probs.sum() * 0.0).backward()
-                            continue
-                        if behaviour is not None:  # the ratio to the version that sampled
-                            old_log_probs = sampled(mask, [behaviour[i] for i in rows])
-                        elif old_log_probs is None:
-                            old_log_probs = log_probs.detach()
-                        is_weights = None
-                        if sampler_log_probs is not None:  # toward the engine that sampled
-                            drawn = sampled(mask, [sampler_log_probs[i] for i in rows])
-                            is_weights, cut = truncated_is_weights(
-                                old_log_probs, drawn, mask, config.tis_cap
-                            )
-                            _add(stats, tis_truncated=float(cut.sum()))
-                        adv = advantage_rows(rows)
-                        loss = grpo_loss(
-                            log_probs, old_log_probs, mask, adv, config.clip_coef,
-                            delta=config.delta, ref_log_probs=ref, beta=config.kl_loss_coef,
-                            num_tokens=num_tokens, max_length=config.max_response_tokens,
-                            is_weights=is_weights, **options,
-                        )  # fmt: skip
-                        # Each response weighs 1/n whatever its micro-batch (dapo, cispo: each
-                        # token 1/num_tokens): the same loss and gradient for any split.
-                        weight = 1.0 if per_batch_tokens else len(rows) / n
-                        loss = loss * weight
-                        if bonus.on:  # the batch's mean entropy, this micro-batch's share
-                            summed = entropy[mask].sum()
-                            step_entropy += float(summed)
-                            loss = loss - coef * summed / max(num_tokens, 1)
-                        loss.backward()
-                        total += loss.item()
-                        if last:
-                            _add(stats, entropy=float(entropy[mask].sum()), **update_stats(
-                                log_probs, old_log_probs, mask, adv, config.clip_coef,
-                                delta=config.delta, ref_log_probs=ref, **options,
-                            ))  # fmt: skip
-                norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.max_grad_norm)
-                grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-                learning_rate = self.optimizer.param_groups[0]["lr"]  # this step's
-                self.optimizer.step()
-                self.scheduler.step()
-                self.stepped = True
-                if bonus.on:
-                    if self.sharded:
-                        step_entropy = all_reduce([step_entropy], device=self.device)[0]
-                    bonus.step(step_entropy / max(num_tokens, 1))
-        finally:
-            self.model.eval()
-            if lean:
-                set_host_mmap_threshold(HEAP_MMAP_THRESHOLD)
+                    _add(stats, tis_truncated=float(cut.sum()))
+                adv = left_pad([advantages[i] for i in rows], 0.0, self.device, np.float32)[0]
+                loss = grpo_loss(
+                    log_probs, old_log_probs, mask, adv, config.clip_coef,
+                    delta=config.delta, ref_log_probs=refs[j], beta=config.kl_loss_coef,
+                    num_tokens=plan.num_tokens, max_length=config.max_response_tokens,
+                    is_weights=is_weights, **self.loss_options,
+                )  # fmt: skip
+                # Each response weighs 1/n whatever its micro-batch (dapo, cispo, vespo: each
+                # token 1/num_tokens, so the micro-batches add up to the batch's loss): the
+                # same loss and gradient for any split.
+                if config.loss_type not in ("dapo", "cispo", "vespo"):
+                    loss = loss * (len(rows) / plan.responses)
+                if bonus.on:  # the batch's mean entropy, this micro-batch's share
+                    summed = entropy[mask].sum()
+                    step_entropy += float(summed)
+                    loss = loss - coef * summed / max(plan.num_tokens, 1)
+                loss.backward()
+                loss_sum += loss.item()
+                if last:
+                    _add(stats, entropy=float(entropy[mask].sum()), **update_stats(
+                        log_probs, old_log_probs, mask, adv, config.clip_coef,
+                        delta=config.delta, ref_log_probs=refs[j], **self.loss_options,
+                    ))  # fmt: skip
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.max_grad_norm)
+        grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        learning_rate = self.optimizer.param_groups[0]["lr"]  # this step's
+        self.optimizer.step()
+        self.scheduler.step()
+        self.stepped = True
+        if bonus.on:
+            if self.sharded:
+                step_entropy = all_reduce([step_entropy], device=self.device)[0]
+            bonus.step(step_entropy / max(plan.num_tokens, 1))
+        return EpochStep(loss_sum, stats, grad_norm, learning_rate)
+
+    def _row(self, step: EpochStep, tis: bool) -> dict[str, Any]:
+        # The metrics row's part: the last epoch's loss and diagnostics, per token seen.
+        total, stats = step.loss, step.stats
         if self.sharded:  # the whole batch's sums
             keys = ("clip_low", "clip_high", "approx_kl", "entropy", "tokens", "tis_truncated",
                     "reference_kl")  # fmt: skip
@@ -405,16 +456,43 @@ class GRPOUpdate:
             "clip_fraction_high": stats["clip_high"] / tokens_seen,
             "approx_kl": stats["approx_kl"] / tokens_seen,
             "entropy": stats["entropy"] / tokens_seen,
-            "grad_norm": grad_norm,
-            "learning_rate": learning_rate,
+            "grad_norm": step.grad_norm,
+            "learning_rate": step.learning_rate,
         }
-        if config.kl_loss_coef > 0:  # the k3 KL to the reference the loss charged
+        if self.config.kl_loss_coef > 0:  # the k3 KL to the reference the loss charged
             row["reference_kl"] = stats.get("reference_kl", 0.0) / tokens_seen
-        if bonus.on:  # the coefficient the next step starts from, as TRL logs it
-            row["entropy_coef"] = bonus.coef
-        if sampler_log_probs is not None:
+        if self.entropy_bonus.on:  # the coefficient the next step starts from, as TRL logs it
+            row["entropy_coef"] = self.entropy_bonus.coef
+        if tis:
             row["tis_truncated"] = stats.get("tis_truncated", 0.0) / tokens_seen
         return row
+
+    def _padded(
+        self, tokens: Sequence[np.ndarray], masks: Sequence[np.ndarray], rows: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any]:
+        # The left-padded layout the loss reads, and the packed row the model runs on.
+        ids, attention = left_pad([tokens[i] for i in rows], self.pad_id, self.device)
+        selected = left_pad([masks[i] for i in rows], False, self.device)[0].bool()
+        packed = pack([tokens[i] for i in rows], self.device) if self.packing else None
+        return ids, attention, selected & has_prefix(attention), packed
+
+    def _scored(
+        self,
+        tokens: Sequence[np.ndarray],
+        masks: Sequence[np.ndarray],
+        rows: list[int],
+        entropy: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        # (log-probs, the entropy where asked for else None, the scored positions); the
+        # entropy with its gradient where the loss carries the bonus.
+        ids, attention, selected, packed = self._padded(tokens, masks, rows)
+        grad = entropy and self.entropy_bonus.on and torch.is_grad_enabled()
+        with self.autocast():
+            out = self._log_probs(
+                self.model, ids, attention, selected, entropy=entropy, entropy_grad=grad,
+                packed=packed,
+            )  # fmt: skip
+        return (*out, selected) if entropy else (out, None, selected)
 
     def state_dict(self) -> dict[str, Any]:
         """What a resumed update goes on from besides the optimizer and the schedule: the
