@@ -21,7 +21,7 @@ from llm_gym.lm.precision import (
 )
 from llm_gym.lm.tensors import LinearLogProbs
 from llm_gym.run import setup
-from llm_gym.train import GRPOConfig, GRPOTrainer
+from llm_gym.train import GRPOConfig, GRPOTrainer, per_token_advantages
 from llm_gym.train.optim import MasterAdamW
 from llm_gym.train.update import resolve_precision
 
@@ -145,7 +145,7 @@ def test_bf16_mixed_updates_float32_weights_with_bfloat16_products(tiny_dir, tmp
     rng = np.random.default_rng(0)
     tokens = [rng.integers(0, 256, size=n) for n in (20, 14, 26)]
     masks = [np.arange(len(t)) >= 5 for t in tokens]
-    advantages = torch.tensor([1.0, -1.0, 0.5], device=device)
+    advantages = per_token_advantages(torch.tensor([1.0, -1.0, 0.5]), [len(t) for t in tokens])
     runs = {
         precision: trainer(
             tiny_dir, tmp_path, precision, device=device, precision=precision, dtype="float32"

@@ -20,7 +20,7 @@ from llm_gym.lm.tensors import (
     token_log_probs,
 )
 from llm_gym.policies import TransformersPolicy
-from llm_gym.train import GRPOConfig, GRPOTrainer, grpo_loss
+from llm_gym.train import GRPOConfig, GRPOTrainer, grpo_loss, per_token_advantages
 from llm_gym.train.loss import microbatches
 
 
@@ -183,6 +183,7 @@ def test_an_update_is_the_same_whatever_the_split_and_the_checkpointing(
 ):
     tokens, masks = batch([30, 12, 25, 18, 7, 40], prompt=5, vocab=256)
     advantages = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, -2.0])
+    spread = per_token_advantages(advantages, [len(t) for t in tokens])
     epochs = options.get("update_epochs", 1)
     reference = trainer(
         tiny_dir, tmp_path, "whole", gradient_checkpointing=False,
@@ -192,8 +193,8 @@ def test_an_update_is_the_same_whatever_the_split_and_the_checkpointing(
     assert lean.model.is_activation_checkpointing  # enabled unless --no-gradient-checkpointing
     for run in (reference, lean):  # the gradients compared, not AdamW's steps (which
         run.optimizer.step = lambda: None  # turn a 1e-9 gradient's rounding into lr)
-    whole = reference.update(tokens, masks, advantages)
-    split = lean.update(tokens, masks, advantages)
+    whole = reference.update(tokens, masks, spread)
+    split = lean.update(tokens, masks, spread)
     assert split.keys() == whole.keys()  # the loss and the update's diagnostics
     for key, value in whole.items():
         assert split[key] == pytest.approx(value, abs=1e-6, rel=1e-5), key
@@ -214,11 +215,17 @@ def test_the_update_s_loss_is_today_s_get_dist_loss(tiny_dir, tmp_path):
     loss.backward()
     torch.nn.utils.clip_grad_norm_(list(old.parameters()), lean.config.max_grad_norm)  # as it does
     lean.optimizer.step = lambda: None  # keep the gradients to compare, not the step
-    lean_loss = lean.update(tokens, masks, advantages)["loss"]
+    spread = per_token_advantages(advantages, [len(t) for t in tokens])
+    lean_loss = lean.update(tokens, masks, spread)["loss"]
     assert lean_loss == pytest.approx(loss.item(), abs=1e-6)
     got = {name: p.grad for name, p in lean.model.named_parameters()}
     expected = {name: p.grad for name, p in old.named_parameters()}
     assert close(got, expected)
+
+
+def spread(values, batch):
+    """Each sequence's advantage on each of its tokens, as the update takes them."""
+    return per_token_advantages(torch.tensor(values), [len(t) for t in batch[0]])
 
 
 def test_checkpointing_by_default_only_where_a_micro_batch_is_large(
@@ -236,9 +243,9 @@ def test_checkpointing_by_default_only_where_a_micro_batch_is_large(
     record_checkpointing(lean.model, modes)
     lean.optimizer.step = lambda: None
     small = batch([30, 20], prompt=5, vocab=256)
-    lean.update(*small, torch.tensor([1.0, -1.0]))
+    lean.update(*small, spread([1.0, -1.0], small))
     large = batch([600, 600, 600, 600], prompt=5, vocab=256)  # 2400 padded tokens
-    lean.update(*large, torch.tensor([1.0, -1.0, 0.5, -0.5]))
+    lean.update(*large, spread([1.0, -1.0, 0.5, -0.5], large))
     assert modes == [False, True] and not lean.model.training
     assert thresholds == [LEAN_MMAP_THRESHOLD, HEAP_MMAP_THRESHOLD]
     # A budget of 2048 fills micro-batches of two 700-token sequences (1400 padded tokens):
@@ -248,10 +255,10 @@ def test_checkpointing_by_default_only_where_a_micro_batch_is_large(
     record_checkpointing(tight.model, modes)
     tight.optimizer.step = lambda: None
     long = batch([700, 700, 700, 700], prompt=5, vocab=256)
-    tight.update(*long, torch.tensor([1.0, -1.0, 0.5, -0.5]))
+    tight.update(*long, spread([1.0, -1.0, 0.5, -0.5], long))
     assert modes == [True, True]
     modes.clear()
-    tight.update(*small, torch.tensor([1.0, -1.0]))  # 60 tokens: small for any budget
+    tight.update(*small, spread([1.0, -1.0], small))  # 60 tokens: small for any budget
     assert modes == [False]
 
 
@@ -299,6 +306,7 @@ def test_on_cuda_checkpointing_follows_the_free_memory(tiny_dir, tmp_path, monke
     record_checkpointing(lean.model, modes)
     lean.optimizer.step = lambda: None
     tokens, masks = batch([30, 20], prompt=5, vocab=256)
+    lengths = [len(t) for t in tokens]
     need = activation_bytes(lean.model.config.to_dict(), 50, 4)  # packed: 30 + 20 tokens
     params = sum(p.numel() for p in lean.model.parameters())
     pending = 4 * params + 8 * params  # the gradients, AdamW's moments before its first step
@@ -309,7 +317,7 @@ def test_on_cuda_checkpointing_follows_the_free_memory(tiny_dir, tmp_path, monke
         monkeypatch.setattr(update, "available_memory", lambda device, free=free: free)
         lean.updater.stepped = False  # before the first step: AdamW's moments still to come
         modes.clear()
-        lean.update(tokens, masks, torch.tensor([1.0, -1.0], device=device))
+        lean.update(tokens, masks, per_token_advantages(torch.tensor([1.0, -1.0]), lengths))
         assert modes == [checkpointed], free
     forced = trainer(tiny_dir, tmp_path, "forced", device=device, gradient_checkpointing=False)
     forced.updater.by_memory = True
@@ -317,7 +325,7 @@ def test_on_cuda_checkpointing_follows_the_free_memory(tiny_dir, tmp_path, monke
     forced.optimizer.step = lambda: None
     modes.clear()
     record_checkpointing(forced.model, modes)
-    forced.update(tokens, masks, torch.tensor([1.0, -1.0], device=device))
+    forced.update(tokens, masks, per_token_advantages(torch.tensor([1.0, -1.0]), lengths))
     assert modes == [False]  # the flag still decides when given
 
 
