@@ -17,7 +17,7 @@ from llm_gym.envs import DatasetChatEnv
 from llm_gym.episodes import AsyncEpisodes, Episode
 from llm_gym.run.config import RolloutConfig
 from llm_gym.train import GRPOConfig, resumed_config
-from llm_gym.train.loss import sampled
+from llm_gym.train.loss import at_policy_tokens
 from llm_gym.train.pipeline import AsyncBatches, staleness
 
 ROWS = [{"query": f"question {i}?"} for i in range(40)]
@@ -55,7 +55,7 @@ def test_a_batch_is_sampled_ahead_but_never_more_than_max_staleness_updates():
             assert all(len(e.versions) == 1 for e in records)  # every turn carries one
             assert staleness(records, iteration, update_epochs=1) <= 1
             policy.version = iteration + 1  # the update reaches the sampler, then is published
-            pipeline.publish(iteration)
+            pipeline.release(iteration)
     finally:
         pipeline.close()
         driver.close()
@@ -84,10 +84,10 @@ def test_staleness_needs_every_turns_version():
 
 def test_sampled_log_probs_fill_the_policy_tokens_in_order():
     mask = torch.tensor([[False, True, True, False], [True, False, False, False]])
-    old = sampled(mask, [np.array([-0.5, -1.5]), np.array([-2.0])])
+    old = at_policy_tokens(mask, [np.array([-0.5, -1.5]), np.array([-2.0])])
     assert old.tolist() == [[0.0, -0.5, -1.5, 0.0], [-2.0, 0.0, 0.0, 0.0]]
     with pytest.raises(ValueError, match="response 1 has 1 policy tokens but 2 sampled"):
-        sampled(mask, [np.array([-0.5, -1.5]), np.array([-2.0, -1.0])])
+        at_policy_tokens(mask, [np.array([-0.5, -1.5]), np.array([-2.0, -1.0])])
 
 
 def train_args(model, out, *extra):

@@ -12,7 +12,7 @@ import torch
 from llm_gym.lm.loading import load_model, tiny_model
 from llm_gym.sources import ProceduralSource
 from llm_gym.train import GRPOConfig, GRPOTrainer, resumed_config
-from llm_gym.train.checkpoints import checkpoints, latest_checkpoint, load_checkpoint
+from llm_gym.train.checkpoints import checkpoint_folders, latest_checkpoint, load_checkpoint
 from llm_gym.train.optim import MasterAdamW
 from llm_gym.train.sharding import load_optimizer, save_optimizer
 
@@ -77,7 +77,9 @@ def test_a_resumed_run_equals_an_uninterrupted_one(tiny_dir, tmp_path, variant):
     # A run's last checkpoint keeps the optimizer's state only when asked: this one goes on.
     GRPOTrainer(config(tiny_dir, parts, iterations=2, save_optimizer=True, **variant)).train()
     resumed = GRPOTrainer(resumed_config(parts, iterations=4))
-    assert resumed.start == 2 and resumed.config.kl_target == 0.01  # the saved run's config
+    assert (
+        resumed.first_iteration == 2 and resumed.config.kl_target == 0.01
+    )  # the saved run's config
     for key, value in variant.items():
         assert getattr(resumed.config, key) == value
     resumed.train()
@@ -144,10 +146,10 @@ def test_bfloat16_masters_go_through_the_checkpoints_optimizer_folder(smollm2_to
 def test_a_bfloat16_run_saves_its_optimizer_and_resumes(tiny_dir, tmp_path):
     bf16 = dict(precision="bf16", dtype="bfloat16", iterations=2, save_every=1)
     GRPOTrainer(config(tiny_dir, tmp_path, save_optimizer=True, **bf16)).train()
-    assert [c.name for c in checkpoints(tmp_path)] == ["checkpoint-1", "checkpoint-2"]
-    assert all((c / "optimizer").is_dir() for c in checkpoints(tmp_path))
+    assert [c.name for c in checkpoint_folders(tmp_path)] == ["checkpoint-1", "checkpoint-2"]
+    assert all((c / "optimizer").is_dir() for c in checkpoint_folders(tmp_path))
     resumed = GRPOTrainer(resumed_config(tmp_path, iterations=3))
-    assert resumed.start == 2 and isinstance(resumed.optimizer, MasterAdamW)
+    assert resumed.first_iteration == 2 and isinstance(resumed.optimizer, MasterAdamW)
     assert resumed.train()["iterations"] == 3
 
 
@@ -166,7 +168,7 @@ def test_resume_without_flags_keeps_the_saved_config_and_refuses_other_changes(t
 
 def test_checkpoints_rotate_and_load_as_models(tiny_dir, tmp_path, smollm2_tokenizer):
     GRPOTrainer(config(tiny_dir, tmp_path, iterations=3, save_every=1, keep_checkpoints=2)).train()
-    assert [path.name for path in checkpoints(tmp_path)] == ["checkpoint-2", "checkpoint-3"]
+    assert [path.name for path in checkpoint_folders(tmp_path)] == ["checkpoint-2", "checkpoint-3"]
     folder = latest_checkpoint(tmp_path)
     files = sorted(path.name for path in folder.iterdir())
     assert "model.safetensors" in files and "config.json" in files and "rng_state.pt" in files
@@ -178,7 +180,7 @@ def test_checkpoints_rotate_and_load_as_models(tiny_dir, tmp_path, smollm2_token
     assert state["iteration"] == 3 and len(state["positions"]) == 4
     # The run's last checkpoint holds the weights alone; the one before, what a resume needs.
     assert set(tensors) == {"torch_rng", "cuda_rng"} and not (folder / "optimizer").exists()
-    before = checkpoints(tmp_path)[0]
+    before = checkpoint_folders(tmp_path)[0]
     assert set(load_checkpoint(before)[1]) == {"torch_rng", "cuda_rng"}
     assert (before / "optimizer" / ".metadata").is_file()  # AdamW's, by DCP
 
@@ -196,7 +198,7 @@ def test_lean_checkpoints_save_the_last_weights_in_the_save_dtype(
         ).train()
     # A dtype to store in, not to compute in: no word about the CPU's bfloat16 speed.
     assert not [w for w in caught if "runs slowly" in str(w.message)]
-    first, last = checkpoints(tmp_path)
+    first, last = checkpoint_folders(tmp_path)
     sizes = [(path / "model.safetensors").stat().st_size for path in (first, last)]
     assert sizes[1] < 0.51 * sizes[0]  # bfloat16 weights beside float32's
     assert (first / "optimizer").is_dir() and not (last / "optimizer").exists()
@@ -212,7 +214,7 @@ def test_lean_checkpoints_save_the_last_weights_in_the_save_dtype(
     # Training on from it: AdamW starts afresh, and the run says so.
     GRPOTrainer(resumed_config(tmp_path, iterations=3)).train()
     assert "holds no optimizer state" in capsys.readouterr().err
-    assert [path.name for path in checkpoints(tmp_path)] == ["checkpoint-2", "checkpoint-3"]
+    assert [path.name for path in checkpoint_folders(tmp_path)] == ["checkpoint-2", "checkpoint-3"]
 
 
 def test_no_save_optimizer_leaves_it_out_of_every_checkpoint(tiny_dir, tmp_path):
@@ -221,7 +223,7 @@ def test_no_save_optimizer_leaves_it_out_of_every_checkpoint(tiny_dir, tmp_path)
     ).train()
     assert all(
         set(load_checkpoint(p)[1]) == {"torch_rng", "cuda_rng"} and not (p / "optimizer").exists()
-        for p in checkpoints(tmp_path)
+        for p in checkpoint_folders(tmp_path)
     )
     with pytest.raises(ValueError, match="save_dtype must be one of"):
         config(tiny_dir, tmp_path, save_dtype="int8")
@@ -302,7 +304,7 @@ def test_ctrl_c_at_any_moment_of_a_save_leaves_a_checkpoint_that_resumes(tiny_di
         "checkpoint-2"
     ]
     resumed = GRPOTrainer(resumed_config(tmp_path, iterations=3))
-    assert resumed.start == 2
+    assert resumed.first_iteration == 2
     resumed.train()
     assert [row["iteration"] for row in metrics(tmp_path)] == [0, 2]  # 1 was never finished
 
@@ -325,7 +327,7 @@ def test_overwrite_keeps_the_earlier_run_until_the_new_one_is_set_up(tiny_dir, t
     assert latest_checkpoint(tmp_path).name == "checkpoint-1"
     assert [row["iteration"] for row in metrics(tmp_path)] == [0]
     GRPOTrainer(config(tiny_dir, tmp_path, overwrite=True, eval_episodes=0))
-    assert checkpoints(tmp_path) == [] and not (tmp_path / "metrics.jsonl").exists()
+    assert checkpoint_folders(tmp_path) == [] and not (tmp_path / "metrics.jsonl").exists()
 
 
 def test_ctrl_c_during_training_writes_the_summary_and_resumes(tiny_dir, tmp_path):
@@ -345,7 +347,7 @@ def test_ctrl_c_during_training_writes_the_summary_and_resumes(tiny_dir, tmp_pat
     assert summary["interrupted"] is True and summary["iterations"] == 1
     assert summary["task"]["name"] == "chain_sum" and summary["after"] is None
     assert (tmp_path / "training.png").is_file() and (tmp_path / "report.md").is_file()
-    assert GRPOTrainer(resumed_config(tmp_path)).start == 1
+    assert GRPOTrainer(resumed_config(tmp_path)).first_iteration == 1
 
 
 def test_cli_resume_restores_the_saved_run_and_names_a_conflicting_flag(tiny_dir, tmp_path, capsys):

@@ -24,7 +24,7 @@ from llm_gym.cli import main
 from llm_gym.run.budget import available_memory
 from llm_gym.run.lock import LOCK_FILE
 from llm_gym.train import GRPOConfig, GRPOTrainer
-from llm_gym.train.checkpoints import checkpoints, latest_checkpoint, load_checkpoint
+from llm_gym.train.checkpoints import checkpoint_folders, latest_checkpoint, load_checkpoint
 from llm_gym.train.run_folder import resume_hint
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
@@ -171,7 +171,7 @@ def test_overwrite_keeps_the_users_own_folders_beside_the_checkpoints(tiny_dir, 
                  "training.png", "report.md"):  # fmt: skip
         assert not (tmp_path / name).exists(), name
     trainer.train()  # its rotation (keep 1) deletes its own checkpoint-1 only
-    assert [path.name for path in checkpoints(tmp_path)] == ["checkpoint-2", "checkpoint-7"]
+    assert [path.name for path in checkpoint_folders(tmp_path)] == ["checkpoint-2", "checkpoint-7"]
     for name, text in mine.items():
         assert (tmp_path / name).read_text() == text, name
 
@@ -276,7 +276,7 @@ def test_a_full_disk_while_training_stops_in_one_line_with_an_interrupted_summar
     assert summary["interrupted"] is True and summary["iterations"] == 2
     assert reason in (out / "report.md").read_text()
     assert no_partial_files(out) == []  # the half-written checkpoint went
-    assert [path.name for path in checkpoints(out)] == ["checkpoint-1"]
+    assert [path.name for path in checkpoint_folders(out)] == ["checkpoint-1"]
     assert load_checkpoint(out / "checkpoint-1")[0]["iteration"] == 1  # whole
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [row["iteration"] for row in rows] == [0, 1]
@@ -356,7 +356,9 @@ def test_a_folder_made_read_only_mid_run(tiny_dir, tmp_path):
     reason = os.strerror(caught.value.errno)
     assert message.startswith(f"could not write {out}/checkpoint-2.partial: {reason}")
     assert f"the summary {out}/summary.json could not be written either" in message
-    assert no_partial_files(out) == [] and [p.name for p in checkpoints(out)] == ["checkpoint-1"]
+    assert no_partial_files(out) == [] and [p.name for p in checkpoint_folders(out)] == [
+        "checkpoint-1"
+    ]
     assert load_checkpoint(out / "checkpoint-1")[0]["iteration"] == 1
 
 

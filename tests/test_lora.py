@@ -21,7 +21,7 @@ from llm_gym.lm.lora import (
 from llm_gym.policies import TransformersPolicy
 from llm_gym.samplers.weights import served_tensors
 from llm_gym.train import GRPOConfig, GRPOTrainer, resumed_config
-from llm_gym.train.checkpoints import checkpoints, latest_checkpoint, load_checkpoint
+from llm_gym.train.checkpoints import checkpoint_folders, latest_checkpoint, load_checkpoint
 
 TIMING = ("seconds", "tokens_per_second")
 
@@ -66,8 +66,8 @@ def test_only_the_adapters_train_and_the_checkpoint_holds_them_alone(tiny_dir, t
     assert "model.safetensors" not in files and "config.json" not in files
     adapter = json.loads((folder / "adapter_config.json").read_text())
     assert adapter["base_model_name_or_path"] == tiny_dir and adapter["r"] == 4
-    state, tensors = load_checkpoint(checkpoints(tmp_path)[0])
-    assert state["iteration"] == 1 and (checkpoints(tmp_path)[0] / "optimizer").is_dir()
+    state, tensors = load_checkpoint(checkpoint_folders(tmp_path)[0])
+    assert state["iteration"] == 1 and (checkpoint_folders(tmp_path)[0] / "optimizer").is_dir()
 
 
 def test_a_lora_checkpoint_loads_merged_as_a_model_and_matches_the_trained_one(tiny_dir, tmp_path):

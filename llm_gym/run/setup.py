@@ -221,16 +221,16 @@ def reference_scorer(
     config: RunConfig,
     reference: str,
     *,
-    weights: torch.dtype | None = None,
+    weights_dtype: torch.dtype | None = None,
     device: torch.device | None = None,
 ) -> Scorer:
     """The frozen ``reference`` model ('default' or a folder) as a scorer: a
     ``TransformersPolicy`` here, or with ``config.ray_address`` one Ray actor every env worker
     shares (``RayLogProbModel``). It computes in ``config.dtype``, its weights loaded in
-    ``weights`` (None: that dtype; a trainer's: the trained weights', so that both score
+    ``weights_dtype`` (None: that dtype; a trainer's: the trained weights', so that both score
     alike), on ``device`` (None: ``config.device``'s; a trainer's: its own)."""
     device = device if device is not None else resolve_device(config.device)
-    weights = weights or resolve_dtype(config.dtype, device)
+    weights = weights_dtype or resolve_dtype(config.dtype, device)
     kwargs = {"input_mode": "tokens", "compute_dtype": compute_dtype(config, device, weights)}
     if config.ray_address is not None:
         from llm_gym.episodes.ray import RayLogProbModel, connect

@@ -171,11 +171,11 @@ class SubEnvGenerators:
     whose sub-envs start at ``first`` draws from ``seeded_generator(seed, iteration, first +
     i)``, so a sample depends on neither the process that drew it nor the others beside it in
     a batch. A policy holding them (its ``sub_env_generators``) draws each prompt's tokens
-    with the generator of the sub-env its observation's ``"env_index"`` names; ``start``
+    with the generator of the sub-env its observation's ``"env_index"`` names; ``seek``
     moves them to an iteration (a turn after another draws on from where the last left).
 
     >>> generators = SubEnvGenerators(seed=0, first=4)
-    >>> generators.start(3)
+    >>> generators.seek(3)
     >>> (a,) = generators.of([1])
     >>> bool(torch.rand(2, generator=a).equal(torch.rand(2, generator=seeded_generator(0, 3, 5))))
     True
@@ -185,8 +185,8 @@ class SubEnvGenerators:
         self.seed, self.first, self.iteration = seed, first, 0
         self._generators: dict[int, torch.Generator] = {}
 
-    def start(self, iteration: int) -> None:
-        """Every sub-env's generator from the start of ``iteration``'s draws."""
+    def seek(self, iteration: int) -> None:
+        """Every sub-env's generator from the beginning of ``iteration``'s draws."""
         self.iteration, self._generators = iteration, {}
 
     def of(self, sub_envs: Sequence[int]) -> list[torch.Generator]:

@@ -48,12 +48,12 @@ if TYPE_CHECKING:
 __all__ = [
     "OPTIMIZER_FOLDER",
     "RNG_STATE",
-    "RunCheckpoints",
+    "Checkpointer",
     "TRAINER_STATE",
-    "checkpoints",
+    "checkpoint_folders",
     "latest_checkpoint",
     "load_checkpoint",
-    "run_checkpoints",
+    "saved_folders",
     "save_checkpoint",
 ]
 
@@ -65,7 +65,7 @@ _OURS = (TRAINER_STATE, RNG_STATE)  # files no one but a save writes
 _ASIDE = re.compile(r"checkpoint-\d+\.(partial|deleting)")  # a save's or a deletion's, unfinished
 
 
-class RunCheckpoints:
+class Checkpointer:
     """The checkpoints of the run ``config`` describes, of ``model`` and its ``optimizer``:
     ``save`` writes one after an iteration, ``restore`` puts the optimizer and the RNG back
     from one. Every process of a sharded run calls both."""
@@ -117,7 +117,7 @@ class RunCheckpoints:
             torch.cuda.set_rng_state_all(tensors["cuda_rng"])
 
 
-def checkpoints(out: str | Path) -> list[Path]:
+def checkpoint_folders(out: str | Path) -> list[Path]:
     """The complete checkpoints in the run folder ``out``, oldest first."""
     found = [
         (int(match.group(1)), path)
@@ -129,17 +129,17 @@ def checkpoints(out: str | Path) -> list[Path]:
 
 def latest_checkpoint(out: str | Path) -> Path | None:
     """The newest complete checkpoint in ``out`` (None: there is none)."""
-    found = checkpoints(out)
+    found = checkpoint_folders(out)
     return found[-1] if found else None
 
 
-def run_checkpoints(out: str | Path) -> list[Path]:
+def saved_folders(out: str | Path) -> list[Path]:
     """What saves wrote into ``out``, for a new run to delete: ``checkpoint-<N>`` folders
     holding the trainer's files, and the ``.partial``/``.deleting`` folders of unfinished
     saves; never a folder of the user's (``checkpoint-backup/``, a ``checkpoint-3/`` of
     notes)."""
     out = Path(out)
-    ours = [p for p in checkpoints(out) if any((p / n).exists() for n in _OURS)]
+    ours = [p for p in checkpoint_folders(out) if any((p / n).exists() for n in _OURS)]
     return ours + sorted(p for p in out.glob("checkpoint-*") if _ASIDE.fullmatch(p.name))
 
 
@@ -190,7 +190,7 @@ def save_checkpoint(
     if lead:
         with deferred():  # and for the deletions
             _fsync(out)
-            for old in [p for p in run_checkpoints(out) if _NAME.fullmatch(p.name)][:-keep]:
+            for old in [p for p in saved_folders(out) if _NAME.fullmatch(p.name)][:-keep]:
                 _discard(old)
     barrier()
     return final

@@ -27,9 +27,10 @@ from llm_gym.run.setup import compute_dtype, dtype_name, resolve_device, run_rub
 from llm_gym.run.signals import hold_signals, interruption
 from llm_gym.run.trackers import Trackers
 from llm_gym.train.advantages import overlong_tokens, segment_advantages
-from llm_gym.train.checkpoints import RunCheckpoints, load_checkpoint
+from llm_gym.train.checkpoints import Checkpointer, load_checkpoint
 from llm_gym.train.config import GRPOConfig
 from llm_gym.train.evaluation import evaluate_agent, evaluate_greedy
+from llm_gym.train.generation import generation
 from llm_gym.train.loss import trained_segments
 from llm_gym.train.model import (
     CallersModel,
@@ -41,34 +42,31 @@ from llm_gym.train.model import (
 from llm_gym.train.optim import adamw
 from llm_gym.train.play import (
     Feed,
+    build_feed,
     check_episode_groups,
     check_given_env,
     kl_scorer,
-    play,
     run_envs,
 )
 from llm_gym.train.run_folder import (
     SUMMARY_FILE,
     TRAINING_PLOT_FILE,
-    check_start,
+    check_iterations_left,
     claim_out,
-    clear_out,
     earlier_rows,
     metrics_file,
-    save_config,
+    start_over,
     stop_notes,
     training_summary,
     write_summary,
 )
-from llm_gym.train.sampling import sampling
 from llm_gym.train.sharding import (
     Processes,
     barrier,
     gather_objects,
-    launched_processes,
     peer_lost,
+    run_world,
     shard_model,
-    world_size,
 )
 from llm_gym.train.update import GRPOUpdate
 
@@ -106,7 +104,7 @@ class GRPOTrainer:
     ) -> None:
         if isinstance(env, str):
             config, env = dataclasses.replace(config, env=env), None
-        world = max(launched_processes(), world_size())
+        world = run_world()
         check_given_model(config, model, tokenizer, world)
         check_given_env(config, env, world)
         config.check_world(world)
@@ -146,8 +144,10 @@ class GRPOTrainer:
         checkpoint = claim_out(config)  # on --resume the newest one, checked whole
         barrier()  # every process has looked before the first clears the folder
         state, tensors = load_checkpoint(checkpoint) if checkpoint else (None, None)
-        self.start, self.before = (int(state["iteration"]), state["before"]) if state else (0, None)
-        check_start(config, self.start)
+        self.first_iteration, self.before = (
+            (int(state["iteration"]), state["before"]) if state else (0, None)
+        )
+        check_iterations_left(config, self.first_iteration)
         torch.manual_seed(config.seed)
         self.model, self.tokenizer = trained_model(
             config, given, tokenizer, checkpoint, self.device, self.dtype
@@ -157,11 +157,11 @@ class GRPOTrainer:
             self.model, self.tokenizer, input_mode="tokens", generate=False,
             compute_dtype=self.compute_dtype,
         )  # fmt: skip
-        self.version = self.start * config.update_epochs
+        self.version = self.first_iteration * config.update_epochs
         self.feed = self.envs = self.rubric = None  # what close() stops, once made
-        run = sampling(config, self.model, self.tokenizer, self.processes, self.out,
+        run = generation(config, self.model, self.tokenizer, self.processes, self.out,
                        self.compute_dtype)  # fmt: skip
-        self.policy, self.weights, self.server = run.policy, run.weights, run.server
+        self.policy, self.weight_sync, self.server = run.policy, run.weight_sync, run.server
         self.generators = run.generators
         if self.processes.world > 1:  # each process holds a slice of every weight (FSDP2)
             shard_model(self.model)
@@ -188,14 +188,14 @@ class GRPOTrainer:
         self.task_names: set[str] = set()
         self.reference = frozen_reference(
             config, self.model, self.scorer, given=self.given_model[0] is not None,
-            weights=self.dtype, device=self.device,
+            weights_dtype=self.dtype, device=self.device,
         )  # fmt: skip
-        played = play(
+        played = build_feed(
             config, envs, self.tokenizer, self.processes, self._sample, self.rubric,
             reference=self.reference,
-            gen=kl_scorer(config, self.scorer, self.compute_dtype), first=self.start,
+            gen=kl_scorer(config, self.scorer, self.compute_dtype), first=self.first_iteration,
             sampler=self.policy if self.server is None else self.server.sampler,
-            weights=self.dtype,
+            weights_dtype=self.dtype,
         )  # fmt: skip
         self.envs, self.feed, self.multi_turn = played.envs, played.feed, played.multi_turn
         single_turn = not self.multi_turn and config.agent is None
@@ -208,14 +208,13 @@ class GRPOTrainer:
             self.model, self.optimizer, config, self.scorer.pad_token_id,
             reference=self.reference, done=self.version,
         )  # fmt: skip
-        self.checkpoints = RunCheckpoints(config, self.model, self.tokenizer, self.optimizer)
+        self.checkpoints = Checkpointer(config, self.model, self.tokenizer, self.optimizer)
         if state:
             self.checkpoints.restore(checkpoint, tensors)
             self.feed.load_state_dict(state)
             self.updater.load_state_dict(state)
         if not state and self.lead:  # set up without error: only now does an earlier run go
-            clear_out(self.out)
-            save_config(config)  # what --resume continues
+            start_over(config)
         barrier()
 
     @property
@@ -246,9 +245,9 @@ class GRPOTrainer:
 
     def _train(self) -> dict[str, Any]:
         config, started = self.config, time.perf_counter()
-        rows = earlier_rows(self.out, self.start)
+        rows = earlier_rows(self.out, self.first_iteration)
         bar = tqdm(
-            total=config.iterations, initial=self.start, unit="it",
+            total=config.iterations, initial=self.first_iteration, unit="it",
             disable=not (config.progress and self.lead), dynamic_ncols=True,
         )  # fmt: skip
         # The first process reports to the trackers, as it writes the files.
@@ -257,9 +256,11 @@ class GRPOTrainer:
             if self.before is None and config.eval_episodes:
                 self.before = self.evaluate()
             if self.lead:
-                trackers = Trackers(config.report_to, self.out, asdict(config), self.start)
+                trackers = Trackers(
+                    config.report_to, self.out, asdict(config), self.first_iteration
+                )
             with metrics_file(self.out, rows, self.lead) as f:
-                for iteration in range(self.start, config.iterations):
+                for iteration in range(self.first_iteration, config.iterations):
                     row = self.iteration(iteration)
                     rows.append(row)
                     f.write(json.dumps(row))  # a line per iteration, readable after Ctrl-C
@@ -269,7 +270,7 @@ class GRPOTrainer:
                     done = iteration + 1
                     if done % config.save_every == 0 or done == config.iterations:
                         self.save(done)
-                    self.feed.publish(iteration)  # after the save: its RNG state is this one's
+                    self.feed.release(iteration)  # after the save: its RNG state is this one's
         except BaseException as error:
             stop = self._stop(error, trackers, rows, started)
             if stop is None or stop is error:
@@ -318,9 +319,9 @@ class GRPOTrainer:
     def iteration(self, iteration: int) -> dict[str, Any]:
         """Ask the feed for an episode of every sub-env (``groups × group_size``), score
         them, update on each one's segments: the metrics row."""
-        config, start = self.config, time.perf_counter()
+        config, began = self.config, time.perf_counter()
         if self.generators is not None:
-            self.generators.start(iteration)
+            self.generators.seek(iteration)
         episodes = self.feed.episodes(self.processes.num_envs)
         if self.given_env is not None:
             check_episode_groups([e.prompt for e in episodes], config.group_size)
@@ -345,7 +346,7 @@ class GRPOTrainer:
                 ),
                 [s.log_probs for s in segments],
             )  # fmt: skip
-        row = self._row(iteration, everyone, update, start)
+        row = self._row(iteration, everyone, update, began)
         self.feed.advance_kl()  # the next batch's coefficient, once this one's is reported
         return row
 
@@ -367,7 +368,7 @@ class GRPOTrainer:
         return row
 
     def _row(
-        self, iteration: int, everyone: list[Any], update: dict[str, Any], start: float
+        self, iteration: int, everyone: list[Any], update: dict[str, Any], began: float
     ) -> dict[str, Any]:
         # The iteration's metrics row (reading the feed's state, changing none).
         config, report = self.config, self.feed.report()
@@ -378,10 +379,10 @@ class GRPOTrainer:
             level=level, kl_coef=kl_coef if config.kl_coef > 0 else None,
             tools=bool(config.tools), agent=config.agent is not None,
             group_size=config.group_size, max_new_tokens=config.max_new_tokens,
-            eos_token_id=self.tokenizer.eos_token_id, sync_seconds=self.weights.seconds,
+            eos_token_id=self.tokenizer.eos_token_id, sync_seconds=self.weight_sync.seconds,
             **report,
         )  # fmt: skip
-        return {**row, "seconds": time.perf_counter() - start}
+        return {**row, "seconds": time.perf_counter() - began}
 
     def _sample(self, obs: dict[str, Any]) -> list[Any]:
         with self.sampling_lock:
@@ -390,7 +391,7 @@ class GRPOTrainer:
     def _publish(self, write: bool = True) -> None:
         # The sampler samples with the weights of the last update from now on, and says so.
         with self.sampling_lock:
-            self.weights.publish(self.version, write=write)
+            self.weight_sync.publish(self.version, write=write)
 
     def close(self) -> None:
         """Stop the envs, the asynchronous driver's workers and the sampler's server, if any

@@ -27,7 +27,7 @@ __all__ = [
     "log_importance_weights",
     "microbatch_tokens",
     "microbatches",
-    "sampled",
+    "at_policy_tokens",
     "trained_segments",
     "truncated_is_weights",
     "update_stats",
@@ -260,11 +260,11 @@ def update_stats(
         return stats
 
 
-def sampled(mask: torch.Tensor, log_probs: Sequence[Any]) -> torch.Tensor:
+def at_policy_tokens(mask: torch.Tensor, log_probs: Sequence[Any]) -> torch.Tensor:
     """``(B, T)`` old log-probs for ``grpo_loss``: row ``b`` of ``log_probs`` (the log-probs
     its policy tokens were sampled with) at the True positions of ``mask[b]``, in order.
 
-    >>> sampled(torch.tensor([[False, True, True]]), [[-0.5, -1.0]]).tolist()
+    >>> at_policy_tokens(torch.tensor([[False, True, True]]), [[-0.5, -1.0]]).tolist()
     [[0.0, -0.5, -1.0]]
     """
     counts = mask.sum(1).tolist()

@@ -196,13 +196,13 @@ def frozen_reference(
     scorer: TransformersPolicy,
     *,
     given: bool,
-    weights: torch.dtype,
+    weights_dtype: torch.dtype,
     device: torch.device,
 ) -> Scorer | None:
     """The starting model, frozen, for the KL penalty and the KL term in the loss (None when
     neither is asked for): with LoRA the trained model itself with its adapter disabled (no
     copy); a given model's copy; else ``config.model`` loaded again on the trained model's
-    ``device`` in its ``weights``' dtype, so that its log-probs start equal to the policy's."""
+    ``device`` in its ``weights_dtype``, so that its log-probs start equal to the policy's."""
     if not (config.kl_coef > 0 or config.kl_loss_coef > 0):
         return None
     if is_lora(model):
@@ -214,7 +214,7 @@ def frozen_reference(
             compute_dtype=scorer.compute_dtype,
         )  # fmt: skip
     local = dataclasses.replace(config, ray_address=None)  # the trainer's own, not an actor
-    return reference_scorer(local, config.model, weights=weights, device=device)
+    return reference_scorer(local, config.model, weights_dtype=weights_dtype, device=device)
 
 
 def check_memory(

@@ -62,7 +62,7 @@ class AsyncBatches:
         self.driver, self.batch_size = driver, check_int("batch_size", batch_size, 1)
         self.max_staleness = check_int("max_staleness", max_staleness, 0)
         self.update_epochs = check_int("update_epochs", update_epochs, 1)
-        self.published, self.timeout = first, timeout  # updates published so far
+        self.released, self.timeout = first, timeout  # updates that reached the sampler so far
         self.iteration = first  # the batch episodes() gives next
         self.seconds, self.lag = 0.0, 0
         self.snapshot: dict[str, Any] = driver.snapshot()
@@ -74,7 +74,7 @@ class AsyncBatches:
         )
 
     def _may_sample(self, iteration: int) -> bool:
-        return self._stopped or iteration - self.published <= self.max_staleness
+        return self._stopped or iteration - self.released <= self.max_staleness
 
     def _produce(self, iteration: int) -> None:
         try:
@@ -135,10 +135,10 @@ class AsyncBatches:
         """The driver's curriculum and KL coefficient put back (its stream is at ``first``)."""
         self.driver.restore(state)
 
-    def publish(self, iteration: int) -> None:
+    def release(self, iteration: int) -> None:
         """Iteration ``iteration``'s update reached the sampler: later batches may start."""
         with self._turn:
-            self.published = iteration + 1
+            self.released = iteration + 1
             self._turn.notify_all()
 
     def close(self) -> None:

@@ -40,8 +40,8 @@ if TYPE_CHECKING:
     from llm_gym.wrappers.controllers import KLController
 
 __all__ = [
-    "Feed", "Played", "agent_episodes", "check_episode_groups", "check_given_env",
-    "check_vector_env", "kl_scorer", "play", "run_envs",
+    "Feed", "FeedSetup", "agent_episodes", "build_feed", "check_episode_groups",
+    "check_given_env", "check_vector_env", "kl_scorer", "run_envs",
 ]  # fmt: skip
 
 # What an env object (not an id) cannot be asked for: each makes envs of its own from
@@ -69,7 +69,7 @@ class Feed:
 
     ``refills``: DAPO's dynamic sampling, up to this many more batches a call whose groups of
     ``group_size`` replace the batch's groups whose rewards are all equal (``dropped``: how
-    many the last call replaced, ``sampled``: how many episodes it played)."""
+    many the last call replaced, ``played``: how many episodes it played)."""
 
     def __init__(
         self,
@@ -86,7 +86,7 @@ class Feed:
         group_size: int = 1,
     ) -> None:
         self.source, self.processes = source, processes
-        self.refills, self.group_size, self.dropped, self.sampled = refills, group_size, 0, 0
+        self.refills, self.group_size, self.dropped, self.played = refills, group_size, 0, 0
         self.stream, self.curriculum, self.kl, self.pipeline = stream, curriculum, kl, pipeline
         self.restart, self.reset_seed = restart, reset_seed
         self.seconds = 0.0
@@ -102,12 +102,12 @@ class Feed:
         more batches (too few found: some stay); ``seconds``: their sampling time (where the
         source tells it apart from its env steps and waits)."""
         groups = _groups(self._played(count), self.group_size)
-        self.seconds, self.sampled = self._seconds, count
+        self.seconds, self.played = self._seconds, count
         kept = [g for g in groups if _varied(g)]
         flat = [g for g in groups if not _varied(g)]
         for _ in range(self.refills if len(kept) < len(groups) else 0):
             more = _groups(self._played(count), self.group_size)
-            self.seconds, self.sampled = self.seconds + self._seconds, self.sampled + count
+            self.seconds, self.played = self.seconds + self._seconds, self.played + count
             kept += [g for g in more if _varied(g)]
             flat += [g for g in more if not _varied(g)]
             if len(kept) >= len(groups):
@@ -135,7 +135,7 @@ class Feed:
             return {**report, "level": self.level if report["level"] is None else report["level"]}
         report = {"level": self.level, "kl_coef": None}
         if self.refills:
-            report.update(sampled_episodes=self.sampled, dropped_groups=self.dropped)
+            report.update(sampled_episodes=self.played, dropped_groups=self.dropped)
         if self.kl is not None:
             report["kl_coef"] = float(self.kl.coef)
         return report
@@ -147,11 +147,11 @@ class Feed:
         if self.kl is not None and self.pipeline is None:
             self.kl.update_kl_coef()
 
-    def publish(self, iteration: int) -> None:
+    def release(self, iteration: int) -> None:
         """Iteration ``iteration``'s update reached the sampler (batches sampled ahead may
         go on)."""
         if self.pipeline is not None:
-            self.pipeline.publish(iteration)
+            self.pipeline.release(iteration)
 
     def state_dict(self) -> dict[str, Any]:
         """What a resume needs of the episodes: the stream's ``positions`` (the whole run's
@@ -217,7 +217,7 @@ class Feed:
             self.pipeline.driver.close()
 
 
-class Played:
+class FeedSetup:
     """A run's ``envs`` (the task's vector env with its wrappers, or the one given), the
     ``feed`` of their episodes, and whether an episode may take several turns."""
 
@@ -302,7 +302,7 @@ def check_episode_groups(prompts: Sequence[object], group_size: int) -> None:
             )
 
 
-def play(
+def build_feed(
     config: GRPOConfig,
     envs: gym.vector.VectorEnv,
     tokenizer: PreTrainedTokenizerBase,
@@ -314,13 +314,13 @@ def play(
     gen: Scorer | None = None,
     first: int = 0,
     sampler: Sampler | Policy | None = None,
-    weights: torch.dtype | None = None,
-) -> Played:
+    weights_dtype: torch.dtype | None = None,
+) -> FeedSetup:
     """The ``Feed`` of the run's episodes from iteration ``first``, over ``envs``
     (``run_envs``'s): ``sample`` answers each batch of prompts; ``reference`` (with
     ``controller``) charges the KL penalty in the envs (``gen``: the scorer of the policy's
     side, None: the sampled log-probs), or in each sub-env of the asynchronous driver (with
-    Ray, a copy in an actor, its weights in ``weights``' dtype); an agent's calls go to
+    Ray, a copy in an actor, its weights in ``weights_dtype``); an agent's calls go to
     ``sampler``."""
     turns = multi_turn(envs)
     check_vector_env(config, envs, processes.world, turns)
@@ -340,23 +340,23 @@ def play(
         source: EpisodeSource = agent_episodes(
             config, tokenizer, sampler, config.group_size, config.seed, first
         )
-        return Played(envs, Feed(source, processes, **parts, **refill), turns)
+        return FeedSetup(envs, Feed(source, processes, **parts, **refill), turns)
     if config.asynchronous:  # the vector env above only tells what the task is
         driver = _driver(
-            config, tokenizer, sample, rubric, reference, controller, curriculum, weights,
+            config, tokenizer, sample, rubric, reference, controller, curriculum, weights_dtype,
             processes.device,
         )  # fmt: skip
         driver.seek(first * size)  # batch j is stream positions [j B, (j + 1) B)
         batches = AsyncBatches(
             driver, size, config.max_staleness, first, update_epochs=config.update_epochs
         )
-        return Played(envs, Feed(batches, processes, pipeline=batches, **parts), turns)
+        return FeedSetup(envs, Feed(batches, processes, pipeline=batches, **parts), turns)
     if turns:  # tools, games: iteration k restarts each group from seed + 1 + k
         source = VectorEpisodes(envs, sample, reseed=config.seed + 1, first=first)
-        return Played(envs, Feed(source, processes, kl=kl, **parts, **refill), turns)
+        return FeedSetup(envs, Feed(source, processes, kl=kl, **parts, **refill), turns)
     source = VectorEpisodes(envs, sample, seed=config.seed)
     feed = Feed(source, processes, kl=kl, restart=source, reset_seed=config.seed, **parts, **refill)
-    return Played(envs, feed, turns)
+    return FeedSetup(envs, feed, turns)
 
 
 def kl_scorer(config: GRPOConfig, scorer: Scorer, compute: torch.dtype) -> Scorer | None:
@@ -415,7 +415,7 @@ def _driver(
     reference: Scorer | None,
     controller: KLController | None,
     curriculum: Any,
-    weights: torch.dtype | None,
+    weights_dtype: torch.dtype | None,
     device: torch.device,
 ) -> Any:
     # One curriculum and one KL coefficient for every sub-env, moved by episodes in the order
@@ -426,7 +426,7 @@ def _driver(
     if config.kl_coef > 0:  # each sub-env charges its own; the controller is shared
         ref = reference
         if config.ray_address is not None:  # one Ray actor the env workers share
-            ref = reference_scorer(config, config.model, weights=weights, device=device)
+            ref = reference_scorer(config, config.model, weights_dtype=weights_dtype, device=device)
     schedule = curriculum.schedule if curriculum is not None else None
     wait = math.inf if config.backend == "transformers" else 0.05
     return async_episodes(

@@ -19,7 +19,7 @@ from llm_gym.run.plots import plot_training
 from llm_gym.run.report import REPORT_FILE, write_report
 from llm_gym.run.signals import Interrupted
 from llm_gym.run.trackers import clear_trackers, report_to
-from llm_gym.train.checkpoints import latest_checkpoint, run_checkpoints
+from llm_gym.train.checkpoints import latest_checkpoint, saved_folders
 from llm_gym.train.config import RESUMABLE, GRPOConfig
 
 __all__ = [
@@ -29,7 +29,7 @@ __all__ = [
     "SERVED_FOLDER",
     "SUMMARY_FILE",
     "check_resumable",
-    "check_start",
+    "check_iterations_left",
     "claim_out",
     "clear_out",
     "earlier_rows",
@@ -40,6 +40,7 @@ __all__ = [
     "resume_hint",
     "resumed_config",
     "save_config",
+    "start_over",
     "stop_notes",
     "training_summary",
     "write_summary",
@@ -123,7 +124,7 @@ def resumed_config(out: str | Path, **changes: object) -> GRPOConfig:
     return config
 
 
-def check_start(config: GRPOConfig, done: int) -> None:
+def check_iterations_left(config: GRPOConfig, done: int) -> None:
     """That a resumed run whose checkpoint has ``done`` iterations has some left."""
     if done >= config.iterations:
         raise ValueError(
@@ -183,9 +184,16 @@ def clear_out(out: Path) -> None:
     for name in (METRICS_FILE, TRAINING_PLOT_FILE, SUMMARY_FILE, CONFIG_FILE, REPORT_FILE):
         (out / name).unlink(missing_ok=True)
     clear_trackers(out)
-    for path in run_checkpoints(out):
+    for path in saved_folders(out):
         shutil.rmtree(path)
     out.mkdir(parents=True, exist_ok=True)
+
+
+def start_over(config: GRPOConfig) -> None:
+    """A new run in ``config.out``, set up without error: the earlier run's files go
+    (``clear_out``) and this one's config is saved, what ``--resume`` continues."""
+    clear_out(Path(config.out))
+    save_config(config)
 
 
 def resume_hint(out: str | Path) -> str:

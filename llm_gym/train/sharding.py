@@ -41,6 +41,7 @@ __all__ = [
     "note",
     "peer_lost",
     "process_rank",
+    "run_world",
     "save_optimizer",
     "shard_model",
     "world_size",
@@ -68,6 +69,12 @@ def launched_processes() -> int:
     """The processes a launcher started for this job: ``torchrun``'s ``WORLD_SIZE`` (1 when
     this process was started alone)."""
     return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def run_world() -> int:
+    """The processes a run will have: the launcher's, or an existing group's if larger (a
+    caller that joined one itself)."""
+    return max(launched_processes(), world_size())
 
 
 def join_processes(device: torch.device) -> tuple[torch.device, bool]:

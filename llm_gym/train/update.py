@@ -31,10 +31,10 @@ from llm_gym.run.budget import activation_bytes, available_memory
 from llm_gym.train.config import CHECKPOINT_TOKENS, PRECISIONS
 from llm_gym.train.loss import (
     EntropyBonus,
+    at_policy_tokens,
     grpo_loss,
     microbatch_tokens,
     microbatches,
-    sampled,
     truncated_is_weights,
     update_stats,
 )
@@ -395,12 +395,12 @@ class GRPOUpdate:
                     continue
                 old_log_probs = old[j]
                 if asynchronous:  # the ratio to the version that sampled
-                    old_log_probs = sampled(mask, [sampled_log_probs[i] for i in rows])
+                    old_log_probs = at_policy_tokens(mask, [sampled_log_probs[i] for i in rows])
                 elif old_log_probs is None:
                     old_log_probs = log_probs.detach()
                 is_weights = None
                 if tis:  # toward the engine that sampled
-                    drawn = sampled(mask, [sampled_log_probs[i] for i in rows])
+                    drawn = at_policy_tokens(mask, [sampled_log_probs[i] for i in rows])
                     is_weights, cut = truncated_is_weights(
                         old_log_probs, drawn, mask, config.tis_cap
                     )

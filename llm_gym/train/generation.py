@@ -1,4 +1,4 @@
-"""The run's sampling, one part of ``GRPOTrainer``: the policy that samples
+"""The run's generation, one part of ``GRPOTrainer``: the policy that samples
 (``config.backend``), how each update's weights reach it (``llm_gym.samplers.weights``),
 its server to close, and the sub-envs' random streams."""
 
@@ -22,29 +22,29 @@ if TYPE_CHECKING:
     from llm_gym.policies.base import Policy
     from llm_gym.train.config import GRPOConfig
 
-__all__ = ["Sampling", "sampling"]
+__all__ = ["Generation", "generation"]
 
 
 @dataclass
-class Sampling:
-    """What samples a run's episodes: the ``policy``, its ``weights`` sync, the ``server``
+class Generation:
+    """What samples a run's episodes: the ``policy``, its ``weight_sync``, the ``server``
     (a served policy) to close or None, and the sub-envs' ``generators`` (None with
     ``--async``, whose sampler draws from its own)."""
 
     policy: Policy
-    weights: WeightSync
+    weight_sync: WeightSync
     server: Any
     generators: SubEnvGenerators | None
 
 
-def sampling(
+def generation(
     config: GRPOConfig,
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     processes: Processes,
     out: Path,
     compute_dtype: torch.dtype,
-) -> Sampling:
+) -> Generation:
     """The sampling of a run training ``model``: the transformers backend samples with the
     model itself (``--async``: a copy that each update's weights are copied into), a served
     backend from a server of the weights exported to ``out/served``. Across processes, the
@@ -56,7 +56,7 @@ def sampling(
         policy = make_policy(
             sampler, tokenizer, config, compute_dtype=compute_dtype, device=processes.device
         )
-        weights: WeightSync = LocalWeights(model, sampler, policy)
+        weight_sync: WeightSync = LocalWeights(model, sampler, policy)
         server = None
     else:
         folder = out / SERVED_FOLDER
@@ -71,10 +71,10 @@ def sampling(
             url = broadcast_object(policy.sampler.base_url if lead else None)
             policy = policy or make_policy(model, tokenizer, config, server=url)
         gather = full_weights if world > 1 else None
-        weights = ServedWeights(model, policy.sampler, folder, lead=lead, gather=gather,
+        weight_sync = ServedWeights(model, policy.sampler, folder, lead=lead, gather=gather,
                                 barrier=barrier)  # fmt: skip
         server = policy
     # Each sub-env's own generator (see SubEnvGenerators); --async: the sampler's own.
     generators = None if config.asynchronous else SubEnvGenerators(config.seed, processes.first_env)
     policy.sub_env_generators = generators
-    return Sampling(policy, weights, server, generators)
+    return Generation(policy, weight_sync, server, generators)
