@@ -75,7 +75,7 @@ MAIN=$(sed -E "s#--out [^ ]+#--out $DEMO#" <<<"${MAIN/.venv\/bin\/llm-gym/$LLM_G
 [[ $MAIN == *--device* ]] || MAIN="$MAIN --device cuda"
 
 # The tests parametrized on (or named for) a CUDA device, in the files that mention CUDA.
-TEST_FILES=$(grep -l cuda tests/test_*.py | xargs)
+TEST_FILES=$(grep -rl --include="test_*.py" cuda tests | sort | xargs)
 BTM="$PY scripts/bench_train_memory.py --device cuda"
 CASES="new,new@bf16-mixed,new-lora16,trl,trl-bf16"
 

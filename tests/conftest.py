@@ -163,10 +163,21 @@ def vllm_default(tmp_path_factory, smollm2_tokenizer):
     assert wait_gone(set(server_processes()) - before) == {}  # no server process left
 
 
+# Under pytest-xdist (pyproject's -n 2 --dist loadgroup), what runs on one worker in turn:
+# the tests that start vLLM servers (they count the machine's server processes, and one server
+# of the default model serves them all) and those that start a local Ray cluster.
+_ONE_WORKER = ("vllm", "ray")
+
+
 @pytest.hookimpl(trylast=True)  # after -m and -k have deselected
 def pytest_collection_modifyitems(items):
     users = [item.nodeid for item in items if "vllm_default" in getattr(item, "fixturenames", ())]
     _VLLM["last"] = users[-1] if users else None
+    for item in items:
+        for mark in _ONE_WORKER:
+            if item.get_closest_marker(mark) is not None:
+                item.add_marker(pytest.mark.xdist_group(mark))
+                break
 
 
 def pytest_runtest_teardown(item, nextitem):

@@ -12,7 +12,7 @@ import pytest
 
 import llm_gym
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def dry_run() -> dict[str, str]:
@@ -29,7 +29,7 @@ def test_the_dry_run_lists_every_gpu_step_on_the_gpu():
     steps = dry_run()
     tests = steps["tests"]
     assert "pytest" in tests and "-k cuda" in tests and "-m ''" in tests
-    assert "tests/test_train.py" in tests  # where DEVICES parametrizes a cuda device
+    assert "tests/train/test_train.py" in tests  # where DEVICES parametrizes a cuda device
     for bench in ("bench_kl", "bench_policy", "bench_env"):
         command = steps[bench]
         assert f"scripts/{bench}.py" in command

@@ -229,7 +229,7 @@ def test_serve_command_wants_its_key_and_warns_when_exposed_without_one():
 
 @pytest.mark.browser
 def test_web_gives_each_browser_session_its_own_env_within_max_sessions():
-    # Two pages in a real headless Chromium (as tests/test_serve_web.py drives it).
+    # Two pages in a real headless Chromium (as tests/services/test_serve_web.py drives it).
     from playwright.sync_api import sync_playwright
     from test_serve_web import CHROMIUM, FLAGS, TASK, solve
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).parents[1] / "scripts" / "benchmarking.py"
+SCRIPT = Path(__file__).parents[2] / "scripts" / "benchmarking.py"
 
 
 def load_script():

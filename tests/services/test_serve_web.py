@@ -42,7 +42,7 @@ from pathlib import Path
 import pytest
 
 pytestmark = pytest.mark.browser
-ARTIFACTS = Path(__file__).resolve().parents[1] / "build" / "test-artifacts"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "build" / "test-artifacts"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 # Headless, and nothing that reaches past this machine (its network is closed).
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-sync"]

@@ -17,7 +17,7 @@ from llm_gym.run.config import RolloutConfig
 from llm_gym.train import resumed_config
 from llm_gym.train.config import RESUMABLE, GRPOConfig
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # The command's own flags: the process's (--threads, the launch), the recipe, --help.
 PROCESS_FLAGS = {
     "-h", "--help", "--config", "--threads", "--nproc-per-node", "--nnodes", "--node-rank",

@@ -20,7 +20,7 @@ from llm_gym.policies import TransformersPolicy
 from llm_gym.rubrics import TaskScore
 
 AGENT = "examples/calculator_agent.py:solve"
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Logged:

@@ -15,7 +15,7 @@ import llm_gym
 # The benchmark in two processes.
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def bench(*options: str, timeout: int = 300) -> subprocess.CompletedProcess:

@@ -27,7 +27,7 @@ SYSTEM_LAST = (
     "{%- else %}{{ m['content'] }}<|im_end|>{% endif -%}"
     "{%- endfor -%}"
 )
-VLLM = Path(__file__).parents[1] / ".venv-vllm"
+VLLM = Path(__file__).parents[2] / ".venv-vllm"
 
 
 def vllm_templates():

@@ -321,7 +321,7 @@ def test_openenvs_private_members_are_reached_only_on_the_pinned_version():
 
     from llm_gym.integrations._openenv_private import OPENENV_VERSION, check_openenv_version
 
-    pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text(encoding="utf-8")
+    pyproject = (Path(__file__).parents[2] / "pyproject.toml").read_text(encoding="utf-8")
     assert f'\nserve = ["openenv=={OPENENV_VERSION}"]\n' in pyproject  # the "serve" extra's pin
     check_openenv_version()  # the installed one: the pin
     with pytest.raises(RuntimeError) as refused:

@@ -17,7 +17,7 @@ from llm_gym.lm.loading import tiny_model
 from llm_gym.policies import LLMActorCriticPolicy
 from llm_gym.policies.sb3 import last_positions
 
-SCRIPT = Path(__file__).parents[1] / "scripts" / "train_sb3_ppo.py"
+SCRIPT = Path(__file__).parents[2] / "scripts" / "train_sb3_ppo.py"
 
 
 def load_script():

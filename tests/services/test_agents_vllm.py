@@ -77,7 +77,7 @@ def test_llm_gym_train_trains_the_agent_through_vllm(tmp_path, monkeypatch, caps
 
     from llm_gym.cli import main
 
-    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
     out = tmp_path / "agent-vllm"
     code = main([
         "train", "--agent", "examples/check_agent.py:solve", "--backend", "vllm",

@@ -30,7 +30,7 @@ from conftest import GSM8K_PATH
 # registered, so the package's own ids must not be counted as the first importing block's.
 import llm_gym
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 PAGES = [README, *sorted(DOCS.rglob("*.md"))]

@@ -3,7 +3,7 @@ folder of runs, its time-series page opened in a real headless Chromium (Debian'
 Playwright). The screenshot is kept in build/test-artifacts/.
 
 Run as a script, it takes the screenshot of the docs (docs/tracking.md):
-``python tests/test_tensorboard_web.py runs docs/assets/tensorboard.png``."""
+``python tests/services/test_tensorboard_web.py runs docs/assets/tensorboard.png``."""
 
 import shutil
 import sys
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-ARTIFACTS = Path(__file__).resolve().parents[1] / "build" / "test-artifacts"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "build" / "test-artifacts"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-sync"]
 FLAGS += ["--disable-background-networking", "--disable-component-update"]

@@ -12,7 +12,7 @@ import pytest
 
 from llm_gym.train import GRPOConfig
 
-SCRIPT = Path(__file__).parents[1] / "scripts" / "bench_learning.py"
+SCRIPT = Path(__file__).parents[2] / "scripts" / "bench_learning.py"
 
 
 def load_script() -> ModuleType:
