@@ -2,8 +2,10 @@
 forward passes to compare against."""
 
 import numpy as np
+import pytest
 import torch
 
+from llm_gym.lm.loading import tiny_model
 from llm_gym.wrappers.controllers import ConstantKLController
 
 VOCAB = 32
@@ -49,3 +51,15 @@ def plain_log_probs(model, prompt, response):
 def rows(out):
     """Per row: the number of real steps (the response length)."""
     return out["mask"].sum(1).tolist()
+
+
+@pytest.fixture(scope="module")
+def model():
+    """The policy: a tiny random LM over ``VOCAB`` tokens."""
+    return tiny_model(vocab_size=VOCAB)
+
+
+@pytest.fixture(scope="module")
+def ref_model():
+    """The reference: another tiny random LM (seed 1)."""
+    return tiny_model(vocab_size=VOCAB, seed=1)

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from rollout_fixture import (
+from rollout_fixture import (  # noqa: F401  (fixtures)
     EOS,
     PAD,
     VOCAB,
@@ -13,23 +13,15 @@ from rollout_fixture import (
     constant_reward,
     length_reward,
     make_batch,
+    model,
     plain_log_probs,
+    ref_model,
     rows,
 )
 
 import llm_gym
 from llm_gym.lm.loading import tiny_model
 from llm_gym.torchrl import RolloutFromModel
-
-
-@pytest.fixture(scope="module")
-def model():
-    return tiny_model(vocab_size=VOCAB)
-
-
-@pytest.fixture(scope="module")
-def ref_model():
-    return tiny_model(vocab_size=VOCAB, seed=1)
 
 
 @pytest.fixture(scope="module")

@@ -7,13 +7,14 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from rollout_fixture import (
-    VOCAB,
+from rollout_fixture import (  # noqa: F401  (fixtures)
     M,
     RecordingController,
     length_reward,
     make_batch,
+    model,
     plain_log_probs,
+    ref_model,
     rows,
 )
 
@@ -21,17 +22,6 @@ from llm_gym.lm.loading import tiny_model
 from llm_gym.policies import TransformersPolicy
 from llm_gym.torchrl import RolloutFromModel
 from llm_gym.wrappers.controllers import AdaptiveKLController, ConstantKLController
-
-
-@pytest.fixture(scope="module")
-def model():
-    return tiny_model(vocab_size=VOCAB)
-
-
-@pytest.fixture(scope="module")
-def ref_model():
-    return tiny_model(vocab_size=VOCAB, seed=1)
-
 
 # -- KL scheduler ------------------------------------------------------------------------------
 
