@@ -169,15 +169,18 @@ def vllm_default(tmp_path_factory, smollm2_tokenizer):
 _ONE_WORKER = ("vllm", "ray")
 
 
+def pytest_itemcollected(item):
+    # As each test is collected: before xdist's own collection hook reads the groups.
+    for mark in _ONE_WORKER:
+        if item.get_closest_marker(mark) is not None:
+            item.add_marker(pytest.mark.xdist_group(mark))
+            break
+
+
 @pytest.hookimpl(trylast=True)  # after -m and -k have deselected
 def pytest_collection_modifyitems(items):
     users = [item.nodeid for item in items if "vllm_default" in getattr(item, "fixturenames", ())]
     _VLLM["last"] = users[-1] if users else None
-    for item in items:
-        for mark in _ONE_WORKER:
-            if item.get_closest_marker(mark) is not None:
-                item.add_marker(pytest.mark.xdist_group(mark))
-                break
 
 
 def pytest_runtest_teardown(item, nextitem):
