@@ -163,18 +163,18 @@ def vllm_default(tmp_path_factory, smollm2_tokenizer):
     assert wait_gone(set(server_processes()) - before) == {}  # no server process left
 
 
-# Under pytest-xdist (pyproject's -n 2 --dist loadgroup), what runs on one worker in turn:
-# the tests that start vLLM servers (they count the machine's server processes, and one server
-# of the default model serves them all) and those that start a local Ray cluster.
+# Under pytest-xdist (pyproject's -n 2 --dist loadgroup), what runs on one worker in turn: the
+# tests that start vLLM servers (they count the machine's server processes, and one server of
+# the default model serves them all) and those that start a local Ray cluster (a Ray run beside
+# a vLLM test lost an env worker once, in a measured run of the suite): one group.
 _ONE_WORKER = ("vllm", "ray")
+SERVERS = "servers"  # the group's name
 
 
 def pytest_itemcollected(item):
     # As each test is collected: before xdist's own collection hook reads the groups.
-    for mark in _ONE_WORKER:
-        if item.get_closest_marker(mark) is not None:
-            item.add_marker(pytest.mark.xdist_group(mark))
-            break
+    if any(item.get_closest_marker(mark) is not None for mark in _ONE_WORKER):
+        item.add_marker(pytest.mark.xdist_group(SERVERS))
 
 
 @pytest.hookimpl(trylast=True)  # after -m and -k have deselected

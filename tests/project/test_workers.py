@@ -1,5 +1,5 @@
-"""The suite's two pytest-xdist workers keep the tests that start vLLM servers, and those that
-start a Ray cluster, on one worker each (``tests/conftest.py``'s groups, ``--dist
+"""The suite's two pytest-xdist workers keep the tests that start vLLM servers and those that
+start a Ray cluster on one worker, in turn (``tests/conftest.py``'s group, ``--dist
 loadgroup``): run for real on a probe suite of marked tests, each writing the worker it ran
 on."""
 
@@ -29,7 +29,7 @@ def test_free_{mark}(i):
 """
 
 
-def test_vllm_and_ray_tests_each_run_on_one_worker(tmp_path):
+def test_vllm_and_ray_tests_run_on_one_worker(tmp_path):
     for mark in ("vllm", "ray"):
         (tmp_path / f"test_{mark}_probe.py").write_text(PROBE.format(mark=mark))
     # The suite's own grouping hook, as tests/conftest.py defines it.
@@ -53,5 +53,5 @@ def test_vllm_and_ray_tests_each_run_on_one_worker(tmp_path):
     for line in out.read_text().splitlines():
         mark, worker = line.split()
         ran.setdefault(mark, set()).add(worker)
-    assert len(ran["vllm"]) == 1 and len(ran["ray"]) == 1  # each group on one worker
+    assert len(ran["vllm"] | ran["ray"]) == 1  # the servers' group on one worker
     assert ran["free"] <= {"gw0", "gw1"}  # the others wherever there is room
