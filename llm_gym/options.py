@@ -131,10 +131,6 @@ class OptionSpec:
     shown: str | None
     resumable: bool
 
-    @property
-    def dest(self) -> str:
-        return self.name
-
 
 def _kind(annotation: object) -> tuple[type, bool]:
     # The first type of a string annotation ("int | None", "list[str] | str | None"): what
@@ -246,7 +242,7 @@ class KeyValues(argparse.Action):
 
 
 def _argument(spec: OptionSpec) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {"dest": spec.dest, "help": spec.help, "default": spec.default}
+    kwargs: dict[str, Any] = {"dest": spec.name, "help": spec.help, "default": spec.default}
     if spec.kind is bool:
         if spec.flag.startswith("--no-"):
             kwargs["action"] = "store_false"

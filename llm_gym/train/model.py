@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CallersModel",
     "check_given_model",
+    "check_objects_run",
     "check_memory",
     "training_precision",
     "enable_checkpointing",
@@ -78,6 +79,12 @@ def check_given_model(config: GRPOConfig, model: Any, tokenizer: Any, world: int
             "which samples and scores in its own: pass dtype='auto' or cast the "
             "model (model.float() for float32)"
         )
+    check_objects_run(config, world)
+
+
+def check_objects_run(config: GRPOConfig, world: int) -> None:
+    """What a run given a model or env object is: a new run (nothing to resume into) of one
+    process, ``world`` being the run's."""
     if config.resume:
         raise ValueError(
             "resume reloads a run from its folder by name; a model or env object cannot "

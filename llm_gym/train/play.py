@@ -25,6 +25,7 @@ from llm_gym.run.setup import (
     task_envs,
 )
 from llm_gym.train.config import GRPOConfig
+from llm_gym.train.model import check_objects_run
 from llm_gym.train.pipeline import AsyncBatches
 from llm_gym.train.sharding import Processes, gather_objects
 from llm_gym.wrappers import AdaptiveKLController
@@ -144,7 +145,7 @@ class Feed:
         """After a batch is reported: an adaptive KL coefficient moves on by the KL its
         episodes were charged (a constant one stays; the asynchronous driver moves its own
         as episodes finish)."""
-        if self.kl is not None and self.pipeline is None:
+        if self.kl is not None:  # none under the asynchronous driver
             self.kl.update_kl_coef()
 
     def release(self, iteration: int) -> None:
@@ -236,11 +237,7 @@ def check_given_env(config: GRPOConfig, env: object, world: int) -> None:
             f"env must be an env id, a gymnasium VectorEnv or a callable making one, got "
             f"{type(env).__name__}"
         )
-    if config.resume:
-        raise ValueError(
-            "resume reloads a run from its folder by name; a model or env object cannot "
-            "be resumed into: resume with GRPOTrainer(resumed_config(out))"
-        )
+    check_objects_run(config, world)
     given = [flag for name, flag in _ENV_OBJECT_CONFLICTS if getattr(config, name)]
     if set(rubric_weights(config.rubric)) - {"task"}:  # parts beyond the task's reward
         given.append("--rubric")
@@ -249,11 +246,6 @@ def check_given_env(config: GRPOConfig, env: object, world: int) -> None:
             f"env as an object does not go with {', '.join(given)}, which make envs "
             "of their own from config.env: pass the env id, or leave them off "
             "(eval_episodes=0; evaluate with trainer.evaluate() on an id's run)"
-        )
-    if world > 1:
-        raise ValueError(
-            f"a run across {world} processes does not go with a model or env object yet: "
-            "run it in one process"
         )
 
 
