@@ -3,6 +3,7 @@ serve live in ``llm_gym.tasks``."""
 
 from llm_gym.envs.chat import ChatEnv
 from llm_gym.envs.dataset import DatasetChatEnv, make_task_env
+from llm_gym.envs.forking import ForkError, fork, fork_sub_env
 from llm_gym.envs.openenv_client import OpenEnvChatEnv, make_openenv_vector_env
 from llm_gym.envs.session import EnvResponse, SessionChatEnv, seed_stream
 from llm_gym.envs.textarena import TextArenaEnv, make_textarena_vector_env
@@ -24,6 +25,7 @@ __all__ = [
     "DatasetChatEnv",
     "DatasetChatVectorEnv",
     "EnvResponse",
+    "ForkError",
     "OpenEnvChatEnv",
     "SessionChatEnv",
     "TaskReward",
@@ -33,6 +35,8 @@ __all__ = [
     "VectorHooks",
     "VerifiersChatEnv",
     "batch_infos",
+    "fork",
+    "fork_sub_env",
     "make_openenv_vector_env",
     "make_task_env",
     "make_task_vector_env",

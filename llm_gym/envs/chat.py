@@ -9,6 +9,7 @@ nothing), which ``DatasetChatVectorEnv`` calls itself for N conversations at onc
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -22,6 +23,7 @@ from llm_gym.chat.conversation import Conversation, PromptBuilder, TokenPrefixEr
 from llm_gym.chat.history import History
 from llm_gym.chat.templates import resolve_chat_template
 from llm_gym.checks import check_choice, check_int, check_reward, check_str
+from llm_gym.envs.forking import ForkError
 from llm_gym.envs.actions import MASK_KEY, check_action, observation_keys_for, turn_content
 from llm_gym.spaces import MAX_TEXT_LENGTH, UnicodeText, history_space, token_space
 
@@ -271,6 +273,21 @@ class ChatEnv(gym.Env):
         if self.toolbox is not None:
             self.toolbox.close()
         super().close()
+
+    def fork(self) -> ChatEnv:
+        """An independent env in this one's state, mid-episode or not (``llm_gym.fork`` does
+        it through wrappers). The conversation (immutable, so shared), the turn and tool-call
+        counts it holds, and the RNG (copied) are the fork's; the tokenizer, the prompt
+        builder's caches and the tools are shared, read-only: the sandboxed interpreter keeps
+        nothing between calls. ``ForkError`` for tools whose state is a server's (MCP)."""
+        if self.toolbox is not None and self.toolbox.server_tools:
+            raise ForkError(
+                f"{type(self).__name__} cannot fork: its MCP tools {self.toolbox.server_tools} "
+                "keep their state in a server process, which cannot be copied"
+            )
+        other = copy.copy(self)
+        other._np_random = copy.deepcopy(self._np_random)
+        return other
 
     @property
     def conversation(self) -> Conversation | None:

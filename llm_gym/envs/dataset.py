@@ -3,6 +3,7 @@ the task's reward; ``make_task_env`` makes one from a ``Task`` or a task's funct
 
 from __future__ import annotations
 
+import copy
 import importlib
 import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -173,7 +174,7 @@ class DatasetChatEnv(ChatEnv):
         self.field_map = field_map
         self.shard = (sharding.index, sharding.count)
         if isinstance(dataset, Source):
-            self._source = dataset.fork(sharding)
+            self._source = dataset.for_shard(sharding)
             if seed is not None:
                 self._source.reseed(seed)
         elif is_iterable_dataset(dataset):
@@ -270,6 +271,15 @@ class DatasetChatEnv(ChatEnv):
                 "procedural generator"
             )
         self._source.set_level(level)
+
+    def fork(self) -> DatasetChatEnv:
+        """``ChatEnv.fork``, with the episode's item and the stream's position copied (the
+        data shared: ``Source``'s copy), so the fork's next resets serve what the original's
+        would have."""
+        other = super().fork()
+        other._source = copy.copy(self._source)
+        other._item = copy.deepcopy(self._item)
+        return other
 
     @property
     def item(self) -> dict[str, Any] | None:

@@ -20,6 +20,7 @@ from gymnasium.vector import SyncVectorEnv
 
 from llm_gym.chat.history import History
 from llm_gym.checks import check_number, check_str
+from llm_gym.envs.forking import ForkError
 from llm_gym.envs.session import EnvResponse, SessionChatEnv, seed_stream
 from llm_gym.envs.vector import sharded_vector_env
 
@@ -332,6 +333,14 @@ class OpenEnvChatEnv(SessionChatEnv):
         if self._client is not None:
             with suppress(Exception):
                 self._client.disconnect()
+
+    def fork(self) -> OpenEnvChatEnv:
+        """Refused (``ForkError``): the episode's state is the server's, and OpenEnv's
+        protocol offers no snapshot of a session to copy it by."""
+        raise ForkError(
+            f"OpenEnvChatEnv cannot fork: its episode's state is on the server at "
+            f"{self.base_url}, and OpenEnv's protocol offers no snapshot to copy it by"
+        )
 
     def close(self) -> None:
         """End the server session (a later ``reset`` opens a new one)."""

@@ -157,6 +157,13 @@ class TextArenaEnv(SessionChatEnv):
         self.rewards, self.invalid_move_reward = rewards, invalid_move_reward
         self._progress = 0.0  # the game's progress after the learner's last move
 
+    def fork(self) -> TextArenaEnv:
+        """``DatasetChatEnv.fork``, with the game's state copied (its board, its log, the
+        random state it plays with); an opponent is shared."""
+        other = super().fork()
+        other._game = self._game.fork()
+        return other
+
     def episode_start(self, item: Mapping[str, Any]) -> tuple[History, dict[str, Any]]:
         """Reset the game at ``item``'s ``game_seed``: its first message as the prompt."""
         seed = int(item["game_seed"])

@@ -4,6 +4,8 @@ observations and a ``Discrete`` action."""
 
 from __future__ import annotations
 
+import copy
+
 import inspect
 from typing import TYPE_CHECKING, Any
 
@@ -239,6 +241,18 @@ class TokenEnv(gym.Env):
             print(text)
             return None
         return text
+
+    def fork(self) -> TokenEnv:
+        """An independent env in this one's state: the task env forked (``llm_gym.fork``),
+        the tokens so far and the RNG copied, the tokenizer shared."""
+        from llm_gym.envs.forking import fork
+
+        other = copy.copy(self)
+        other.task_env = fork(self.task_env)
+        other._np_random = copy.deepcopy(self._np_random)
+        other._generated = list(self._generated)
+        other._input_ids, other._attention_mask = self._input_ids.copy(), self._attention_mask.copy()
+        return other
 
     def close(self) -> None:
         """Close the task env."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -195,7 +196,7 @@ class DatasetChatVectorEnv(VectorEnv):
         self.single_env: VectorHooks = env
         self.shards = (first, total)
         self.sources = [
-            env.source.fork(Shard(first + i, total, env.repeats)) for i in range(self.num_envs)
+            env.source.for_shard(Shard(first + i, total, env.repeats)) for i in range(self.num_envs)
         ]
         self._conversations: list[Conversation | None] = [None] * self.num_envs
         self._items: list[dict[str, Any] | None] = [None] * self.num_envs
@@ -287,6 +288,52 @@ class DatasetChatVectorEnv(VectorEnv):
             raise ValueError("this env's sources cannot seek: their stream cannot be resumed")
         for source, position in zip(self.sources, positions, strict=True):
             source.seek(position)
+
+    def fork_env(self, index: int) -> gym.Env:
+        """Sub-env ``index`` as an independent single env in its state: the task's env forked
+        (``ChatEnv.fork``) holding its conversation, item and a copy of its stream
+        (``llm_gym.fork_sub_env`` for any vector env)."""
+        index = check_int("index", index, 0, self.num_envs - 1)
+        if self._conversations[index] is None:
+            raise error.ResetNeeded("Cannot fork a sub-env of DatasetChatVectorEnv before reset")
+        env = self.single_env.fork()
+        env._conversation = self._conversations[index]
+        env._item = copy.deepcopy(self._items[index])
+        env._source = copy.copy(self.sources[index])
+        return env
+
+    def branch(self, index: int, count: int) -> DatasetChatVectorEnv:
+        """A new vector env of ``count`` sub-envs, each in sub-env ``index``'s state (its
+        conversation, item and stream position), stepped apart from this one: ``count``
+        continuations of one episode side by side (a branched group, VinePPO's values). The
+        task's settings and data are shared, read-only; the new env's sub-envs are one group.
+
+        >>> from llm_gym.envs import DatasetChatEnv, DatasetChatVectorEnv
+        >>> rows = [{"query": "a?"}, {"query": "b?"}]
+        >>> envs = DatasetChatVectorEnv(DatasetChatEnv(rows, max_turns=3), num_envs=2)
+        >>> _ = envs.reset(seed=0); _ = envs.step(["x", "y"])
+        >>> branches = envs.branch(1, 3)
+        >>> obs, *_ = branches.step(["p", "q", "r"])
+        >>> [[m["content"] for m in h[1:]] for h in obs["history"]]
+        [['y', 'p'], ['y', 'q'], ['y', 'r']]
+        >>> [m["content"] for m in envs.conversations[1].history][1:]
+        ['y']
+        """
+        index = check_int("index", index, 0, self.num_envs - 1)
+        count = check_int("count", count, 1)
+        env = self.fork_env(index)
+        other = object.__new__(type(self))
+        other.__dict__.update(self.__dict__)
+        other.num_envs, other.group_size, other.single_env = count, 1, env
+        other.shards = (0, count)
+        other.sources = [copy.copy(env._source) for _ in range(count)]
+        other._conversations = [env._conversation] * count  # immutable: shared
+        other._items = [copy.deepcopy(env._item) for _ in range(count)]
+        other.observation_space = batch_space(other.single_observation_space, count)
+        other.action_space = batch_space(other.single_action_space, count)
+        other._out = create_empty_array(other.single_observation_space, count)
+        other._pool = None
+        return other
 
     @property
     def conversations(self) -> tuple[Conversation | None, ...]:

@@ -24,6 +24,7 @@ from gymnasium.vector import SyncVectorEnv
 
 from llm_gym.chat.history import History
 from llm_gym.checks import check_choice, check_number, check_str
+from llm_gym.envs.forking import ForkError
 from llm_gym.envs.session import EnvResponse, SessionChatEnv
 from llm_gym.envs.vector import sharded_vector_env
 from llm_gym.tools.calls import TOOL_FORMATS, chat_messages, parse_tool_calls, with_tools_prompt
@@ -329,6 +330,14 @@ class VerifiersChatEnv(SessionChatEnv):
     def end_info(self, item: Mapping[str, Any], cut: bool) -> dict[str, Any]:
         """The episode's record names its row's answer and example."""
         return {"answer": (item or {}).get("answer"), "example_id": (item or {}).get("example_id")}
+
+    def fork(self) -> VerifiersChatEnv:
+        """Refused (``ForkError``): the episode is a verifiers rollout running in its own
+        task, whose state (and its tools' sandboxes) verifiers offers no way to copy."""
+        raise ForkError(
+            "VerifiersChatEnv cannot fork: its episode is a verifiers rollout running in its "
+            "own task, whose state verifiers offers no way to copy"
+        )
 
     def close(self) -> None:
         """Cancel the running rollout (the verifiers environment stays as it is)."""

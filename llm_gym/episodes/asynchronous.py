@@ -224,7 +224,7 @@ class AsyncEpisodes:
             INPUT_MODES,
         )  # fmt: skip
         self.repeats = base.repeats
-        self.stream = base.source.fork(Shard(0, 1, base.repeats))
+        self.stream = base.source.for_shard(Shard(0, 1, base.repeats))
         template.close()
         if kl_controller is not None and ray_address is not None:
             raise ValueError(

@@ -18,6 +18,8 @@ False
 
 from __future__ import annotations
 
+import copy
+
 import contextlib
 import inspect
 import random
@@ -271,6 +273,11 @@ class TextArenaGame:
             raise ValueError(
                 f"game {game!r} does not play with {self.players} player(s) ({error}): {need}"
             ) from None
+
+    def fork(self) -> TextArenaGame:
+        """An independent copy of the game in its current state (TextArena's env deep-copied);
+        the opponent is shared (a policy, a model: nothing of the game's state)."""
+        return copy.deepcopy(self, {id(self.opponent): self.opponent})
 
     def reset(self, seed: int) -> str:
         """Start the game ``seed`` names; the learner's first message (after the opponent's

@@ -16,10 +16,14 @@ __all__ = ["Shard", "Source"]
 class Source(Protocol):
     """Where a task's items come from: a dataset split, a generator, an iterable.
 
-    A source serves one seeded stream of items (``next_item``); ``fork(shard)`` gives a
+    A source serves one seeded stream of items (``next_item``); ``for_shard(shard)`` gives a
     source over the same items and seed that serves ``shard`` of the stream, which is how the
     sub-envs of a vector env split an epoch exactly once. Sources with difficulty levels also
-    have ``level``, ``num_levels`` and ``set_level`` (shared with their forks).
+    have ``level``, ``num_levels`` and ``set_level`` (shared with those shards).
+
+    ``copy.copy(source)`` is where a forked env's stream goes on from (``ChatEnv.fork``): the
+    same data and position, nothing mutable shared with the original, so the two serve the
+    same items independently (a source that cannot, an iterable's, says so in its docstring).
     """
 
     def next_item(self) -> Mapping[str, Any]:
@@ -34,7 +38,7 @@ class Source(Protocol):
         """Restart from the first item of the current seed's order."""
         ...
 
-    def fork(self, shard: Shard) -> Source:
+    def for_shard(self, shard: Shard) -> Source:
         """A source over the same items and seed that serves ``shard`` of the stream."""
         ...
 

@@ -99,9 +99,15 @@ class IndexedSource(_SeededSource):
         self._epoch, self._order = -1, None
         self._buffer: list[Any] = []  # prefetched rows for positions _position...
 
-    def fork(self, shard: Shard) -> IndexedSource:
+    def for_shard(self, shard: Shard) -> IndexedSource:
         """A source over the same data and seed that serves ``shard`` of the stream."""
         return IndexedSource(self.data, shuffle=self.shuffle, seed=self.seed, shard=shard)
+
+    def __copy__(self) -> IndexedSource:
+        # A forked env's stream: the same data and position, its own prefetched rows.
+        other = object.__new__(IndexedSource)
+        other.__dict__.update(self.__dict__, _buffer=list(self._buffer))
+        return other
 
     def order(self, epoch: int) -> np.ndarray:
         """The item indices of ``epoch`` in serving order."""

@@ -17,8 +17,10 @@ class IterableSource:
     A yielded item may be one item (a dict), a list of dicts, or a collated batch (a dict of
     equal-length lists or arrays, what a ``DataLoader`` returns); batches are split into
     items. Shuffling and seeding belong to the iterable (e.g. ``DataLoader(generator=...)``).
-    Each item is served ``repeats`` times in a row. Forks share the stream: a vector env's
-    sub-envs split it by drawing from it, whatever their shard.
+    Each item is served ``repeats`` times in a row. Its shards share the stream: a vector
+    env's sub-envs split it by drawing from it, whatever their shard; so does a copy (a forked
+    env's), since an iterator cannot be copied: the fork's next episodes draw from the same
+    stream as the original's.
     """
 
     def __init__(self, iterable: Iterable[Any], *, repeats: int = 1) -> None:
@@ -38,7 +40,7 @@ class IterableSource:
         """Restart the iterable from its beginning (``iter()`` again)."""
         self._stream.restart()
 
-    def fork(self, shard: Shard) -> IterableSource:
+    def for_shard(self, shard: Shard) -> IterableSource:
         """A source sharing this one's stream (a shared stream needs no shard)."""
         other = object.__new__(IterableSource)
         other.iterable, other._stream, other.repeats = self.iterable, self._stream, shard.repeats

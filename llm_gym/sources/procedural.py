@@ -30,7 +30,7 @@ class ProceduralSource(_SeededSource):
 
     >>> source = ProceduralSource(lambda seed, i, level: {"query": f"{seed}:{i}:{level}"},
     ...                           num_levels=3, level=1, seed=7)
-    >>> fork = source.fork(Shard(index=1, count=2))
+    >>> fork = source.for_shard(Shard(index=1, count=2))
     >>> [source.next_item()["query"] for _ in range(2)]
     ['7:0:1', '7:1:1']
     >>> source.set_level(2)
@@ -50,7 +50,7 @@ class ProceduralSource(_SeededSource):
         if not callable(generate):
             raise TypeError(f"generate must be callable, got {type(generate).__name__}")
         self.generate, self.num_levels = generate, check_int("num_levels", num_levels, 1)
-        self._level = [check_int("level", level, 0, num_levels - 1)]  # shared with the forks
+        self._level = [check_int("level", level, 0, num_levels - 1)]  # shared with the shards
         self.shard = shard or Shard()
         self.reseed(seed)
 
@@ -60,7 +60,7 @@ class ProceduralSource(_SeededSource):
         return self._level[0]
 
     def set_level(self, level: int) -> None:
-        """Generate the next items at ``level`` (for this source and all its forks)."""
+        """Generate the next items at ``level`` (for this source and all its shards)."""
         self._level[0] = check_int("level", level, 0, self.num_levels - 1)
 
     def rewind(self) -> None:
@@ -68,12 +68,18 @@ class ProceduralSource(_SeededSource):
         self._position = 0
         self._last: tuple[int, dict[str, Any]] | None = None
 
-    def fork(self, shard: Shard) -> ProceduralSource:
+    def for_shard(self, shard: Shard) -> ProceduralSource:
         """A source serving ``shard``, sharing the generator, the seed and the level."""
         other = object.__new__(ProceduralSource)
         other.generate, other.num_levels, other._level = self.generate, self.num_levels, self._level
         other.shard = shard
         other.reseed(self.seed)
+        return other
+
+    def __copy__(self) -> ProceduralSource:
+        # A forked env's stream: its own level from here on (its shards share one).
+        other = object.__new__(ProceduralSource)
+        other.__dict__.update(self.__dict__, _level=list(self._level))
         return other
 
     def next_item(self) -> dict[str, Any]:

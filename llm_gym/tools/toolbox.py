@@ -135,6 +135,13 @@ class Toolbox:
         except Exception as error:  # the tool's own failure is the model's to read
             return False, f"Error: {call.name} raised {type(error).__name__}: {error}"
 
+    @property
+    def server_tools(self) -> list[str]:
+        """The tools whose state lives in a server process (MCP's): what a fork of the env
+        cannot copy. The others keep nothing between calls (the interpreter starts a fresh
+        process each call; a function's own state is the function's)."""
+        return sorted(tool.name for server in self.servers for tool in server.tools)
+
     def close(self) -> None:
         """Shut down the MCP servers."""
         for server in self.servers:

@@ -43,6 +43,12 @@ class KLController:
         """The coefficient for the next batch, given this batch's KL rewards."""
         raise NotImplementedError
 
+    def __copy__(self) -> KLController:
+        # A forked env's controller (llm_gym.fork): its own coefficient from here on.
+        other = object.__new__(type(self))
+        other.__dict__.update(self.__dict__)
+        return other
+
     def state_dict(self) -> dict[str, float]:
         """What an update changes: the coefficient (a checkpoint's part).
 

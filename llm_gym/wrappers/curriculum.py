@@ -47,6 +47,12 @@ class LevelSchedule:
         self.window, self.raise_at, self.lower_below = window, raise_at, lower_below
         self.successes: list[bool] = []
 
+    def __copy__(self) -> LevelSchedule:
+        # A forked env's curriculum (llm_gym.fork): its own window of successes.
+        other = object.__new__(LevelSchedule)
+        other.__dict__.update(self.__dict__, successes=list(self.successes))
+        return other
+
     def record(self, successes: Iterable[bool]) -> bool:
         """Count finished episodes (whether each succeeded); whether the level changed."""
         before = self.level

@@ -5,6 +5,8 @@ batch of one, only ``info``'s layout differs). The vector versions are in ``vect
 
 from __future__ import annotations
 
+import copy
+
 import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -308,6 +310,13 @@ class KLCharge:
             "kl_key": kl_key,
             "kl_controller": kl_controller,
         }
+
+    def __copy__(self) -> KLCharge:
+        # A forked env's charge (llm_gym.fork): its own coefficient and collected rewards.
+        other = object.__new__(KLCharge)
+        other.__dict__.update(self.__dict__)
+        other.controller, other.kl_rewards = copy.copy(self.controller), list(self.kl_rewards)
+        return other
 
     @property
     def coef(self) -> float:

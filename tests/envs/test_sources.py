@@ -21,7 +21,7 @@ def ids_after_reset(env, seed, n):
 
 def test_index_source_fork_shares_data_and_seed():
     source = IndexedSource(ROWS, seed=1)
-    fork = source.fork(Shard(1, 2))
+    fork = source.for_shard(Shard(1, 2))
     assert fork.data is source.data and fork.seed == source.seed == 1
     whole = [source.next_item()["id"] for _ in range(6)]
     assert [fork.next_item()["id"] for _ in range(3)] == whole[1::2]
