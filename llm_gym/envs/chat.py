@@ -23,8 +23,8 @@ from llm_gym.chat.conversation import Conversation, PromptBuilder, TokenPrefixEr
 from llm_gym.chat.history import History
 from llm_gym.chat.templates import resolve_chat_template
 from llm_gym.checks import check_choice, check_int, check_reward, check_str
-from llm_gym.envs.forking import ForkError
 from llm_gym.envs.actions import MASK_KEY, check_action, observation_keys_for, turn_content
+from llm_gym.envs.forking import ForkError
 from llm_gym.spaces import MAX_TEXT_LENGTH, UnicodeText, history_space, token_space
 
 if TYPE_CHECKING:

@@ -73,9 +73,7 @@ def fork_sub_env(envs: gym.vector.VectorEnv, index: int) -> gym.Env:
     wrappers (``fork``). The vector env's own wrappers are not part of it."""
     base = envs.unwrapped
     if not isinstance(index, (int, np.integer)) or not 0 <= index < base.num_envs:
-        raise ValueError(
-            f"index must be a sub-env index in 0..{base.num_envs - 1}, got {index!r}"
-        )
+        raise ValueError(f"index must be a sub-env index in 0..{base.num_envs - 1}, got {index!r}")
     if hasattr(base, "fork_env"):
         return base.fork_env(int(index))
     if isinstance(getattr(base, "envs", None), (list, tuple)):

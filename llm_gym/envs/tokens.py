@@ -5,7 +5,6 @@ observations and a ``Discrete`` action."""
 from __future__ import annotations
 
 import copy
-
 import inspect
 from typing import TYPE_CHECKING, Any
 
@@ -251,7 +250,10 @@ class TokenEnv(gym.Env):
         other.task_env = fork(self.task_env)
         other._np_random = copy.deepcopy(self._np_random)
         other._generated = list(self._generated)
-        other._input_ids, other._attention_mask = self._input_ids.copy(), self._attention_mask.copy()
+        other._input_ids, other._attention_mask = (
+            self._input_ids.copy(),
+            self._attention_mask.copy(),
+        )
         return other
 
     def close(self) -> None:

@@ -61,6 +61,10 @@ class Episode:
     - ``env_index``: the sub-env (or agent slot) that played it; ``item_index``: its item's
       position in the stream and ``seed`` the stream's (asynchronous and agent episodes);
       ``level``: the level its item was drawn at (a curriculum's).
+    - A branched group's (``llm_gym.episodes.tree``): ``branch``, ``{"of": p, "turn": t}``
+      for an episode forked from episode ``p`` of its batch before its turn ``t`` (its
+      turns before are ``p``'s, which train them), None for a chain; ``turn_values``,
+      VinePPO's Monte Carlo value of the state each turn was made in.
     - An agent's: ``item`` (the task item it played), ``error`` (None unless it failed),
       ``calls`` (the gateway's record of its model calls; None for env episodes) and
       ``seconds``.
@@ -94,6 +98,8 @@ class Episode:
     seconds: float | None = None
     turn_rewards: list[float] | None = None
     turn_tokens: list[int] | None = None
+    branch: dict[str, int] | None = None
+    turn_values: list[float] | None = None
 
     def __post_init__(self) -> None:
         if self.response is None:
@@ -137,6 +143,10 @@ class Episode:
         )  # fmt: skip
         if self.turn_rewards is not None:
             record["turn_rewards"] = self.turn_rewards
+        if self.branch is not None:
+            record["branch"] = dict(self.branch)
+        if self.turn_values is not None:
+            record["turn_values"] = [None if v != v else v for v in self.turn_values]
         record.update(self.info)
         if self.level is not None:
             record["level"] = self.level

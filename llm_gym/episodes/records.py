@@ -73,6 +73,13 @@ class EpisodeTrace:
         self.rewards: list[float] = []  # each step's
         self.turn_tokens: list[int] = []  # each step's sampled tokens
 
+    def copy(self) -> EpisodeTrace:
+        """The episode so far, apart from this one (a fork's trace from here on)."""
+        other = object.__new__(EpisodeTrace)
+        other.__dict__.update({key: list(value) if isinstance(value, list) else value
+                               for key, value in self.__dict__.items()})  # fmt: skip
+        return other
+
     def add(self, action: Response | str, reward: float, kl: np.ndarray | None = None) -> None:
         """Count one step: its action (a ``Response`` or text), reward and per-token KL."""
         self.responses.append(getattr(action, "text", action))

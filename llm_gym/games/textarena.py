@@ -18,9 +18,8 @@ False
 
 from __future__ import annotations
 
-import copy
-
 import contextlib
+import copy
 import inspect
 import random
 import re

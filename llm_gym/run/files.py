@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "EPISODES_FILE",
     "LineFile",
     "Recorder",
     "RunWriteError",
@@ -22,6 +23,7 @@ __all__ = [
     "write_text",
 ]
 
+EPISODES_FILE = "episodes.jsonl"  # a line per finished episode (rollout; train --log-episodes)
 _RUST_IO = re.compile(r"\(os error (\d+)\)")  # how safetensors (Rust) reports an I/O error
 
 

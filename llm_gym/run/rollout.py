@@ -23,7 +23,7 @@ from llm_gym.rewards.answers import ANSWER_FORMATS
 from llm_gym.run.budget import check_run
 from llm_gym.run.config import RolloutConfig
 from llm_gym.run.describe import describe_run, run_rows, run_title
-from llm_gym.run.files import LineFile, RunWriteError, told, write_text
+from llm_gym.run.files import EPISODES_FILE, LineFile, RunWriteError, told, write_text
 from llm_gym.run.lock import FolderLock
 from llm_gym.run.plots import plot_rollout
 from llm_gym.run.report import REPORT_FILE, write_report
@@ -53,7 +53,6 @@ __all__ = [
     "prepare_out",
 ]
 
-EPISODES_FILE = "episodes.jsonl"
 PROCEDURAL_EPISODES = 64  # the default for tasks without a fixed size
 SUMMARY_FILE = "summary.json"
 ROLLOUT_PLOT_FILE = "rollout.png"

@@ -7,13 +7,14 @@ penalty added). The loss that reads them is ``llm_gym.train.loss``."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from llm_gym.checks import check_choice
+from llm_gym.episodes.tree import discounted_returns, turn_nodes
 from llm_gym.train.config import ADVANTAGE_ESTIMATORS, SCALE_REWARDS, TURN_ESTIMATORS
 
 if TYPE_CHECKING:
@@ -30,7 +31,9 @@ __all__ = [
     "shaped_rewards",
     "shaped_turn_rewards",
     "token_advantages",
+    "tree_advantages",
     "turn_advantages",
+    "vine_advantages",
 ]
 
 
@@ -104,21 +107,6 @@ def advantages(
     return (loo.reshape(-1, group_size) / (std + eps)).reshape(-1)
 
 
-def discounted_returns(rewards: Sequence[float], gamma: float = 1.0) -> list[float]:
-    """Each turn's return from the ``rewards`` of an episode's turns:
-    ``G_t = r_t + gamma * G_{t+1}``, the last turn's its reward.
-
-    >>> [round(g, 4) for g in discounted_returns([0.0, 0.5, 1.0], 0.9)]
-    [1.26, 1.4, 1.0]
-    >>> discounted_returns([0.25, 0.5, 0.25])
-    [1.0, 0.75, 0.25]
-    """
-    returns, later = [0.0] * len(rewards), 0.0
-    for t in reversed(range(len(rewards))):
-        later = returns[t] = float(rewards[t]) + gamma * later
-    return returns
-
-
 def turn_advantages(
     turn_rewards: Sequence[Sequence[float]],
     group_size: int,
@@ -175,6 +163,108 @@ def turn_advantages(
         elif scale == "batch":
             centred = centred / (batch_std + eps)
         out += [centred[row, : len(g)] for row, g in enumerate(group)]
+    return out
+
+
+def tree_advantages(
+    turn_rewards: Sequence[Sequence[float]],
+    branches: Sequence[Mapping[str, int] | None],
+    group_size: int,
+    gamma: float = 1.0,
+    scale: str = "group",
+    eps: float = 1e-4,
+) -> list[torch.Tensor]:
+    """Tree-GRPO's advantages (Ji et al., 2025) of each turn, per episode (``(turns,)``
+    each), in groups of ``group_size`` consecutive episodes whose ``branches`` say where each
+    left its parent (``{"of": p, "turn": k}``, ``llm_gym.episodes.tree.turn_nodes``): a turn's
+    value is the mean return ``G_t`` of the group's episodes that made it (it and the branches
+    that left it later), its baseline the mean ``G_t`` of all that made a turn in the state it
+    was made in, over ``scale``'s standard deviation (those returns', the batch's, none). A
+    state where one turn was made (no sibling) falls back to the group's baseline, its
+    ``t``-th turns' (``turn_advantages``' ``"turn-grpo"``). Turns an episode shares with its
+    parent are the parent's to train: theirs here are 0.
+
+    Without branches this is turn-grpo; the chains' first turns, made in the group's one
+    start, are compared with every episode's, as GRPO's.
+
+    >>> r = [[0.0, 1.0], [0.0, 0.0], [1.0], [0.0, 0.0]]
+    >>> b = [None, None, None, {"of": 0, "turn": 1}]
+    >>> [[round(a, 3) for a in e.tolist()] for e in tree_advantages(r, b, 4, scale="none")]
+    [[0.0, 0.5], [-0.5, -0.333], [0.5], [0.0, -0.5]]
+    """
+    check_choice("scale", scale, SCALE_REWARDS)
+    returns = [discounted_returns(r, gamma) for r in turn_rewards]
+    batch_std = float(np.std(np.concatenate([np.asarray(g) for g in returns]), ddof=1))
+    out: list[torch.Tensor] = []
+    for start in range(0, len(returns), group_size):
+        group, branched = returns[start : start + group_size], branches[start : start + group_size]
+        nodes = turn_nodes([len(g) for g in group], branched, start)
+        through: dict[int, list[float]] = {}  # a turn -> the returns of the episodes making it
+        state: dict[int, int] = {}  # a turn -> the turn before it (-1: the start)
+        by_turn: dict[int, list[float]] = {}  # t -> the group's t-th turns' returns
+        for e, g in enumerate(group):
+            for t, value in enumerate(g):
+                through.setdefault(nodes[e][t], []).append(value)
+                state[nodes[e][t]] = nodes[e][t - 1] if t else -1
+                by_turn.setdefault(t, []).append(value)
+        made: dict[int, list[int]] = {}  # a state -> the turns made in it
+        for node, before in state.items():
+            made.setdefault(before, []).append(node)
+        for e, g in enumerate(group):
+            first = int(branched[e]["turn"]) if branched[e] else 0  # its own turns from here
+            values = []
+            for t in range(len(g)):
+                node = nodes[e][t]
+                siblings = made[state[node]]
+                ref = [v for n in siblings for v in through[n]] if len(siblings) > 1 else by_turn[t]
+                centred = float(np.mean(through[node])) - float(np.mean(ref))
+                if t < first or len(ref) < 2:
+                    centred = 0.0
+                elif scale == "group":
+                    centred /= float(np.std(ref, ddof=1)) + eps
+                elif scale == "batch":
+                    centred /= batch_std + eps
+                values.append(centred)
+            out.append(torch.tensor(values, dtype=torch.float32))
+    return out
+
+
+def vine_advantages(
+    turn_rewards: Sequence[Sequence[float]],
+    turn_values: Sequence[Sequence[float]],
+    group_size: int,
+    gamma: float = 1.0,
+    scale: str = "group",
+    eps: float = 1e-4,
+) -> list[torch.Tensor]:
+    """VinePPO's advantages (Kazemnejad et al., 2025) of each turn, per episode:
+    ``r_t + gamma V(s_{t+1}) - V(s_t)`` with ``V`` the Monte Carlo value of the state each
+    turn was made in (``turn_values``, ``Episode.turn_values``; the state after the last turn
+    is worth 0), over ``scale``'s standard deviation of the advantages (the group's, the
+    batch's, none). A value that is NaN (a branch's turn that its parent trains) gives 0.
+
+    >>> [a.tolist() for a in vine_advantages([[0.0, 1.0]], [[0.5, 0.75]], 1, scale="none")]
+    [[0.25, 0.25]]
+    """
+    check_choice("scale", scale, SCALE_REWARDS)
+    raw = []
+    for rewards, values in zip(turn_rewards, turn_values, strict=True):
+        after = np.append(np.asarray(values[1:], dtype=np.float64), 0.0)
+        raw.append(np.asarray(rewards, np.float64) + gamma * after - np.asarray(values, np.float64))
+
+    def spread(rows: list[np.ndarray]) -> float:
+        finite = np.concatenate(rows)
+        finite = finite[np.isfinite(finite)]
+        return float(np.std(finite, ddof=1)) if len(finite) > 1 else 0.0
+
+    batch_std = spread(raw)
+    out = []
+    for start in range(0, len(raw), group_size):
+        group = raw[start : start + group_size]
+        std = {"group": spread(group), "batch": batch_std}.get(scale)
+        for a in group:
+            a = a if std is None else a / (std + eps)
+            out.append(torch.tensor(np.nan_to_num(a, nan=0.0), dtype=torch.float32))
     return out
 
 
@@ -239,7 +329,14 @@ def segment_advantages(
     each turn's policy tokens (``token_advantages``)."""
     if estimator in TURN_ESTIMATORS:
         shaped = shaped_turn_rewards(episodes, max_length, overlong)
-        turns = turn_advantages(shaped, group_size, estimator, gamma, scale)[mine]
+        if estimator == "tree-grpo":
+            branches = [e.branch for e in episodes]
+            turns = tree_advantages(shaped, branches, group_size, gamma, scale)[mine]
+        elif estimator == "vine":
+            values = [e.turn_values for e in episodes]
+            turns = vine_advantages(shaped, values, group_size, gamma, scale)[mine]
+        else:
+            turns = turn_advantages(shaped, group_size, estimator, gamma, scale)[mine]
         own = list(episodes)[mine]
         return [
             token_advantages(segment.policy_mask, own[i].turn_tokens, turns[i])

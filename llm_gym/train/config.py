@@ -51,9 +51,11 @@ SCALE_REWARDS = ("group", "batch", "none")
 # advantages tells each): GRPO's group-normalised one, RLOO's leave-one-out, REINFORCE++'s
 # baseline (the episode's return, one value for all its tokens); then per turn
 # (llm_gym.train.advantages.turn_advantages): GEM's batch-normalised discounted returns
-# (ReBN), and GRPO's normalisation within the group, turn by turn.
-ADVANTAGE_ESTIMATORS = ("grpo", "rloo", "reinforce++", "rebn", "turn-grpo")
-TURN_ESTIMATORS = ("rebn", "turn-grpo")  # each turn's tokens their turn's value
+# (ReBN), GRPO's normalisation within the group, turn by turn, and the two that see the state
+# a turn was made in: Tree-GRPO's among the turns made in it (--branches), VinePPO's from its
+# Monte Carlo value (--vine-rollouts).
+ADVANTAGE_ESTIMATORS = ("grpo", "rloo", "reinforce++", "rebn", "turn-grpo", "tree-grpo", "vine")
+TURN_ESTIMATORS = ("rebn", "turn-grpo", "tree-grpo", "vine")  # each turn's tokens its value
 # The learning rate over the run's optimizer steps, after --warmup-steps of linear warm-up
 # from 0: held ("constant"), decayed linearly to 0, or along a half cosine to 0
 # (transformers' schedules, TRL's lr_scheduler_type).
@@ -139,8 +141,9 @@ class GRPOConfig(RunConfig):
         help="each response's advantage from its group's rewards: GRPO's group-normalised, "
         "RLOO's leave-one-out or REINFORCE++'s baseline (one value for the episode); per "
         "turn of a multi-turn episode: rebn, GEM's discounted returns normalised over the "
-        "batch, or turn-grpo, normalised within the group turn by turn (default: "
-        "%(default)s)",
+        "batch, turn-grpo, normalised within the group turn by turn, tree-grpo, against the "
+        "turns made in the same state (Tree-GRPO; --branches), or vine, from the Monte Carlo "
+        "value of each turn's state (VinePPO; --vine-rollouts) (default: %(default)s)",
     )  # fmt: skip
     # G_t = r_t + gamma * G_{t+1}: 1 sums them, each turn's return the rest of the episode's;
     # single-turn runs: no effect.
@@ -153,6 +156,24 @@ class GRPOConfig(RunConfig):
         0, low=0, metavar="N",
         help="DAPO's dynamic sampling: up to N more batches a step, whose groups replace "
         "those whose rewards are all equal (default: %(default)s, off)",
+    )  # fmt: skip
+    # A group's branches and VinePPO's values fork the env where a turn was made
+    # (llm_gym.episodes.tree).
+    branches: int = option(
+        0, low=0, metavar="K",
+        help="K more episodes a group, each forked at a turn boundary of one of the group's "
+        "episodes and played on by the policy, sharing its earlier turns (Tree-GRPO's "
+        "expansion; multi-turn tasks; default: %(default)s, independent episodes only)",
+    )  # fmt: skip
+    vine_rollouts: int = option(
+        2, low=1, metavar="K",
+        help="with --advantage vine: continuations played from each state a turn was made in, "
+        "their mean return its value; sampled, not trained on (default: %(default)s)",
+    )  # fmt: skip
+    log_episodes: bool = option(
+        False, resumable=True,
+        help="write each iteration's episodes to episodes.jsonl in the run folder, as "
+        "rollout writes them, with their iteration (TRL's log_completions)",
     )  # fmt: skip
     # None: a sixth of the budget for single-turn runs, none for multi-turn and agent runs
     # (whose policy tokens add up over turns), 0: off (llm_gym.train.advantages.
@@ -435,12 +456,42 @@ class GRPOConfig(RunConfig):
             )
 
     @property
+    def group_episodes(self) -> int:
+        """The episodes a group trains on: its ``group_size`` chains and its ``branches``."""
+        return self.group_size + self.branches
+
+    @property
     def max_response_tokens(self) -> int:
         """The most tokens a response may hold: ``max_new_tokens`` a turn (dr_grpo's
         constant, and the length the memory check sizes a batch by)."""
         return self.max_new_tokens * (self.max_tool_calls + 1 if self.tools else 1)
 
+    def _check_tree(self) -> None:
+        # Branched groups and VinePPO's values: what they need, and what does nothing without.
+        if self.advantage == "tree-grpo" and not self.branches:
+            raise ValueError(
+                "advantage 'tree-grpo' compares the turns made in one state, which only "
+                "branches share: pass branches (--branches) >= 1"
+            )
+        if self.vine_rollouts != 2 and self.advantage != "vine":
+            raise ValueError(
+                f"vine_rollouts (--vine-rollouts {self.vine_rollouts}) sizes VinePPO's values, "
+                f"which only --advantage vine takes (got advantage {self.advantage!r})"
+            )
+        if self.branches or self.advantage == "vine":
+            given = [flag for name, flag in (
+                ("asynchronous", "--async"), ("agent", "--agent"), ("ray_address", "--ray"),
+                ("dynamic_sampling", "--dynamic-sampling"), ("kl_coef", "--kl-coef > 0"),
+            ) if getattr(self, name)]  # fmt: skip
+            if given:
+                what = "--branches" if self.branches else "--advantage vine"
+                raise ValueError(
+                    f"{what} forks the run's own vector env where turns were made, which "
+                    f"{', '.join(given)} does not go with yet: drop one"
+                )
+
     def _check_loss(self) -> None:
+        self._check_tree()
         if self.gamma > 1:
             raise ValueError(f"gamma (--gamma) must be in (0, 1], got {self.gamma!r}")
         if (self.overlong_cache or 0) > self.max_response_tokens:

@@ -51,6 +51,7 @@ from llm_gym.train.play import (
 from llm_gym.train.run_folder import (
     SUMMARY_FILE,
     TRAINING_PLOT_FILE,
+    EpisodeLog,
     check_iterations_left,
     claim_out,
     earlier_rows,
@@ -215,6 +216,8 @@ class GRPOTrainer:
             self.updater.load_state_dict(state)
         if not state and self.lead:  # set up without error: only now does an earlier run go
             start_over(config)
+        log = config.log_episodes and self.lead
+        self.episode_log = EpisodeLog(self.out, self.first_iteration) if log else None
         barrier()
 
     @property
@@ -324,9 +327,11 @@ class GRPOTrainer:
             self.generators.seek(iteration)
         episodes = self.feed.episodes(self.processes.num_envs)
         if self.given_env is not None:
-            check_episode_groups([e.prompt for e in episodes], config.group_size)
+            check_episode_groups([e.prompt for e in episodes], config.group_episodes)
         # This process trains on its own groups' episodes; the row tells of every process's.
         everyone = gather_objects(episodes)
+        if self.episode_log is not None:
+            self.episode_log.write(iteration, everyone)
         self.task_names.update(
             str(e.info["task"]) for e in everyone if e.info.get("task") is not None
         )
@@ -340,9 +345,9 @@ class GRPOTrainer:
             update = self.update(
                 [s.ids for s in segments], masks, segment_advantages(
                     everyone, segments, index, estimator=config.advantage,
-                    group_size=config.group_size, gamma=config.gamma,
+                    group_size=config.group_episodes, gamma=config.gamma,
                     scale=config.scale_rewards, max_length=config.max_response_tokens,
-                    overlong=self.overlong, mine=self.processes.mine,
+                    overlong=self.overlong, mine=self.processes.part(len(episodes)),
                 ),
                 [s.log_probs for s in segments],
             )  # fmt: skip
@@ -378,7 +383,7 @@ class GRPOTrainer:
             everyone, self.feed.seconds, self.part_names, iteration=iteration, update=update,
             level=level, kl_coef=kl_coef if config.kl_coef > 0 else None,
             tools=bool(config.tools), agent=config.agent is not None,
-            group_size=config.group_size, max_new_tokens=config.max_new_tokens,
+            group_size=config.group_episodes, max_new_tokens=config.max_new_tokens,
             eos_token_id=self.tokenizer.eos_token_id, sync_seconds=self.weight_sync.seconds,
             **report,
         )  # fmt: skip

@@ -15,6 +15,7 @@ import gymnasium as gym
 from llm_gym.agents import AgentEpisodes, load_agent
 from llm_gym.envs import DatasetChatVectorEnv
 from llm_gym.episodes import EpisodeSource, VectorEpisodes, multi_turn
+from llm_gym.episodes.tree import TreeEpisodes
 from llm_gym.run.config import rubric_weights
 from llm_gym.run.setup import (
     async_episodes,
@@ -70,7 +71,10 @@ class Feed:
 
     ``refills``: DAPO's dynamic sampling, up to this many more batches a call whose groups of
     ``group_size`` replace the batch's groups whose rewards are all equal (``dropped``: how
-    many the last call replaced, ``played``: how many episodes it played)."""
+    many the last call replaced, ``played``: how many episodes it played).
+
+    ``sampled_tokens``: the tokens the last call sampled, whatever they went to (refills,
+    branches past their parents' turns, VinePPO's continuations): the budget runs compare at."""
 
     def __init__(
         self,
@@ -90,7 +94,7 @@ class Feed:
         self.refills, self.group_size, self.dropped, self.played = refills, group_size, 0, 0
         self.stream, self.curriculum, self.kl, self.pipeline = stream, curriculum, kl, pipeline
         self.restart, self.reset_seed = restart, reset_seed
-        self.seconds = 0.0
+        self.seconds, self.sampled_tokens = 0.0, 0
         self.drawn_level = self.level  # the level the current items were drawn at
 
     @property
@@ -102,6 +106,7 @@ class Feed:
         """``count`` episodes, the groups that teach nothing replaced from up to ``refills``
         more batches (too few found: some stay); ``seconds``: their sampling time (where the
         source tells it apart from its env steps and waits)."""
+        self.sampled_tokens = 0
         groups = _groups(self._played(count), self.group_size)
         self.seconds, self.played = self._seconds, count
         kept = [g for g in groups if _varied(g)]
@@ -124,6 +129,10 @@ class Feed:
         start = time.perf_counter()
         episodes = self.source.episodes(count)
         self._seconds = getattr(self.source, "seconds", time.perf_counter() - start)
+        # A source that samples more than its episodes hold (a tree's values) says so.
+        self.sampled_tokens += getattr(
+            self.source, "sampled_tokens", sum(e.num_tokens for e in episodes)
+        )
         return episodes
 
     def report(self) -> dict[str, Any]:
@@ -132,9 +141,9 @@ class Feed:
         (``sampled_episodes``) and the groups it left out (``dropped_groups``). It changes
         nothing: ``advance_kl`` moves an adaptive KL coefficient on after the batch."""
         if self.pipeline is not None:  # as the batch left the shared ones
-            report = self.pipeline.report()
+            report = {**self.pipeline.report(), "sampled_tokens": self.sampled_tokens}
             return {**report, "level": self.level if report["level"] is None else report["level"]}
-        report = {"level": self.level, "kl_coef": None}
+        report = {"level": self.level, "kl_coef": None, "sampled_tokens": self.sampled_tokens}
         if self.refills:
             report.update(sampled_episodes=self.played, dropped_groups=self.dropped)
         if self.kl is not None:
@@ -343,6 +352,20 @@ def build_feed(
             driver, size, config.max_staleness, first, update_epochs=config.update_epochs
         )
         return FeedSetup(envs, Feed(batches, processes, pipeline=batches, **parts), turns)
+    forks = config.branches or config.advantage == "vine"
+    if forks and not turns:
+        raise ValueError(
+            f"{config.env} plays one turn an episode: --branches and --advantage vine fork "
+            "episodes where a turn was made, which needs a multi-turn task (tools, a game, "
+            "max_turns > 1)"
+        )
+    if forks:  # the group's chains, then its branches and the values of their states
+        source = TreeEpisodes(
+            envs, sample, group_size=config.group_size, branches=config.branches,
+            vine_rollouts=config.vine_rollouts if config.advantage == "vine" else 0,
+            gamma=config.gamma, seed=config.seed, reseed=config.seed + 1, first=first,
+        )  # fmt: skip
+        return FeedSetup(envs, Feed(source, processes, kl=kl, **parts), turns)
     if turns:  # tools, games: iteration k restarts each group from seed + 1 + k
         source = VectorEpisodes(envs, sample, reseed=config.seed + 1, first=first)
         return FeedSetup(envs, Feed(source, processes, kl=kl, **parts, **refill), turns)

@@ -12,9 +12,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from llm_gym.episodes import ARRAYS
 from llm_gym.options import flags
 from llm_gym.run.describe import describe_run, run_rows, run_title
-from llm_gym.run.files import LineFile, RunWriteError, write_text
+from llm_gym.run.files import EPISODES_FILE, LineFile, RunWriteError, write_text
 from llm_gym.run.plots import plot_training
 from llm_gym.run.report import REPORT_FILE, write_report
 from llm_gym.run.signals import Interrupted
@@ -24,6 +25,7 @@ from llm_gym.train.config import RESUMABLE, GRPOConfig
 
 __all__ = [
     "CONFIG_FILE",
+    "EpisodeLog",
     "METRICS_FILE",
     "TRAINING_PLOT_FILE",
     "SERVED_FOLDER",
@@ -181,7 +183,8 @@ def _check_rows(out: Path, checkpoint: Path) -> None:
 def clear_out(out: Path) -> None:
     """``--overwrite``: the earlier run's files and checkpoints go, and nothing else (a
     folder of the user's named ``checkpoint-backup`` stays)."""
-    for name in (METRICS_FILE, TRAINING_PLOT_FILE, SUMMARY_FILE, CONFIG_FILE, REPORT_FILE):
+    files = (METRICS_FILE, TRAINING_PLOT_FILE, SUMMARY_FILE, CONFIG_FILE, REPORT_FILE)
+    for name in (*files, EPISODES_FILE):
         (out / name).unlink(missing_ok=True)
     clear_trackers(out)
     for path in saved_folders(out):
@@ -222,6 +225,39 @@ def metrics_file(out: Path, rows: list[dict[str, Any]], lead: bool) -> Any:
         return contextlib.nullcontext(_NOWHERE)
     write_text(out / METRICS_FILE, "".join(json.dumps(row) + "\n" for row in rows))
     return LineFile(out / METRICS_FILE)
+
+
+class EpisodeLog:
+    """``--log-episodes``: each iteration's episodes appended to ``out``'s ``episodes.jsonl``
+    as ``llm-gym rollout`` writes them (``Episode.record`` less its token arrays), with their
+    ``episode`` (the line's index) and ``iteration``; a branch's ``branch["of"]`` is its
+    parent's line index in the file. A resumed run (from iteration ``start``) keeps the lines
+    of the iterations before it, as the metrics' rows.
+    """
+
+    def __init__(self, out: Path, start: int) -> None:
+        self.path, kept = out / EPISODES_FILE, []
+        lines = self.path.read_text(encoding="utf-8").splitlines() if self.path.exists() else []
+        for line in lines:
+            try:
+                if json.loads(line)["iteration"] < start:
+                    kept.append(line + "\n")
+            except (ValueError, KeyError, TypeError):
+                break  # a line cut short by Ctrl-C: the rest is done again
+        write_text(self.path, "".join(kept))
+        self.lines = len(kept)
+
+    def write(self, iteration: int, episodes: list[Any]) -> None:
+        """Append ``episodes`` (one iteration's batch, in order)."""
+        first = self.lines
+        with LineFile(self.path) as f:
+            for episode in episodes:
+                record = {k: v for k, v in episode.record().items() if k not in ARRAYS}
+                if record.get("branch") is not None:
+                    record["branch"] = {**record["branch"], "of": first + record["branch"]["of"]}
+                f.write(json.dumps({"episode": self.lines, "iteration": iteration, **record},
+                                   ensure_ascii=False))  # fmt: skip
+                self.lines += 1
 
 
 # Where the processes past the first write their files: nowhere (the first writes them).

@@ -128,7 +128,12 @@ class Processes:
     @property
     def mine(self) -> slice:
         """This process's sub-envs among the run's."""
-        return slice(self.first_env, self.first_env + self.num_envs)
+        return self.part(self.num_envs)
+
+    def part(self, count: int) -> slice:
+        """This process's ``count`` entries among the run's, every process having as many
+        (its sub-envs, its episodes with their branches)."""
+        return slice(self.rank * count, (self.rank + 1) * count)
 
     def own(self, values: list) -> list:
         """This process's part of a list over the run's sub-envs."""

@@ -6,7 +6,6 @@ batch of one, only ``info``'s layout differs). The vector versions are in ``vect
 from __future__ import annotations
 
 import copy
-
 import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence

@@ -22,8 +22,9 @@ CALL = '<tool_call>{"name": "python", "arguments": {"code": "print(6 * 7)"}}</to
 
 def _same(a, b):
     """Two step results (obs, reward, terminated, truncated, info) are equal."""
-    assert json.dumps(a[0], sort_keys=True, default=str) == json.dumps(b[0], sort_keys=True,
-                                                                        default=str)
+    assert json.dumps(a[0], sort_keys=True, default=str) == json.dumps(
+        b[0], sort_keys=True, default=str
+    )
     assert a[1:4] == b[1:4]
     drop = ("tool_calls",)  # their seconds differ
     assert {k: v for k, v in a[4].items() if k not in drop} == {
@@ -114,8 +115,12 @@ def test_gymnasiums_wrappers_keep_their_own_counts():
 @pytest.fixture(scope="module")
 def kl_policy(gpt2_tokenizer):
     model = tiny_model(gpt2_tokenizer, seed=0)
-    sampler = TransformersPolicy(model, gpt2_tokenizer, input_mode="tokens",
-                                 generate_kwargs={"max_new_tokens": 5, "do_sample": False})
+    sampler = TransformersPolicy(
+        model,
+        gpt2_tokenizer,
+        input_mode="tokens",
+        generate_kwargs={"max_new_tokens": 5, "do_sample": False},
+    )
     return sampler, TransformersPolicy(tiny_model(gpt2_tokenizer, seed=1), gpt2_tokenizer,
                                        input_mode="tokens", generate=False)  # fmt: skip
 

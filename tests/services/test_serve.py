@@ -16,7 +16,7 @@ from openenv import GenericEnvClient
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-import llm_gym  # noqa: F401  (registers the ids)
+import llm_gym
 from llm_gym.integrations.openenv_server import Server
 
 ENV = "LLMChat-Countdown-v0"
@@ -369,3 +369,18 @@ def test_the_session_table_makes_runs_and_ends_a_servers_sessions():
     assert observation.history == [dict(m) for m in obs["history"]]
     assert isinstance(active, float) and env is None and ended is None
     assert table.metadata(ENV).name == ENV
+
+
+def test_a_served_episode_refuses_to_fork_in_one_line(server):
+    env = gym.make("LLMChat-OpenEnv-v0", base_url=server.url, seed=0)
+    try:
+        env.reset(seed=0)
+        with pytest.raises(llm_gym.ForkError) as refused:
+            llm_gym.fork(env)
+        assert str(refused.value) == (
+            f"OpenEnvChatEnv cannot fork: its episode's state is on the server at {server.url}, "
+            "and OpenEnv's protocol offers no snapshot to copy it by"
+        )
+        assert env.step("<answer>1 + 2</answer>")[2]  # the episode goes on, unharmed
+    finally:
+        env.close()
