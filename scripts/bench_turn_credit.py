@@ -63,6 +63,13 @@ TASKS = {
             "rebn": [*OUTCOME, "--advantage", "rebn", "--gamma", "0.9"],
             "rebn-progress": [*PROGRESS, "--advantage", "rebn", "--gamma", "0.9"],
             "turn-grpo": [*OUTCOME, "--advantage", "turn-grpo", "--gamma", "0.9"],
+            # Credit from the state (issue 72), at no more sampled tokens than 8 chains: 6
+            # chains and 4 branches a group, each branch sampling only from where it left its
+            # parent; VinePPO's values spend tokens on continuations, so fewer chains.
+            "tree-grpo": [*OUTCOME, "--advantage", "tree-grpo", "--gamma", "0.9",
+                          "--group-size", "6", "--branches", "4"],
+            "vine": [*OUTCOME, "--advantage", "vine", "--gamma", "0.9", "--group-size", "4",
+                     "--vine-rollouts", "1"],
         },
         "title": "GuessTheNumber",
         "iterations": 16,
@@ -75,6 +82,10 @@ TASKS = {
             "episode": ["--advantage", "grpo"],
             "rebn": [*TOOL_ERRORS, "--advantage", "rebn", "--gamma", "0.9"],
             "turn-grpo": [*TOOL_ERRORS, "--advantage", "turn-grpo", "--gamma", "0.9"],
+            "tree-grpo": [*TOOL_ERRORS, "--advantage", "tree-grpo", "--gamma", "0.9",
+                          "--group-size", "6", "--branches", "4"],
+            "vine": [*TOOL_ERRORS, "--advantage", "vine", "--gamma", "0.9", "--group-size", "4",
+                     "--vine-rollouts", "1"],
         },
         "title": "Products with the python tool",
         "iterations": 8,  # grpo's sampled success passed 0.6 by its fourth in a pilot
@@ -169,8 +180,8 @@ def table(results: dict[str, dict[int, dict[str, Any]]]) -> str:
         "| first iteration sampling half successes, by seed "
         "| sampled success over the iterations, mean (SE) "
         "| share of tool calls failing after iteration 0, mean (SE) | minutes (mean) "
-        "| peak memory (GiB, max) | dtype |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| sampled tokens (thousands, mean) | peak memory (GiB, max) | dtype |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for credit, runs in results.items():
         if not runs:
@@ -180,6 +191,7 @@ def table(results: dict[str, dict[int, dict[str, Any]]]) -> str:
         before = [runs[s]["before"]["success"] for s in seeds]
         mean, se = mean_se(after)
         minutes = sum(runs[s]["minutes_this_run"] for s in seeds) / len(seeds)
+        tokens = [sum(r.get("sampled_tokens", math.nan) for r in runs[s]["rows"]) for s in seeds]
         peak = max(runs[s]["peak_gib"] for s in seeds)
         dtypes = sorted({runs[s]["dtype"] for s in seeds})
         half = [first_iteration(runs[s]["rows"], 0.5) for s in seeds]
@@ -195,7 +207,8 @@ def table(results: dict[str, dict[int, dict[str, Any]]]) -> str:
             f"| {credit} | {', '.join(map(str, seeds))} | {' '.join(f'{a:.3f}' for a in after)} "
             f"| {min(after):.3f} | {mean:.3f} ({se:.3f}) | {sum(before) / len(before):.3f} "
             f"| {' '.join(map(str, half))} | {sampled[0]:.3f} ({sampled[1]:.3f}) | {failed} "
-            f"| {minutes:.1f} | {peak:.1f} | {', '.join(dtypes)} |"
+            f"| {minutes:.1f} | {sum(tokens) / len(tokens) / 1000:.1f} | {peak:.1f} "
+            f"| {', '.join(dtypes)} |"
         )
     return "\n".join(lines)
 

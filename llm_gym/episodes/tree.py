@@ -252,11 +252,11 @@ class TreeEpisodes:
             )  # fmt: skip
             stream += len(starts)
             self.seconds += seconds
-            self.sampled_tokens += sum(e.num_tokens for e in played)
             value = {}
             for k, state in enumerate(order):
                 runs = played[k * self.vine_rollouts : (k + 1) * self.vine_rollouts]
                 t = wanted[state][1]
+                self.sampled_tokens += sum(sum(r.turn_tokens[t:]) for r in runs)  # not the prefix's
                 value[state] = float(np.mean([discounted_returns(r.turn_rewards, self.gamma)[t]
                                               for r in runs]))  # fmt: skip
             for e, episode in enumerate(group):
