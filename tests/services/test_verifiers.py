@@ -15,7 +15,7 @@ import pytest
 from datasets import Dataset
 from gsm8k_fixture import FIXTURE
 
-import llm_gym  # noqa: F401  (registers the ids)
+import llm_gym
 from llm_gym.envs import SessionChatEnv, VectorHooks
 
 vf = pytest.importorskip("verifiers")
@@ -350,3 +350,19 @@ def test_llm_gym_rollout_plays_a_verifiers_environment(model_dirs, tmp_path):
         _, expected, *_ = in_process(GSM8K[0], GSM8K[1], record["example_id"], [reply])
         assert record["reward"] == expected[0] == record["metrics"]["env_reward"]
         assert record["stop_condition"] == "has_final_env_response"
+
+
+def test_a_verifiers_rollout_refuses_to_fork_in_one_line():
+    gym_id, args = GUESS
+    environment = load_environment(gym_id, num_examples=1, seed=0, **args)
+    env = gym.make("LLMChat-Verifiers-v0", environment=environment)
+    try:
+        env.reset(options={"item": environment.get_eval_dataset().to_list()[0]})
+        with pytest.raises(llm_gym.ForkError) as refused:
+            llm_gym.fork(env)
+        assert str(refused.value) == (
+            "VerifiersChatEnv cannot fork: its episode is a verifiers rollout running in its "
+            "own task, whose state verifiers offers no way to copy"
+        )
+    finally:
+        env.close()

@@ -199,11 +199,19 @@ def test_the_formulas_against_small_cases():
     np.testing.assert_allclose(np.concatenate(got), [0.3, 0.2, 0.0, -0.2], atol=1e-6)
 
 
-def test_the_cli_trains_branches_logs_them_and_resumes_exactly(tiny_dir, tmp_path):
+CREDITS = {
+    "tree-grpo": ["--branches", "2", "--advantage", "tree-grpo"],
+    "vine": ["--advantage", "vine", "--vine-rollouts", "2"],
+}
+
+
+@pytest.mark.parametrize("credit", sorted(CREDITS))
+def test_the_cli_trains_logs_its_episodes_and_resumes_exactly(tiny_dir, tmp_path, credit):
+    branches = 2 if credit == "tree-grpo" else 0
     game = [
         "--model", tiny_dir, "--env", "LLMChat-TextArena-v0", "--env-arg",
         "game=GuessTheNumber-v0", "--env-arg", "max_turns=3", "--env-arg", "rewards=outcome",
-        "--env-arg", "invalid_move_reward=-0.1", "--branches", "2", "--advantage", "tree-grpo",
+        "--env-arg", "invalid_move_reward=-0.1", *CREDITS[credit],
         "--gamma", "0.9", "--log-episodes", "--groups", "2", "--group-size", "2",
         "--max-new-tokens", "4", "--save-every", "1", "--eval-episodes", "0", "--dtype",
         "float32", "--threads", "1", "--no-progress",
@@ -216,11 +224,11 @@ def test_the_cli_trains_branches_logs_them_and_resumes_exactly(tiny_dir, tmp_pat
     )
     read = {out: [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
             for out in (whole, parts)}  # fmt: skip
-    records = read[whole]
-    assert len(records) == 3 * 2 * (2 + 2) and [r["episode"] for r in records] == list(range(24))
-    assert [r["iteration"] for r in records] == [i for i in range(3) for _ in range(8)]
+    records, size = read[whole], 2 * (2 + branches)
+    assert [r["episode"] for r in records] == list(range(3 * size))
+    assert [r["iteration"] for r in records] == [i for i in range(3) for _ in range(size)]
     branched = [r for r in records if "branch" in r]
-    assert len(branched) == 3 * 2 * 2
+    assert len(branched) == 3 * 2 * branches
     for record in branched:
         parent = records[record["branch"]["of"]]
         turn = record["branch"]["turn"]
@@ -229,8 +237,43 @@ def test_the_cli_trains_branches_logs_them_and_resumes_exactly(tiny_dir, tmp_pat
         assert record["game_seed"] == parent["game_seed"]
     for a, b in zip(read[parts], records, strict=True):  # the same episodes, resumed or not
         assert a["responses"] == b["responses"] and a.get("branch") == b.get("branch")
+        assert a.get("turn_values") == b.get("turn_values")
+        assert ("turn_values" in a) == (credit == "vine")
     rows = {out: [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
             for out in (whole, parts)}  # fmt: skip
     for a, b in zip(rows[parts], rows[whole], strict=True):
         assert a["sampled_tokens"] == b["sampled_tokens"] > 0
         assert a["loss"] == pytest.approx(b["loss"], abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(advantage="tree-grpo"), "advantage 'tree-grpo' compares the turns made in one "
+         "state, which only branches share: pass branches (--branches) >= 1"),
+        (dict(vine_rollouts=4), "vine_rollouts (--vine-rollouts 4) sizes VinePPO's values, "
+         "which only --advantage vine takes (got advantage 'grpo')"),
+        (dict(branches=2, kl_coef=0.1), "--branches forks the run's own vector env where turns "
+         "were made, which --kl-coef > 0 does not go with yet: drop one"),
+        (dict(advantage="vine", asynchronous=True), "--advantage vine forks the run's own "
+         "vector env where turns were made, which --async does not go with yet: drop one"),
+        (dict(branches=-1), "branches"),
+    ],
+)  # fmt: skip
+def test_what_the_options_need_is_one_line(changes, message):
+    with pytest.raises(ValueError) as refused:
+        GRPOConfig(**changes)
+    assert message in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_single_turn_task_refuses_branches_before_it_trains(tiny_dir, tmp_path, capsys):
+    args = ["train", "--model", tiny_dir, "--out", str(tmp_path / "run"), "--env-arg",
+            "task=chain_sum", "--branches", "2", "--groups", "1", "--group-size", "2",
+            "--eval-episodes", "0", "--no-progress"]  # fmt: skip
+    assert main(args) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "llm-gym: error: LLMChat-ReasoningGym-v0 plays one turn an episode: --branches and "
+        "--advantage vine fork episodes where a turn was made, which needs a multi-turn task "
+        "(tools, a game, max_turns > 1)"
+    )
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
