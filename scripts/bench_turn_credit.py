@@ -220,16 +220,24 @@ def plot(results: dict[str, dict[int, dict[str, Any]]], path: str, title: str) -
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(figsize=(7, 4))
-    colours = ("tab:blue", "tab:orange", "tab:green", "tab:red")
+    colours = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")
+    # Against the tokens sampled so far where the runs count them (runs of credits that
+    # sample differently compare at equal budgets), else against the iteration.
+    by_tokens = all("sampled_tokens" in r for runs in results.values() for s in runs
+                    for r in runs[s]["rows"])  # fmt: skip
     for (credit, runs), colour in zip(results.items(), colours, strict=False):
         curves = [[row["success"] for row in runs[s]["rows"]] for s in sorted(runs)]
-        for curve in curves:
-            axes.plot(curve, color=colour, alpha=0.25, linewidth=1)
+        spent = [[row["sampled_tokens"] / 1000 if by_tokens else 1 for row in runs[s]["rows"]]
+                 for s in sorted(runs)]  # fmt: skip
+        xs = [[sum(c[: i + 1]) - (0 if by_tokens else 1) for i in range(len(c))] for c in spent]
+        for x, curve in zip(xs, curves, strict=True):
+            axes.plot(x, curve, color=colour, alpha=0.25, linewidth=1)
         if curves:
             length = min(map(len, curves))
             mean = [sum(c[i] for c in curves) / len(curves) for i in range(length)]
-            axes.plot(mean, color=colour, linewidth=2.5, label=f"{credit} ({len(curves)} seeds)")
-    axes.set_xlabel("iteration")
+            x = [sum(c[i] for c in xs) / len(xs) for i in range(length)]
+            axes.plot(x, mean, color=colour, linewidth=2.5, label=f"{credit} ({len(curves)} seeds)")
+    axes.set_xlabel("tokens sampled (thousands)" if by_tokens else "iteration")
     axes.set_ylabel("sampled success rate of the iteration's episodes")
     axes.set_title(f"{title}: credit per turn vs per episode")
     axes.legend()

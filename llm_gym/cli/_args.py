@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 import gymnasium as gym
 from gymnasium.envs.registration import load_env_creator
 
-from llm_gym.options import add_options, flags, number, read_recipe
+from llm_gym.options import add_options, flags, number, option_specs, read_recipe
 from llm_gym.train.config import RESUMABLE, GRPOConfig
 
 __all__ = [
@@ -225,14 +225,21 @@ def resume_from_flags(args: argparse.Namespace, given: set[str]) -> GRPOConfig:
         raise ValueError("resume and overwrite contradict each other: pass one")
     saved, parsed = load_config(args.out), make_config(GRPOConfig, args)
     named, changes = flags(GRPOConfig), {}
+    # A value as its flag shows it: None where the flag names it otherwise ("auto").
+    shown = {spec.name: spec.shown for spec in option_specs(GRPOConfig) if spec.shown}
+
+    def told(name: str, value: object) -> str:
+        return shown[name] if value is None and name in shown else repr(value)
+
     for name in sorted(given & set(named) - {"out"}):  # --threads: not the run's config
         value = getattr(parsed, name)
         if name in RESUMABLE:
             changes[name] = value
         elif value != getattr(saved, name):
+            before = told(name, getattr(saved, name))
             raise ValueError(
-                f"{named[name]} {value!r} differs from the resumed run's "
-                f"{getattr(saved, name)!r} ({Path(args.out) / CONFIG_FILE}); with --resume only "
+                f"{named[name]} {told(name, value)} differs from the resumed run's {before} "
+                f"({Path(args.out) / CONFIG_FILE}); with --resume only "
                 f"{resumable_flags()} and --threads may change (or start over with --overwrite)"
             )
     return resume_saved(args.out, **changes)

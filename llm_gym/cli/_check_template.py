@@ -11,6 +11,9 @@ from llm_gym.options import number
 
 __all__ = ["add_check_template", "check_template"]
 
+# What a folder holds a tokenizer in (transformers' fast and slow tokenizers).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
 
 def add_check_template(commands: Any) -> None:
     """``llm-gym check-template``'s parser."""
@@ -27,8 +30,9 @@ def add_check_template(commands: Any) -> None:
         help="'default' (SmolLM2-135M-Instruct) or a local model folder: its tokenizer and the "
         "template llm_gym picks for it (default: %(default)s)")  # fmt: skip
     add("--chat-template", default=None, metavar="NAME_OR_FILE",
+        # %(default).0s: an empty default's mark, so that argparse adds no "(default: None)".
         help="a built-in template (chatml, qwen, llama) or a Jinja file to check instead "
-        "(default: the model's)")  # fmt: skip
+        "(default: the model's)%(default).0s")  # fmt: skip
     add(
         "--system-prompt",
         default=None,
@@ -42,11 +46,7 @@ def check_template(args: argparse.Namespace) -> int:
     """Check the template ``args`` name and say so in one line; 0 if it keeps, 1 if not."""
     from pathlib import Path
 
-    from transformers import AutoTokenizer
-
-    from llm_gym.chat.prefix_check import check_prefix
     from llm_gym.chat.templates import CHAT_TEMPLATES
-    from llm_gym.lm.loading import model_folder
 
     template, name = args.chat_template, None
     if args.turns > 4:
@@ -62,12 +62,27 @@ def check_template(args: argparse.Namespace) -> int:
                 f"--chat-template {args.chat_template!r} is neither a built-in template "
                 f"({', '.join(sorted(CHAT_TEMPLATES))}) nor a readable file: {reason}"
             )
-    folder = model_folder(args.model)
+    folder = Path(args.model).expanduser()
+    if not folder.is_dir() and args.model in ("default", "SmolLM2-135M-Instruct"):
+        from llm_gym.lm.loading import model_folder  # torch's import: the default model only
+
+        folder = model_folder(args.model)
     if not folder.is_dir():
         return usage_error(
             f"--model {args.model!r} is not a folder: pass 'default' or a local folder saved "
             "with save_pretrained"
         )
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        return usage_error(
+            f"--model {args.model!r}: not a model folder (no tokenizer: none of "
+            f"{', '.join(TOKENIZER_FILES)}); pass 'default' or a folder saved with "
+            "save_pretrained (model and tokenizer)"
+        )
+    # Only now the heavy imports: every bad argument above is told in well under a second.
+    from transformers import AutoTokenizer
+
+    from llm_gym.chat.prefix_check import check_prefix
+
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
         found = check_prefix(

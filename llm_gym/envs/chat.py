@@ -186,6 +186,13 @@ class ChatEnv(gym.Env):
         self.max_text_length = check_int("max_text_length", max_text_length, low=1)
         self.max_tool_calls = check_int("max_tool_calls", max_tool_calls, 1)
         self.tool_error_reward = check_reward("tool_error_reward", tool_error_reward)
+        if self.tool_error_reward > 0 or (self.tool_error_reward and not tools):
+            raise ValueError(
+                f"tool_error_reward={tool_error_reward!r} "
+                + ("would pay for failing: pass a value <= 0" if self.tool_error_reward > 0
+                   else "charges failed tool calls, and the env has no tools: pass tools=... "
+                   "or leave it 0")
+            )  # fmt: skip
         modes = (None, *self.metadata["render_modes"])
         self.render_mode = check_choice("render_mode", render_mode, modes)
         self.input_mode = input_mode

@@ -142,6 +142,11 @@ class TextArenaEnv(SessionChatEnv):
         check_str("game", game)
         check_choice("rewards", rewards, REWARDS)
         invalid_move_reward = check_reward("invalid_move_reward", invalid_move_reward)
+        if invalid_move_reward > 0:
+            raise ValueError(
+                f"invalid_move_reward={invalid_move_reward!r} would pay for a move the game "
+                "refuses: pass a value <= 0 (GEM's is -0.1)"
+            )
         super().__init__(seed_stream(self.seed_field, query=game, game=game), **options)
         self.game = game
         self._game = TextArenaGame(game, opponent, seat)

@@ -466,6 +466,16 @@ class GRPOConfig(RunConfig):
         constant, and the length the memory check sizes a batch by)."""
         return self.max_new_tokens * (self.max_tool_calls + 1 if self.tools else 1)
 
+    def _check_schedule(self) -> None:
+        steps = self.iterations * self.update_epochs  # the run's optimizer steps
+        if self.warmup_steps is not None and self.warmup_steps > steps:
+            raise ValueError(
+                f"warmup_steps (--warmup-steps {self.warmup_steps}) is longer than the run's "
+                f"{steps} optimizer steps (--iterations {self.iterations} x --update-epochs "
+                f"{self.update_epochs}): the rate would never reach --learning-rate; at most "
+                f"{steps}"
+            )
+
     def _check_tree(self) -> None:
         # Branched groups and VinePPO's values: what they need, and what does nothing without.
         if self.advantage == "tree-grpo" and not self.branches:
@@ -492,6 +502,7 @@ class GRPOConfig(RunConfig):
 
     def _check_loss(self) -> None:
         self._check_tree()
+        self._check_schedule()
         if self.gamma > 1:
             raise ValueError(f"gamma (--gamma) must be in (0, 1], got {self.gamma!r}")
         if (self.overlong_cache or 0) > self.max_response_tokens:
@@ -504,7 +515,19 @@ class GRPOConfig(RunConfig):
                 "dynamic_sampling (--dynamic-sampling) with --async: batches sampled ahead "
                 "cannot be refilled; drop one"
             )
-        check_number("entropy_coef_max", self.entropy_coef_max, self.entropy_coef_min)
+        check_number(
+            "entropy_coef_max (--entropy-coef-max)", self.entropy_coef_max, self.entropy_coef_min
+        )
+        adaptive = ("entropy_coef_delta", "entropy_coef_min", "entropy_coef_max")
+        fields = self.__dataclass_fields__
+        moved = [
+            f"--{n.replace('_', '-')}" for n in adaptive if getattr(self, n) != fields[n].default
+        ]
+        if moved and self.entropy_target is None:
+            raise ValueError(
+                f"{', '.join(moved)} shape the adaptive entropy control, which only "
+                "--entropy-target turns on: pass it, or leave them out"
+            )
         if self.entropy_target is not None and not (
             self.entropy_coef_min <= self.entropy_coef <= self.entropy_coef_max
         ):

@@ -352,6 +352,11 @@ def build_feed(
             driver, size, config.max_staleness, first, update_epochs=config.update_epochs
         )
         return FeedSetup(envs, Feed(batches, processes, pipeline=batches, **parts), turns)
+    if not turns and config.gamma < 1:
+        raise ValueError(
+            f"gamma (--gamma {config.gamma}) discounts later turns' rewards, and {config.env} "
+            "plays one turn an episode: leave it at 1"
+        )
     forks = config.branches or config.advantage == "vine"
     if forks and not turns:
         raise ValueError(

@@ -1,0 +1,99 @@
+"""Levers that do nothing or harm, said before anything heavy loads (issue 75): a warm-up longer
+than the run, the adaptive entropy's bounds without its target, a reward for failing, a
+discount on a one-turn task, ``check-template`` on a folder that is no model, a resume that
+names an ``auto`` value."""
+
+import json
+import subprocess
+import sys
+
+import gymnasium as gym
+import pytest
+
+import llm_gym  # noqa: F401  (registers the ids)
+from llm_gym.cli import main
+from llm_gym.train import GRPOConfig
+
+
+def cli(*args, timeout=60):
+    """``llm-gym ARGS`` in a fresh process: its exit code and the last line of stderr."""
+    done = subprocess.run([sys.executable, "-m", "llm_gym", *args], capture_output=True,
+                          text=True, timeout=timeout)  # fmt: skip
+    return done.returncode, (done.stderr.strip().splitlines() or [""])[-1]
+
+
+def test_a_warm_up_longer_than_the_run_is_refused_naming_its_steps():
+    with pytest.raises(ValueError) as refused:
+        GRPOConfig(warmup_steps=100, iterations=3)
+    assert str(refused.value) == (
+        "warmup_steps (--warmup-steps 100) is longer than the run's 3 optimizer steps "
+        "(--iterations 3 x --update-epochs 1): the rate would never reach --learning-rate; "
+        "at most 3"
+    )
+    assert GRPOConfig(warmup_steps=6, iterations=3, update_epochs=2).warmup_steps == 6
+
+
+def test_the_adaptive_entropys_bounds_without_its_target_are_refused():
+    with pytest.raises(ValueError, match=r"^--entropy-coef-max shape the adaptive entropy"):
+        GRPOConfig(entropy_coef_max=0.5)
+    with pytest.raises(ValueError, match=r"^--entropy-coef-delta, --entropy-coef-min shape"):
+        GRPOConfig(entropy_coef_delta=0.01, entropy_coef_min=0.001)
+    with pytest.raises(ValueError, match=r"entropy_coef_max \(--entropy-coef-max\) must be"):
+        GRPOConfig(entropy_target=1.0, entropy_coef_min=0.5, entropy_coef_max=0.1)
+    assert GRPOConfig(entropy_target=1.0, entropy_coef_max=0.5).entropy_coef_max == 0.5
+
+
+def test_a_reward_for_failing_and_a_charge_without_tools_are_refused():
+    with pytest.raises(ValueError, match=r"^tool_error_reward=0.1 would pay for failing"):
+        gym.make("LLMChat-v0", query="q", tools=["python"], tool_error_reward=0.1)
+    with pytest.raises(ValueError, match=r"^tool_error_reward=-0.1 charges failed tool calls, "
+                       "and the env has no tools"):  # fmt: skip
+        gym.make("LLMChat-v0", query="q", tool_error_reward=-0.1)
+    with pytest.raises(ValueError, match=r"^invalid_move_reward=0.5 would pay for a move"):
+        gym.make("LLMChat-TextArena-v0", game="GuessTheNumber-v0", invalid_move_reward=0.5)
+
+
+def test_a_discount_on_a_one_turn_task_is_refused(tiny_dir, tmp_path, capsys):
+    args = ["train", "--model", tiny_dir, "--out", str(tmp_path / "run"), "--gamma", "0.5",
+            "--advantage", "turn-grpo", "--groups", "1", "--group-size", "2",
+            "--eval-episodes", "0", "--no-progress"]  # fmt: skip
+    assert main(args) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "llm-gym: error: gamma (--gamma 0.5) discounts later turns' rewards, and "
+        "LLMChat-ReasoningGym-v0 plays one turn an episode: leave it at 1"
+    )
+
+
+def test_check_template_on_a_folder_without_a_tokenizer_is_one_line(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    code, line = cli("check-template", "--model", str(tmp_path))
+    assert code == 2 and line == (
+        f"llm-gym: error: --model '{tmp_path}': not a model folder (no tokenizer: none of "
+        "tokenizer.json, tokenizer_config.json, tokenizer.model, vocab.json); pass 'default' "
+        "or a folder saved with save_pretrained (model and tokenizer)"
+    )
+    code, line = cli("check-template", "--model", str(tmp_path / "nonexistent"))
+    assert code == 2 and "is not a folder" in line
+
+
+def test_check_templates_help_says_its_default_once(capsys):
+    with pytest.raises(SystemExit):
+        main(["check-template", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "a Jinja file to check instead (default: the model's) --system-prompt" in text
+    assert "(default: None)" not in text.split("--chat-template NAME_OR_FILE", 2)[2][:120]
+
+
+def test_a_resume_names_an_auto_value_as_its_flag_does(tiny_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    args = ["train", "--model", tiny_dir, "--out", str(out), "--iterations", "1", "--groups",
+            "1", "--group-size", "2", "--max-new-tokens", "4", "--eval-episodes", "0",
+            "--no-progress", "--threads", "1"]  # fmt: skip
+    assert main(args) == 0
+    assert json.loads((out / "run_config.json").read_text())["overlong_cache"] is None
+    resume = ["train", "--out", str(out), "--resume", "--overlong-cache", "0", "--no-progress"]
+    assert main(resume) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith(
+        "llm-gym: error: --overlong-cache 0 differs from the resumed run's auto ("
+    )
