@@ -24,7 +24,7 @@ import numpy as np
 from llm_gym.envs.forking import fork, fork_sub_env
 from llm_gym.episodes.episode import Episode, Segment
 from llm_gym.episodes.records import EpisodeTrace
-from llm_gym.episodes.vector import Episodes
+from llm_gym.episodes.vector import Episodes, play_episodes
 from llm_gym.policies.base import Policy
 from llm_gym.seeding import derive_seed
 
@@ -277,29 +277,17 @@ class TreeEpisodes:
 def _play_chains(
     envs: gym.vector.VectorEnv, policy: Policy, obs: dict[str, Any]
 ) -> tuple[list[Episode], list[list[Snapshot]], float]:
-    # One episode in every sub-env, as play_episodes plays them, with a fork of each sub-env
-    # before each of its turns.
-    running = Episodes(envs, obs)
-    records: list[Episode | None] = [None] * envs.num_envs
+    # One episode in every sub-env (play_episodes), with a fork of each sub-env before each
+    # of its turns.
     snapshots: list[list[Snapshot]] = [[] for _ in range(envs.num_envs)]
-    seconds = 0.0
-    while None in records:
-        active = [i for i, record in enumerate(records) if record is None]
+
+    def keep(running: Episodes, active: list[int]) -> None:
         for i in active:
             state = {key: running.obs[key][i] for key in running.obs}
             snapshots[i].append(Snapshot(fork_sub_env(envs, i), state, running.traces[i].copy()))
-        began = time.perf_counter()
-        responses = policy(
-            {"tokens": tuple(running.obs["tokens"][i] for i in active), "env_index": active}
-        )
-        seconds += time.perf_counter() - began
-        actions: list[Any] = [""] * envs.num_envs
-        for i, response in zip(active, responses, strict=True):
-            actions[i] = response
-        for episode in running.step(actions):
-            if episode.env_index in active:
-                records[episode.env_index] = episode
-    return list(records), snapshots, seconds  # type: ignore[arg-type]
+
+    records, seconds, _ = play_episodes(envs, policy, obs, before_turn=keep)
+    return records, snapshots, seconds
 
 
 def _from_turn(episode: Episode, turn: int) -> Episode:

@@ -6,7 +6,7 @@ sub-env (``play_episodes``), and the vector env with its policy as an ``EpisodeS
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import gymnasium as gym
@@ -55,11 +55,16 @@ def multi_turn(envs: gym.vector.VectorEnv) -> bool:
 
 @torch.no_grad()
 def play_episodes(
-    envs: gym.vector.VectorEnv, policy: Policy, obs: dict[str, Any]
+    envs: gym.vector.VectorEnv,
+    policy: Policy,
+    obs: dict[str, Any],
+    before_turn: Callable[[Episodes, list[int]], None] | None = None,
 ) -> tuple[list[Episode], float, dict[str, Any]]:
     """Play one episode in every sub-env of ``envs`` (a task's vector env) from ``obs``: the
     ``Episode`` of each (in sub-env order), the seconds spent generating and the last
-    observation. Unless the task is ``multi_turn`` every response must end its episode."""
+    observation. Unless the task is ``multi_turn`` every response must end its episode.
+    ``before_turn(running, active)``: called before each step with the running episodes and
+    the sub-envs about to take a turn (``llm_gym.episodes.tree`` forks them there)."""
     single_turn = not multi_turn(envs)
     running = Episodes(envs, obs)
     records: list[Episode | None] = [None] * envs.num_envs
@@ -71,6 +76,8 @@ def play_episodes(
                 "at 1 (every response ends its episode)"
             )
         active = [i for i, record in enumerate(records) if record is None]
+        if before_turn is not None:
+            before_turn(running, active)
         start = time.perf_counter()
         # "env_index": which sub-env each prompt is (a trainer draws each one's own stream).
         obs_batch = {"tokens": tuple(running.obs["tokens"][i] for i in active), "env_index": active}
