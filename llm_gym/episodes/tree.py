@@ -231,43 +231,45 @@ class TreeEpisodes:
 
     def _values(self, batch: list[Episode], snapshots: list[list[Snapshot]], stream: int) -> None:
         # VinePPO's value of each state a trained turn was made in (and the state after it):
-        # the mean return of vine_rollouts continuations from it; the start's, the mean return
-        # of the group's other chains (K fresh samples of the same state); an end's, 0.
-        size = self.group_size + self.branches
+        # the mean return of vine_rollouts continuations from it, all of the batch's played
+        # together; the start's, the mean return of the group's other chains (fresh samples
+        # of the same state); an end's, 0.
+        size, k = self.group_size + self.branches, self.vine_rollouts
+        nodes: dict[int, list[list[int]]] = {}  # a group's first episode -> its turns' nodes
+        wanted: dict[tuple[int, int], tuple[int, int]] = {}  # (group, node) -> (episode, turn)
         for g in range(0, len(batch), size):
             group = batch[g : g + size]
-            nodes = turn_nodes([len(e.responses) for e in group], [e.branch for e in group], g)
-            chains = [discounted_returns(e.turn_rewards or [e.reward], self.gamma)[0]
-                      for e in group if e.branch is None]  # fmt: skip
-            wanted: dict[int, tuple[int, int]] = {}  # a state (its last node) -> (episode, turn)
+            nodes[g] = turn_nodes([len(e.responses) for e in group], [e.branch for e in group], g)
             for e, episode in enumerate(group):
                 first = episode.branch["turn"] if episode.branch else 0
                 for t in range(max(first, 1), len(episode.responses)):
-                    wanted.setdefault(nodes[e][t - 1], (g + e, t))
-            order = sorted(wanted)
-            starts = [snapshots[wanted[s][0]][wanted[s][1]] for s in order
-                      for _ in range(self.vine_rollouts)]  # fmt: skip
-            played, _, seconds = play_forks(
-                starts, self.policy, range(stream, stream + len(starts)), [0] * len(starts)
-            )  # fmt: skip
-            stream += len(starts)
-            self.seconds += seconds
-            value = {}
-            for k, state in enumerate(order):
-                runs = played[k * self.vine_rollouts : (k + 1) * self.vine_rollouts]
-                t = wanted[state][1]
-                self.sampled_tokens += sum(sum(r.turn_tokens[t:]) for r in runs)  # not the prefix's
-                value[state] = float(np.mean([discounted_returns(r.turn_rewards, self.gamma)[t]
-                                              for r in runs]))  # fmt: skip
+                    wanted.setdefault((g, nodes[g][e][t - 1]), (g + e, t))
+        order = sorted(wanted)
+        starts = [snapshots[wanted[s][0]][wanted[s][1]] for s in order for _ in range(k)]
+        played, _, seconds = play_forks(
+            starts, self.policy, range(stream, stream + len(starts)), [0] * len(starts)
+        )  # fmt: skip
+        self.seconds += seconds
+        value = {}
+        for j, state in enumerate(order):
+            runs, t = played[j * k : (j + 1) * k], wanted[state][1]
+            self.sampled_tokens += sum(sum(r.turn_tokens[t:]) for r in runs)  # not the prefix's
+            value[state] = float(np.mean([discounted_returns(r.turn_rewards, self.gamma)[t]
+                                          for r in runs]))  # fmt: skip
+        for g in range(0, len(batch), size):
+            group = batch[g : g + size]
+            chains = [discounted_returns(e.turn_rewards or [e.reward], self.gamma)[0]
+                      for e in group if e.branch is None]  # fmt: skip
             for e, episode in enumerate(group):
-                own = discounted_returns(episode.turn_rewards or [episode.reward], self.gamma)[0]
-                others = [c for c in chains]
-                if episode.branch is None and len(chains) > 1:
-                    others.remove(own)
+                others = list(chains)
+                if episode.branch is None and len(chains) > 1:  # leave its own return out
+                    others.remove(
+                        discounted_returns(episode.turn_rewards or [episode.reward], self.gamma)[0]
+                    )
                 start = float(np.mean(others)) if others else 0.0
-                episode.turn_values = [start] + [
-                    value.get(nodes[e][t - 1], np.nan) for t in range(1, len(episode.responses))
-                ]
+                later = [value.get((g, nodes[g][e][t - 1]), np.nan)
+                         for t in range(1, len(episode.responses))]  # fmt: skip
+                episode.turn_values = [start, *later]
 
     def close(self) -> None:
         """Close the vector env."""
