@@ -42,9 +42,15 @@ __all__ = [
 EXIT_USAGE = 2
 
 
+# What gymnasium.make adds to an env's TypeError: its whole kwargs (a tokenizer's repr, pages
+# long); the env's own message names the argument already.
+_GYM_CREATOR = " was raised from the environment creator for "
+
+
 def usage_error(error: Exception | str, code: int = EXIT_USAGE) -> int:
-    """Print ``error`` as ``llm-gym``'s one line on stderr; the exit ``code``."""
-    message = " ".join(str(error).split()) or type(error).__name__
+    """Print ``error`` as ``llm-gym``'s one line on stderr (without the kwargs gymnasium
+    appends to an env's error); the exit ``code``."""
+    message = " ".join(str(error).split(_GYM_CREATOR)[0].split()) or type(error).__name__
     print(f"llm-gym: error: {message}", file=sys.stderr)
     return code
 

@@ -97,3 +97,12 @@ def test_a_resume_names_an_auto_value_as_its_flag_does(tiny_dir, tmp_path, capsy
     assert line.startswith(
         "llm-gym: error: --overlong-cache 0 differs from the resumed run's auto ("
     )
+
+
+def test_a_bad_env_argument_is_one_line_without_gymnasiums_kwargs(tiny_dir, tmp_path):
+    code, line = cli("rollout", "--model", tiny_dir, "--env", "LLMChat-TextArena-v0",
+                     "--env-arg", "invalid_move_reward=abc", "--episodes", "1",
+                     "--out", str(tmp_path / "r"), "--no-progress", timeout=120)  # fmt: skip
+    assert code == 2 and line == (
+        "llm-gym: error: invalid_move_reward must be an int or float, got str: 'abc'"
+    )
