@@ -14,7 +14,8 @@ image where the tracker takes one. Where each writes:
 - ``mlflow``: MLflow's tracking URI (``MLFLOW_TRACKING_URI``, else MLflow's default, a SQLite
   file in the working directory), experiment ``MLFLOW_EXPERIMENT_NAME`` or ``llm-gym``.
 
-A resumed run continues the same tracker runs (their ids are kept in ``<out>/trackers.json``).
+A resumed run continues the same tracker runs (their ids are kept in ``<out>/trackers.json``,
+every tracker's the run ever reported to, whatever a resume's ``--report-to``).
 A tracker that fails mid-run is dropped with a warning: it never costs the run. Deliberately
 not accelerate's trackers: they start through ``PartialState``, which would join process
 groups the trainer manages itself, and they do not keep a run's ids for a resume.
@@ -27,7 +28,9 @@ import importlib.util
 import json
 import os
 import shutil
+import socket
 import time
+import urllib.parse
 import uuid
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -51,6 +54,7 @@ TRACKERS = ("tensorboard", "wandb", "trackio", "mlflow")
 TRACKERS_FILE = "trackers.json"  # the tracker runs' ids, which a resumed run continues
 PROJECT = "llm-gym"  # W&B's project, Trackio's project and MLflow's experiment by default
 EXTRA = "pip install 'llm-gym[tracking]'"
+REACH_SECONDS = 3.0  # how long a tracking server may take to accept a connection
 
 
 def report_to(text: str) -> list[str]:
@@ -193,9 +197,11 @@ class _Trackio:
     def __init__(self, out: Path, config: Mapping[str, Any], start: int, ids: dict) -> None:
         import trackio
 
-        # Trackio resumes a run by its name, the run folder's.
+        # Trackio knows a run by its name alone: the run folder's with a suffix of its own,
+        # kept for a resume, so that two runs whose folders share a name never mix.
+        name = ids.setdefault("name", f"{out.name}-{uuid.uuid4().hex[:6]}")
         self.run = trackio.init(
-            project=ids.setdefault("project", PROJECT), name=out.name, config=dict(config),
+            project=ids.setdefault("project", PROJECT), name=name, config=dict(config),
             resume="allow" if start else "never", embed=False,
         )  # fmt: skip
 
@@ -217,7 +223,9 @@ class _MLflow:
         from mlflow.entities import Param
 
         # A client of its own: MLflow's global active run stays the caller's.
-        self.client = mlflow.MlflowClient(ids.setdefault("uri", mlflow.get_tracking_uri()))
+        uri = ids.setdefault("uri", mlflow.get_tracking_uri())
+        _check_reachable(uri)
+        self.client = mlflow.MlflowClient(uri)
         if "run_id" in ids:  # a resumed run
             self.run_id = ids["run_id"]
             self.client.update_run(self.run_id, status="RUNNING")
@@ -246,6 +254,21 @@ class _MLflow:
         self.client.set_terminated(self.run_id)
 
 
+def _check_reachable(uri: str, seconds: float = REACH_SECONDS) -> None:
+    # A tracking server that does not answer: said at once, where MLflow's client would retry
+    # for minutes (its requests back off up to seven times) before its first error.
+    parsed = urllib.parse.urlparse(uri)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        return
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        socket.create_connection((parsed.hostname, port), timeout=seconds).close()
+    except OSError as error:
+        raise ConnectionError(
+            f"its tracking server at {uri} did not answer within {seconds:g} s ({error})"
+        ) from None
+
+
 _OPEN = {"tensorboard": _TensorBoard, "wandb": _WandB, "trackio": _Trackio, "mlflow": _MLflow}
 
 
@@ -268,8 +291,8 @@ class Trackers:
             ids = self.ids[name] = dict(saved.get(name, {}))
             with self._guard(name, "could not start"):
                 self.open_[name] = _OPEN[name](self.out, config, start, ids)
-        if self.ids:
-            write_text(path, json.dumps(self.ids, indent=2) + "\n")
+        if self.ids:  # every tracker's ids the run ever had, for a later resume with it
+            write_text(path, json.dumps({**saved, **self.ids}, indent=2) + "\n")
 
     @classmethod
     def none(cls) -> Trackers:

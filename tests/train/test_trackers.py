@@ -115,14 +115,15 @@ def test_every_tracker_reads_back_every_metric_and_a_resumed_run_continues_it(ti
     saved = json.loads((out / TRACKERS_FILE).read_text())
     assert ids == {saved["wandb"]["id"]} and len(list(out.glob("wandb/offline-run-*"))) == 2
 
+    name = saved["trackio"]["name"]  # the folder's name and a suffix of its own
     logs = in_a_subprocess(
         "import json; from trackio.sqlite_storage import SQLiteStorage as S; "
-        "print(json.dumps([S.get_runs('llm-gym'), S.get_logs('llm-gym', 'run')]))",
+        f"print(json.dumps([S.get_runs('llm-gym'), S.get_logs('llm-gym', {name!r})]))",
         env,
     )
     runs, rows = logs
     read = {(k, row["step"]): v for row in rows for k, v in row.items() if k != "step"}
-    assert runs == ["run"]  # resumed, not a second run
+    assert runs == [name] and name.startswith("run-")  # resumed, not a second run
     assert {key: read[key] for key in expected} == pytest.approx(expected)
     assert read[("after/success", 3)] == pytest.approx(summary["after"]["success"])
 
@@ -199,3 +200,78 @@ def test_report_to_names_what_is_wrong_or_missing(tiny_dir, tmp_path, monkeypatc
     )
     with pytest.raises(ValueError, match=r"'wandb' is not installed: pip install 'llm-gym\["):
         GRPOConfig(report_to="tensorboard,wandb")
+
+
+@pytest.mark.slow  # MLflow builds its SQLite store
+def test_a_resume_keeps_the_ids_of_every_tracker_the_run_used(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.chdir(tmp_path)
+    first = Trackers(["mlflow"], tmp_path, {"seed": 0})
+    run_id = first.ids["mlflow"]["run_id"]
+    first.finish({}, 1)
+    Trackers(["tensorboard"], tmp_path, {"seed": 0}, start=1).finish({}, 2)
+    assert json.loads((tmp_path / TRACKERS_FILE).read_text())["mlflow"]["run_id"] == run_id
+    again = Trackers(["mlflow"], tmp_path, {"seed": 0}, start=2)
+    assert again.ids["mlflow"]["run_id"] == run_id  # the same MLflow run, not a new one
+    again.finish({}, 3)
+
+
+def test_an_unreachable_mlflow_server_is_one_warning_naming_it(tmp_path, monkeypatch):
+    import socket
+
+    with socket.socket() as closed:  # a port nobody listens on once this one is closed
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    uri = f"http://127.0.0.1:{port}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    with pytest.warns(RuntimeWarning) as warned:
+        trackers = Trackers(["mlflow", "tensorboard"], tmp_path, {"seed": 0})
+    (warning,) = [w for w in warned if "mlflow" in str(w.message)]
+    assert str(warning.message).startswith(
+        f"--report-to mlflow could not start (ConnectionError: its tracking server at {uri} "
+        "did not answer within 3 s ("
+    )
+    assert list(trackers.open_) == ["tensorboard"]  # the run goes on with the others
+    trackers.finish({}, 0)
+
+
+TRACKIO_TWINS = """
+import json, sys
+from pathlib import Path
+from llm_gym.run.trackers import Trackers
+
+root = Path(sys.argv[1])
+x, y = root / "x" / "demo", root / "y" / "demo"
+for out in (x, y):
+    out.mkdir(parents=True)
+a = Trackers(["trackio"], x, {"out": str(x)})
+for step in (0, 1):
+    a.log({"reward": step}, step)
+a.finish({}, 2)
+b = Trackers(["trackio"], y, {"out": str(y)})
+for step in (0, 1, 2, 3):
+    b.log({"reward": 10 + step}, step)
+b.finish({}, 4)
+c = Trackers(["trackio"], x, {"out": str(x)}, start=2)
+for step in (2, 3):
+    c.log({"reward": step}, step)
+c.finish({}, 4)
+print(json.dumps([c.ids["trackio"]["name"], b.ids["trackio"]["name"]]))
+"""
+
+
+@pytest.mark.slow  # Trackio starts its storage in a process of its own
+def test_two_runs_whose_folders_share_a_name_keep_their_own_trackio_runs(tmp_path):
+    env = {**os.environ, "TRACKIO_DIR": str(tmp_path / "trackio"), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-c", TRACKIO_TWINS, str(tmp_path)], env=env,
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    x, y = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("[")))
+    assert x != y and x.startswith("demo-") and y.startswith("demo-")
+    logs = in_a_subprocess(
+        "import json; from trackio.sqlite_storage import SQLiteStorage as S; "
+        f"print(json.dumps([S.get_logs('llm-gym', {x!r}), S.get_logs('llm-gym', {y!r})]))",
+        env,
+    )
+    steps = [[(row["step"], row["reward"]) for row in rows if "reward" in row] for rows in logs]
+    assert steps[0] == [(0, 0), (1, 1), (2, 2), (3, 3)]  # x's own, resumed into its own run
+    assert steps[1] == [(0, 10), (1, 11), (2, 12), (3, 13)]  # y's untouched
