@@ -162,6 +162,14 @@ def _train(trainer: Any) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``llm-gym`` with ``argv`` (default: the command line); the exit code."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt as error:  # before the run began (its own are told in _run)
+        print("llm-gym: interrupted before the run began; nothing was written", file=sys.stderr)
+        return exit_code(error)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     try:

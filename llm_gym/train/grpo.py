@@ -24,7 +24,7 @@ from llm_gym.policies import TransformersPolicy
 from llm_gym.run.files import RunWriteError, told
 from llm_gym.run.lock import FolderLock
 from llm_gym.run.setup import compute_dtype, dtype_name, resolve_device, run_rubric
-from llm_gym.run.signals import hold_signals, interruption
+from llm_gym.run.signals import deferred, hold_signals, interruption
 from llm_gym.run.trackers import Trackers
 from llm_gym.train.advantages import overlong_tokens, segment_advantages
 from llm_gym.train.checkpoints import Checkpointer, load_checkpoint
@@ -291,7 +291,8 @@ class GRPOTrainer:
             if stop is None or stop is error:
                 raise
             raise stop from error
-        trackers.finish(summary, len(rows), self.out / TRAINING_PLOT_FILE)
+        with deferred():  # the summary says finished: a signal waits for the trackers to say so
+            trackers.finish(summary, len(rows), self.out / TRAINING_PLOT_FILE)
         return summary
 
     def _stop(

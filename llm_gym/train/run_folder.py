@@ -203,6 +203,9 @@ def resume_hint(out: str | Path) -> str:
     """What a stopped training run left in ``out`` and how to go on: ``--resume`` from its
     newest checkpoint, or, with none yet, that there is nothing to resume."""
     out = Path(out)
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # none, or not a summary
+        if json.loads((out / SUMMARY_FILE).read_text()).get("interrupted") is False:
+            return f"the run had finished: {out / SUMMARY_FILE} holds what it came to"
     checkpoint, metrics = latest_checkpoint(out), out / METRICS_FILE
     finished = metrics.is_file() and metrics.stat().st_size > 0
     rows = f"finished iterations are in {metrics}" if finished else "no iteration finished"

@@ -106,3 +106,48 @@ def test_a_bad_env_argument_is_one_line_without_gymnasiums_kwargs(tiny_dir, tmp_
     assert code == 2 and line == (
         "llm-gym: error: invalid_move_reward must be an int or float, got str: 'abc'"
     )
+
+
+def test_ctrl_c_before_the_run_begins_is_one_line(monkeypatch, capsys, tmp_path):
+    # A Ctrl-C while the command starts (torch's import, the flags' checks) is one line, exit
+    # 130, whatever it interrupted.
+    import llm_gym.cli as cli_module
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli_module, "check_flags", interrupted)
+    assert main(["train", "--out", str(tmp_path / "run")]) == 130
+    err = capsys.readouterr().err
+    assert err == "llm-gym: interrupted before the run began; nothing was written\n"
+
+
+def test_a_signal_while_the_trackers_finish_tells_one_story(
+    tiny_dir, tmp_path, monkeypatch, capsys
+):
+    # The summary says finished: the trackers finish too, and the line says the run finished.
+    import os
+    import signal
+
+    from llm_gym.run.trackers import Trackers
+
+    finish = Trackers.finish
+    closed = []
+
+    def signalled(self, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C as the trackers start to finish
+        finish(self, *args, **kwargs)
+        closed.append(True)
+
+    monkeypatch.setattr(Trackers, "finish", signalled)
+    out = tmp_path / "run"
+    args = ["train", "--model", tiny_dir, "--out", str(out), "--iterations", "1", "--groups",
+            "1", "--group-size", "2", "--max-new-tokens", "4", "--eval-episodes", "0",
+            "--no-progress", "--threads", "1", "--report-to", "tensorboard"]  # fmt: skip
+    assert main(args) == 130
+    assert closed == [True]  # the trackers finished, the signal waited for them
+    assert json.loads((out / "summary.json").read_text())["interrupted"] is False
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line == (
+        f"llm-gym: interrupted; the run had finished: {out / 'summary.json'} holds what it came to"
+    )
