@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 
 from llm_gym.envs import single_env
 from llm_gym.episodes import EpisodeSource, iteration_metrics, rubric_part_names
-from llm_gym.lm.lora import is_lora, unwrapped
+from llm_gym.lm.lora import unwrapped
 from llm_gym.policies import TransformersPolicy
 from llm_gym.run.files import RunWriteError, told
 from llm_gym.run.lock import FolderLock
@@ -145,15 +145,13 @@ class GRPOTrainer:
         checkpoint = claim_out(config)  # on --resume the newest one, checked whole
         barrier()  # every process has looked before the first clears the folder
         state, tensors = load_checkpoint(checkpoint) if checkpoint else (None, None)
-        self.first_iteration, self.before = (
-            (int(state["iteration"]), state["before"]) if state else (0, None)
-        )
+        self.first_iteration = int(state["iteration"]) if state else 0
+        self.before = state["before"] if state else None
         check_iterations_left(config, self.first_iteration)
         torch.manual_seed(config.seed)
         self.model, self.tokenizer = trained_model(
             config, given, tokenizer, checkpoint, self.device, self.dtype
         )
-        self.lora = is_lora(self.model)
         self.scorer = TransformersPolicy(  # the model being trained
             self.model, self.tokenizer, input_mode="tokens", generate=False,
             compute_dtype=self.compute_dtype,
@@ -216,8 +214,8 @@ class GRPOTrainer:
             self.updater.load_state_dict(state)
         if not state and self.lead:  # set up without error: only now does an earlier run go
             start_over(config)
-        log = config.log_episodes and self.lead
-        self.episode_log = EpisodeLog(self.out, self.first_iteration) if log else None
+        on = config.log_episodes and self.lead
+        self.episode_log = EpisodeLog(self.out, self.first_iteration, on)
         barrier()
 
     @property
@@ -331,8 +329,7 @@ class GRPOTrainer:
             check_episode_groups([e.prompt for e in episodes], config.group_episodes)
         # This process trains on its own groups' episodes; the row tells of every process's.
         everyone = gather_objects(episodes)
-        if self.episode_log is not None:
-            self.episode_log.write(iteration, everyone)
+        self.episode_log.write(iteration, everyone)  # --log-episodes
         self.task_names.update(
             str(e.info["task"]) for e in everyone if e.info.get("task") is not None
         )
@@ -424,8 +421,6 @@ class GRPOTrainer:
         needs to go on as if the run had not stopped."""
         state = {"iteration": iteration, "before": self.before, **self.feed.state_dict()}
         return self.checkpoints.save(iteration, {**state, **self.updater.state_dict()})
-
-    # -- the summary ------------------------------------------------------------------------
 
     def write(
         self,

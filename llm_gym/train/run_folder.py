@@ -238,8 +238,10 @@ class EpisodeLog:
     of the iterations before it, as the metrics' rows.
     """
 
-    def __init__(self, out: Path, start: int) -> None:
-        self.path, kept = out / EPISODES_FILE, []
+    def __init__(self, out: Path, start: int, on: bool = True) -> None:
+        self.path, self.on, kept = out / EPISODES_FILE, on, []
+        if not on:  # off (no --log-episodes, a process past the first): writes nothing
+            return
         lines = self.path.read_text(encoding="utf-8").splitlines() if self.path.exists() else []
         for line in lines:
             try:
@@ -252,6 +254,8 @@ class EpisodeLog:
 
     def write(self, iteration: int, episodes: list[Any]) -> None:
         """Append ``episodes`` (one iteration's batch, in order)."""
+        if not self.on:
+            return
         first = self.lines
         with LineFile(self.path) as f:
             for episode in episodes:
