@@ -373,5 +373,9 @@ def write_summary(
         numbers.append(("sampled success, last iteration", rows[-1]["success"]))
     rows_ = [*run_rows(summary), *numbers]
     images = [out / TRAINING_PLOT_FILE] if plotted else []
+    idle = [row["iteration"] for row in rows if row.get("trained_tokens") == 0]
+    if idle:  # said, not hidden behind a loss of 0
+        notes = [*notes, f"Iterations {', '.join(map(str, idle))} trained on no token: every "
+                 "response was left out of the loss (--mask-truncated cut them all)."]  # fmt: skip
     attempt(write_report, out, f"Training: {title}", rows_, images, notes)
     return unwritten

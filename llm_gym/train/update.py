@@ -419,7 +419,7 @@ class GRPOUpdate:
                     loss = loss * (len(rows) / plan.responses)
                 if bonus.on:  # the batch's mean entropy, this micro-batch's share
                     summed = entropy[mask].sum()
-                    step_entropy += float(summed)
+                    step_entropy += float(summed.detach())
                     loss = loss - coef * summed / max(plan.num_tokens, 1)
                 loss.backward()
                 loss_sum += loss.item()
@@ -434,10 +434,10 @@ class GRPOUpdate:
         self.optimizer.step()
         self.scheduler.step()
         self.stepped = True
-        if bonus.on:
+        if bonus.on and plan.num_tokens:  # no token in the loss: no entropy to move it by
             if self.sharded:
                 step_entropy = all_reduce([step_entropy], device=self.device)[0]
-            bonus.step(step_entropy / max(plan.num_tokens, 1))
+            bonus.step(step_entropy / plan.num_tokens)
         return EpochStep(loss_sum, stats, grad_norm, learning_rate)
 
     def _row(self, step: EpochStep, tis: bool) -> dict[str, Any]:
@@ -465,6 +465,11 @@ class GRPOUpdate:
             row["entropy_coef"] = self.entropy_bonus.coef
         if tis:
             row["tis_truncated"] = stats.get("tis_truncated", 0.0) / tokens_seen
+        row["trained_tokens"] = int(stats.get("tokens", 0.0))
+        if not row["trained_tokens"]:  # nothing in the loss (--mask-truncated cut them all)
+            diagnostics = ("loss", "clip_fraction", "clip_fraction_low", "clip_fraction_high",
+                           "approx_kl", "entropy", "reference_kl", "tis_truncated")  # fmt: skip
+            row.update({key: None for key in diagnostics if key in row})
         return row
 
     def _padded(

@@ -510,6 +510,31 @@ def test_mask_truncated_leaves_the_cut_response_out_of_the_loss(tiny_dir, tmp_pa
     trainer.lock.release()
 
 
+def test_an_iteration_with_no_token_in_the_loss_says_so_and_moves_nothing(tiny_dir, tmp_path):
+    # --mask-truncated with every response cut: no entropy, no loss (null, not 0), the
+    # adaptive entropy coefficient where it was, and a note in the report.
+    rows = [{"question": "What is 2 + 3?", "answer": "#### 5"}]
+    config = GRPOConfig(
+        model=tiny_dir, out=str(tmp_path), env="LLMChat-GSM8K-v0", env_args={"dataset": rows},
+        groups=1, group_size=2, max_new_tokens=4, eval_episodes=0, progress=False,
+        mask_truncated=True, dtype="float32", overlong_cache=0, entropy_coef=0.015,
+        entropy_target=100.0, entropy_coef_delta=0.005,
+    )  # fmt: skip
+    trainer = GRPOTrainer(config)
+    tok = trainer.tokenizer
+    cuts = [tok(text, add_special_tokens=False)["input_ids"][:4]
+            for text in ("Well, well, well, well", "So so so so so")]  # fmt: skip
+    trainer.policy = lambda batch: [Response(tok.decode(ids), np.array(ids)) for ids in cuts]
+    row = trainer.iteration(0)
+    assert row["truncated_share"] == 1.0 and row["trained_tokens"] == 0
+    assert row["loss"] is None and row["entropy"] is None and row["approx_kl"] is None
+    assert row["entropy_coef"] == 0.015  # not raised on an entropy of nothing
+    trainer.write([row], None, 1.0)
+    report = (tmp_path / "report.md").read_text()
+    assert "Iterations 0 trained on no token: every response was left out of the loss" in report
+    trainer.lock.release()
+
+
 def test_overlong_auto_is_a_sixth_of_a_single_turn_budget_and_the_default(tiny_dir, tmp_path):
     from llm_gym.cli import build_parser
 
