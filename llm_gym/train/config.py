@@ -510,6 +510,11 @@ class GRPOConfig(RunConfig):
                 f"overlong_cache (--overlong-cache) must be at most the response budget "
                 f"{self.max_response_tokens} (--max-new-tokens), got {self.overlong_cache}"
             )
+        if self.dynamic_sampling and self.tools:  # known before the env is made
+            raise ValueError(
+                "dynamic_sampling (--dynamic-sampling) refills single-turn tasks, and --tools "
+                "plays several turns an episode: drop one"
+            )
         if self.dynamic_sampling and self.asynchronous:
             raise ValueError(
                 "dynamic_sampling (--dynamic-sampling) with --async: batches sampled ahead "

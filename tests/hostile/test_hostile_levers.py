@@ -151,3 +151,11 @@ def test_a_signal_while_the_trackers_finish_tells_one_story(
     assert line == (
         f"llm-gym: interrupted; the run had finished: {out / 'summary.json'} holds what it came to"
     )
+
+
+def test_tools_with_dynamic_sampling_are_refused_before_anything_loads():
+    code, line = cli("train", "--tools", "python", "--dynamic-sampling", "2")
+    assert code == 2 and line == (
+        "llm-gym: error: dynamic_sampling (--dynamic-sampling) refills single-turn tasks, and "
+        "--tools plays several turns an episode: drop one"
+    )
