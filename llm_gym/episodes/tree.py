@@ -20,6 +20,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+import torch
 
 from llm_gym.envs.forking import fork, fork_sub_env
 from llm_gym.episodes.episode import Episode, Segment
@@ -115,6 +116,7 @@ def branch_points(
     return points
 
 
+@torch.no_grad()
 def play_forks(
     starts: Sequence[Snapshot],
     policy: Policy,
