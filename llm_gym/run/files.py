@@ -112,7 +112,7 @@ def write_failure(path: str | os.PathLike[str], error: BaseException) -> RunWrit
         return None
     reason = os.strerror(code)
     if code == errno.ENOENT and not path.parent.is_dir():
-        reason += f" (the folder {path.parent} is gone)"
+        reason += f" (the folder {path.parent} does not exist)"
     return RunWriteError(code, f"could not write {path}: {reason}", str(path))
 
 

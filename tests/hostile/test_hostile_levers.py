@@ -159,3 +159,9 @@ def test_tools_with_dynamic_sampling_are_refused_before_anything_loads():
         "llm-gym: error: dynamic_sampling (--dynamic-sampling) refills single-turn tasks, and "
         "--tools plays several turns an episode: drop one"
     )
+
+
+def test_an_out_folder_that_cannot_be_made_is_not_called_gone(tmp_path):
+    # /proc takes no new folder: --out there never existed, and the line says no more.
+    code, line = cli("train", "--out", "/proc/llm-gym-qa", "--iterations", "1", timeout=120)
+    assert code == 2 and "/proc/llm-gym-qa" in line and "is gone" not in line, line

@@ -371,7 +371,7 @@ def test_a_folder_deleted_mid_run_is_not_made_again(tiny_dir, tmp_path):
     message = str(caught.value)
     assert message.startswith(
         f"could not write {out}/checkpoint-2.partial: No such file or directory (the folder "
-        f"{out} is gone)"
+        f"{out} does not exist)"
     )
     assert "could not be written either" in message and "\n" not in message
     assert not out.exists()  # no half a run made again where the user deleted it
