@@ -91,10 +91,23 @@ def check_template(args: argparse.Namespace) -> int:
         )  # fmt: skip
     except (OSError, ValueError) as error:
         return usage_error(error)
-    which = args.chat_template or f"{args.model}'s"
+    which = f"{args.chat_template} template" if args.chat_template else _picked(args, tokenizer)
     if found.keeps:
-        print(f"{which} template keeps earlier turns' tokens over {found.turns} turns")
+        print(f"{which} keeps earlier turns' tokens over {found.turns} turns")
         return 0
-    print(f"{which} template changes earlier turns' tokens when turn {found.turn + 1} is added: "
+    print(f"{which} changes earlier turns' tokens when turn {found.turn + 1} is added: "
           f"{found.detail}")  # fmt: skip
     return 1
+
+
+def _picked(args: argparse.Namespace, tokenizer: Any) -> str:
+    # Which template llm_gym renders the model's prompts with, and why (resolve_chat_template).
+    from llm_gym.chat.templates import CHAT_TEMPLATES, resolve_chat_template
+
+    own = getattr(tokenizer, "chat_template", None)
+    picked = resolve_chat_template(tokenizer)
+    if isinstance(own, str) and picked == own:
+        return f"{args.model}'s template"
+    name = next((n for n, text in CHAT_TEMPLATES.items() if text == picked), "other")
+    said = "has no chat template" if not own else "has a template llm_gym does not render with"
+    return f"{args.model} {said}: llm_gym's {name} built-in, which renders its prompts,"

@@ -165,3 +165,18 @@ def test_an_out_folder_that_cannot_be_made_is_not_called_gone(tmp_path):
     # /proc takes no new folder: --out there never existed, and the line says no more.
     code, line = cli("train", "--out", "/proc/llm-gym-qa", "--iterations", "1", timeout=120)
     assert code == 2 and "/proc/llm-gym-qa" in line and "is gone" not in line, line
+
+
+def test_check_template_names_the_template_it_falls_back_to(tiny_dir, tmp_path):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
+    tokenizer.chat_template = None
+    tokenizer.save_pretrained(tmp_path)
+    (tmp_path / "chat_template.jinja").unlink(missing_ok=True)
+    done = subprocess.run([sys.executable, "-m", "llm_gym", "check-template", "--model",
+                           str(tmp_path)], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0 and done.stdout.strip() == (
+        f"{tmp_path} has no chat template: llm_gym's chatml_format built-in, which renders its "
+        "prompts, keeps earlier turns' tokens over 4 turns"
+    )
