@@ -16,6 +16,7 @@ import llm_gym
 from llm_gym.cli._args import (
     Parser,
     add_config_options,
+    check_env_args,
     check_flags,
     check_task_env,
     given_options,
@@ -193,8 +194,9 @@ def _main(argv: Sequence[str] | None) -> int:
             config = resume_from_flags(args, given)
         else:
             config = make_config(args.config_class, args)
+        check_env_args(config)
         world = processes(args, config)
-    except (ValueError, OSError) as error:
+    except (ValueError, TypeError, OSError, gym.error.Error) as error:
         return usage_error(error)
     if world > 1 and "WORLD_SIZE" not in os.environ:  # not yet under a launcher
         return launch(args, argv, lambda: args.kept(config.out))

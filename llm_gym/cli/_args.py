@@ -21,12 +21,14 @@ import gymnasium as gym
 from gymnasium.envs.registration import load_env_creator
 
 from llm_gym.options import add_options, flags, number, option_specs, read_recipe
+from llm_gym.run.config import RunConfig
 from llm_gym.train.config import RESUMABLE, GRPOConfig
 
 __all__ = [
     "EXIT_USAGE",
     "Parser",
     "add_config_options",
+    "check_env_args",
     "check_flags",
     "check_task_env",
     "dataset_env_ids",
@@ -95,6 +97,14 @@ def check_task_env(env_id: str, command: str) -> None:
         raise ValueError(
             f"env id {env_id!r} {what}; {command} runs the task envs: {', '.join(runnable)}"
         )
+
+
+def check_env_args(config: RunConfig) -> None:
+    """The run's env made once with its ``--env-arg`` values and tools, in history mode (no
+    tokenizer, no model): a value the env refuses is its one line in a second or two, not
+    after the model has loaded. Without ``--env-arg``, nothing (the env's defaults)."""
+    if config.env_args:
+        gym.make(config.env, **config.env_args, **config.tool_options()).close()
 
 
 def add_config_options(parser: argparse.ArgumentParser, config: type) -> None:

@@ -180,3 +180,22 @@ def test_check_template_names_the_template_it_falls_back_to(tiny_dir, tmp_path):
         f"{tmp_path} has no chat template: llm_gym's chatml_format built-in, which renders its "
         "prompts, keeps earlier turns' tokens over 4 turns"
     )
+
+
+@pytest.mark.parametrize(
+    "arg, told",
+    [
+        ("rewards=bogus", "rewards must be one of ('game', 'progress', 'outcome'), got 'bogus'"),
+        ("invalid_move_reward=Infinity", "invalid_move_reward must be finite, got inf"),
+    ],
+)
+def test_bad_env_arguments_are_told_before_the_model_loads(tmp_path, arg, told):
+    # A model folder whose weights are missing: had the model loaded first, its error would
+    # be the line; the env's comes before.
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    code, line = cli("train", "--model", str(tmp_path / "model"), "--out", str(tmp_path / "r"),
+                     "--env", "LLMChat-TextArena-v0", "--env-arg", "game=GuessTheNumber-v0",
+                     "--env-arg", arg)  # fmt: skip
+    assert code == 2 and line == f"llm-gym: error: {told}"
+    assert not (tmp_path / "r").exists()
