@@ -269,6 +269,8 @@ def _check_reachable(uri: str, seconds: float = REACH_SECONDS) -> None:
         ) from None
 
 
+# The trackers that take a training run's rows at once: a resume purges what it redoes.
+_LIVE = ("tensorboard",)
 _OPEN = {"tensorboard": _TensorBoard, "wandb": _WandB, "trackio": _Trackio, "mlflow": _MLflow}
 
 
@@ -278,12 +280,23 @@ class Trackers:
 
     ``start`` > 0 continues the tracker runs of an earlier run from step ``start``, with the
     ids ``out/trackers.json`` keeps.
+
+    ``hold`` (a training run's): a row reaches the trackers when a checkpoint holds it
+    (``commit``), so that a run stopped past its last checkpoint and resumed logs each
+    iteration once, the resumed value; only TensorBoard, which drops what a resumed run
+    redoes (``purge_step``), gets each row at once. A stopped run's summary is no step.
     """
 
     def __init__(
-        self, names: Sequence[str], out: Path, config: Mapping[str, Any], start: int = 0
+        self,
+        names: Sequence[str],
+        out: Path,
+        config: Mapping[str, Any],
+        start: int = 0,
+        hold: bool = False,
     ) -> None:
-        self.out, self.open_ = Path(out), {}
+        self.out, self.open_, self.hold = Path(out), {}, hold
+        self.pending: list[tuple[dict[str, float], int]] = []  # held rows, for commit
         path = self.out / TRACKERS_FILE
         saved = json.loads(path.read_text()) if start and path.is_file() else {}
         self.ids: dict[str, dict[str, str]] = {}
@@ -313,20 +326,40 @@ class Trackers:
             )
 
     def log(self, row: Mapping[str, Any], step: int) -> None:
-        """Every number of ``row`` (``scalars``) to every tracker at ``step``."""
+        """Every number of ``row`` (``scalars``) to every tracker at ``step`` (held ones: at
+        the next ``commit`` past it)."""
         values = scalars(row)
+        if self.hold:
+            self.pending.append((values, step))
+        self._send(values, step, held=not self.hold)
+
+    def commit(self, upto: int) -> None:
+        """A checkpoint holds the rows before step ``upto``: the held trackers get them."""
+        ready = [(values, step) for values, step in self.pending if step < upto]
+        self.pending = [(values, step) for values, step in self.pending if step >= upto]
+        for values, step in ready:
+            self._send(values, step, held=True, live=False)
+
+    def _send(self, values: dict[str, float], step: int, held: bool, live: bool = True) -> None:
+        # To the trackers that take rows at once (live) and, with held, to the others.
         for name, tracker in list(self.open_.items()):
-            with self._guard(name, "failed"):
-                tracker.log(values, step)
+            if (name in _LIVE and live) or (name not in _LIVE and held):
+                with self._guard(name, "failed"):
+                    tracker.log(values, step)
 
     def finish(self, summary: Mapping[str, Any], step: int, image: Path | None = None) -> None:
         """The run's end: the numbers of ``summary`` (``before/success``, ...; its config
         the trackers had at the start) and the plot ``image`` at ``step``, then each
         tracker's run closed."""
         values = scalars({key: value for key, value in summary.items() if key != "config"})
+        stopped = self.hold and bool(summary.get("interrupted"))
+        if not stopped:  # a finished run's last rows are its last checkpoint's
+            self.commit(step)
+        self.pending = []  # a stopped run's rows past its checkpoint: its resume logs them
         for name, tracker in list(self.open_.items()):
             with self._guard(name, "failed"):
-                tracker.log(values, step)
+                if not stopped:  # a stopped run's summary is no iteration's step
+                    tracker.log(values, step)
                 if image is not None and image.is_file():
                     tracker.image(image.stem, image, step)
             with self._guard(name, "could not finish"):

@@ -257,9 +257,8 @@ class GRPOTrainer:
             if self.before is None and config.eval_episodes:
                 self.before = self.evaluate()
             if self.lead:
-                trackers = Trackers(
-                    config.report_to, self.out, asdict(config), self.first_iteration
-                )
+                trackers = Trackers(config.report_to, self.out, asdict(config),
+                                    self.first_iteration, hold=True)  # fmt: skip
             with metrics_file(self.out, rows, self.lead) as f:
                 for iteration in range(self.first_iteration, config.iterations):
                     row = self.iteration(iteration)
@@ -271,6 +270,7 @@ class GRPOTrainer:
                     done = iteration + 1
                     if done % config.save_every == 0 or done == config.iterations:
                         self.save(done)
+                        trackers.commit(done)  # the rows it holds, once each, whatever follows
                     self.feed.release(iteration)  # after the save: its RNG state is this one's
         except BaseException as error:
             stop = self._stop(error, trackers, rows, started)
@@ -305,9 +305,8 @@ class GRPOTrainer:
         # a bug, whose traceback stays as it is): Ctrl-C or a signal (however a library passed
         # it on), a file the disk cannot take, across processes another process's death.
         stop = interruption(error)
-        if stop is None and (
-            isinstance(error, RunWriteError) or self.processes.world > 1 and peer_lost(error)
-        ):
+        lost = self.processes.world > 1 and peer_lost(error)
+        if stop is None and (isinstance(error, RunWriteError) or lost):
             stop = error
         if stop is not None:  # the summary, marked interrupted, as far as the disk takes it
             hold_signals()  # a second Ctrl-C, or the launcher's SIGTERM, waits for the summary

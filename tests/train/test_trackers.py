@@ -275,3 +275,62 @@ def test_two_runs_whose_folders_share_a_name_keep_their_own_trackio_runs(tmp_pat
     steps = [[(row["step"], row["reward"]) for row in rows if "reward" in row] for rows in logs]
     assert steps[0] == [(0, 0), (1, 1), (2, 2), (3, 3)]  # x's own, resumed into its own run
     assert steps[1] == [(0, 10), (1, 11), (2, 12), (3, 13)]  # y's untouched
+
+
+STOPPED_AND_RESUMED = """
+import json, sys
+from pathlib import Path
+from llm_gym.run.trackers import Trackers
+
+out = Path(sys.argv[1])
+names = ["mlflow", "trackio", "tensorboard"]
+# Five iterations, a checkpoint every two: stopped after three rows (the last checkpoint holds
+# two), resumed from the checkpoint with values of its own (+10).
+first = Trackers(names, out, {"seed": 0}, hold=True)
+for step in range(3):
+    first.log({"reward": float(step)}, step)
+    if step + 1 == 2:
+        first.commit(2)
+first.finish({"interrupted": True, "after": {"success": 0.5}}, 3)
+again = Trackers(names, out, {"seed": 0}, start=2, hold=True)
+for step in range(2, 5):
+    again.log({"reward": 10.0 + step}, step)
+    if step + 1 == 4:
+        again.commit(4)
+again.finish({"interrupted": False, "after": {"success": 1.0}}, 5)
+print(json.dumps(again.ids))
+"""
+
+
+@pytest.mark.slow  # MLflow builds its SQLite store, Trackio starts its own
+def test_a_resumed_run_logs_each_iteration_once_the_resumed_value_winning(tmp_path):
+    env = {
+        **os.environ, "TRACKIO_DIR": str(tmp_path / "trackio"), "HF_HUB_OFFLINE": "1",
+        "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
+    }  # fmt: skip
+    out = tmp_path / "run"
+    out.mkdir()
+    done = subprocess.run([sys.executable, "-c", STOPPED_AND_RESUMED, str(out)], env=env,
+                          cwd=tmp_path, capture_output=True, text=True, check=True)  # fmt: skip
+    ids = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("{")))
+    expected = [(0, 0.0), (1, 1.0), (2, 12.0), (3, 13.0), (4, 14.0)]
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    history = client.get_metric_history(ids["mlflow"]["run_id"], "reward")
+    assert sorted((m.step, m.value) for m in history) == expected
+    ending = client.get_metric_history(ids["mlflow"]["run_id"], "after/success")
+    assert [(m.step, m.value) for m in ending] == [(5, 1.0)]  # the stop's summary: no step
+
+    name = ids["trackio"]["name"]
+    rows = in_a_subprocess(
+        "import json; from trackio.sqlite_storage import SQLiteStorage as S; "
+        f"print(json.dumps(S.get_logs('llm-gym', {name!r})))",
+        env,
+    )
+    assert [(row["step"], row["reward"]) for row in rows if "reward" in row] == expected
+    read, _ = tensorboard_scalars(out)
+    assert sorted((step, value) for (key, step), value in read.items() if key == "reward") == (
+        expected
+    )
