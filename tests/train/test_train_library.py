@@ -69,7 +69,7 @@ def test_a_peft_model_trains_its_adapters_and_is_its_own_reference(smollm2_token
     lora = {k: v.clone() for k, v in model.state_dict().items() if "lora_B" in k}
     run = config(tmp_path, kl_loss_coef=0.5)
     trainer = GRPOTrainer(run, model=model, tokenizer=smollm2_tokenizer)
-    assert trainer.lora and isinstance(trainer.reference, AdapterDisabled)  # no copy
+    assert is_lora(trainer.model) and isinstance(trainer.reference, AdapterDisabled)  # no copy
     right_and_wrong(trainer)
     row = trainer.iteration(0)
     state = model.state_dict()
