@@ -217,8 +217,9 @@ class GRPOConfig(RunConfig):
         None, resumable=True,
         help="keep only each layer's input in the update and recompute the rest in the "
         "backward (less memory, about a third more time; default: %(default)s, on CUDA where "
-        "a micro-batch's activations would not fit in the free memory, on the CPU for "
-        f"micro-batches of {CHECKPOINT_TOKENS} tokens or half the budget, if less, or more)",
+        "a micro-batch's activations would not fit in the free memory, on the CPU where they "
+        f"would outweigh the model's weights or for micro-batches of {CHECKPOINT_TOKENS} "
+        "tokens or half the budget, if less, or more)",
     )  # fmt: skip
     # The update's arithmetic (PRECISIONS); --dtype is what sampling and the reference run in.
     precision: str = option(

@@ -346,3 +346,22 @@ def test_a_sharded_run_needs_its_slice_of_the_trained_weights(tiny_dir, monkeypa
     with pytest.raises(ValueError, match="--minibatch-size 1"):  # two on one CPU: half the RAM
         budget.check_run(config, torch.device("cpu"), batch, train=True, shards=(2, 2))
     budget.check_run(config, torch.device("cpu"), batch, train=True, shards=(2, 1))
+
+
+def test_on_the_cpu_activations_beyond_the_weights_are_checkpointed(tmp_path):
+    # Issue 75, item 8: a micro-batch far under the token threshold whose activations would
+    # outweigh the model's weights is checkpointed (the default model: from about 300 tokens,
+    # where 2048 let a GuessTheNumber iteration peak at 5.25 GB; bench_iteration_memory.py).
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from llm_gym.train.optim import adamw
+    from llm_gym.train.update import GRPOUpdate
+
+    sizes = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=8)
+    shape = LlamaConfig(vocab_size=256, num_attention_heads=4, num_key_value_heads=4, **sizes)
+    model = LlamaForCausalLM(shape)  # 1.4 MB of weights, 45 KB of activations a token
+    update = GRPOUpdate(
+        model, adamw(list(model.parameters()), 1e-3), GRPOConfig(out=str(tmp_path)), 0
+    )
+    assert update.plan(*batch([40, 40], vocab=256)).checkpointed == [True]  # 80 tokens
+    assert update.plan(*batch([4], vocab=256)).checkpointed == [False]  # lighter than the weights
