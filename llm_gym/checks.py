@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
+    "CPU_BF16_VARIABLE",
     "ArgumentTypeError",
     "check_bool",
     "check_choice",
@@ -38,7 +39,12 @@ __all__ = [
     "check_reward",
     "check_str",
     "check_tensor",
+    "forced_cpu_bf16",
 ]
+
+# The environment variable that says whether the CPU multiplies in bfloat16 fast (``--dtype
+# auto``'s choice there), read by llm_gym.lm.precision; checked by the CLI before torch loads.
+CPU_BF16_VARIABLE = "LLM_GYM_CPU_BF16"
 
 T = TypeVar("T")
 
@@ -176,3 +182,23 @@ def check_tensor(
     if value.shape != shape:
         raise ValueError(f"{name} must have shape {shape}{context}, got {tuple(value.shape)}")
     return value
+
+
+def forced_cpu_bf16() -> bool | None:
+    """``LLM_GYM_CPU_BF16``: True where ``1``, False where ``0``, None unset (the CPU's own
+    features decide); ``ValueError`` naming it for anything else.
+
+    >>> import os; os.environ[CPU_BF16_VARIABLE] = "yes"
+    >>> forced_cpu_bf16()
+    Traceback (most recent call last):
+    ...
+    ValueError: LLM_GYM_CPU_BF16 must be '0', '1' or unset, got 'yes'
+    >>> del os.environ[CPU_BF16_VARIABLE]; forced_cpu_bf16() is None
+    True
+    """
+    import os
+
+    forced = os.environ.get(CPU_BF16_VARIABLE, "").strip()
+    if forced and forced not in ("0", "1"):
+        raise ValueError(f"{CPU_BF16_VARIABLE} must be '0', '1' or unset, got {forced!r}")
+    return None if not forced else forced == "1"

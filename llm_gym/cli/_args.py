@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 import gymnasium as gym
 from gymnasium.envs.registration import load_env_creator
 
+from llm_gym.checks import forced_cpu_bf16
 from llm_gym.options import add_options, flags, number, option_specs, read_recipe
 from llm_gym.run.config import RunConfig
 from llm_gym.train.config import RESUMABLE, GRPOConfig
@@ -102,9 +103,20 @@ def check_task_env(env_id: str, command: str) -> None:
 def check_env_args(config: RunConfig) -> None:
     """The run's env made once with its ``--env-arg`` values and tools, in history mode (no
     tokenizer, no model): a value the env refuses is its one line in a second or two, not
-    after the model has loaded. Without ``--env-arg``, nothing (the env's defaults)."""
-    if config.env_args:
-        gym.make(config.env, **config.env_args, **config.tool_options()).close()
+    after the model has loaded; and what a training run asks of its turns (``--gamma``,
+    ``--branches``, vine) against how many it plays. Without either, nothing."""
+    turns = isinstance(config, GRPOConfig) and (
+        config.gamma < 1 or config.branches or config.advantage == "vine"
+    )
+    if not config.env_args and not turns:
+        return
+    env = gym.make(config.env, **config.env_args, **config.tool_options())
+    try:
+        if turns:
+            base = env.unwrapped
+            config.check_turns(base.max_turns != 1 or getattr(base, "toolbox", None) is not None)
+    finally:
+        env.close()
 
 
 def add_config_options(parser: argparse.ArgumentParser, config: type) -> None:
@@ -192,6 +204,7 @@ def dataset_env_ids() -> list[str]:
 def check_flags(args: argparse.Namespace, given: set[str]) -> None:
     """A ``ValueError`` naming the flag for a combination the run would fail on or ignore;
     ``given``: the options the command line gives (``given_options``)."""
+    forced_cpu_bf16()  # the environment's say on --dtype auto, checked before torch loads
     for dest, flag in DATASET_FLAGS.items():
         if dest in given and not _takes(args.env, dest):
             raise ValueError(

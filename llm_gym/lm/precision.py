@@ -19,24 +19,22 @@ False
 from __future__ import annotations
 
 import contextlib
-import os
 
 import torch
+
+from llm_gym.checks import CPU_BF16_VARIABLE, forced_cpu_bf16
 
 __all__ = ["CPU_BF16_VARIABLE", "autocast", "cpu_has_bf16", "fast_dtype", "runs_fast"]
 
 _LOW = (torch.bfloat16, torch.float16)
-CPU_BF16_VARIABLE = "LLM_GYM_CPU_BF16"
 
 
 def cpu_has_bf16() -> bool:
     """Whether the CPU is taken to multiply in bfloat16 fast: ``LLM_GYM_CPU_BF16`` (``1`` or
     ``0``) where it is set, else whether it has AVX-512 BF16 or AMX."""
-    forced = os.environ.get(CPU_BF16_VARIABLE, "").strip()
-    if forced in ("0", "1"):
-        return forced == "1"
-    if forced:
-        raise ValueError(f"{CPU_BF16_VARIABLE} must be '0', '1' or unset, got {forced!r}")
+    forced = forced_cpu_bf16()
+    if forced is not None:
+        return forced
     return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
 
 

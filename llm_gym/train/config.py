@@ -456,6 +456,23 @@ class GRPOConfig(RunConfig):
                 "or 'transformers'"
             )
 
+    def check_turns(self, multi_turn: bool) -> None:
+        """Refuse what does nothing on a task of one turn an episode (``multi_turn`` False):
+        a discount of later turns, branches and VinePPO's values, which fork at turns."""
+        if multi_turn:
+            return
+        if self.gamma < 1:
+            raise ValueError(
+                f"gamma (--gamma {self.gamma}) discounts later turns' rewards, and {self.env} "
+                "plays one turn an episode: leave it at 1"
+            )
+        if self.branches or self.advantage == "vine":
+            raise ValueError(
+                f"{self.env} plays one turn an episode: --branches and --advantage vine fork "
+                "episodes where a turn was made, which needs a multi-turn task (tools, a game, "
+                "max_turns > 1)"
+            )
+
     @property
     def group_episodes(self) -> int:
         """The episodes a group trains on: its ``group_size`` chains and its ``branches``."""

@@ -352,19 +352,9 @@ def build_feed(
             driver, size, config.max_staleness, first, update_epochs=config.update_epochs
         )
         return FeedSetup(envs, Feed(batches, processes, pipeline=batches, **parts), turns)
-    if not turns and config.gamma < 1:
-        raise ValueError(
-            f"gamma (--gamma {config.gamma}) discounts later turns' rewards, and {config.env} "
-            "plays one turn an episode: leave it at 1"
-        )
-    forks = config.branches or config.advantage == "vine"
-    if forks and not turns:
-        raise ValueError(
-            f"{config.env} plays one turn an episode: --branches and --advantage vine fork "
-            "episodes where a turn was made, which needs a multi-turn task (tools, a game, "
-            "max_turns > 1)"
-        )
-    if forks:  # the group's chains, then its branches and the values of their states
+    config.check_turns(turns)
+    # The group's chains, then its branches and the values of their states.
+    if config.branches or config.advantage == "vine":
         source = TreeEpisodes(
             envs, sample, group_size=config.group_size, branches=config.branches,
             vine_rollouts=config.vine_rollouts if config.advantage == "vine" else 0,

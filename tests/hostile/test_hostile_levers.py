@@ -199,3 +199,15 @@ def test_bad_env_arguments_are_told_before_the_model_loads(tmp_path, arg, told):
                      "--env-arg", arg)  # fmt: skip
     assert code == 2 and line == f"llm-gym: error: {told}"
     assert not (tmp_path / "r").exists()
+
+
+def test_a_bad_cpu_bf16_variable_is_one_line_before_anything_loads(tmp_path):
+    import os
+
+    env = {**os.environ, "LLM_GYM_CPU_BF16": "garbage"}
+    done = subprocess.run([sys.executable, "-m", "llm_gym", "train", "--out", str(tmp_path)],
+                          env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 2 and done.stderr.strip() == (
+        "llm-gym: error: LLM_GYM_CPU_BF16 must be '0', '1' or unset, got 'garbage'"
+    )
+    assert not (tmp_path / "run_config.json").exists()
