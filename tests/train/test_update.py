@@ -53,8 +53,12 @@ def test_the_plan_splits_by_the_token_budget_and_counts_the_policy_tokens():
     assert plan.checkpointed == [size >= 12 for size in sizes] and plan.lean == any(
         plan.checkpointed
     )
-    small = updater().plan(tokens, masks)  # 4096 tokens a micro-batch: small ones
+    # 4096 tokens a micro-batch: one of 14 tokens is small, and its activations (5.6 KB a
+    # token for this toy model) lighter than the weights (147 KB); all 52 are heavier.
+    small = updater().plan(tokens[:1], masks[:1])
     assert small.checkpointed == [False] and small.lean is False
+    heavy = updater().plan(tokens, masks)
+    assert heavy.checkpointed == [True] and heavy.lean is True
     forced = updater(gradient_checkpointing=True).plan(tokens, masks)
     assert forced.checkpointed == [True] * len(forced.batches)
 
