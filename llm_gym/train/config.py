@@ -71,13 +71,6 @@ PRECISIONS = ("auto", "fp32", "bf16-mixed", "bf16")
 CHECKPOINT_TOKENS = 2048
 
 
-# What an env object (not an id) cannot be asked for: each makes envs of its own from
-# config.env (the asynchronous driver's, an agent's, Ray's workers, the held-out evaluation)
-# or wraps the ones it makes (curriculum, rubric).
-_ENV_OBJECT_CONFLICTS = (
-    ("asynchronous", "--async"), ("agent", "--agent"), ("ray_address", "--ray"),
-    ("curriculum", "--curriculum"), ("eval_episodes", "--eval-episodes"),
-)  # fmt: skip
 # What a run across processes does not do: each needs every process to step alike (an
 # episode's turns, an agent's calls, an asynchronous batch) or to share one state (a
 # curriculum's level, an adaptive KL coefficient).
@@ -86,9 +79,6 @@ _SHARDED_CONFLICTS = (
     ("curriculum", "--curriculum"), ("kl_target", "--kl-target"),
     ("dynamic_sampling", "--dynamic-sampling"),
 )  # fmt: skip
-# What a trainer's env must observe: the prompt's tokens, the history for the episode's
-# record and which tokens the policy wrote.
-_TRAINER_KEYS = ("tokens", "history", "policy_mask")
 
 
 def overlong(text: str) -> int | None:

@@ -9,6 +9,7 @@ import sys
 
 import gymnasium as gym
 import pytest
+from train_fixture import keep_torch_threads  # noqa: F401  (fixtures)
 
 import llm_gym  # noqa: F401  (registers the ids)
 from llm_gym.cli import main

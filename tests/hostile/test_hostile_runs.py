@@ -18,7 +18,7 @@ import time
 
 import gymnasium as gym
 import pytest
-import torch
+from train_fixture import keep_torch_threads  # noqa: F401  (fixtures)
 
 from llm_gym.cli import main
 from llm_gym.run.budget import available_memory
@@ -28,14 +28,6 @@ from llm_gym.train.checkpoints import checkpoint_folders, latest_checkpoint, loa
 from llm_gym.train.run_folder import resume_hint
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
-
-
-@pytest.fixture(autouse=True)
-def _keep_torch_threads():
-    # main(["--threads", "1", ...]) in this process must not slow the rest of the suite.
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
 
 
 def rollout_args(model, out, *extra):
