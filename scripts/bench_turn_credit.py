@@ -106,6 +106,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add("--out", default=None, help="the runs' folder (default: runs/turn-credit/TASK)")
     add("--plot", default=None, help="a PNG of the sampled success rate per iteration")
     add("--report-only", action="store_true", help="read the runs there are, start none")
+    add(
+        "--match-tokens",
+        action="store_true",
+        help="each credit but episode samples as many tokens as the same seed's episode run "
+        "(--max-sampled-tokens; at most 3x the iterations), into <credit>-matched-seed<N>",
+    )
     args = parser.parse_args(argv)
     unknown = [c for c in args.credits if c not in TASKS[args.task]["credits"]]
     if unknown:
@@ -118,13 +124,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def command(args: argparse.Namespace, credit: str, seed: int, out: Path) -> list[str]:
+def command(
+    args: argparse.Namespace, credit: str, seed: int, out: Path, budget: int | None = None
+) -> list[str]:
     task = TASKS[args.task]
+    # At a budget of sampled tokens the run stops there; the iterations are only a cap.
+    iterations = args.iterations if budget is None else 3 * args.iterations
+    limit = [] if budget is None else ["--max-sampled-tokens", str(budget)]
     return [
-        sys.executable, "-m", "llm_gym", "train", *task["flags"],
-        "--iterations", str(args.iterations), "--groups", "2", "--group-size", "8",
+        sys.executable, "-m", "llm_gym", "train", *task["flags"], *limit,
+        "--iterations", str(iterations), "--groups", "2", "--group-size", "8",
         "--eval-episodes", str(args.eval_episodes),
-        "--seed", str(seed), "--save-every", str(args.iterations), "--no-progress",
+        "--seed", str(seed), "--save-every", str(iterations), "--no-progress",
         "--out", str(out), "--overwrite", *task["credits"][credit],
         *(["--threads", str(args.threads)] if args.threads else []),
     ]  # fmt: skip
@@ -141,11 +152,19 @@ def finished(out: Path) -> dict[str, Any] | None:
 def run(args: argparse.Namespace, credit: str, seed: int) -> dict[str, Any] | None:
     """The run's summary, with its metrics rows and peak memory (GiB); trained first unless
     it is there already (or ``--report-only``)."""
-    out = Path(args.out) / f"{credit}-seed{seed}"
+    budget = None
+    if args.match_tokens and credit != "episode":
+        episode = finished(Path(args.out) / f"episode-seed{seed}")
+        if episode is None:  # the budget is the episode run's: it runs first
+            return None
+        rows = (Path(args.out) / f"episode-seed{seed}" / "metrics.jsonl").read_text()
+        budget = sum(json.loads(line)["sampled_tokens"] for line in rows.splitlines())
+    out = Path(args.out) / (f"{credit}-seed{seed}" if budget is None else
+                            f"{credit}-matched-seed{seed}")  # fmt: skip
     summary = finished(out)
     if summary is None and not args.report_only:
         out.parent.mkdir(parents=True, exist_ok=True)
-        timed = ["/usr/bin/time", "-v", *command(args, credit, seed, out)]
+        timed = ["/usr/bin/time", "-v", *command(args, credit, seed, out, budget)]
         done = subprocess.run(timed, capture_output=True, text=True)
         if done.returncode != 0:
             raise SystemExit(f"{credit} seed {seed} failed:\n{done.stderr[-3000:]}")
@@ -180,8 +199,9 @@ def table(results: dict[str, dict[int, dict[str, Any]]]) -> str:
         "| first iteration sampling half successes, by seed "
         "| sampled success over the iterations, mean (SE) "
         "| share of tool calls failing after iteration 0, mean (SE) | minutes (mean) "
-        "| sampled tokens (thousands, mean) | peak memory (GiB, max) | dtype |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| sampled tokens (thousands, mean) | iterations, by seed | peak memory (GiB, max) "
+        "| dtype |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for credit, runs in results.items():
         if not runs:
@@ -207,7 +227,8 @@ def table(results: dict[str, dict[int, dict[str, Any]]]) -> str:
             f"| {credit} | {', '.join(map(str, seeds))} | {' '.join(f'{a:.3f}' for a in after)} "
             f"| {min(after):.3f} | {mean:.3f} ({se:.3f}) | {sum(before) / len(before):.3f} "
             f"| {' '.join(map(str, half))} | {sampled[0]:.3f} ({sampled[1]:.3f}) | {failed} "
-            f"| {minutes:.1f} | {sum(tokens) / len(tokens) / 1000:.1f} | {peak:.1f} "
+            f"| {minutes:.1f} | {sum(tokens) / len(tokens) / 1000:.1f} "
+            f"| {' '.join(str(len(runs[s]['rows'])) for s in seeds)} | {peak:.1f} "
             f"| {', '.join(dtypes)} |"
         )
     return "\n".join(lines)

@@ -122,6 +122,12 @@ class GRPOConfig(RunConfig):
         20, low=1, resumable=True,
         help="GRPO iterations: sample the groups, then update",
     )  # fmt: skip
+    max_sampled_tokens: int | None = option(
+        None, low=1, resumable=True, metavar="TOKENS",
+        help="stop after the iteration that brings the run's sampled tokens (every process's, "
+        "branches' and VinePPO's continuations' included) to TOKENS: credits compare at a "
+        "budget; --iterations stays the most (default: no budget)",
+    )  # fmt: skip
     groups: int = option(2, low=1, help="questions per iteration")
     # One response has no group to compare with.
     group_size: int = option(8, low=2, help="responses per question")

@@ -52,6 +52,7 @@ from llm_gym.train.run_folder import (
     SUMMARY_FILE,
     TRAINING_PLOT_FILE,
     EpisodeLog,
+    budget_spent,
     check_iterations_left,
     claim_out,
     earlier_rows,
@@ -267,11 +268,13 @@ class GRPOTrainer:
                     trackers.log(row, iteration)
                     bar.update(1)
                     bar.set_postfix(reward=f"{row['reward']:.3f}", success=f"{row['success']:.2f}")
-                    done = iteration + 1
-                    if done % config.save_every == 0 or done == config.iterations:
+                    done, spent = iteration + 1, budget_spent(rows, config.max_sampled_tokens)
+                    if done % config.save_every == 0 or done == config.iterations or spent:
                         self.save(done)
                         trackers.commit(done)  # the rows it holds, once each, whatever follows
                     self.feed.release(iteration)  # after the save: its RNG state is this one's
+                    if spent:
+                        break
         except BaseException as error:
             stop = self._stop(error, trackers, rows, started)
             if stop is None or stop is error:
@@ -374,6 +377,8 @@ class GRPOTrainer:
     ) -> dict[str, Any]:
         # The iteration's metrics row (reading the feed's state, changing none).
         config, report = self.config, self.feed.report()
+        # Every process's, so that a budget stops them all at one iteration.
+        report["sampled_tokens"] = sum(gather_objects([report["sampled_tokens"]]))
         level, kl_coef = report.pop("level"), report.pop("kl_coef")  # the rest: as they are
         kl_coef = config.kl_coef if kl_coef is None else kl_coef
         row = iteration_metrics(

@@ -30,6 +30,7 @@ __all__ = [
     "TRAINING_PLOT_FILE",
     "SERVED_FOLDER",
     "SUMMARY_FILE",
+    "budget_spent",
     "check_resumable",
     "check_iterations_left",
     "claim_out",
@@ -286,6 +287,23 @@ def earlier_rows(out: Path, start: int) -> list[dict[str, Any]]:
     return rows
 
 
+def budget_spent(rows: list[dict[str, Any]], budget: int | None) -> bool:
+    """Whether the metrics ``rows`` sampled ``budget`` tokens or more (``--max-sampled-tokens``;
+    None: no budget). A row of a run from before rows counted them counts none.
+
+    >>> budget_spent([{"sampled_tokens": 300}, {"sampled_tokens": 250}], 500)
+    True
+    >>> budget_spent([{"sampled_tokens": 300}, {}], 500), budget_spent([{}], None)
+    (False, False)
+    """
+    return budget is not None and sampled_tokens(rows) >= budget
+
+
+def sampled_tokens(rows: list[dict[str, Any]]) -> int:
+    """The tokens the metrics ``rows`` sampled, all together."""
+    return sum(row.get("sampled_tokens", 0) for row in rows)
+
+
 def training_summary(
     config: GRPOConfig,
     rows: list[dict[str, Any]],
@@ -307,16 +325,17 @@ def training_summary(
 ) -> dict[str, Any]:
     """A training run's ``summary.json``: what ran (``describe_run``'s fields; ``model``: a
     model object's name in place of ``config.model``'s), the greedy evaluations ``before``
-    and ``after``, the ``rows``' count and the ``seconds`` this run took, what "auto" came to
-    on this machine (``device``, the update's ``precision``, the compute ``dtype``,
-    ``packing``), how many processes ran it (FSDP2's slices past one), the env workers Ray
-    replaced, the last iteration's rubric parts and what the ``judges`` cost."""
+    and ``after``, the ``rows``' count and tokens sampled, the ``seconds`` this run took,
+    what "auto" came to on this machine (``device``, the update's ``precision``, the compute
+    ``dtype``, ``packing``), how many processes ran it (FSDP2's slices past one), the env
+    workers Ray replaced, the last iteration's rubric parts and what the ``judges`` cost."""
     levels = {row["level"] for row in rows if row.get("level") is not None}
     run = describe_run(config, answer_format, tasks, levels, config.backend)
     if model is not None:
         run["model"] = model
     summary = {"interrupted": interrupted, **run, "before": before, "after": after}
-    summary.update(iterations=len(rows), minutes_this_run=seconds / 60)
+    summary.update(iterations=len(rows), sampled_tokens=sampled_tokens(rows))
+    summary.update(minutes_this_run=seconds / 60)
     summary.update(device=str(device), worker_restarts=restarts)
     summary.update(precision=precision, dtype=dtype, packing=packing)
     summary.update(config=dataclasses.asdict(config))

@@ -244,6 +244,16 @@ def test_the_cli_trains_logs_its_episodes_and_resumes_exactly(tiny_dir, tmp_path
     for a, b in zip(rows[parts], rows[whole], strict=True):
         assert a["sampled_tokens"] == b["sampled_tokens"] > 0
         assert a["loss"] == pytest.approx(b["loss"], abs=1e-6)
+    if credit != "tree-grpo":
+        return
+    # A budget of sampled tokens stops the run after the iteration that reaches it.
+    budget, cut = rows[whole][0]["sampled_tokens"] + 1, tmp_path / "cut"
+    flags = ["--max-sampled-tokens", str(budget), "--iterations", "3"]
+    assert main(["train", "--out", str(cut), *game, *flags]) == 0
+    summary = json.loads((cut / "summary.json").read_text())
+    assert summary["iterations"] == 2 and not summary["interrupted"]
+    assert summary["sampled_tokens"] == sum(r["sampled_tokens"] for r in rows[whole][:2])
+    assert (cut / "checkpoint-2").is_dir()
 
 
 @pytest.mark.parametrize(
