@@ -108,6 +108,11 @@ _register(
     vector_entry_point="llm_gym.envs.textarena:make_textarena_vector_env",
 )
 _register(
+    "LLMChat-Terminal-v0",
+    entry_point="llm_gym.envs.terminal:TerminalEnv",
+    vector_entry_point="llm_gym.envs.terminal:make_terminal_vector_env",
+)
+_register(
     "LLMChat-OpenEnv-v0",
     entry_point="llm_gym.envs.openenv_client:OpenEnvChatEnv",
     vector_entry_point="llm_gym.envs.openenv_client:make_openenv_vector_env",

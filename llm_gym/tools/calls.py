@@ -2,7 +2,8 @@
 
 The formats: ``"hermes"`` (default; Qwen2.5, SmolLM3, TRL), a JSON object ``{"name": ...,
 "arguments": {...}}`` in ``<tool_call>...</tool_call>``; ``"markdown"`` (TorchRL), each
-```` ```python ```` block a call of the ``python`` tool. A call that cannot be read (bad
+```` ```python ```` block a call of the ``python`` tool (and, for an env with the ``bash``
+tool, each ```` ```bash ```` or ```` ```sh ```` block a call of it). A call that cannot be read (bad
 JSON, no name, arguments not an object, a tag left open, JSON nested deeper than
 ``MAX_JSON_DEPTH`` or a number too long for Python to read) is still a call whose ``error``
 the env sends back as the tool message: reading a call never raises, whatever the text.
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,7 +38,11 @@ TOOL_FORMATS = ("hermes", "markdown")
 MAX_JSON_DEPTH = 32
 
 _HERMES = re.compile(r"<tool_call>(.*?)(</tool_call>|\Z)", re.DOTALL)
-_MARKDOWN = re.compile(r"```(?:python|py)[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
+_MARKDOWN = re.compile(r"```(python|py|bash|sh|shell)[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
+# A markdown block's language -> the tool that runs it and the argument its text is.
+_BLOCK_TOOLS = {"python": ("python", "code"), "py": ("python", "code"),
+                "bash": ("bash", "command"), "sh": ("bash", "command"),
+                "shell": ("bash", "command")}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -49,8 +54,11 @@ class ToolCall:
     error: str | None = None
 
 
-def parse_tool_calls(text: str, tool_format: str = "hermes") -> list[ToolCall]:
-    """The tool calls in ``text``, in order (none: the text is a final answer).
+def parse_tool_calls(
+    text: str, tool_format: str = "hermes", tools: Collection[str] = ("python",)
+) -> list[ToolCall]:
+    """The tool calls in ``text``, in order (none: the text is a final answer); in the
+    markdown format the blocks of the ``tools`` there are (``python``, ``bash``).
 
     >>> parse_tool_calls('<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>')
     [ToolCall(name='add', arguments={'a': 1}, error=None)]
@@ -58,21 +66,28 @@ def parse_tool_calls(text: str, tool_format: str = "hermes") -> list[ToolCall]:
     'the call is not valid JS'
     >>> parse_tool_calls("```python\\nprint(1)\\n```", "markdown")
     [ToolCall(name='python', arguments={'code': 'print(1)\\n'}, error=None)]
+    >>> parse_tool_calls("```bash\\nls\\n```", "markdown", tools=["bash"])
+    [ToolCall(name='bash', arguments={'command': 'ls\\n'}, error=None)]
     """
     if check_choice("tool_format", tool_format, TOOL_FORMATS) == "markdown":
-        return [ToolCall("python", {"code": code}) for code in _MARKDOWN.findall(text)]
+        calls = [(_BLOCK_TOOLS[language], body) for language, body in _MARKDOWN.findall(text)]
+        return [ToolCall(name, {key: body}) for (name, key), body in calls if name in tools]
     return [_hermes_call(body, closing) for body, closing in _HERMES.findall(text)]
 
 
-def strip_tool_calls(text: str, tool_format: str = "hermes") -> str:
+def strip_tool_calls(
+    text: str, tool_format: str = "hermes", tools: Collection[str] = ("python",)
+) -> str:
     """``text`` less its complete tool-call blocks (what is left is the message's content; a
-    hermes tag left open stays, as text).
+    hermes tag left open stays, as text; markdown blocks of tools not in ``tools`` too).
 
     >>> strip_tool_calls('Adding. <tool_call>{"name": "add"}</tool_call>')
     'Adding. '
     """
     if check_choice("tool_format", tool_format, TOOL_FORMATS) == "markdown":
-        return _MARKDOWN.sub("", text)
+        return _MARKDOWN.sub(
+            lambda m: "" if _BLOCK_TOOLS[m.group(1)][0] in tools else m.group(0), text
+        )
     return _HERMES.sub(lambda m: "" if m.group(2) else m.group(0), text)
 
 
@@ -138,11 +153,21 @@ def tools_system_prompt(schemas: Sequence[dict[str, Any]], tool_format: str = "h
     """The system-prompt block that lists the tools and how to call them, for chat templates
     that take no ``tools=`` (the hermes block is Qwen2.5's own wording)."""
     if tool_format == "markdown":
-        return (
-            "# Tools\n\nTo run Python code, write it in a ```python code block. The code runs "
-            "in a sandbox and what it prints comes back in a tool message. When you have the "
-            "result, give your final answer without a code block."
-        )
+        names = {schema.get("function", {}).get("name") for schema in schemas}
+        lines = []
+        if "python" in names or not names:
+            lines.append(
+                "To run Python code, write it in a ```python code block. The code runs "
+                "in a sandbox and what it prints comes back in a tool message."
+            )
+        if "bash" in names:
+            lines.append(
+                "To run a shell command, write it in a ```bash code block. It runs "
+                "in the task's workspace and its output comes back in a tool "
+                "message; the files you write stay for your next commands."
+            )
+        end = "When you have the result, give your final answer without a code block."
+        return "# Tools\n\n" + " ".join([*lines, end])
     listing = "\n".join(json.dumps(schema, ensure_ascii=False) for schema in schemas)
     return (
         "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"

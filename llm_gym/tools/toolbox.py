@@ -65,10 +65,10 @@ class Toolbox:
                 if tool.name in self.tools:
                     raise ValueError(f"tools[{i}]: a second tool named {tool.name!r}")
                 self.tools[tool.name] = tool
-        if tool_format == "markdown" and "python" not in self.tools:
+        if tool_format == "markdown" and not {"python", "bash"} & set(self.tools):
             raise ValueError(
-                "tool_format='markdown' runs ```python blocks with the 'python' tool: add "
-                f"'python' to tools, got {sorted(self.tools)}"
+                "tool_format='markdown' runs ```python blocks with the 'python' tool (and "
+                f"```bash blocks with 'bash'): add 'python' to tools, got {sorted(self.tools)}"
             )
 
     def _resolve(self, i: int, spec: Any) -> list[Tool]:
@@ -104,7 +104,7 @@ class Toolbox:
 
     def parse(self, text: str) -> list[ToolCall]:
         """The calls in a response (empty: it is a final answer)."""
-        return parse_tool_calls(text, self.tool_format)
+        return parse_tool_calls(text, self.tool_format, self.tools)
 
     def run(self, call: ToolCall) -> ToolRecord:
         """Run one call. Never raises: whatever goes wrong is the record's output, for the
