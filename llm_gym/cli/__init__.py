@@ -26,6 +26,7 @@ from llm_gym.cli._args import (
     resume_from_flags,
     usage_error,
 )
+from llm_gym.cli._check_tasks import add_check_tasks, check_tasks
 from llm_gym.cli._check_template import add_check_template, check_template
 from llm_gym.cli._envs import envs_table
 from llm_gym.cli._launch import LAUNCHED, launch, processes
@@ -58,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="A table of the registered ids; makes no env and loads no data.",
     )
     add_check_template(commands)
+    add_check_tasks(commands)
     return parser
 
 
@@ -182,6 +184,8 @@ def _main(argv: Sequence[str] | None) -> int:
         return 0
     if args.command == "check-template":
         return check_template(args)
+    if args.command == "check-tasks":
+        return check_tasks(args)
     if args.command == "serve":
         return serve(args)
     if args.command == "gateway":

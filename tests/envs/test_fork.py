@@ -52,6 +52,11 @@ CASES = {
         lambda: gym.make("LLMChat-v0", query="6*7?", tools=["python"], max_tool_calls=3),
         [CALL], CALL, "42",
     ),
+    "terminal": (
+        lambda: gym.make("LLMChat-Terminal-v0", level=0),
+        ["```bash\necho one > a.txt\n```"], "```bash\nls; cat a.txt\n```",
+        "```bash\necho two > b.txt\n```",
+    ),
 }  # fmt: skip
 
 

@@ -1,0 +1,2 @@
+#!/bin/bash
+cat data/*.txt | wc -w > total.txt
