@@ -24,6 +24,7 @@ SPACES = {
     "llm_gym.envs.dataset:make_task_env": _CHAT,
     "llm_gym.envs.tokens:make_token_env": ("input_ids,attention_mask", "Discrete(vocab)"),
     "llm_gym.envs.textarena:TextArenaEnv": _CHAT,
+    "llm_gym.envs.terminal:TerminalEnv": _CHAT,
     "llm_gym.envs.openenv_client:OpenEnvChatEnv": _CHAT,
     "llm_gym.envs.verifiers:VerifiersChatEnv": _CHAT,
 }
@@ -42,6 +43,8 @@ NOTES = (
 def _data(function: object, entry: str) -> str:
     if entry.endswith(":TextArenaEnv"):
         return "a TextArena game (game=, listed below)"
+    if entry.endswith(":TerminalEnv"):
+        return "generated, or Harbor task folders (tasks=)"
     if entry.endswith(":OpenEnvChatEnv"):
         return "an OpenEnv server (base_url=)"
     if entry.endswith(":VerifiersChatEnv"):

@@ -6,6 +6,7 @@ from llm_gym.envs.dataset import DatasetChatEnv, make_task_env
 from llm_gym.envs.forking import ForkError, fork, fork_sub_env
 from llm_gym.envs.openenv_client import OpenEnvChatEnv, make_openenv_vector_env
 from llm_gym.envs.session import EnvResponse, SessionChatEnv, seed_stream
+from llm_gym.envs.terminal import TerminalEnv, make_terminal_vector_env
 from llm_gym.envs.textarena import TextArenaEnv, make_textarena_vector_env
 from llm_gym.envs.tokens import TokenEnv
 from llm_gym.envs.vector import (
@@ -30,6 +31,7 @@ __all__ = [
     "SessionChatEnv",
     "TaskReward",
     "TaskScore",
+    "TerminalEnv",
     "TextArenaEnv",
     "TokenEnv",
     "VectorHooks",
@@ -40,6 +42,7 @@ __all__ = [
     "make_openenv_vector_env",
     "make_task_env",
     "make_task_vector_env",
+    "make_terminal_vector_env",
     "make_textarena_vector_env",
     "seed_stream",
     "sharded_env_fns",

@@ -32,7 +32,7 @@ TERMINAL_ID = "LLMChat-Terminal-v0"
 # SmolLM2-135M-Instruct answers a request in the user's own message, not a system prompt's
 # tool block (the Products task's finding): the instruction ends with how to run commands.
 TERMINAL_REQUEST = (
-    "Run shell commands in the folder {workdir} by writing them in a ```bash code block. When "
+    "You are in the folder {workdir}. Write the shell command in a ```bash code block. When "
     "the task is done, reply without a code block."
 )
 _VERIFIER = {"/tests": 16, "/logs/verifier": 1, "/solution": 16}  # folders and MiB
@@ -93,7 +93,7 @@ class TerminalEnv(DatasetChatEnv):
     - ``tasks``: a Harbor task folder, a folder of them, or ``TerminalTask``s; None (default)
       for the seeded family at ``level``. Every task is checked when the env is made: a
       Dockerfile that needs an image built is refused by name and line.
-    - ``level``: the family's level, 0 to 2 (``TERMINAL_LEVELS``; the curriculum moves it).
+    - ``level``: the family's level, 0 to 4 (``TERMINAL_LEVELS``; the curriculum moves it).
     - ``command_timeout``: seconds a call may run (default 10); ``max_workspace_mb``: the
       workspace's size (default 32; ``/tmp`` has 16).
     - ``ask_for_commands``: end the instruction with ``TERMINAL_REQUEST`` (default True).
@@ -111,7 +111,7 @@ class TerminalEnv(DatasetChatEnv):
     >>> import gymnasium as gym, llm_gym
     >>> env = gym.make("LLMChat-Terminal-v0", level=0)
     >>> obs, info = env.reset(seed=0)
-    >>> info["task"], env.unwrapped.instruction
+    >>> info["task"], env.unwrapped.instruction[:54]
     ('terminal-L0-s0-i0-count', 'Write the number of lines in words.txt into count.txt.')
     >>> obs, reward, terminated, truncated, info = env.step("```bash\\nls\\n```")
     >>> obs["history"][-1]["content"]

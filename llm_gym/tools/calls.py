@@ -3,7 +3,8 @@
 The formats: ``"hermes"`` (default; Qwen2.5, SmolLM3, TRL), a JSON object ``{"name": ...,
 "arguments": {...}}`` in ``<tool_call>...</tool_call>``; ``"markdown"`` (TorchRL), each
 ```` ```python ```` block a call of the ``python`` tool (and, for an env with the ``bash``
-tool, each ```` ```bash ```` or ```` ```sh ```` block a call of it). A call that cannot be read (bad
+tool, each ```` ```bash ```` or ```` ```sh ```` block, or one without a language, a call of
+it). A call that cannot be read (bad
 JSON, no name, arguments not an object, a tag left open, JSON nested deeper than
 ``MAX_JSON_DEPTH`` or a number too long for Python to read) is still a call whose ``error``
 the env sends back as the tool message: reading a call never raises, whatever the text.
@@ -38,11 +39,14 @@ TOOL_FORMATS = ("hermes", "markdown")
 MAX_JSON_DEPTH = 32
 
 _HERMES = re.compile(r"<tool_call>(.*?)(</tool_call>|\Z)", re.DOTALL)
-_MARKDOWN = re.compile(r"```(python|py|bash|sh|shell)[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
+_MARKDOWN = re.compile(r"```(python|py|bash|sh|shell|)[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
 # A markdown block's language -> the tool that runs it and the argument its text is.
 _BLOCK_TOOLS = {"python": ("python", "code"), "py": ("python", "code"),
                 "bash": ("bash", "command"), "sh": ("bash", "command"),
-                "shell": ("bash", "command")}  # fmt: skip
+                "shell": ("bash", "command"),
+                # A block without a language: a command where the env has a shell (small
+                # models write ``` then #!/bin/bash), text elsewhere.
+                "": ("bash", "command")}  # fmt: skip
 
 
 @dataclass(frozen=True)

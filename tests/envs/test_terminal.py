@@ -3,6 +3,7 @@ workspace and nothing of another's, Harbor's task folders (each oracle scores 1,
 0, a hanging verifier killed), what cannot run here refused at load, hostile commands as their
 own episode's tool errors, and nothing left running or on disk after an episode."""
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -159,8 +160,8 @@ def test_what_cannot_run_here_is_refused_at_load_by_name(tmp_path, dockerfile, t
 def test_bad_arguments_are_one_line(tmp_path):
     with pytest.raises(HarborTaskError, match="holds no Harbor task"):
         TerminalEnv(str(tmp_path))
-    with pytest.raises(ValueError, match="level must be 0 to 2, got 3"):
-        TerminalEnv(level=3)
+    with pytest.raises(ValueError, match="level must be 0 to 4, got 5"):
+        TerminalEnv(level=5)
     env = TerminalEnv(str(EXAMPLES))
     with pytest.raises(ValueError, match="item's task must be one of the loaded tasks"):
         env.reset(options={"item": {"task": "nope"}})
@@ -181,6 +182,7 @@ HOSTILE = {
     "filling the workspace": "for i in 1 2 3; do head -c 15M /dev/zero > f$i; done",
     "a loop": "while true; do :; done",
     "a huge allocation": "python3 -c 'x = bytearray(4 << 30)'",
+    "signalling everything it may": "sleep 100 & kill -9 -1; wait; exit 1",
 }
 
 
@@ -194,7 +196,11 @@ def test_a_hostile_command_is_its_own_episodes_tool_error(name):
     assert not call["ok"] and reward == pytest.approx(-0.1) and not (terminated or truncated)
     # The next call works, in the same workspace.
     step = env.step(bash("rm -f f? file; echo still here > ok.txt && cat ok.txt"))
-    assert step[4]["tool_calls"][0]["ok"] and output(step) == "still here\n"
+    # The same sandbox (as root, which the calls cannot signal; in a user namespace the calls
+    # are the server's user, and one that kills it gets a fresh sandbox, which the output says).
+    text = output(step)
+    assert step[4]["tool_calls"][0]["ok"]
+    assert text == "still here\n" or (os.geteuid() != 0 and text.endswith("\nstill here\n"))
     env.step("Done.")
     assert env.shell is None and not shell.alive  # the sandbox ended with the episode
     left = subprocess.run(["pgrep", "-f", "sleep 1000"], capture_output=True, text=True)
