@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import math
 import statistics
 import sys
 import time
@@ -63,23 +64,34 @@ def kinds(tokenizer: object) -> dict[str, tuple[Callable[[], gym.Env], list[str]
             lambda: gym.make("LLMChat-v0", query="6*7?", tools=["python"], max_tool_calls=8),
             [CALL, CALL],
         ),
+        # A sandbox of its own: a new bubblewrap sandbox and the workspace's tar through it.
+        "terminal (shell, a sandbox)": (
+            lambda: gym.make("LLMChat-Terminal-v0", level=0),
+            ["```bash\nseq 1000 > numbers.txt\n```", "```bash\nwc -l numbers.txt\n```"],
+        ),
     }  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=200)
+    parser.add_argument("--kinds", nargs="+", default=None, help="only these (name prefixes)")
     args = parser.parse_args(argv)
     _, tokenizer = load_default_model()
     print("| env | fork (ms) | deepcopy (ms) | fork / deepcopy | step (ms) | fork / step |")
     print("|---|---|---|---|---|---|")
     for name, (make, moves) in kinds(tokenizer).items():
+        if args.kinds and not any(name.startswith(k) for k in args.kinds):
+            continue
         env = make()
         env.reset(seed=0)
         for move in moves[:-1]:
             env.step(move)
         fork = median_seconds(lambda env=env: llm_gym.fork(env), args.repeats)
-        naive = median_seconds(lambda env=env: copy.deepcopy(env), max(args.repeats // 20, 3))
+        try:  # a process (the terminal's sandbox) cannot be deep-copied at all
+            naive = median_seconds(lambda env=env: copy.deepcopy(env), max(args.repeats // 20, 3))
+        except TypeError:
+            naive = math.nan
 
         def step(env: gym.Env = env, move: str = moves[-1]) -> None:
             llm_gym.fork(env).step(move)
@@ -87,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         stepped = median_seconds(step, args.repeats) - fork  # a fork's step, less the fork
         print(f"| {name} | {fork * 1e3:.3f} | {naive * 1e3:.1f} | {fork / naive:.4f} "
               f"| {stepped * 1e3:.3f} | {fork / stepped:.2f} |", flush=True)  # fmt: skip
+    if args.kinds:
+        return 0
     envs = gym.make_vec("LLMChat-GSM8K-v0", num_envs=16, vectorization_mode="vector_entry_point",
                         data_dir=str(SHARED_GSM8K), split="test", max_turns=8,
                         input_mode="tokens", tokenizer=tokenizer)  # fmt: skip

@@ -239,7 +239,7 @@ class TerminalEnv(DatasetChatEnv):
         task, shell = self._task, self._shell
         if shell is None or task is None:
             return 0.0, True, {"success": False, "verifier_note": "no sandbox to verify"}
-        if not shell.alive:
+        if not shell.alive and not shell.pending:  # a call ended it: the task's files again
             shell.start(task.files)
         shell.put("/tests", task.tests)
         shell.put("/logs/verifier", {})

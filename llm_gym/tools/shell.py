@@ -272,6 +272,7 @@ class Shell:
         self._process: subprocess.Popen | None = None
         self._cgroup: str | None = None
         self._files: dict[str, bytes] = {}
+        self._pending: dict[str, str] | None = None  # a fork's workspace, until it is used
 
     # -- the sandbox's life -----------------------------------------------------------------
 
@@ -312,8 +313,9 @@ class Shell:
             raise ShellError(f"{folder} could not be written: {answer['error']}")
 
     def close(self) -> None:
-        """End the sandbox: every process in it, its workspace and ``/tmp``."""
-        process, self._process = self._process, None
+        """End the sandbox: every process in it, its workspace and ``/tmp`` (a fork not yet
+        used: its copy)."""
+        process, self._process, self._pending = self._process, None, None
         if process is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
@@ -344,7 +346,7 @@ class Shell:
         check_str("command", command)
         timeout = self.timeout if timeout is None else check_number("timeout", timeout, low=0)
         note = ""
-        if not self.alive:
+        if not self.alive and not self.pending:
             note = "[the shell's sandbox had ended: it was started again from the task's files]\n"
             self.start(self._files)
         keep = 4 * self.max_output_chars + 4  # bytes: more than max_output_chars characters
@@ -386,16 +388,20 @@ class Shell:
             raise ShellError(f"the snapshot could not be restored: {answer['error']}")
 
     def fork(self) -> Shell:
-        """A new sandbox with this one's settings, task files and a copy of its workspace and
-        ``/tmp`` (processes are not copied: none outlive a call)."""
+        """A shell with this one's settings, task files and a copy of its workspace and
+        ``/tmp`` (processes are not copied: none outlive a call). The copy is taken now; the
+        fork's sandbox starts when it is first used, so that snapshots a trainer never plays
+        on cost a tar of the workspace and no sandbox."""
         other = Shell.__new__(Shell)
         other.__dict__.update(self.__dict__)
         other._process = other._cgroup = None
-        if self.alive:
-            other.start()
-            other._files = self._files
-            other.restore(self.snapshot())
+        other._pending = self.snapshot() if self.alive else self._pending
         return other
+
+    @property
+    def pending(self) -> bool:
+        """Whether this is a fork whose sandbox has not started yet (its first use starts it)."""
+        return self._pending is not None
 
     @property
     def tool(self) -> Tool:
@@ -413,6 +419,11 @@ class Shell:
     # -- the channel ------------------------------------------------------------------------------
 
     def _request(self, request: dict[str, Any], seconds: float) -> dict[str, Any]:
+        if self._process is None and self._pending is not None:  # a fork's first use
+            snapshot, files, self._pending = self._pending, self._files, None
+            self.start()
+            self._files = files
+            self.restore(snapshot)
         process = self._process
         if process is None or process.poll() is not None:
             raise ShellError("the shell's sandbox is not running: start() it")

@@ -213,6 +213,7 @@ def test_a_fork_copies_the_workspace_and_goes_its_own_way():
     env.reset(seed=0)
     env.step(bash("echo before > before.txt"))
     other = fork(env)
+    assert other.unwrapped.shell.pending and not other.unwrapped.shell.alive  # no sandbox yet
     env.step(bash("echo after > after.txt"))
     assert output(other.step(bash("ls"))).split() == ["before.txt", "words.txt"]
     assert output(env.step(bash("ls"))).split() == ["after.txt", "before.txt", "words.txt"]
