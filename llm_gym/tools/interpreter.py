@@ -101,11 +101,7 @@ class PythonInterpreter:
         sandbox: str = "auto",
         python: str | None = None,
     ) -> None:
-        self.timeout = check_number("timeout", timeout, low=0, strict=True)
-        self.memory_mb = check_int("memory_mb", memory_mb, low=1)
-        self.max_file_mb = check_int("max_file_mb", max_file_mb, low=1)
-        self.max_processes = check_int("max_processes", max_processes, low=1)
-        self.max_output_chars = check_int("max_output_chars", max_output_chars, low=1)
+        _set_limits(self, timeout, memory_mb, max_file_mb, max_processes, max_output_chars)
         self.max_scratch_mb = check_int("max_scratch_mb", max_scratch_mb, low=1)
         self.sandbox = check_choice("sandbox", sandbox, ("auto", "bubblewrap", "rlimits"))
         if sandbox == "bubblewrap" and _bwrap()[0] is None:
@@ -235,15 +231,7 @@ class PythonInterpreter:
         return result.output
 
     def _argv(self, scratch: str, cgroup: str | None) -> list[str]:
-        mb = 1 << 20
-        limits = [
-            ("RLIMIT_AS", self.memory_mb * mb),
-            ("RLIMIT_CPU", int(self.timeout) + 1),
-            ("RLIMIT_FSIZE", self.max_file_mb * mb),
-            ("RLIMIT_CORE", 0),
-        ]
-        if cgroup is None:  # the cgroup counts this call's processes; RLIMIT_NPROC, the user's
-            limits.append(("RLIMIT_NPROC", self.max_processes))
+        limits = _rlimits(self, counted=cgroup is not None)
         bubblewrap = self.isolation == "bubblewrap"
         drop = _NOBODY if bubblewrap and _bwrap()[2] else None
         argv = [self.python, "-I", "-c", _PROLOGUE.format(limits=limits, drop=drop)]
@@ -253,6 +241,31 @@ class PythonInterpreter:
             join = f'echo $$ > {cgroup}/cgroup.procs && exec "$@"'
             argv = ["/bin/sh", "-c", join, "sh", *argv]
         return argv
+
+
+def _set_limits(
+    owner: object, timeout: float, memory_mb: int, max_file_mb: int, max_processes: int,
+    max_output_chars: int,
+) -> None:  # fmt: skip
+    """Check and set the limits a sandboxed call runs under (the interpreter's, the shell's)."""
+    owner.timeout = check_number("timeout", timeout, low=0, strict=True)
+    owner.memory_mb = check_int("memory_mb", memory_mb, low=1)
+    owner.max_file_mb = check_int("max_file_mb", max_file_mb, low=1)
+    owner.max_processes = check_int("max_processes", max_processes, low=1)
+    owner.max_output_chars = check_int("max_output_chars", max_output_chars, low=1)
+
+
+def _rlimits(owner: object, counted: bool) -> list[tuple[str, int]]:
+    """The resource limits of ``owner``'s calls, set before their code runs (``counted``: a
+    pids cgroup counts the processes; else ``RLIMIT_NPROC``, the user's)."""
+    mb = 1 << 20
+    limits = [
+        ("RLIMIT_AS", owner.memory_mb * mb),
+        ("RLIMIT_CPU", int(owner.timeout) + 1),
+        ("RLIMIT_FSIZE", owner.max_file_mb * mb),
+        ("RLIMIT_CORE", 0),
+    ]
+    return limits if counted else [*limits, ("RLIMIT_NPROC", owner.max_processes)]
 
 
 class Channel:

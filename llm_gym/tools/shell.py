@@ -31,6 +31,8 @@ from llm_gym.tools.interpreter import (
     _bwrap,
     _create_pids_cgroup,
     _remove_cgroup,
+    _rlimits,
+    _set_limits,
     _wait,
     _write_all,
 )
@@ -254,11 +256,7 @@ class Shell:
         writable: Mapping[str, int] | None = None,
     ) -> None:
         self.workdir = check_workdir(workdir)
-        self.timeout = check_number("timeout", timeout, low=0, strict=True)
-        self.memory_mb = check_int("memory_mb", memory_mb, low=1)
-        self.max_file_mb = check_int("max_file_mb", max_file_mb, low=1)
-        self.max_processes = check_int("max_processes", max_processes, low=1)
-        self.max_output_chars = check_int("max_output_chars", max_output_chars, low=1)
+        _set_limits(self, timeout, memory_mb, max_file_mb, max_processes, max_output_chars)
         self.max_workspace_mb = check_int("max_workspace_mb", max_workspace_mb, low=1)
         self.max_tmp_mb = check_int("max_tmp_mb", max_tmp_mb, low=1)
         env = dict(env or {})
@@ -452,15 +450,7 @@ class Shell:
         return json.loads(reply)
 
     def _argv(self, bwrap: str, as_root: bool) -> list[str]:
-        mb = 1 << 20
-        limits = [
-            ("RLIMIT_AS", self.memory_mb * mb),
-            ("RLIMIT_CPU", int(self.timeout) + 1),
-            ("RLIMIT_FSIZE", self.max_file_mb * mb),
-            ("RLIMIT_CORE", 0),
-        ]
-        if self._cgroup is None:  # the cgroup counts the sandbox's processes; this, the user's
-            limits.append(("RLIMIT_NPROC", self.max_processes))
+        mb, limits = 1 << 20, _rlimits(self, counted=self._cgroup is not None)
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": self.workdir, "TMPDIR": "/tmp",
                "LANG": "C.UTF-8", "TERM": "dumb", **self.env}  # fmt: skip
         drop = _NOBODY if as_root else None
