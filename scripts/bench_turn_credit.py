@@ -11,10 +11,10 @@ on those rewards, and ``rebn-progress``, ReBN on the progress rewards). ``--task
 does the same on ``LLMChat-Products-v0`` with the sandboxed python tool (markdown blocks, two
 calls at most, sampled at temperature 0.5), per turn with ``tool_error_reward=-0.1`` on each
 failed call; ``--task terminal`` on ``LLMChat-Terminal-v0`` at level 0 (the shell, sampled at
-temperature 0.5), the same way. For each seed; then it prints a table of the greedy success rate on held-out
-episodes before and after (the worst and the mean over the seeds, with its standard error), the
-peak memory of each run, and plots the sampled success rate of every iteration for each credit
-(``--plot``).
+temperature 0.5), the same way. For each seed; then it prints a table of the greedy success
+rate on held-out episodes before and after (the worst and the mean over the seeds, with its
+standard error), the peak memory of each run, and plots the sampled success rate of every
+iteration for each credit (``--plot``).
 
 Each run goes into ``--out``/``<credit>-seed<N>``; a run with a finished summary there is
 read, not run again, so the bench continues where an earlier call stopped; two benches over

@@ -99,7 +99,7 @@ def run(command, timeout, cwd, keep):
                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, start_new_session=True,
                              preexec_fn=limited)
-    except OSError as error:
+    except (OSError, ValueError) as error:  # too long for an argument, a NUL byte
         return {{"output": f"the shell could not start: {{error}}", "code": None,
                 "timed_out": False, "size": 0, "left": 0, "seconds": 0.0}}
     fd = p.stdout.fileno()
@@ -354,6 +354,8 @@ class Shell:
             answer = self._request(request, timeout + _GRACE_S)
         except ShellError as error:
             return Execution(f"{note}{error}", False, None, timeout, True, False)
+        if "error" in answer:  # the server could not run it; it goes on serving
+            return Execution(f"{note}Error: {answer['error']}", False, None, 0.0, False, False)
         text = note + answer["output"]
         truncated = len(text) > self.max_output_chars
         text = truncate_output(text, self.max_output_chars)

@@ -183,6 +183,8 @@ HOSTILE = {
     "a loop": "while true; do :; done",
     "a huge allocation": "python3 -c 'x = bytearray(4 << 30)'",
     "signalling everything it may": "sleep 100 & kill -9 -1; wait; exit 1",
+    "a NUL byte": "echo a\x00b",
+    "a command too long for an argument": "echo " + "x" * 140_000,
 }
 
 
