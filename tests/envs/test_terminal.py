@@ -3,8 +3,9 @@ workspace and nothing of another's, Harbor's task folders (each oracle scores 1,
 0, a hanging verifier killed), what cannot run here refused at load, hostile commands as their
 own episode's tool errors, and nothing left running or on disk after an episode."""
 
+import json
 import os
-import subprocess
+import time
 from pathlib import Path
 
 import gymnasium as gym
@@ -27,6 +28,45 @@ def bash(command: str) -> str:
 
 def output(step) -> str:
     return step[0]["history"][-1]["content"]
+
+
+def left_running(pids: set[int]) -> list[int]:
+    """Those of ``pids`` still running (not gone, not a zombie awaiting its reaper) after the
+    kernel has had a moment to end a killed PID namespace."""
+    for _ in range(100):
+        running = []
+        for pid in pids:
+            try:
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if state != "Z":
+                running.append(pid)
+        if not running:
+            return []
+        time.sleep(0.05)
+    return running
+
+
+def descendants(root: int = 0) -> list[int]:
+    """The processes below ``root`` (this test's process), by their parents in /proc: what a
+    sandbox leaves running, whatever other tests run beside."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except (OSError, ValueError):
+            continue
+        parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, frontier = [], [root or os.getpid()]
+    while frontier:
+        pid = frontier.pop()
+        children = [child for child, parent in parents.items() if parent == pid]
+        found += children
+        frontier += children
+    return found
 
 
 def test_a_call_sees_the_calls_before_it_and_nothing_of_another_episode():
@@ -193,6 +233,7 @@ def test_a_hostile_command_is_its_own_episodes_tool_error(name):
     env = TerminalEnv(level=0, command_timeout=2, tool_error_reward=-0.1)
     env.reset(seed=0)
     shell = env.shell
+    sandbox = descendants(shell._process.pid)  # the server, bubblewrap's init: before the call
     _, reward, terminated, truncated, info = env.step(bash(HOSTILE[name]))
     (call,) = info["tool_calls"]
     assert not call["ok"] and reward == pytest.approx(-0.1) and not (terminated or truncated)
@@ -203,10 +244,11 @@ def test_a_hostile_command_is_its_own_episodes_tool_error(name):
     text = output(step)
     assert step[4]["tool_calls"][0]["ok"]
     assert text == "still here\n" or (os.geteuid() != 0 and text.endswith("\nstill here\n"))
+    running = descendants(shell._process.pid)
     env.step("Done.")
     assert env.shell is None and not shell.alive  # the sandbox ended with the episode
-    left = subprocess.run(["pgrep", "-f", "sleep 1000"], capture_output=True, text=True)
-    assert left.stdout == ""
+    assert sandbox and running  # and everything that ran in it
+    assert not left_running({*sandbox, *running})
     env.close()
 
 
@@ -241,3 +283,21 @@ def test_markdown_bash_blocks_call_only_an_envs_bash_tool():
     assert env.step(env.oracle_action())[4]["tool_calls"][0]["ok"]
     assert env.step("Done.")[1] == 1.0
     env.close()
+
+
+def test_the_cli_trains_on_the_terminal_with_branches(tiny_dir, tmp_path):
+    # The tiny random model writes no command that works; the run's plumbing is the point:
+    # sandboxes opened and forked per turn, verified, closed, and the branches logged.
+    out = tmp_path / "run"
+    args = [
+        "train", "--model", tiny_dir, "--env", "LLMChat-Terminal-v0", "--env-arg", "level=0",
+        "--env-arg", "max_tool_calls=2", "--iterations", "1", "--groups", "1", "--group-size",
+        "2", "--branches", "2", "--advantage", "tree-grpo", "--max-new-tokens", "8",
+        "--eval-episodes", "0", "--dtype", "float32", "--threads", "1", "--no-progress",
+        "--log-episodes", "--out", str(out),
+    ]  # fmt: skip
+    assert main(args) == 0
+    records = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
+    assert len(records) == 4 and [("branch" in r) for r in records] == [False, False, True, True]
+    assert all(r["task"].startswith("terminal-L0-") and r["reward"] <= 0 for r in records)
+    assert descendants() == []  # every sandbox of the run closed
