@@ -1,8 +1,9 @@
 """The default model's success on ``LLMChat-Terminal-v0`` per level: 32 episodes a level,
-greedy and sampled (temperature 1), through ``llm-gym rollout``; a table of the success rate
+greedy and sampled (temperature 0.5, as training samples), through ``llm-gym rollout``; a table of the success rate
 (with its standard error), the calls an episode, the share of calls that failed and minutes.
 
     python scripts/bench_terminal_levels.py --levels 0 1 2 3 4 --threads 1
+    python scripts/bench_terminal_levels.py --levels 1 2 3 4 --temperatures 0
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--levels", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--episodes", type=int, default=32)
+    parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.5])
     parser.add_argument("--model", default="default")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--out", default="runs/terminal-levels")
@@ -27,7 +29,7 @@ def main() -> int:
     rows = ["| level | sampling | success (SE) | calls an episode | calls failing | minutes |",
             "|---|---|---|---|---|---|"]  # fmt: skip
     for level in args.levels:
-        for temperature in (0.0, 1.0):
+        for temperature in args.temperatures:
             out = Path(args.out) / f"level{level}-t{temperature:g}"
             command = [
                 sys.executable, "-m", "llm_gym", "rollout", "--env", "LLMChat-Terminal-v0",
@@ -45,7 +47,7 @@ def main() -> int:
             se = math.sqrt(rate * (1 - rate) / len(wins))
             calls = [e.get("num_tool_calls", 0) for e in episodes]
             failed = sum(e.get("failed_tool_calls", 0) for e in episodes) / max(sum(calls), 1)
-            mode = "greedy" if temperature == 0 else "sampled (T=1)"
+            mode = "greedy" if temperature == 0 else f"sampled (T={temperature:g})"
             per = sum(calls) / len(calls)
             rows.append(f"| {level} | {mode} | {rate:.3f} ({se:.3f}) | {per:.2f} | {failed:.3f} "
                         f"| {minutes:.1f} |")  # fmt: skip
