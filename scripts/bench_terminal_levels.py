@@ -1,6 +1,7 @@
 """The default model's success on ``LLMChat-Terminal-v0`` per level: 32 episodes a level,
-greedy and sampled (temperature 0.5, as training samples), through ``llm-gym rollout``; a table of the success rate
-(with its standard error), the calls an episode, the share of calls that failed and minutes.
+greedy and sampled (temperature 0.5, as training samples), through ``llm-gym rollout``; a
+table of the success rate (with its standard error), the calls an episode, the share of calls
+that failed and minutes.
 
     python scripts/bench_terminal_levels.py --levels 0 1 2 3 4 --threads 1
     python scripts/bench_terminal_levels.py --levels 1 2 3 4 --temperatures 0
