@@ -93,7 +93,8 @@ class TerminalEnv(DatasetChatEnv):
     - ``tasks``: a Harbor task folder, a folder of them, or ``TerminalTask``s; None (default)
       for the seeded family at ``level``. Every task is checked when the env is made: a
       Dockerfile that needs an image built is refused by name and line.
-    - ``level``: the family's level, 0 to 4 (``TERMINAL_LEVELS``; the curriculum moves it).
+    - ``level``: the family's level, 0 (default) to 4 (``TERMINAL_LEVELS``; the curriculum
+      moves it); not with ``tasks``.
     - ``command_timeout``: seconds a call may run (default 10); ``max_workspace_mb``: the
       workspace's size (default 32; ``/tmp`` has 16).
     - ``ask_for_commands``: end the instruction with ``TERMINAL_REQUEST`` (default True).
@@ -130,7 +131,7 @@ class TerminalEnv(DatasetChatEnv):
         self,
         tasks: str | Path | Sequence[TerminalTask] | None = None,
         *,
-        level: int = 0,
+        level: int | None = None,
         command_timeout: float = 10.0,
         max_workspace_mb: int = 32,
         ask_for_commands: bool = True,
@@ -143,8 +144,14 @@ class TerminalEnv(DatasetChatEnv):
         self.command_timeout = check_number("command_timeout", command_timeout, low=0, strict=True)
         self.max_workspace_mb = check_int("max_workspace_mb", max_workspace_mb, low=1)
         self.ask_for_commands = check_bool("ask_for_commands", ask_for_commands)
-        check_int("level", level, low=0)
+        check_int("level", level, low=0, optional=True)
+        if tasks is not None and level is not None:
+            raise ValueError(
+                f"level={level} picks a level of the seeded family; tasks= loads Harbor tasks, "
+                "which have none: pass one of them"
+            )
         if tasks is None:
+            level = 0 if level is None else level
             if level >= TERMINAL_LEVELS:
                 raise ValueError(f"level must be 0 to {TERMINAL_LEVELS - 1}, got {level}")
             self.tasks: dict[str, TerminalTask] = {}

@@ -202,6 +202,8 @@ def test_bad_arguments_are_one_line(tmp_path):
         TerminalEnv(str(tmp_path))
     with pytest.raises(ValueError, match="level must be 0 to 4, got 5"):
         TerminalEnv(level=5)
+    with pytest.raises(ValueError, match="level=1 picks a level of the seeded family; tasks="):
+        TerminalEnv(str(EXAMPLES), level=1)
     env = TerminalEnv(str(EXAMPLES))
     with pytest.raises(ValueError, match="item's task must be one of the loaded tasks"):
         env.reset(options={"item": {"task": "nope"}})
