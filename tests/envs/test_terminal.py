@@ -303,3 +303,17 @@ def test_the_cli_trains_on_the_terminal_with_branches(tiny_dir, tmp_path):
     assert len(records) == 4 and [("branch" in r) for r in records] == [False, False, True, True]
     assert all(r["task"].startswith("terminal-L0-") and r["reward"] <= 0 for r in records)
     assert descendants() == []  # every sandbox of the run closed
+
+
+def test_the_curriculum_moves_the_familys_level():
+    from llm_gym.wrappers import DifficultyCurriculum
+
+    env = DifficultyCurriculum(gym.make("LLMChat-Terminal-v0", seed=0), window=2)
+    levels = []
+    for _ in range(6):  # the oracle solves every task: the level rises each full window
+        env.reset()
+        levels.append(env.unwrapped.level)
+        env.step(env.unwrapped.oracle_action())
+        assert env.step("Done.")[1] == 1.0
+    assert levels == [0, 0, 1, 1, 2, 2] and env.unwrapped.item["level"] == 2
+    env.close()
