@@ -39,14 +39,15 @@ TOOL_FORMATS = ("hermes", "markdown")
 MAX_JSON_DEPTH = 32
 
 _HERMES = re.compile(r"<tool_call>(.*?)(</tool_call>|\Z)", re.DOTALL)
-_MARKDOWN = re.compile(r"```(python|py|bash|sh|shell|)[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
+_MARKDOWN = re.compile(r"```(python|py|bash|sh|shell)[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
+# Where the env has a shell, a block without a language is a command too (small models write
+# ``` then #!/bin/bash); elsewhere such a block stays text, and is not even matched, so that
+# what it holds cannot close or hide a python block.
+_MARKDOWN_SHELL = re.compile(r"```(python|py|bash|sh|shell|)[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
 # A markdown block's language -> the tool that runs it and the argument its text is.
 _BLOCK_TOOLS = {"python": ("python", "code"), "py": ("python", "code"),
                 "bash": ("bash", "command"), "sh": ("bash", "command"),
-                "shell": ("bash", "command"),
-                # A block without a language: a command where the env has a shell (small
-                # models write ``` then #!/bin/bash), text elsewhere.
-                "": ("bash", "command")}  # fmt: skip
+                "shell": ("bash", "command"), "": ("bash", "command")}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,8 @@ def parse_tool_calls(
     [ToolCall(name='bash', arguments={'command': 'ls\\n'}, error=None)]
     """
     if check_choice("tool_format", tool_format, TOOL_FORMATS) == "markdown":
-        calls = [(_BLOCK_TOOLS[language], body) for language, body in _MARKDOWN.findall(text)]
+        blocks = (_MARKDOWN_SHELL if "bash" in tools else _MARKDOWN).findall(text)
+        calls = [(_BLOCK_TOOLS[language], body) for language, body in blocks]
         return [ToolCall(name, {key: body}) for (name, key), body in calls if name in tools]
     return [_hermes_call(body, closing) for body, closing in _HERMES.findall(text)]
 
@@ -89,7 +91,7 @@ def strip_tool_calls(
     'Adding. '
     """
     if check_choice("tool_format", tool_format, TOOL_FORMATS) == "markdown":
-        return _MARKDOWN.sub(
+        return (_MARKDOWN_SHELL if "bash" in tools else _MARKDOWN).sub(
             lambda m: "" if _BLOCK_TOOLS[m.group(1)][0] in tools else m.group(0), text
         )
     return _HERMES.sub(lambda m: "" if m.group(2) else m.group(0), text)

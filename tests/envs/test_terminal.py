@@ -274,6 +274,10 @@ def test_a_fork_copies_the_workspace_and_goes_its_own_way():
 def test_markdown_bash_blocks_call_only_an_envs_bash_tool():
     text = "Look:\n```bash\nls\n```\n```python\nprint(1)\n```"
     assert [c.name for c in parse_tool_calls(text, "markdown")] == ["python"]
+    # Without a shell a block without a language is text, which cannot swallow a python block.
+    bare = "```\nfoo\n```python\nprint(1)\n```"
+    assert parse_tool_calls(bare, "markdown")[0].arguments == {"code": "print(1)\n"}
+    assert [c.name for c in parse_tool_calls(bare, "markdown", ["bash"])] == ["bash"]
     assert [c.name for c in parse_tool_calls(text, "markdown", ["bash", "python"])] == [
         "bash", "python",
     ]  # fmt: skip
