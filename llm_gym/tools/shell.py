@@ -3,7 +3,7 @@
 ``PythonInterpreter`` starts a fresh process and scratch directory for every call; an agent in
 a terminal edits files, runs programs and checks its work over several turns, so the shell's
 sandbox lives from ``start`` to ``close``. One bubblewrap sandbox per episode (the same limits
-as the interpreter's: docs/envs/tools.md, "The shell sandbox") runs a small server, written
+as the interpreter's: docs/envs/terminal.md, "The sandbox") runs a small server, written
 below, that starts each call's ``bash -c`` as ``nobody`` in the workspace and, when the call
 ends, kills whatever it left running. The workspace and ``/tmp`` are size-limited tmpfs mounts
 of that sandbox: they hold the episode's files, and vanish with it.
@@ -228,8 +228,7 @@ class Shell:
     with its ``timeout``, its output cut to ``max_output_chars`` (start and end kept), and
     kills what it left running; ``snapshot``/``restore`` copy the workspace and ``/tmp``
     (a fork's); ``read`` returns a file's bytes; ``close`` ends the sandbox and everything in
-    it. ``mounts`` shows host folders read-only (``{"/data": "/host/data"}``) and
-    ``writable`` adds empty tmpfs folders of so many MiB (``{"/logs/verifier": 1}``), which
+    it. ``writable`` adds empty tmpfs folders of so many MiB (``{"/logs/verifier": 1}``), which
     ``put`` fills (a verifier's tests, after the episode).
 
     >>> with Shell() as shell:
@@ -252,7 +251,6 @@ class Shell:
         max_workspace_mb: int = 32,
         max_tmp_mb: int = 16,
         env: Mapping[str, str] | None = None,
-        mounts: Mapping[str, str] | None = None,
         writable: Mapping[str, int] | None = None,
     ) -> None:
         self.workdir = check_workdir(workdir)
@@ -264,7 +262,6 @@ class Shell:
         if bad:
             raise TypeError(f"env must map str to str, got {bad[0]!r}: {env[bad[0]]!r}")
         self.env = env
-        self.mounts = {str(inside): str(host) for inside, host in (mounts or {}).items()}
         self.writable = {str(path): check_int(f"writable[{path!r}]", mb, low=1)
                          for path, mb in (writable or {}).items()}  # fmt: skip
         self._process: subprocess.Popen | None = None
@@ -466,8 +463,6 @@ class Shell:
         for path in sorted({os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix)}):
             if not any(path == p or path.startswith(p + "/") for p in SYSTEM_PATHS):
                 args += ["--ro-bind", path, path]  # the server's Python
-        for inside, host in sorted(self.mounts.items()):
-            args += ["--ro-bind", host, inside]
         # The writable folders are size-limited tmpfs: no filling the disk or the memory.
         for path, size in [(self.workdir, self.max_workspace_mb), ("/tmp", self.max_tmp_mb),
                            *self.writable.items(), ("/dev/shm", 1)]:  # fmt: skip
