@@ -55,6 +55,17 @@ OUTCOME = ["--env-arg", "rewards=outcome", "--env-arg", "invalid_move_reward=-0.
 # 0; the penalty alone taught it to stop calling the tool); 32 episodes at 0.7 had 1 success,
 # at 0.5 2, greedy 4: the tool task samples at 0.5, where the group can see success.
 TOOL_ERRORS = ["--env-arg", "tool_error_reward=-0.1"]
+# A tool task's credits (Products, the terminal): per episode on the task's reward, per turn and
+# from the state with each failed call's -0.1 on its turn.
+TOOL_CREDITS = {
+    "episode": ["--advantage", "grpo"],
+    "rebn": [*TOOL_ERRORS, "--advantage", "rebn", "--gamma", "0.9"],
+    "turn-grpo": [*TOOL_ERRORS, "--advantage", "turn-grpo", "--gamma", "0.9"],
+    "tree-grpo": [*TOOL_ERRORS, "--advantage", "tree-grpo", "--gamma", "0.9",
+                  "--group-size", "6", "--branches", "4"],
+    "vine": [*TOOL_ERRORS, "--advantage", "vine", "--gamma", "0.9", "--group-size", "4",
+             "--vine-rollouts", "1"],
+}  # fmt: skip
 TASKS = {
     "guess": {
         "flags": ["--env", "LLMChat-TextArena-v0", "--env-arg", "game=GuessTheNumber-v0",
@@ -79,15 +90,7 @@ TASKS = {
         "flags": ["--env", "LLMChat-Products-v0", "--tools", "python", "--tool-format",
                   "markdown", "--max-tool-calls", "2", "--max-new-tokens", "64",
                   "--temperature", "0.5"],
-        "credits": {
-            "episode": ["--advantage", "grpo"],
-            "rebn": [*TOOL_ERRORS, "--advantage", "rebn", "--gamma", "0.9"],
-            "turn-grpo": [*TOOL_ERRORS, "--advantage", "turn-grpo", "--gamma", "0.9"],
-            "tree-grpo": [*TOOL_ERRORS, "--advantage", "tree-grpo", "--gamma", "0.9",
-                          "--group-size", "6", "--branches", "4"],
-            "vine": [*TOOL_ERRORS, "--advantage", "vine", "--gamma", "0.9", "--group-size", "4",
-                     "--vine-rollouts", "1"],
-        },
+        "credits": TOOL_CREDITS,
         "title": "Products with the python tool",
         "iterations": 8,  # grpo's sampled success passed 0.6 by its fourth in a pilot
     },
@@ -96,14 +99,7 @@ TASKS = {
     "terminal": {
         "flags": ["--env", "LLMChat-Terminal-v0", "--env-arg", "level=0",
                   "--max-new-tokens", "64", "--temperature", "0.5"],
-        "credits": {
-            "episode": ["--advantage", "grpo"],
-            "turn-grpo": [*TOOL_ERRORS, "--advantage", "turn-grpo", "--gamma", "0.9"],
-            "tree-grpo": [*TOOL_ERRORS, "--advantage", "tree-grpo", "--gamma", "0.9",
-                          "--group-size", "6", "--branches", "4"],
-            "vine": [*TOOL_ERRORS, "--advantage", "vine", "--gamma", "0.9", "--group-size", "4",
-                     "--vine-rollouts", "1"],
-        },
+        "credits": TOOL_CREDITS,
         "title": "the terminal world, level 0",
         "iterations": 16,
     },
