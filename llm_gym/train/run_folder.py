@@ -128,11 +128,19 @@ def resumed_config(out: str | Path, **changes: object) -> GRPOConfig:
 
 
 def check_iterations_left(config: GRPOConfig, done: int) -> None:
-    """That a resumed run whose checkpoint has ``done`` iterations has some left."""
+    """That a resumed run whose checkpoint has ``done`` iterations has some left, and tokens
+    left under ``--max-sampled-tokens``."""
     if done >= config.iterations:
         raise ValueError(
             f"the run in {config.out} has done {done} iterations; pass --iterations above "
             f"{done} to train on"
+        )
+    rows = earlier_rows(Path(config.out), done) if config.max_sampled_tokens else []
+    if budget_spent(rows, config.max_sampled_tokens):
+        raise ValueError(
+            f"the run in {config.out} has sampled {sampled_tokens(rows)} tokens in {done} "
+            f"iterations; pass --max-sampled-tokens above {config.max_sampled_tokens} to "
+            "train on"
         )
 
 

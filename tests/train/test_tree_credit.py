@@ -206,7 +206,7 @@ CREDITS = {
 
 
 @pytest.mark.parametrize("credit", sorted(CREDITS))
-def test_the_cli_trains_logs_its_episodes_and_resumes_exactly(tiny_dir, tmp_path, credit):
+def test_the_cli_trains_logs_its_episodes_and_resumes_exactly(tiny_dir, tmp_path, credit, capsys):
     branches = 2 if credit == "tree-grpo" else 0
     game = [
         "--model", tiny_dir, "--env", "LLMChat-TextArena-v0", "--env-arg",
@@ -254,6 +254,10 @@ def test_the_cli_trains_logs_its_episodes_and_resumes_exactly(tiny_dir, tmp_path
     assert summary["iterations"] == 2 and not summary["interrupted"]
     assert summary["sampled_tokens"] == sum(r["sampled_tokens"] for r in rows[whole][:2])
     assert (cut / "checkpoint-2").is_dir()
+    # Its budget spent, a resume with it trains no more.
+    resume = ["train", "--out", str(cut), "--resume", "--iterations", "3", "--no-progress"]
+    assert main(resume) == 2
+    assert "--max-sampled-tokens above" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
