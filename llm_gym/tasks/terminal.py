@@ -182,8 +182,13 @@ def terminal_task(seed: int, index: int, level: int) -> TerminalTask:
     several), the same for the same arguments: its name says which.
 
     >>> task = terminal_task(0, 3, 0)
-    >>> task.name, task.instruction
-    ('terminal-L0-s0-i3-rename', 'Rename the file input.txt to records.txt.')
+    >>> task.name
+    'terminal-L0-s0-i3-rename'
+    >>> print(task.instruction)
+    Rename the file input.txt to records.txt. The command:
+    ```bash
+    mv input.txt records.txt
+    ```
     >>> sorted(task.files), sorted(task.tests), sorted(task.solution)
     (['input.txt'], ['test.sh'], ['solve.sh'])
     """

@@ -69,6 +69,14 @@ def descendants(root: int = 0) -> list[int]:
     return found
 
 
+def command_line(pid: int) -> str:
+    """What ``pid`` runs, for a failure's message ("" once it ended)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
 def test_a_call_sees_the_calls_before_it_and_nothing_of_another_episode():
     one, two = (gym.make("LLMChat-Terminal-v0", level=0) for _ in range(2))
     one.reset(seed=0)
@@ -295,6 +303,7 @@ def test_the_cli_trains_on_the_terminal_with_branches(tiny_dir, tmp_path):
     # The tiny random model writes no command that works; the run's plumbing is the point:
     # sandboxes opened and forked per turn, verified, closed, and the branches logged.
     out = tmp_path / "run"
+    before = set(descendants())  # an earlier test's env not yet collected runs on
     args = [
         "train", "--model", tiny_dir, "--env", "LLMChat-Terminal-v0", "--env-arg", "level=0",
         "--env-arg", "max_tool_calls=2", "--iterations", "1", "--groups", "1", "--group-size",
@@ -306,7 +315,8 @@ def test_the_cli_trains_on_the_terminal_with_branches(tiny_dir, tmp_path):
     records = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
     assert len(records) == 4 and [("branch" in r) for r in records] == [False, False, True, True]
     assert all(r["task"].startswith("terminal-L0-") and r["reward"] <= 0 for r in records)
-    assert descendants() == []  # every sandbox of the run closed
+    left = [command_line(pid) for pid in set(descendants()) - before]
+    assert [line for line in left if line] == []  # every sandbox of the run closed
 
 
 def test_the_curriculum_moves_the_familys_level():
