@@ -11,6 +11,7 @@ from llm_gym.envs.textarena import TextArenaEnv, make_textarena_vector_env
 from llm_gym.envs.tokens import TokenEnv
 from llm_gym.envs.vector import (
     DatasetChatVectorEnv,
+    PartVectorEnv,
     VectorHooks,
     batch_infos,
     make_task_vector_env,
@@ -28,6 +29,7 @@ __all__ = [
     "EnvResponse",
     "ForkError",
     "OpenEnvChatEnv",
+    "PartVectorEnv",
     "SessionChatEnv",
     "TaskReward",
     "TaskScore",

@@ -327,9 +327,12 @@ def _load(tasks: Any) -> list[TerminalTask]:
     )
 
 
-def make_terminal_vector_env(num_envs: int = 1, **kwargs: object) -> SyncVectorEnv:
+def make_terminal_vector_env(
+    num_envs: int = 1, shards: tuple[int, int] | None = None, **kwargs: object
+) -> SyncVectorEnv:
     """The ``vector_entry_point`` of ``LLMChat-Terminal-v0``: ``num_envs`` sandboxes side by
-    side, one ``TerminalEnv`` each on one shard of the tasks (``sharded_vector_env``).
+    side, one ``TerminalEnv`` each on one shard of the tasks (``sharded_vector_env``, with
+    its ``shards``).
 
     >>> envs = make_terminal_vector_env(2, level=0)
     >>> obs, infos = envs.reset(seed=0)
@@ -337,4 +340,4 @@ def make_terminal_vector_env(num_envs: int = 1, **kwargs: object) -> SyncVectorE
     ['/app', '/app']
     >>> envs.close()
     """
-    return sharded_vector_env(TERMINAL_ID, num_envs, **kwargs)
+    return sharded_vector_env(TERMINAL_ID, num_envs, shards, **kwargs)

@@ -10,7 +10,7 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from llm_gym.chat.history import History
 from llm_gym.checks import check_choice, check_reward, check_str
 from llm_gym.envs.session import EnvResponse, SessionChatEnv, seed_stream
-from llm_gym.envs.vector import sharded_env_fns
+from llm_gym.envs.vector import PartVectorEnv, sharded_env_fns
 from llm_gym.games import Opponent, TextArenaGame, outcome_of
 
 if TYPE_CHECKING:
@@ -209,11 +209,14 @@ class TextArenaEnv(SessionChatEnv):
         return info
 
 
-def make_textarena_vector_env(num_envs: int = 1, **kwargs: object) -> SyncVectorEnv:
+def make_textarena_vector_env(
+    num_envs: int = 1, shards: tuple[int, int] | None = None, **kwargs: object
+) -> SyncVectorEnv:
     """The ``vector_entry_point`` of ``LLMChat-TextArena-v0``: ``num_envs`` games side by
     side, one ``TextArenaEnv`` each on one shard of the stream of games (so ``repeats=G`` with
     ``group_repeats=True`` puts each game in ``G`` neighbouring sub-envs), finished ones
-    reset in the same step as ``DatasetChatVectorEnv``'s.
+    reset in the same step as ``DatasetChatVectorEnv``'s (``shards=(first, total)``: a
+    process's part of a run's, ``PartVectorEnv``).
 
     >>> envs = make_textarena_vector_env(4, game="GuessTheNumber-v0", repeats=2)
     >>> seeds = envs.reset(seed=0)[1]["game_seed"].tolist()
@@ -225,5 +228,7 @@ def make_textarena_vector_env(num_envs: int = 1, **kwargs: object) -> SyncVector
             f"num_envs must be a multiple of repeats={kwargs['repeats']} with group_repeats=True "
             f"(each group fills that many sub-envs), got num_envs={num_envs}"
         )
-    fns = sharded_env_fns(TEXTARENA_ID, num_envs, **kwargs)
-    return SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP)
+    fns = sharded_env_fns(TEXTARENA_ID, num_envs, shards, **kwargs)
+    if shards is None:
+        return SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP)
+    return PartVectorEnv(fns, first=shards[0])

@@ -25,7 +25,7 @@ import torch
 from llm_gym.envs.forking import fork, fork_sub_env
 from llm_gym.episodes.episode import Episode, Segment
 from llm_gym.episodes.records import EpisodeTrace
-from llm_gym.episodes.vector import Episodes, play_episodes
+from llm_gym.episodes.vector import Episodes, Peers, play_episodes, still_playing
 from llm_gym.policies.base import Policy
 from llm_gym.seeding import derive_seed
 
@@ -123,19 +123,23 @@ def play_forks(
     streams: Sequence[int],
     env_indices: Sequence[int],
     keep: bool = False,
+    peers: Peers | None = None,
 ) -> tuple[list[Episode], list[list[Snapshot]], float]:
     """Play an episode from each of ``starts`` to its end (each from a fresh fork of its
     snapshot), one batched generation a step; prompt ``i`` samples from sub-env stream
     ``streams[i]`` and its ``Episode`` says ``env_indices[i]``. The episodes, each one's
-    snapshots from its start on (``keep``; else empty) and the seconds spent generating."""
+    snapshots from its start on (``keep``; else empty) and the seconds spent generating.
+    ``peers``: the run's other processes, each playing its own starts, in lock step."""
     envs = [fork(start.env) for start in starts]
     traces = [start.trace.copy() for start in starts]
     obs = [start.obs for start in starts]
     kept: list[list[Snapshot]] = [[] for _ in starts]
     done: list[Episode | None] = [None] * len(starts)
     seconds = 0.0
-    while None in done:
+    while still_playing(done.count(None), peers):
         active = [i for i, episode in enumerate(done) if episode is None]
+        if not active:  # sat out: another process's episodes go on
+            continue
         if keep:
             for i in active:
                 kept[i].append(Snapshot(fork(envs[i]), obs[i], traces[i].copy()))
@@ -156,11 +160,17 @@ class TreeEpisodes:
     """A vector env and its policy as an ``EpisodeSource`` whose groups share states: each
     ``episodes`` call plays one episode in every sub-env (the chains; multi-turn tasks, each
     call ``k`` reset with seed ``reseed + k``, as ``VectorEpisodes``), then ``branches`` more a
-    group of ``group_size`` chains (``branch_points`` from the stream ``(seed, k)``), appended
-    after the group's chains, each with ``branch = {"of": parent, "turn": t}`` (its parent's
-    index in the call's list); then with ``vine_rollouts`` each trained turn's state's value
-    (``Episode.turn_values``). Sub-env ``i``'s chains sample from stream ``i``, the branches
-    and continuations from streams past ``num_envs``, so a call is a function of its ``k``.
+    group of ``group_size`` chains (``branch_points`` from the stream ``(seed, k, group)``),
+    appended after the group's chains, each with ``branch = {"of": parent, "turn": t}`` (its
+    parent's index in the run's list of the call); then with ``vine_rollouts`` each trained
+    turn's state's value (``Episode.turn_values``). Sub-env ``i``'s chains sample from stream
+    ``i``, the branches and continuations from streams past the run's sub-envs, so a call is a
+    function of its ``k``, on one process or several.
+
+    Across processes (``shards``: this one's first sub-env and the run's sub-envs, as the
+    native vector env's; ``peers``: the others, when one sharded model samples for all),
+    each plays its own groups, and the run's list of a call is every process's in order:
+    the call of one process over all the groups.
 
     Attributes: ``seconds`` (the last call's generating), ``sampled_tokens`` (the tokens it
     sampled: chains, branches past their parents' turns, the values' continuations).
@@ -178,6 +188,8 @@ class TreeEpisodes:
         seed: int = 0,
         reseed: int = 0,
         first: int = 0,
+        shards: tuple[int, int] | None = None,
+        peers: Peers | None = None,
     ) -> None:
         if envs.num_envs % group_size:
             raise ValueError(
@@ -186,6 +198,8 @@ class TreeEpisodes:
         self.envs, self.policy, self.group_size = envs, policy, group_size
         self.branches, self.vine_rollouts, self.gamma = branches, vine_rollouts, gamma
         self.seed, self.reseed, self.calls = seed, reseed, first
+        self.first_env, self.run_envs = shards or (0, envs.num_envs)
+        self.peers = peers
         self.seconds, self.sampled_tokens = 0.0, 0
 
     def episodes(self, count: int) -> list[Episode]:
@@ -198,23 +212,30 @@ class TreeEpisodes:
                 f"got {count}"
             )
         obs, _ = envs.reset(seed=self.reseed + self.calls)
-        rng = np.random.default_rng(derive_seed(self.seed, self.calls, _BRANCH_DRAWS))
-        self.calls += 1
-        chains, snapshots, self.seconds = _play_chains(envs, self.policy, obs)
-        # Each group's branches: where, then all of them played in one batch.
+        call, self.calls = self.calls, self.calls + 1
+        chains, snapshots, self.seconds = _play_chains(envs, self.policy, obs, self.peers)
+        # Each group's branches: where (from the group's own stream), then all of them
+        # played in one batch.
+        first_group = self.first_env // size
         starts, parents, where = [], [], []
         for g in range(0, n, size):
+            seed = derive_seed(self.seed, call, _BRANCH_DRAWS, first_group + g // size)
             group = chains[g : g + size]
-            for e, turn in branch_points([len(c.responses) for c in group], self.branches, rng):
+            turns = [len(c.responses) for c in group]
+            for e, turn in branch_points(turns, self.branches, np.random.default_rng(seed)):
                 starts.append(snapshots[g + e][turn])
                 parents.append(g + e)
                 where.append(turn)
-        streams = [n + j for j in range(len(starts))]
+        # Branch j of the run's samples from stream run_envs + j (this process's own streams
+        # are counted from its first sub-env).
+        past = self.run_envs + first_group * self.branches - self.first_env
         grown, grown_snapshots, seconds = play_forks(
-            starts, self.policy, streams, [chains[p].env_index for p in parents],
-            keep=self.vine_rollouts > 0,
+            starts, self.policy, [past + j for j in range(len(starts))],
+            [chains[p].env_index for p in parents], keep=self.vine_rollouts > 0, peers=self.peers,
         )  # fmt: skip
         self.seconds += seconds
+        # The index of this process's first episode in the run's list of the call.
+        offset = first_group * (size + self.branches)
         batch, batch_snapshots = [], []
         for g in range(0, n, size):
             first = len(batch)
@@ -222,34 +243,43 @@ class TreeEpisodes:
             batch_snapshots += snapshots[g : g + size]
             for j in range(g // size * self.branches, (g // size + 1) * self.branches):
                 branch = _from_turn(grown[j], where[j])
-                branch.branch = {"of": first + parents[j] - g, "turn": where[j]}
+                branch.branch = {"of": offset + first + parents[j] - g, "turn": where[j]}
                 batch.append(branch)
                 # Its snapshots before its turn where[j] are its parent's.
                 batch_snapshots.append(snapshots[parents[j]][: where[j]] + grown_snapshots[j])
         self.sampled_tokens = sum(e.num_tokens for e in batch)
         if self.vine_rollouts:
-            self._values(batch, batch_snapshots, stream=n + len(starts))
+            branches = self.run_envs // size * self.branches
+            self._values(batch, batch_snapshots, offset, self.run_envs + branches)
         return batch
 
-    def _values(self, batch: list[Episode], snapshots: list[list[Snapshot]], stream: int) -> None:
+    def _values(
+        self, batch: list[Episode], snapshots: list[list[Snapshot]], offset: int, stream: int
+    ) -> None:
         # VinePPO's value of each state a trained turn was made in (and the state after it):
         # the mean return of vine_rollouts continuations from it, all of the batch's played
         # together; the start's, the mean return of the group's other chains (fresh samples
-        # of the same state); an end's, 0.
+        # of the same state); an end's, 0. The run's continuations sample from streams on from
+        # stream, process by process (offset: this batch's first episode in the run's list).
         size, k = self.group_size + self.branches, self.vine_rollouts
         nodes: dict[int, list[list[int]]] = {}  # a group's first episode -> its turns' nodes
         wanted: dict[tuple[int, int], tuple[int, int]] = {}  # (group, node) -> (episode, turn)
         for g in range(0, len(batch), size):
             group = batch[g : g + size]
-            nodes[g] = turn_nodes([len(e.responses) for e in group], [e.branch for e in group], g)
+            nodes[g] = turn_nodes(
+                [len(e.responses) for e in group], [e.branch for e in group], offset + g
+            )
             for e, episode in enumerate(group):
                 first = episode.branch["turn"] if episode.branch else 0
                 for t in range(max(first, 1), len(episode.responses)):
                     wanted.setdefault((g, nodes[g][e][t - 1]), (g + e, t))
         order = sorted(wanted)
         starts = [snapshots[wanted[s][0]][wanted[s][1]] for s in order for _ in range(k)]
+        counts = [len(starts)] if self.peers is None else self.peers.counts(len(starts))
+        mine = stream + sum(counts[: self.first_env // self.envs.num_envs]) - self.first_env
         played, _, seconds = play_forks(
-            starts, self.policy, range(stream, stream + len(starts)), [0] * len(starts)
+            starts, self.policy, range(mine, mine + len(starts)), [0] * len(starts),
+            peers=self.peers,
         )  # fmt: skip
         self.seconds += seconds
         value = {}
@@ -279,7 +309,7 @@ class TreeEpisodes:
 
 
 def _play_chains(
-    envs: gym.vector.VectorEnv, policy: Policy, obs: dict[str, Any]
+    envs: gym.vector.VectorEnv, policy: Policy, obs: dict[str, Any], peers: Peers | None
 ) -> tuple[list[Episode], list[list[Snapshot]], float]:
     # One episode in every sub-env (play_episodes), with a fork of each sub-env before each
     # of its turns.
@@ -290,7 +320,7 @@ def _play_chains(
             state = {key: running.obs[key][i] for key in running.obs}
             snapshots[i].append(Snapshot(fork_sub_env(envs, i), state, running.traces[i].copy()))
 
-    records, seconds, _ = play_episodes(envs, policy, obs, before_turn=keep)
+    records, seconds, _ = play_episodes(envs, policy, obs, before_turn=keep, peers=peers)
     return records, snapshots, seconds
 
 

@@ -1,13 +1,15 @@
 """The synchronous player: episodes of a vector env with SAME_STEP autoreset, every sub-env
 stepped together with one batched generation a step (``Episodes``), one whole episode per
 sub-env (``play_episodes``), and the vector env with its policy as an ``EpisodeSource``
-(``VectorEpisodes``, what a GRPO iteration trains on)."""
+(``VectorEpisodes``, what a GRPO iteration trains on). Across processes whose policy is one
+sharded model, every process generates as often as the one with the longest episodes
+(``Peers``)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import gymnasium as gym
 import numpy as np
@@ -19,7 +21,38 @@ from llm_gym.episodes.episode import Episode
 from llm_gym.episodes.records import EpisodeTrace
 from llm_gym.policies.base import Policy
 
-__all__ = ["Episodes", "VectorEpisodes", "multi_turn", "play_episodes"]
+__all__ = ["Episodes", "Peers", "VectorEpisodes", "multi_turn", "play_episodes", "still_playing"]
+
+
+class Peers(Protocol):
+    """The other processes of a run whose policy is one model sharded over them (FSDP2): each
+    generation gathers every process's slice of the weights, so every process must generate
+    as many times as the others, whatever its own episodes' turns."""
+
+    def counts(self, count: int) -> list[int]:
+        """Every process's ``count``, in process order (each process calls it)."""
+        ...
+
+    def sit_out(self) -> None:
+        """A generation this process has no prompt for, paired with the others' (its
+        policy's forwards step with theirs until each has finished)."""
+        ...
+
+
+def still_playing(active: int, peers: Peers | None) -> bool:
+    """Whether a turn is to be played: this process has ``active`` prompts, or (``peers``)
+    another process has some, which this one then sits out (``Peers.sit_out``).
+
+    >>> still_playing(2, None), still_playing(0, None)
+    (True, False)
+    """
+    if peers is None:
+        return active > 0
+    if not any(peers.counts(active)):
+        return False
+    if not active:
+        peers.sit_out()
+    return True
 
 
 class Episodes:
@@ -59,23 +92,27 @@ def play_episodes(
     policy: Policy,
     obs: dict[str, Any],
     before_turn: Callable[[Episodes, list[int]], None] | None = None,
+    peers: Peers | None = None,
 ) -> tuple[list[Episode], float, dict[str, Any]]:
     """Play one episode in every sub-env of ``envs`` (a task's vector env) from ``obs``: the
     ``Episode`` of each (in sub-env order), the seconds spent generating and the last
     observation. Unless the task is ``multi_turn`` every response must end its episode.
     ``before_turn(running, active)``: called before each step with the running episodes and
-    the sub-envs about to take a turn (``llm_gym.episodes.tree`` forks them there)."""
+    the sub-envs about to take a turn (``llm_gym.episodes.tree`` forks them there).
+    ``peers``: the run's other processes, each playing its own sub-envs, in lock step."""
     single_turn = not multi_turn(envs)
     running = Episodes(envs, obs)
     records: list[Episode | None] = [None] * envs.num_envs
     seconds, turns = 0.0, 0
-    while None in records:
+    while still_playing(records.count(None), peers):
+        active = [i for i, record in enumerate(records) if record is None]
+        if not active:  # sat out: another process's episodes go on
+            continue
         if turns and single_turn:
             raise ValueError(
                 "the task went on after a response: in a single-turn task leave max_turns "
                 "at 1 (every response ends its episode)"
             )
-        active = [i for i, record in enumerate(records) if record is None]
         if before_turn is not None:
             before_turn(running, active)
         start = time.perf_counter()
@@ -106,6 +143,7 @@ class VectorEpisodes:
         obs: the observation to start from (an env reset and positioned already).
         reseed: multi-turn tasks: call ``k`` resets with seed ``reseed + k`` first (each
             group restarts on one item); ``first``: the first call's ``k`` (a resumed run's).
+        peers: across processes of one sharded model, the others (``play_episodes``).
 
     Attributes:
         seconds: the seconds the last call spent generating.
@@ -120,9 +158,11 @@ class VectorEpisodes:
         obs: dict[str, Any] | None = None,
         reseed: int | None = None,
         first: int = 0,
+        peers: Peers | None = None,
     ) -> None:
         self.envs, self.policy, self.seed, self.obs = envs, policy, seed, obs
         self.reseed, self.calls = reseed, check_int("first", first, 0)
+        self.peers = peers
         self.seconds = 0.0
 
     def episodes(self, count: int) -> list[Episode]:
@@ -137,7 +177,9 @@ class VectorEpisodes:
         elif self.obs is None:
             self.obs, _ = self.envs.reset(seed=self.seed)
         self.calls += 1
-        played, self.seconds, self.obs = play_episodes(self.envs, self.policy, self.obs)
+        played, self.seconds, self.obs = play_episodes(
+            self.envs, self.policy, self.obs, peers=self.peers
+        )
         return played
 
     def close(self) -> None:

@@ -424,6 +424,21 @@ class TransformersSampler:
             samples.append(Sample(tokens[row, :n], row_log_probs, finish, self.version))
         return samples
 
+    def sit_out(self) -> None:
+        """A generation with no prompt of this process's, while the other processes of a
+        run sharding the model (FSDP2) generate: one token from a one-token prompt, whose
+        forwards gather the weights with theirs until every process has finished
+        (transformers' ``synced_gpus``); nothing on a model not sharded."""
+        if not getattr(self.model, "_is_fsdp_managed_module", False):
+            return
+        ids = torch.full((1, 1), self.pad_token_id, dtype=torch.long, device=self.device)
+        # Greedy: a draw would move torch's generator, which the run's samples do not share.
+        settings = {"pad_token_id": self.pad_token_id, "max_new_tokens": 1, "do_sample": False}
+        with self._no_grad(), self.precision():
+            generate_with_log_probs(
+                self.model, ids, torch.ones_like(ids), log_probs=False, **settings
+            )
+
     def score(
         self, prompts: Sequence[np.ndarray], responses: Sequence[np.ndarray]
     ) -> list[np.ndarray]:

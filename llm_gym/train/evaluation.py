@@ -13,7 +13,7 @@ from llm_gym.policies import TransformersPolicy
 from llm_gym.run.config import RunConfig
 from llm_gym.run.setup import task_envs
 from llm_gym.train.config import GRPOConfig
-from llm_gym.train.play import agent_episodes
+from llm_gym.train.play import LockStep, agent_episodes
 from llm_gym.train.sharding import gather_objects, process_rank, world_size
 
 if TYPE_CHECKING:
@@ -56,12 +56,14 @@ def evaluate_greedy(
             compute_dtype=compute_dtype,
         )  # fmt: skip
     records: list[Episode] = []
+    # Each process's games, generating as often as the others' (one model sharded over them).
+    peers = LockStep(policy) if world > 1 and turns else None
     try:
         obs, _ = envs.reset(seed=seed)
         while len(records) < episodes:
             if turns and records:  # round r of multi-turn episodes from seed + r
                 obs, _ = envs.reset(seed=seed + len(records) // num_envs)
-            played, _, obs = play_episodes(envs, policy, obs)
+            played, _, obs = play_episodes(envs, policy, obs, peers=peers)
             records += gather_objects(played)[: episodes - len(records)]
     finally:
         envs.close()

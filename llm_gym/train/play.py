@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from llm_gym.wrappers.controllers import KLController
 
 __all__ = [
-    "Feed", "FeedSetup", "agent_episodes", "build_feed", "check_episode_groups",
+    "Feed", "FeedSetup", "LockStep", "agent_episodes", "build_feed", "check_episode_groups",
     "check_given_env", "check_vector_env", "kl_scorer", "run_envs",
 ]  # fmt: skip
 
@@ -227,6 +227,26 @@ class Feed:
             self.pipeline.driver.close()
 
 
+class LockStep:
+    """A run's processes as the ``Peers`` of each one's episodes (``llm_gym.episodes``):
+    their counts gathered, and a turn this process has no prompt for sat out by ``policy``'s
+    sampler (a sharded model's forwards paired with the others'; nothing to do for a served
+    one, which every process only calls)."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+
+    def counts(self, count: int) -> list[int]:
+        """Every process's ``count``, in process order."""
+        return gather_objects([count])
+
+    def sit_out(self) -> None:
+        """This process's part of a generation it has no prompt for."""
+        sit_out = getattr(getattr(self.policy, "sampler", None), "sit_out", None)
+        if sit_out is not None:
+            sit_out()
+
+
 class FeedSetup:
     """A run's ``envs`` (the task's vector env with its wrappers, or the one given), the
     ``feed`` of their episodes, and whether an episode may take several turns."""
@@ -262,8 +282,8 @@ def check_vector_env(
     config: GRPOConfig, envs: gym.vector.VectorEnv, world: int, multi_turn: bool
 ) -> None:
     """What the run's vector env must be: a sub-env per response observing the trainer's
-    keys, and single-turn across processes (``multi_turn``: whether its episodes may take
-    more than one response)."""
+    keys; a multi-turn one (``multi_turn``: whether its episodes may take more than one
+    response) charges no KL penalty in its envs across processes."""
     size = config.groups * config.group_size // world
     if envs.num_envs != size:
         raise ValueError(
@@ -282,10 +302,11 @@ def check_vector_env(
             f"{config.env} plays more than one turn an episode, whose iterations reseed "
             "their groups: dynamic_sampling (--dynamic-sampling) refills single-turn tasks"
         )
-    if multi_turn and world > 1:
+    if multi_turn and world > 1 and config.kl_coef > 0:
         raise ValueError(
             f"{config.env} plays more than one turn an episode (tools, a game, max_turns), "
-            "which a run across processes does not train yet: run it in one process"
+            "whose KL penalty charged in the envs (--kl-coef > 0) a run across processes does "
+            "not take yet: drop --kl-coef or run it in one process"
         )
 
 
@@ -353,16 +374,19 @@ def build_feed(
         )
         return FeedSetup(envs, Feed(batches, processes, pipeline=batches, **parts), turns)
     config.check_turns(turns)
+    # Across processes each plays its own groups, generating as often as the others.
+    peers = LockStep(sample) if processes.world > 1 and turns else None
     # The group's chains, then its branches and the values of their states.
     if config.branches or config.advantage == "vine":
         source = TreeEpisodes(
             envs, sample, group_size=config.group_size, branches=config.branches,
             vine_rollouts=config.vine_rollouts if config.advantage == "vine" else 0,
             gamma=config.gamma, seed=config.seed, reseed=config.seed + 1, first=first,
+            shards=(processes.first_env, processes.num_envs * processes.world), peers=peers,
         )  # fmt: skip
         return FeedSetup(envs, Feed(source, processes, kl=kl, **parts), turns)
     if turns:  # tools, games: iteration k restarts each group from seed + 1 + k
-        source = VectorEpisodes(envs, sample, reseed=config.seed + 1, first=first)
+        source = VectorEpisodes(envs, sample, reseed=config.seed + 1, first=first, peers=peers)
         return FeedSetup(envs, Feed(source, processes, kl=kl, **parts, **refill), turns)
     source = VectorEpisodes(envs, sample, seed=config.seed)
     feed = Feed(source, processes, kl=kl, restart=source, reset_seed=config.seed, **parts, **refill)

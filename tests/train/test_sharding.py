@@ -246,3 +246,86 @@ def test_two_processes_write_tied_weights_as_one_does(smollm2_tokenizer, tmp_pat
         dtype = torch.bfloat16 if part == "checkpoint-2" else torch.float32
         assert two["model.embed_tokens.weight"].dtype == dtype, part
     assert torch.equal(two["lm_head.weight"], two["model.embed_tokens.weight"])  # served
+
+
+def game_envs(tokenizer, max_turns, shards=None, num_envs=2):
+    from llm_gym.envs import make_textarena_vector_env
+
+    return make_textarena_vector_env(
+        num_envs, shards, game="GuessTheNumber-v0", max_turns=max_turns, input_mode="tokens",
+        tokenizer=tokenizer, observation_keys=("tokens", "history", "policy_mask"),
+    )  # fmt: skip
+
+
+def greedy(model, tokenizer):
+    from llm_gym.policies import TransformersPolicy
+
+    kwargs = {"max_new_tokens": 4, "do_sample": False}
+    return TransformersPolicy(model, tokenizer, input_mode="tokens", generate_kwargs=kwargs)
+
+
+def lockstep_process(rank, world, port, folder, out):
+    # The first process's games last up to 3 turns, the second's 1: the second sits the
+    # first's later turns out, its shard of every layer gathered for the first's forwards.
+    import torch.distributed as dist
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from llm_gym.episodes import play_episodes
+    from llm_gym.train.play import LockStep
+    from llm_gym.train.sharding import shard_model
+
+    class Counted(LockStep):
+        sat = 0
+
+        def sit_out(self):
+            self.sat += 1
+            super().sit_out()
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)  # fmt: skip
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        model = shard_model(AutoModelForCausalLM.from_pretrained(folder))
+        policy = greedy(model, tokenizer)
+        envs = game_envs(tokenizer, 3 if rank == 0 else 1, shards=(2 * rank, 4))
+        peers = Counted(policy)
+        obs, _ = envs.reset(seed=0)
+        played, _, _ = play_episodes(envs, policy, obs, peers=peers)
+        envs.close()
+        with open(f"{out}/rank-{rank}.json", "w") as f:
+            json.dump(
+                {
+                    "responses": [list(e.responses) for e in played],
+                    "seeds": [e.info["game_seed"] for e in played],
+                    "sat": peers.sat,
+                },
+                f,
+            )
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_a_process_whose_games_ended_generates_with_the_others_until_theirs_end(tiny_dir, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from llm_gym.episodes import play_episodes
+
+    mp.spawn(lockstep_process, args=(2, free_port(), tiny_dir, str(tmp_path)), nprocs=2)
+    first, second = (json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1))
+    turns = [len(r) for r in first["responses"]]
+    assert [len(r) for r in second["responses"]] == [1, 1] and max(turns) > 1
+    assert (first["sat"], second["sat"]) == (0, max(turns) - 1)
+    # Each process played the run's sub-envs 0-1 and 2-3 as one process plays them, and the
+    # sharded model generated what the whole one does.
+    tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
+    policy = greedy(AutoModelForCausalLM.from_pretrained(tiny_dir), tokenizer)
+    whole = game_envs(tokenizer, 3, num_envs=4)
+    obs, _ = whole.reset(seed=0)
+    played, _, _ = play_episodes(whole, policy, obs)
+    whole.close()
+    responses = [list(e.responses) for e in played]
+    assert first["responses"] == responses[:2]
+    assert second["responses"] == [r[:1] for r in responses[2:]]  # its games: one turn
+    assert first["seeds"] + second["seeds"] == [e.info["game_seed"] for e in played]

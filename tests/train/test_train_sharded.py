@@ -332,3 +332,56 @@ def test_two_processes_sample_from_one_vllm_server_that_the_first_keeps_in_sync(
     assert all(torch.equal(final[k], served[k]) for k in final)
     start = weights(Path(digits))
     assert max((final[k] - start[k]).abs().max().item() for k in start) > 1e-3
+
+
+# A game of several turns an episode, from the state (issue 72): tree-grpo's branches,
+# VinePPO's continuations, and the held-out games greedy.
+GAME = (
+    "--env", "LLMChat-TextArena-v0", "--env-arg", "game=GuessTheNumber-v0", "--env-arg",
+    "max_turns=3", "--env-arg", "rewards=outcome", "--env-arg", "invalid_move_reward=-0.1",
+    "--gamma", "0.9", "--log-episodes", "--groups", "2", "--group-size", "2",
+    "--max-new-tokens", "4", "--save-every", "1", "--save-optimizer", "--eval-episodes", "4",
+    "--dtype", "float32", "--no-progress",
+)  # fmt: skip
+TREE_CREDITS = {
+    "tree-grpo": ("--branches", "2", "--advantage", "tree-grpo"),
+    "vine": ("--advantage", "vine", "--vine-rollouts", "2"),
+}
+
+
+def episode_records(out):
+    return [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("credit", sorted(TREE_CREDITS))
+def test_two_processes_play_a_game_from_the_state_as_one_does(tiny_dir, tmp_path, credit):
+    # Each process plays its group, generating (its model's shard gathered) as often as the
+    # other, whose games may last more turns (test_sharding.py makes them); the branches'
+    # places, their streams and VinePPO's continuations are the run's, whichever process
+    # plays them.
+    game = ("--model", tiny_dir, *GAME, *TREE_CREDITS[credit], "--iterations", "2")
+    one = llm_gym("train", "--out", str(tmp_path / "one"), *game, "--threads", "1")
+    two = llm_gym("train", "--out", str(tmp_path / "two"), *game, "--nproc-per-node", "2")
+    finished(one), finished(two)
+    a, b = episode_records(tmp_path / "one"), episode_records(tmp_path / "two")
+    assert len(a) == len(b) == 2 * 2 * (2 + (2 if credit == "tree-grpo" else 0))
+    keys = ("responses", "reward", "branch", "turn_values", "game_seed")
+    assert [{k: r.get(k) for k in keys} for r in a] == [{k: r.get(k) for k in keys} for r in b]
+    assert any(r["branch"]["turn"] > 0 for r in b if "branch" in r) or credit == "vine"
+    for x, y in zip(rows(tmp_path / "one"), rows(tmp_path / "two"), strict=True):
+        for key in ("reward", "success", "sampled_tokens", "loss", "grad_norm"):
+            assert x[key] == pytest.approx(y[key], abs=1e-4), key
+    before, after = (json.loads((tmp_path / out / "summary.json").read_text())
+                     for out in ("one", "two"))  # fmt: skip
+    assert before["before"] == after["before"] and before["after"] == after["after"]
+    assert after["world_size"] == 2
+    if credit != "tree-grpo":
+        return
+    # Resumed on two processes from its first checkpoint, the run plays and trains the same
+    # episodes to the same weights.
+    parts = resumable(tmp_path / "two", tmp_path, "parts")
+    finished(llm_gym("train", "--out", str(parts), "--resume", "--no-progress",
+                     "--nproc-per-node", "2"))  # fmt: skip
+    assert [r["responses"] for r in episode_records(parts)] == [r["responses"] for r in b]
+    exact, end = weights(parts / "checkpoint-2"), weights(tmp_path / "two" / "checkpoint-2")
+    assert all(torch.equal(end[k], exact[k]) for k in end)

@@ -5,6 +5,7 @@ A scripted env pays known rewards for known texts, so the tokens carry values wr
 apart from ``llm_gym.train.advantages``."""
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -12,7 +13,12 @@ from train_fixture import keep_torch_threads  # noqa: F401  (fixtures)
 
 from llm_gym.chat.containers import Response
 from llm_gym.cli import main
-from llm_gym.envs import DatasetChatVectorEnv, EnvResponse, SessionChatEnv
+from llm_gym.envs import (
+    DatasetChatVectorEnv,
+    EnvResponse,
+    SessionChatEnv,
+    make_textarena_vector_env,
+)
 from llm_gym.lm.loading import tiny_model
 from llm_gym.train import GRPOConfig, GRPOTrainer
 from llm_gym.train.advantages import tree_advantages, vine_advantages
@@ -291,3 +297,30 @@ def test_a_single_turn_task_refuses_branches_before_it_trains(tiny_dir, tmp_path
         "(tools, a game, max_turns > 1)"
     )
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_a_game_across_processes_refuses_a_kl_penalty_charged_in_its_envs(smollm2_tokenizer):
+    # Each process's envs would score its turns with the sharded model, which every process
+    # must call alike: refused in one line (the episodes themselves play in lock step).
+    from llm_gym.train.play import check_vector_env
+
+    keys = ("tokens", "history", "policy_mask")
+    envs = make_textarena_vector_env(
+        4,
+        game="GuessTheNumber-v0",
+        input_mode="tokens",
+        observation_keys=keys,
+        tokenizer=smollm2_tokenizer,
+    )
+    try:
+        config = GRPOConfig(env="LLMChat-TextArena-v0", groups=2, group_size=4, kl_coef=0.1)
+        check_vector_env(replace(config, kl_coef=0.0), envs, 2, True)  # lock step: fine
+        with pytest.raises(ValueError) as refused:
+            check_vector_env(config, envs, 2, True)
+        assert str(refused.value) == (
+            "LLMChat-TextArena-v0 plays more than one turn an episode (tools, a game, max_turns), "
+            "whose KL penalty charged in the envs (--kl-coef > 0) a run across processes does "
+            "not take yet: drop --kl-coef or run it in one process"
+        )
+    finally:
+        envs.close()
