@@ -19,6 +19,7 @@ PAGE = "cli.md"
 OPTION_TABLES = {
     "<!-- llm-gym options rollout -->": ("cli.md", "llm_gym.run.config", "RolloutConfig"),
     "<!-- llm-gym options train -->": ("training.md", "llm_gym.train.config", "GRPOConfig"),
+    "<!-- llm-gym options profile -->": ("envs/cards.md", "llm_gym.run.config", "ProfileConfig"),
 }
 WIDTH = "100"  # argparse wraps help at $COLUMNS
 

@@ -32,7 +32,7 @@ from llm_gym.cli._envs import envs_table
 from llm_gym.cli._launch import LAUNCHED, launch, processes
 from llm_gym.cli._servers import add_gateway, add_serve, gateway, serve
 from llm_gym.options import number
-from llm_gym.run.config import RolloutConfig
+from llm_gym.run.config import ProfileConfig, RolloutConfig
 from llm_gym.run.signals import exit_code, interruptible, launcher_gone, watch_launcher
 from llm_gym.train.config import GRPOConfig
 
@@ -51,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     _add_rollout(commands)
     _add_train(commands)
+    _add_profile(commands)
     add_serve(commands)
     add_gateway(commands)
     commands.add_parser(
@@ -88,6 +89,38 @@ def _rollout(rollout: Any) -> int:
     summary = rollout.run()
     print(summary.table())
     print(f"wrote {rollout.out}/episodes.jsonl, summary.json, rollout.png")
+    return 0
+
+
+def _add_profile(commands: Any) -> None:
+    parser = commands.add_parser(
+        "profile",
+        help="card a model on an env, level by level: greedy success, pass@1, pass@K",
+        description="Answer each level's questions greedily once and K times at "
+        "--temperature; write card.json and card.md (a row a level: greedy success, pass@1 "
+        "and pass@K with their standard errors, reward, response tokens, truncated and "
+        "answerless shares, minutes).",
+    )
+    add_config_options(parser, ProfileConfig)
+    parser.set_defaults(job=_prepare_profile, run=_profile, kept=_nothing_kept)
+
+
+def _nothing_kept(out: str) -> str:
+    return f"a card is written only when every level is played; none was written in {out}"
+
+
+def _prepare_profile(config: ProfileConfig) -> Any:
+    from llm_gym.run.profile import Profile
+
+    return Profile(config)
+
+
+def _profile(profile: Any) -> int:
+    from llm_gym.run.profile import CARD_FILE, CARD_TABLE_FILE, card_table
+
+    card = profile.run()
+    print(card_table(card))
+    print(f"wrote {profile.out}/{CARD_FILE}, {CARD_TABLE_FILE}")
     return 0
 
 

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from llm_gym.options import check_options, number, option
+from llm_gym.options import check_options, number, option, redeclare
 from llm_gym.rewards.answers import ANSWER_FORMATS
 from llm_gym.run.budget import MAX_ENVS, check_count
 from llm_gym.run.trackers import check_report_to, report_to
@@ -22,7 +22,8 @@ from llm_gym.tools.calls import TOOL_FORMATS
 
 __all__ = [
     "BACKENDS", "BUILTIN_TOOLS", "DTYPE_CHOICES", "DTYPE_NAMES", "ESTIMATOR_NAMES",
-    "RUBRIC_PARTS", "RolloutConfig", "RunConfig", "is_url", "rubric_weights", "tool_list",
+    "RUBRIC_PARTS", "ProfileConfig", "RolloutConfig", "RunConfig", "is_url", "level_list",
+    "rubric_weights", "tool_list",
 ]  # fmt: skip
 
 DTYPE_NAMES = ("bfloat16", "float16", "float32")
@@ -56,6 +57,23 @@ def tool_list(text: str) -> list[str]:
             f"expected a comma-separated list of {list(BUILTIN_TOOLS)}, got {text!r}"
         )
     return names
+
+
+def level_list(text: str) -> list[int]:
+    """``--levels``: comma-separated levels, each an int >= 0, none twice.
+
+    >>> level_list("0,1, 2")
+    [0, 1, 2]
+    """
+    try:
+        levels = [int(part) for part in text.split(",")]
+    except ValueError:
+        levels = []
+    if not levels or min(levels) < 0 or len(set(levels)) < len(levels):
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated levels, each an int >= 0, none twice; got {text!r}"
+        )
+    return levels
 
 
 def is_url(text: str | None) -> bool:
@@ -322,4 +340,45 @@ class RolloutConfig(RunConfig):
             raise ValueError(
                 "rubric part 'group-judge' ranks a GRPO group's responses: train has groups "
                 "(llm-gym train --rubric ...), rollout does not; use 'judge' here"
+            )
+
+
+@dataclass
+class ProfileConfig(RunConfig):
+    """``llm-gym profile``'s options: the run (``RunConfig``; ``temperature`` is the
+    samples') and what its card measures: ``episodes`` questions a level, each answered
+    greedily once and ``samples`` times at ``temperature``."""
+
+    kl_coef: float = redeclare(RunConfig, "kl_coef", 0.0)  # a card charges no KL penalty
+    out: str = redeclare(RunConfig, "out", "runs/profile")
+    levels: list[int] | None = option(
+        None, parse=level_list, metavar="LEVELS",
+        help="comma-separated levels of the task to card, e.g. 0,1,2 (default: %(default)s, "
+        "the env as --env-arg makes it)",
+    )  # fmt: skip
+    episodes: int = option(32, low=1, help="questions a level (default: %(default)s)")
+    samples: int = option(
+        8, low=1, metavar="K",
+        help="samples a question at --temperature, for pass@1 and pass@K (default: "
+        "%(default)s)",
+    )  # fmt: skip
+    num_envs: int = option(
+        8, low=1,
+        help="sub-envs stepped together: the samples of max(1, NUM_ENVS // K) questions a "
+        "batch (default: %(default)s)",
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_count("num_envs", "--num-envs", self.num_envs, MAX_ENVS, _AT_ONCE)
+        if self.asynchronous or self.curriculum or self.kl_coef or self.report_to:
+            raise ValueError(
+                "profile plays each level's questions in the vector env at a fixed level, "
+                "charges no KL penalty and writes its card to --out: drop --async, --ray, "
+                "--curriculum, --kl-coef and --report-to"
+            )
+        if self.levels is not None and "level" in self.env_args:
+            raise ValueError(
+                f"levels (--levels) and env_args' level={self.env_args['level']!r} (--env-arg) "
+                "both set the level: pass one"
             )

@@ -13,7 +13,7 @@ import pytest
 
 from llm_gym.cli import build_parser, main
 from llm_gym.options import flags, option_specs, options_table, resumable
-from llm_gym.run.config import RolloutConfig
+from llm_gym.run.config import ProfileConfig, RolloutConfig
 from llm_gym.train import resumed_config
 from llm_gym.train.config import RESUMABLE, GRPOConfig
 
@@ -36,7 +36,10 @@ def _words(text: str) -> str:
     return "".join(text.split())
 
 
-@pytest.mark.parametrize(("command", "config"), [("train", GRPOConfig), ("rollout", RolloutConfig)])
+@pytest.mark.parametrize(
+    ("command", "config"),
+    [("train", GRPOConfig), ("rollout", RolloutConfig), ("profile", ProfileConfig)],
+)
 def test_help_docs_tables_and_the_dataclass_agree(command, config, monkeypatch):
     monkeypatch.setenv("COLUMNS", "100")
     parser = _command(command)
@@ -69,7 +72,9 @@ def test_the_docs_pages_hold_the_generated_tables():
         import hooks
     finally:
         sys.path.remove(str(ROOT / "docs"))
-    for page, config in (("training.md", GRPOConfig), ("cli.md", RolloutConfig)):
+    pages = (("training.md", GRPOConfig), ("cli.md", RolloutConfig),
+             ("envs/cards.md", ProfileConfig))  # fmt: skip
+    for page, config in pages:
         text = (ROOT / "docs" / page).read_text(encoding="utf-8")
         rendered = hooks.option_tables(text, page)
         assert options_table(config) in rendered and "<!-- llm-gym options" not in rendered
