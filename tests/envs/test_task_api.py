@@ -23,16 +23,21 @@ def sums_task(n: int = 100) -> Task:
 
 def test_readme_task_registers_and_splits_its_arguments_from_the_envs():
     llm_gym.register_task("LLMChat-TestSums-v0", sums_task)
-    env = gym.make("LLMChat-TestSums-v0", n=3, seed=0, repeats=2)
-    queries = [env.reset()[0]["history"][-1]["content"] for _ in range(6)]
-    assert sorted(queries) == sorted(["0 + 0?", "1 + 1?", "2 + 2?"] * 2)
-    assert queries[0::2] == queries[1::2]  # repeats=2 went to the env
-    assert env.unwrapped.epoch_size == 6  # n=3 went to the task
-    obs, reward, terminated, _, info = env.step(str(2 * int(queries[-1].split()[0])))
-    assert (reward, terminated, info["success"]) == (1.0, True, True)
-    envs = gym.make_vec("LLMChat-TestSums-v0", num_envs=3, vectorization_mode="vector_entry_point")
-    assert isinstance(envs.unwrapped, DatasetChatVectorEnv) and envs.num_envs == 3
-    assert envs.unwrapped.epoch_size == 100
+    try:  # the id is this test's: `llm-gym envs`' test lists the registry's
+        env = gym.make("LLMChat-TestSums-v0", n=3, seed=0, repeats=2)
+        queries = [env.reset()[0]["history"][-1]["content"] for _ in range(6)]
+        assert sorted(queries) == sorted(["0 + 0?", "1 + 1?", "2 + 2?"] * 2)
+        assert queries[0::2] == queries[1::2]  # repeats=2 went to the env
+        assert env.unwrapped.epoch_size == 6  # n=3 went to the task
+        obs, reward, terminated, _, info = env.step(str(2 * int(queries[-1].split()[0])))
+        assert (reward, terminated, info["success"]) == (1.0, True, True)
+        envs = gym.make_vec(
+            "LLMChat-TestSums-v0", num_envs=3, vectorization_mode="vector_entry_point"
+        )
+        assert isinstance(envs.unwrapped, DatasetChatVectorEnv) and envs.num_envs == 3
+        assert envs.unwrapped.epoch_size == 100
+    finally:
+        del gym.registry["LLMChat-TestSums-v0"]
 
 
 def test_a_task_unpacks_into_the_env_arguments_and_the_env_gives_it_back():
