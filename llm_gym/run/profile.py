@@ -198,11 +198,16 @@ class Profile:
                 run = config if level is None else replace(
                     config, env_args={**config.env_args, "level": level}, levels=None
                 )  # fmt: skip
-                for b in range(batches):
-                    greedy += self._play(run, self.greedy, batch, 1, b)
-                    played = self._play(run, self.sampled, batch * k, k, b)
-                    samples += [played[i : i + k] for i in range(0, len(played), k)]
-                    bar.update(min(batch, config.episodes - b * batch))
+                greedy_envs, sampled_envs = self._envs(run, batch, 1), self._envs(run, batch, k)
+                try:
+                    for b in range(batches):
+                        greedy += _play(greedy_envs, self.greedy, config.seed, b)
+                        played = _play(sampled_envs, self.sampled, config.seed, b)
+                        samples += [played[i : i + k] for i in range(0, len(played), k)]
+                        bar.update(min(batch, config.episodes - b * batch))
+                finally:
+                    greedy_envs.close()
+                    sampled_envs.close()
                 n = config.episodes
                 seconds = time.perf_counter() - began
                 row = level_card(greedy[:n], samples[:n], config.max_new_tokens, seconds)
@@ -211,22 +216,22 @@ class Profile:
         write_text(self.out / CARD_TABLE_FILE, card_table(card) + "\n")
         return card
 
-    def _play(
-        self, config: ProfileConfig, policy: Policy, num_envs: int, repeats: int, b: int
-    ) -> list[Episode]:
-        # Batch b's questions, each in `repeats` neighbouring sub-envs, from the order seeded
-        # seed + b; sub-env i's tokens from generator (seed, b, i).
-        envs = task_envs(config, self.tokenizer, num_envs, repeats=repeats, group_repeats=True,
-                         **self.rubric.env_options())  # fmt: skip
-        generators = SubEnvGenerators(config.seed)
-        generators.seek(b)
-        policy.sub_env_generators = generators
-        try:
-            obs, _ = envs.reset(seed=config.seed + b)
-            played, _, _ = play_episodes(envs, policy, obs)
-        finally:
-            envs.close()
-        return played
+    def _envs(self, config: ProfileConfig, questions: int, repeats: int) -> gym.vector.VectorEnv:
+        # `questions` a batch, each in `repeats` neighbouring sub-envs.
+        return task_envs(
+            config, self.tokenizer, questions * repeats, repeats=repeats, group_repeats=True,
+            **self.rubric.env_options(),
+        )  # fmt: skip
+
+
+def _play(envs: gym.vector.VectorEnv, policy: Policy, seed: int, b: int) -> list[Episode]:
+    # Batch b's questions, from the order seeded seed + b; sub-env i's tokens from the
+    # generator (seed, b, i).
+    generators = SubEnvGenerators(seed)
+    generators.seek(b)
+    policy.sub_env_generators = generators
+    obs, _ = envs.reset(seed=seed + b)
+    return play_episodes(envs, policy, obs)[0]
 
 
 def _greedy(policy: Policy) -> Policy:

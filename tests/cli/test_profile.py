@@ -8,7 +8,7 @@ import pytest
 
 from llm_gym.cli import main
 from llm_gym.run.config import ProfileConfig
-from llm_gym.run.profile import Profile, level_card, pass_at_k
+from llm_gym.run.profile import Profile, _play, level_card, pass_at_k
 
 CARD = [
     "--env-arg", "task=chain_sum", "--levels", "0,1", "--episodes", "3", "--samples", "2",
@@ -55,13 +55,15 @@ def test_each_question_is_the_same_greedy_and_sampled(tiny_dir, tmp_path):
         max_new_tokens=2, dtype="float32", out=str(tmp_path),
     )  # fmt: skip
     profile = Profile(config)
+    greedy_envs, sampled_envs = profile._envs(config, 2, 1), profile._envs(config, 2, 3)
     try:
         for b in (0, 1):
-            greedy = profile._play(config, profile.greedy, 2, 1, b)
-            sampled = profile._play(config, profile.sampled, 6, 3, b)
+            greedy = _play(greedy_envs, profile.greedy, 0, b)
+            sampled = _play(sampled_envs, profile.sampled, 0, b)
             assert [e.prompt for e in sampled] == [e.prompt for e in greedy for _ in range(3)]
-        assert greedy[0].prompt != profile._play(config, profile.greedy, 2, 1, 0)[0].prompt
+        assert greedy[0].prompt != _play(greedy_envs, profile.greedy, 0, 0)[0].prompt
     finally:
+        greedy_envs.close(), sampled_envs.close()
         profile.lock.release()
 
 
