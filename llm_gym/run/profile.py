@@ -5,10 +5,11 @@ pass@K (Chen et al., 2021's unbiased estimator), the mean reward, each with its 
 over the questions, the mean response tokens, the share of responses cut at
 ``max_new_tokens``, the share without an answer in the asked format, and the minutes.
 
-Question ``q`` of a level is the same in both plays and in every run of the seed: item ``q %
-B`` of the order seeded ``seed + q // B`` (``B`` questions a batch), as the native vector env's
-``reset(seed)`` deals them to its groups; each sample draws from its own generator
-(``SubEnvGenerators``), so a card does not depend on the batching's timing.
+Question ``q`` of a level is the same in both plays and in every run of the seed, whatever
+``num_envs``: item ``q`` of the order seeded ``seed``, drawn without replacement where the
+task has a size, as one native vector env of all the level's questions deals them to its
+groups (each batch is its part: ``shards``); each sample draws from its own generator
+(``SubEnvGenerators``), so a card does not depend on the batching.
 """
 
 from __future__ import annotations
@@ -127,13 +128,12 @@ def card_table(card: dict[str, Any]) -> str:
     """
     levels = card["levels"]
     k = next(iter(levels.values()))["K"]
-    head = (f"| level | questions | greedy | pass@1 | pass@{k} | reward | response tokens "
-            "| truncated | no answer | minutes |")  # fmt: skip
-    lines = [head, "|---|---|---|---|---|---|---|---|---|---|"]
+    rates = ["greedy", *dict.fromkeys(["pass@1", f"pass@{k}"]), "reward"]  # K = 1: one pass@1
+    names = ["level", "questions", *rates, "response tokens", "truncated", "no answer", "minutes"]
+    lines = ["| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
     for level, row in levels.items():
         cells = [level, str(row["questions"])]
-        cells += [f"{row[n]:.3f} ({row[n + '_se']:.3f})"
-                  for n in ("greedy", "pass@1", f"pass@{k}", "reward")]  # fmt: skip
+        cells += [f"{row[n]:.3f} ({row[n + '_se']:.3f})" for n in rates]
         answerless = "n/a" if row["no_answer"] is None else f"{row['no_answer']:.3f}"
         cells += [f"{row['response_tokens']:.1f}", f"{row['truncated']:.3f}", answerless,
                   f"{row['minutes']:.1f}"]  # fmt: skip
@@ -147,6 +147,11 @@ class Profile:
 
     def __init__(self, config: ProfileConfig) -> None:
         self.config, self.out = config, Path(config.out)
+        if gym.spec(config.env).vector_entry_point is None:
+            raise ValueError(
+                f"{config.env} has no native vector env, which deals each question to its K "
+                "samples' sub-envs: profile runs the task envs"
+            )
         self.levels: list[int | None] = list(config.levels or [None])
         for level in config.levels or ():  # before anything loads
             _check_level(config, level)
@@ -161,10 +166,11 @@ class Profile:
             self.dtype = resolve_dtype(config.dtype, device)
             model, self.tokenizer = load_model(config.model, device=device, dtype=self.dtype)
             self.sampled: Policy = make_policy(model, self.tokenizer, config)
+            self.rubric: Any = None
             self.greedy = _greedy(self.sampled)
             self.rubric = run_rubric(config, self.tokenizer)
         except BaseException:
-            self.lock.release()
+            self.close()
             raise
 
     def run(self) -> dict[str, Any]:
@@ -172,11 +178,15 @@ class Profile:
         try:
             return self._run()
         finally:
-            for part in (self.sampled, self.rubric):
-                close = getattr(part, "close", None)
-                if close is not None:
-                    close()
-            self.lock.release()
+            self.close()
+
+    def close(self) -> None:
+        """Stop the sampler's server and the judges' (if any); let the folder go."""
+        for part in (getattr(self, "sampled", None), getattr(self, "rubric", None)):
+            close = getattr(part, "close", None)
+            if close is not None:
+                close()
+        self.lock.release()
 
     def _run(self) -> dict[str, Any]:
         config = self.config
@@ -198,16 +208,11 @@ class Profile:
                 run = config if level is None else replace(
                     config, env_args={**config.env_args, "level": level}, levels=None
                 )  # fmt: skip
-                greedy_envs, sampled_envs = self._envs(run, batch, 1), self._envs(run, batch, k)
-                try:
-                    for b in range(batches):
-                        greedy += _play(greedy_envs, self.greedy, config.seed, b)
-                        played = _play(sampled_envs, self.sampled, config.seed, b)
-                        samples += [played[i : i + k] for i in range(0, len(played), k)]
-                        bar.update(min(batch, config.episodes - b * batch))
-                finally:
-                    greedy_envs.close()
-                    sampled_envs.close()
+                for b in range(batches):
+                    greedy += self._play(run, self.greedy, b, batch, 1, batches)
+                    played = self._play(run, self.sampled, b, batch, k, batches)
+                    samples += [played[i : i + k] for i in range(0, len(played), k)]
+                    bar.update(min(batch, config.episodes - b * batch))
                 n = config.episodes
                 seconds = time.perf_counter() - began
                 row = level_card(greedy[:n], samples[:n], config.max_new_tokens, seconds)
@@ -216,22 +221,29 @@ class Profile:
         write_text(self.out / CARD_TABLE_FILE, card_table(card) + "\n")
         return card
 
-    def _envs(self, config: ProfileConfig, questions: int, repeats: int) -> gym.vector.VectorEnv:
-        # `questions` a batch, each in `repeats` neighbouring sub-envs.
-        return task_envs(
-            config, self.tokenizer, questions * repeats, repeats=repeats, group_repeats=True,
-            **self.rubric.env_options(),
+    def _play(
+        self,
+        config: ProfileConfig,
+        policy: Policy,
+        b: int,
+        batch: int,
+        repeats: int,
+        batches: int,
+    ) -> list[Episode]:
+        # Questions b * batch .. of the level's, each in `repeats` neighbouring sub-envs: the
+        # part of one vector env of all of them (its shards) that deals them, reset with the
+        # seed; each sub-env's tokens from its own generator.
+        first = b * batch * repeats
+        envs = task_envs(
+            config, self.tokenizer, batch * repeats, repeats=repeats, group_repeats=True,
+            shards=(first, batches * batch * repeats), **self.rubric.env_options(),
         )  # fmt: skip
-
-
-def _play(envs: gym.vector.VectorEnv, policy: Policy, seed: int, b: int) -> list[Episode]:
-    # Batch b's questions, from the order seeded seed + b; sub-env i's tokens from the
-    # generator (seed, b, i).
-    generators = SubEnvGenerators(seed)
-    generators.seek(b)
-    policy.sub_env_generators = generators
-    obs, _ = envs.reset(seed=seed + b)
-    return play_episodes(envs, policy, obs)[0]
+        try:
+            policy.sub_env_generators = SubEnvGenerators(config.seed, first)
+            obs, _ = envs.reset(seed=config.seed)
+            return play_episodes(envs, policy, obs)[0]
+        finally:
+            envs.close()
 
 
 def _greedy(policy: Policy) -> Policy:

@@ -14,7 +14,7 @@ from llm_gym.run.config import RunConfig
 from llm_gym.run.setup import task_envs
 from llm_gym.train.config import GRPOConfig
 from llm_gym.train.play import LockStep, agent_episodes
-from llm_gym.train.sharding import gather_objects, process_rank, world_size
+from llm_gym.train.sharding import gather_objects, is_sharded, process_rank, world_size
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -49,6 +49,7 @@ def evaluate_greedy(
     shards = (rank * num_envs // world, num_envs) if world > 1 else None
     envs = task_envs(replace(config, curriculum=0), tokenizer, num_envs // world, shards=shards)
     turns = multi_turn(envs)
+    own = policy is None  # the sharded model's own greedy policy, which sits turns out
     if policy is None:  # not make_policy: GRPOConfig refuses temperature 0
         kwargs = {"max_new_tokens": config.max_new_tokens, "do_sample": False}
         policy = TransformersPolicy(
@@ -57,7 +58,7 @@ def evaluate_greedy(
         )  # fmt: skip
     records: list[Episode] = []
     # Each process's games, generating as often as the others' (one model sharded over them).
-    peers = LockStep(policy) if world > 1 and turns else None
+    peers = LockStep(policy, own and is_sharded(model)) if world > 1 and turns else None
     try:
         obs, _ = envs.reset(seed=seed)
         while len(records) < episodes:

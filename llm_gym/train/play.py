@@ -229,12 +229,21 @@ class Feed:
 
 class LockStep:
     """A run's processes as the ``Peers`` of each one's episodes (``llm_gym.episodes``):
-    their counts gathered, and a turn this process has no prompt for sat out by ``policy``'s
-    sampler (a sharded model's forwards paired with the others'; nothing to do for a served
-    one, which every process only calls)."""
+    their counts gathered, and a turn this process has no prompt for sat out by ``policy``
+    (its own ``sit_out`` or its sampler's: a sharded model's forwards paired with the
+    others'). ``sharded``: whether the processes generate with one model sharded over them,
+    so that a policy that cannot sit a turn out would hang the run (refused here); a served
+    policy, which every process only calls, has nothing to do."""
 
-    def __init__(self, policy: Policy) -> None:
-        self.policy = policy
+    def __init__(self, policy: Policy, sharded: bool) -> None:
+        sampler = getattr(policy, "sampler", None)
+        self._sit_out = getattr(policy, "sit_out", None) or getattr(sampler, "sit_out", None)
+        if sharded and self._sit_out is None:
+            raise TypeError(
+                f"{type(policy).__name__} cannot sit a turn out (no sit_out, nor a sampler "
+                "with one), which processes that generate with one sharded model need when "
+                "another's episodes go on"
+            )
 
     def counts(self, count: int) -> list[int]:
         """Every process's ``count``, in process order."""
@@ -242,9 +251,8 @@ class LockStep:
 
     def sit_out(self) -> None:
         """This process's part of a generation it has no prompt for."""
-        sit_out = getattr(getattr(self.policy, "sampler", None), "sit_out", None)
-        if sit_out is not None:
-            sit_out()
+        if self._sit_out is not None:
+            self._sit_out()
 
 
 class FeedSetup:
@@ -343,7 +351,8 @@ def build_feed(
     ``controller``) charges the KL penalty in the envs (``gen``: the scorer of the policy's
     side, None: the sampled log-probs), or in each sub-env of the asynchronous driver (with
     Ray, a copy in an actor, its weights in ``weights_dtype``); an agent's calls go to
-    ``sampler``."""
+    ``sampler``, which also sits out, across processes, the turns this process has no
+    prompt for (``LockStep``; ``sample`` where it is None)."""
     turns = multi_turn(envs)
     check_vector_env(config, envs, processes.world, turns)
     base = envs.unwrapped
@@ -374,8 +383,12 @@ def build_feed(
         )
         return FeedSetup(envs, Feed(batches, processes, pipeline=batches, **parts), turns)
     config.check_turns(turns)
-    # Across processes each plays its own groups, generating as often as the others.
-    peers = LockStep(sample) if processes.world > 1 and turns else None
+    # Across processes each plays its own groups, generating as often as the others: the
+    # policy itself sits turns out (sample may wrap it).
+    peers = None
+    if processes.world > 1 and turns:
+        sharded = config.backend == "transformers"  # else a server generates for all
+        peers = LockStep(sampler if sampler is not None else sample, sharded)
     # The group's chains, then its branches and the values of their states.
     if config.branches or config.advantage == "vine":
         source = TreeEpisodes(

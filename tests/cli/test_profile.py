@@ -8,7 +8,7 @@ import pytest
 
 from llm_gym.cli import main
 from llm_gym.run.config import ProfileConfig
-from llm_gym.run.profile import Profile, _play, level_card, pass_at_k
+from llm_gym.run.profile import Profile, level_card, pass_at_k
 
 CARD = [
     "--env-arg", "task=chain_sum", "--levels", "0,1", "--episodes", "3", "--samples", "2",
@@ -38,8 +38,7 @@ def test_a_card_a_level_the_same_for_the_same_seed(tiny_dir, tmp_path, capsys):
     assert sorted(a["levels"]) == ["0", "1"]
     for row in a["levels"].values():
         assert (row["questions"], row["K"]) == (3, 2)
-        assert row["pass@2"] >= row["pass@1"] and row["pass@2_se"] >= 0
-        assert 0 < row["response_tokens"] <= 6 and 0 <= row["truncated"] <= 1
+        assert 0 < row["response_tokens"] <= 6
     table = (tmp_path / "a" / "card.md").read_text().splitlines()
     assert table[0].startswith("| level | questions | greedy | pass@1 | pass@2 |")
     assert [line.split(" | ")[0] for line in table[2:]] == ["| 0", "| 1"]
@@ -55,16 +54,17 @@ def test_each_question_is_the_same_greedy_and_sampled(tiny_dir, tmp_path):
         max_new_tokens=2, dtype="float32", out=str(tmp_path),
     )  # fmt: skip
     profile = Profile(config)
-    greedy_envs, sampled_envs = profile._envs(config, 2, 1), profile._envs(config, 2, 3)
     try:
-        for b in (0, 1):
-            greedy = _play(greedy_envs, profile.greedy, 0, b)
-            sampled = _play(sampled_envs, profile.sampled, 0, b)
-            assert [e.prompt for e in sampled] == [e.prompt for e in greedy for _ in range(3)]
-        assert greedy[0].prompt != _play(greedy_envs, profile.greedy, 0, 0)[0].prompt
+        # Batches of 2 questions, of a level of 4: the greedy and the sampled plays of each
+        # question, whatever the batch.
+        greedy = [e for b in (0, 1) for e in profile._play(config, profile.greedy, b, 2, 1, 2)]
+        sampled = [e for b in (0, 1) for e in profile._play(config, profile.sampled, b, 2, 3, 2)]
+        alone = profile._play(config, profile.greedy, 0, 4, 1, 1)
     finally:
-        greedy_envs.close(), sampled_envs.close()
-        profile.lock.release()
+        profile.close()
+    assert [e.prompt for e in sampled] == [e.prompt for e in greedy for _ in range(3)]
+    assert [e.prompt for e in alone] == [e.prompt for e in greedy]
+    assert len({json.dumps(e.prompt) for e in greedy}) == 4  # four questions, not one drawn again
 
 
 def test_the_card_counts_from_the_episodes():
@@ -88,7 +88,8 @@ def test_the_card_counts_from_the_episodes():
     [
         (["--env", "LLMChat-Nope-v0"], "env id 'LLMChat-Nope-v0' is unknown"),
         (["--env", "LLMChat-GSM8K-v0", "--levels", "1"], "LLMChat-GSM8K-v0 has no levels"),
-        (["--env-arg", "task=chain_sum", "--levels", "0,99"], "level"),
+        (["--env-arg", "task=chain_sum", "--levels", "0,99"],
+         "level must be None or an int in [0, "),
         (["--samples", "0"], "--samples"),
         (["--levels", "0,0"], "--levels"),
         (["--levels", "1", "--env-arg", "level=2"], "both set the level"),

@@ -329,3 +329,23 @@ def test_a_process_whose_games_ended_generates_with_the_others_until_theirs_end(
     assert first["responses"] == responses[:2]
     assert second["responses"] == [r[:1] for r in responses[2:]]  # its games: one turn
     assert first["seeds"] + second["seeds"] == [e.info["game_seed"] for e in played]
+
+
+def test_a_lock_step_needs_a_policy_that_can_sit_a_turn_out(tiny_dir):
+    # A wrapper of the policy (a trainer's sampling under its lock) would leave the other
+    # processes' generate waiting for this one's forwards: refused when the model is sharded.
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from llm_gym.train.play import LockStep
+
+    policy = greedy(
+        AutoModelForCausalLM.from_pretrained(tiny_dir), AutoTokenizer.from_pretrained(tiny_dir)
+    )
+    LockStep(policy, sharded=True).sit_out()  # a model not sharded: nothing to do
+    LockStep(lambda obs: [], sharded=False).sit_out()  # a served policy: nothing to do
+    with pytest.raises(TypeError) as refused:
+        LockStep(lambda obs: policy(obs), sharded=True)
+    assert str(refused.value) == (
+        "function cannot sit a turn out (no sit_out, nor a sampler with one), which processes "
+        "that generate with one sharded model need when another's episodes go on"
+    )
