@@ -289,7 +289,7 @@ def lockstep_process(rank, world, port, folder, out):
         model = shard_model(AutoModelForCausalLM.from_pretrained(folder))
         policy = greedy(model, tokenizer)
         envs = game_envs(tokenizer, 3 if rank == 0 else 1, shards=(2 * rank, 4))
-        peers = Counted(policy)
+        peers = Counted(policy, sharded=True)
         obs, _ = envs.reset(seed=0)
         played, _, _ = play_episodes(envs, policy, obs, peers=peers)
         envs.close()
