@@ -6,17 +6,15 @@ from llm_gym.envs.dataset import DatasetChatEnv, make_task_env
 from llm_gym.envs.forking import ForkError, fork, fork_sub_env
 from llm_gym.envs.openenv_client import OpenEnvChatEnv, make_openenv_vector_env
 from llm_gym.envs.session import EnvResponse, SessionChatEnv, seed_stream
+from llm_gym.envs.sharded import PartVectorEnv, sharded_env_fns, sharded_vector_env
 from llm_gym.envs.terminal import TerminalEnv, make_terminal_vector_env
 from llm_gym.envs.textarena import TextArenaEnv, make_textarena_vector_env
 from llm_gym.envs.tokens import TokenEnv
 from llm_gym.envs.vector import (
     DatasetChatVectorEnv,
-    PartVectorEnv,
     VectorHooks,
     batch_infos,
     make_task_vector_env,
-    sharded_env_fns,
-    sharded_vector_env,
     single_env,
 )
 from llm_gym.envs.verifiers import VerifiersChatEnv

@@ -22,7 +22,7 @@ from llm_gym.chat.history import History
 from llm_gym.checks import check_number, check_str
 from llm_gym.envs.forking import ForkError
 from llm_gym.envs.session import EnvResponse, SessionChatEnv, seed_stream
-from llm_gym.envs.vector import sharded_vector_env
+from llm_gym.envs.sharded import sharded_vector_env
 
 if TYPE_CHECKING:
     from openenv.core.client_types import StepResult

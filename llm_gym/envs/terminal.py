@@ -14,7 +14,7 @@ from llm_gym.chat.history import History
 from llm_gym.checks import check_bool, check_int, check_number
 from llm_gym.envs.chat import ActionRead, Outcome
 from llm_gym.envs.dataset import DatasetChatEnv
-from llm_gym.envs.vector import sharded_vector_env
+from llm_gym.envs.sharded import sharded_vector_env
 from llm_gym.sources import ProceduralSource
 from llm_gym.tasks.harbor import TerminalTask, load_harbor_tasks, verifier_reward
 from llm_gym.tasks.terminal import TERMINAL_LEVELS, terminal_task

@@ -10,7 +10,7 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from llm_gym.chat.history import History
 from llm_gym.checks import check_choice, check_reward, check_str
 from llm_gym.envs.session import EnvResponse, SessionChatEnv, seed_stream
-from llm_gym.envs.vector import PartVectorEnv, sharded_env_fns
+from llm_gym.envs.sharded import PartVectorEnv, sharded_env_fns
 from llm_gym.games import Opponent, TextArenaGame, outcome_of
 
 if TYPE_CHECKING:

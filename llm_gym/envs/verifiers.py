@@ -26,7 +26,7 @@ from llm_gym.chat.history import History
 from llm_gym.checks import check_choice, check_number, check_str
 from llm_gym.envs.forking import ForkError
 from llm_gym.envs.session import EnvResponse, SessionChatEnv
-from llm_gym.envs.vector import sharded_vector_env
+from llm_gym.envs.sharded import sharded_vector_env
 from llm_gym.tools.calls import TOOL_FORMATS, chat_messages, parse_tool_calls, with_tools_prompt
 
 if TYPE_CHECKING:
