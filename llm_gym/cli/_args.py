@@ -13,14 +13,14 @@ import copy
 import dataclasses
 import inspect
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
 import gymnasium as gym
-from gymnasium.envs.registration import load_env_creator
 
 from llm_gym.checks import forced_cpu_bf16
+from llm_gym.envs.dataset import task_function
 from llm_gym.options import add_options, flags, number, option_specs, read_recipe
 from llm_gym.run.config import RunConfig
 from llm_gym.train.config import RESUMABLE, GRPOConfig
@@ -38,7 +38,6 @@ __all__ = [
     "make_config",
     "parse_with_recipe",
     "resume_from_flags",
-    "task_function",
     "usage_error",
 ]
 
@@ -78,16 +77,6 @@ def llm_gym_env_ids() -> list[str]:
         for env_id, spec in gym.registry.items()
         if isinstance(spec.entry_point, str) and spec.entry_point.startswith("llm_gym.")
     )
-
-
-def task_function(env_id: str) -> Callable[..., Any] | None:
-    """The task function ``env_id`` makes its env with (``register_task``'s), imported but
-    not called (no data loads); None for an env that is not a task's."""
-    spec = gym.spec(env_id)
-    if "task" in spec.kwargs:  # a token-level env over a task env (LLMToken-*)
-        return task_function(spec.kwargs["task"])
-    factory = spec.kwargs.get("task_factory")
-    return load_env_creator(factory) if isinstance(factory, str) else factory
 
 
 def check_task_env(env_id: str, command: str) -> None:

@@ -9,7 +9,8 @@ from collections import defaultdict
 
 import gymnasium as gym
 
-from llm_gym.cli._args import llm_gym_env_ids, task_function
+from llm_gym.cli._args import llm_gym_env_ids
+from llm_gym.envs.dataset import task_function
 from llm_gym.spaces import INPUT_MODES
 from llm_gym.tasks.gsm8k import GSM8K_ENV_VAR, GSM8K_HUB_ID
 from llm_gym.tasks.math import MATH_ENV_VAR, MATH_HUB_ID

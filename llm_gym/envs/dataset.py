@@ -9,6 +9,9 @@ import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import gymnasium as gym
+from gymnasium.envs.registration import load_env_creator
+
 from llm_gym.chat.history import History
 from llm_gym.checks import check_bool, check_int
 from llm_gym.envs.chat import ChatEnv
@@ -20,7 +23,7 @@ from llm_gym.tasks.task import FieldMap, Task
 if TYPE_CHECKING:
     from llm_gym.sources.datasets import DatasetLike
 
-__all__ = ["DatasetChatEnv", "QUERY_KEY", "make_task_env"]
+__all__ = ["DatasetChatEnv", "QUERY_KEY", "make_task_env", "task_function"]
 
 QUERY_KEY = "query"
 
@@ -414,3 +417,17 @@ def make_task_env(
     own = inspect.signature(task_factory).parameters
     task = task_factory(**{k: v for k, v in kwargs.items() if k in own})
     return DatasetChatEnv.from_task(task, **{k: v for k, v in kwargs.items() if k not in own})
+
+
+def task_function(env_id: str) -> Callable[..., Any] | None:
+    """The task function ``env_id`` makes its env with (``register_task``'s), imported but
+    not called (no data loads); None for an env that is not a task's.
+
+    >>> task_function("LLMChat-Countdown-v0").__name__, task_function("LLMChat-v0")
+    ('countdown_task', None)
+    """
+    spec = gym.spec(env_id)
+    if "task" in spec.kwargs:  # a token-level env over a task env (LLMToken-*)
+        return task_function(spec.kwargs["task"])
+    factory = spec.kwargs.get("task_factory")
+    return load_env_creator(factory) if isinstance(factory, str) else factory

@@ -7,8 +7,8 @@ import inspect
 from typing import Any
 
 import gymnasium as gym
-from gymnasium.envs.registration import load_env_creator
 
+from llm_gym.envs.dataset import task_function
 from llm_gym.lm.loading import DEFAULT_MODEL_NAME
 from llm_gym.run.config import RunConfig
 
@@ -40,10 +40,9 @@ def answer_format_of(config: RunConfig) -> str | None:
     """``config.answer_format`` where its env's task asks for an answer format (its task
     function takes ``answer_format``); None for an env with a format of its own (code, games),
     which is not given one."""
-    factory = gym.spec(config.env).kwargs.get("task_factory")
-    if config.answer_format is None or factory is None:
+    function = task_function(config.env)
+    if config.answer_format is None or function is None:
         return None
-    function = load_env_creator(factory) if isinstance(factory, str) else factory
     takes = callable(function) and "answer_format" in inspect.signature(function).parameters
     return config.answer_format if takes else None
 

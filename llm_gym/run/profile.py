@@ -15,6 +15,7 @@ groups (each batch is its part: ``shards``); each sample draws from its own gene
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 import math
 import time
@@ -25,9 +26,11 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.envs.registration import load_env_creator
 from tqdm.auto import tqdm
 
 import llm_gym
+from llm_gym.envs.dataset import task_function
 from llm_gym.episodes import Episode, play_episodes
 from llm_gym.episodes.summary import answer_format_held
 from llm_gym.lm.loading import load_model
@@ -254,13 +257,15 @@ def _greedy(policy: Policy) -> Policy:
 
 
 def _check_level(config: ProfileConfig, level: int) -> None:
-    # The task takes the level (its own error names the range), or says it has none.
-    try:
-        env = gym.make(config.env, **{**config.env_args, "level": level})
-    except TypeError as error:
-        if "level" not in str(error):
-            raise
+    # The task takes the level (its own error names the range), or says it has none: told
+    # from the signature before the env is made, so a dataset task loads nothing to say it.
+    entry = gym.spec(config.env).entry_point
+    function = task_function(config.env) or (
+        load_env_creator(entry) if isinstance(entry, str) else entry
+    )
+    if "level" not in inspect.signature(function).parameters:
         raise ValueError(
             f"levels (--levels): {config.env} has no levels (it takes no level argument)"
-        ) from None
+        )
+    env = gym.make(config.env, **{**config.env_args, "level": level})
     env.close()
