@@ -99,12 +99,25 @@ def markdown(names: Sequence[str], args: argparse.Namespace) -> str:
         parts += [
             f"### {CARDS[name][0]}", "",
             f"`{made['env']}`: {model} sampling in {made['dtype']} at temperature "
-            f"{made['temperature']}, seed {made['seed']}, llm_gym {made['llm_gym']}; "
-            f"{minutes:.0f} min on this project's 2-core CPU beside other runs:", "",
+            f"{made['temperature']}, seed {made['seed']}, llm_gym {made['llm_gym']}, reward "
+            f"version {versions(made)}; {minutes:.0f} min on this project's 2-core CPU beside "
+            "other runs:", "",
             "```bash", "llm-gym " + shlex.join(command(name, args)), "```", "",
             card_table(made), "",
         ]  # fmt: skip
     return "\n".join(parts)
+
+
+def versions(made: dict) -> str:
+    """The card's reward versions, in words: a terminal task's version ends in the digest of
+    its tests, one per task, which the card sums up."""
+    every = sorted({v for row in made["levels"].values() for v in row["reward_versions"]})
+    own = sorted({v.split("+tests ")[0] for v in every})
+    if not every:
+        return "none stated"
+    if own != every:  # per-task digests
+        return f"`{', '.join(own)}` + the digest of each task's tests ({len(every)} tasks)"
+    return ", ".join(f"`{v}`" for v in every)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -14,14 +14,16 @@ from gymnasium.envs.registration import load_env_creator
 
 from llm_gym.chat.history import History
 from llm_gym.checks import check_bool, check_int
-from llm_gym.envs.chat import ChatEnv
+from llm_gym.envs.chat import ActionRead, ChatEnv, Outcome
 from llm_gym.rubrics import Part, TaskReward, TaskScore, extend_reward
 from llm_gym.sources import IndexedSource, IterableSource, Shard, Source
 from llm_gym.sources.datasets import is_iterable_dataset, load_records
 from llm_gym.tasks.task import FieldMap, Task
 
 if TYPE_CHECKING:
+    from llm_gym.chat.conversation import Conversation
     from llm_gym.sources.datasets import DatasetLike
+    from llm_gym.tools.toolbox import ToolRecord
 
 __all__ = ["DatasetChatEnv", "QUERY_KEY", "make_task_env", "task_function"]
 
@@ -56,6 +58,9 @@ class DatasetChatEnv(ChatEnv):
     ``0.0`` and an empty ``info`` without a ``reward``. With ``reward_parts`` the reward is
     ``llm_gym.rubrics.extend_reward(reward, reward_parts, task_weight=...)``: a ``Rubric`` of
     the task's parts and these (an LLM judge, a metric), each part's value in ``info``.
+    The step that ends an episode adds ``reward_version`` (the task's) and ``item`` (the
+    item it played, after ``field_map``) to ``info``: what ``llm-gym rescore`` scores a
+    stored episode again with (no ``item`` where the reward is a play's, not ``rescorable``).
 
     ## Starting State
 
@@ -88,8 +93,8 @@ class DatasetChatEnv(ChatEnv):
       (sub-envs, data-parallel ranks) with one seed split each epoch exactly once. Not for
       ``from_dataloader``.
     - ``field_map``, ``reward``, ``required_fields``, ``answer_format``,
-      ``concurrent_reward``: the task's, as ``llm_gym.tasks.Task`` says; the fields are
-      checked on the first item, so a dataset without them fails here.
+      ``concurrent_reward``, ``reward_version``: the task's, as ``llm_gym.tasks.Task`` says;
+      the fields are checked on the first item, so a dataset without them fails here.
     - ``reward_parts``: ``llm_gym.rubrics.Part``s added to the task's reward (default: none);
       ``task_weight``: what the task's own parts pay then (default 1.0; 0: reported as
       metrics, not paid).
@@ -121,6 +126,10 @@ class DatasetChatEnv(ChatEnv):
     # and its item), as ``DatasetChatVectorEnv`` does; an env with state of its own (a
     # game) says False.
     shares_conversations = True
+    # Whether the reward reads only the response and the item, so that a stored episode can
+    # be scored again from its record (``llm-gym rescore``); an env whose reward is its play
+    # (a game, a sandbox's state) says False, and its records carry no item.
+    rescorable = True
 
     def __init__(
         self,
@@ -137,6 +146,7 @@ class DatasetChatEnv(ChatEnv):
         reward: TaskReward | None = None,
         required_fields: tuple[str, ...] = (),
         concurrent_reward: bool = False,
+        reward_version: str | None = None,
         answer_format: str | None = None,
         system_prompt: str | None = None,
         max_turns: int | None = 1,
@@ -171,6 +181,11 @@ class DatasetChatEnv(ChatEnv):
         super().__init__(system_prompt=system_prompt, max_turns=max_turns, **chat_options)
         self.reward = reward
         self.required_fields = tuple(required_fields)
+        if reward_version is not None and not isinstance(reward_version, str):
+            raise TypeError(
+                f"reward_version must be a str or None, got {type(reward_version).__name__}"
+            )
+        self.reward_version = reward_version
         self.answer_format = answer_format
         self.repeats = repeats
         self.group_repeats = group_repeats
@@ -245,6 +260,7 @@ class DatasetChatEnv(ChatEnv):
             field_map=self.field_map,
             required_fields=self.required_fields,
             concurrent_reward=self.concurrent_reward,
+            reward_version=self.reward_version,
         )
 
     @property
@@ -322,6 +338,40 @@ class DatasetChatEnv(ChatEnv):
         """The first prompt of ``item``'s episode and the reset info (the item's fields)."""
         info = {key: value for key, value in item.items() if key != QUERY_KEY}
         return self._history_for(item[QUERY_KEY]), info
+
+    def advance(
+        self,
+        conversation: Conversation,
+        read: ActionRead,
+        records: Sequence[ToolRecord],
+        item: Mapping[str, Any] | None = None,
+        score: TaskScore | None = None,
+    ) -> Outcome:
+        """``ChatEnv.advance``; the step that ends the episode also says the reward's version
+        and, where ``rescorable``, the item played (``info["reward_version"]``,
+        ``info["item"]``)."""
+        outcome = super().advance(conversation, read, records, item, score)
+        if not (outcome.terminated or outcome.truncated):
+            return outcome
+        ended: dict[str, Any] = {}
+        if self.reward_version is not None:  # unversioned: no key
+            ended["reward_version"] = self.reward_version
+        if self.rescorable:
+            ended["item"] = dict((self._item if item is None else item) or {})
+        return outcome._replace(info={**outcome.info, **ended})
+
+    def score(self, response: str, item: Mapping[str, Any]) -> TaskScore:
+        """``response`` (the whole assistant text, ``assistant_prefix`` included) scored
+        against ``item`` by this env's reward, as a step would: what ``llm-gym rescore``
+        calls on a stored episode.
+
+        >>> env = DatasetChatEnv([{"query": "1+1?", "answer": "2"}],
+        ...                      reward=lambda text, item: (float(text == item["answer"]), {}))
+        >>> env.score("2", {"answer": "2"}).reward, env.score("3", {"answer": "2"}).reward
+        (1.0, 0.0)
+        """
+        reward, answered, info = self._score(response, item)
+        return TaskScore(reward, info, answered)
 
     def _score(
         self, response: str, item: Mapping[str, Any] | None

@@ -126,6 +126,7 @@ class SessionChatEnv(DatasetChatEnv):
 
     #: The item field holding a session's seed (``seed_stream``'s); None: items are rows.
     seed_field: str | None = None
+    rescorable = False  # the reward is the session's play, not a function of one response
 
     def __init__(
         self, dataset: DatasetLike, *, max_turns: int | None = None, **options: object

@@ -126,6 +126,7 @@ class TerminalEnv(DatasetChatEnv):
     """
 
     shares_conversations = False  # the workspace is the episode's own: no DatasetChatVectorEnv
+    rescorable = False  # the reward is the workspace's state after the play, not the text's
 
     def __init__(
         self,
@@ -260,6 +261,7 @@ class TerminalEnv(DatasetChatEnv):
                                  "s ([verifier] timeout_sec) and was killed: reward 0"}  # fmt: skip
         self._close_shell()  # the workspace and everything in it end with the episode
         info.update(success=reward >= 1.0, task=task.name, verifier_seconds=run.seconds)
+        info["reward_version"] = task.reward_version
         return reward, True, info
 
     def oracle_action(self) -> str:

@@ -12,6 +12,7 @@ from llm_gym.checks import check_choice, check_reward, check_str
 from llm_gym.envs.session import EnvResponse, SessionChatEnv, seed_stream
 from llm_gym.envs.sharded import PartVectorEnv, sharded_env_fns
 from llm_gym.games import Opponent, TextArenaGame, outcome_of
+from llm_gym.tasks.task import reward_version
 
 if TYPE_CHECKING:
     from llm_gym.chat.conversation import Conversation
@@ -147,6 +148,8 @@ class TextArenaEnv(SessionChatEnv):
                 f"invalid_move_reward={invalid_move_reward!r} would pay for a move the game "
                 "refuses: pass a value <= 0 (GEM's is -0.1)"
             )
+        # The game's own rules pay (TextArena's version), on llm_gym's reading of them.
+        options.setdefault("reward_version", reward_version("1", "textarena"))
         super().__init__(seed_stream(self.seed_field, query=game, game=game), **options)
         self.game = game
         self._game = TextArenaGame(game, opponent, seat)

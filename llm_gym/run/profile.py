@@ -112,6 +112,8 @@ def level_card(
     held = [h for h in map(answer_format_held, (e.info for e in flat)) if h is not None]
     card["no_answer"] = float(1 - np.mean(held)) if held else None
     card["minutes"] = seconds / 60
+    versions = {e.info.get("reward_version") for e in [*greedy, *flat]}
+    card["reward_versions"] = sorted(str(v) for v in versions if v is not None)
     return card
 
 

@@ -14,7 +14,7 @@ from llm_gym.tasks.ifeval import IFEVAL_LEVELS, ifeval_prompt, ifeval_task
 from llm_gym.tasks.math import load_math, math_task
 from llm_gym.tasks.products import PRODUCTS_CODE_REQUEST, products_task
 from llm_gym.tasks.reasoning_gym import reasoning_gym_task
-from llm_gym.tasks.task import Task
+from llm_gym.tasks.task import Task, reward_version
 from llm_gym.tasks.terminal import TERMINAL_LEVELS, terminal_task
 
 __all__ = [
@@ -39,6 +39,7 @@ __all__ = [
     "math_task",
     "products_task",
     "reasoning_gym_task",
+    "reward_version",
     "system_prompt",
     "terminal_task",
 ]

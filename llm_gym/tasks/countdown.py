@@ -14,7 +14,7 @@ from llm_gym.rewards.answers import system_prompt
 from llm_gym.rewards.countdown import CountdownReward
 from llm_gym.rubrics import TaskScore, answer_rubric
 from llm_gym.sources.procedural import ProceduralSource
-from llm_gym.tasks.task import Task
+from llm_gym.tasks.task import Task, reward_version
 
 __all__ = [
     "COUNTDOWN_LEVELS",
@@ -148,4 +148,5 @@ def countdown_task(
         prompt=prompt,
         reward=answer_rubric(functools.partial(_score, reward), answer_format, numeric=False),
         answer_format=answer_format,
+        reward_version=reward_version("1"),
     )

@@ -11,7 +11,7 @@ from llm_gym.rewards.answers import check_answer_format, system_prompt
 from llm_gym.rewards.gsm8k import GSM8KReward
 from llm_gym.rubrics import TaskScore, answer_rubric
 from llm_gym.sources.datasets import load_split, task_data
-from llm_gym.tasks.task import Task
+from llm_gym.tasks.task import Task, reward_version
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -102,4 +102,5 @@ def gsm8k_task(
         answer_format=reward.mode,
         field_map={"question": "query"},
         required_fields=("answer",),
+        reward_version=reward_version("1"),
     )

@@ -18,6 +18,7 @@ load, by name and line.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import posixpath
@@ -29,6 +30,7 @@ from typing import Any
 
 import tomllib
 
+from llm_gym.tasks.task import reward_version
 from llm_gym.tools.shell import check_workdir
 
 __all__ = [
@@ -73,6 +75,19 @@ class TerminalTask:
     workdir: str = DEFAULT_WORKDIR
     env: Mapping[str, str] = field(default_factory=dict)
     verifier_timeout: float = 600.0
+
+    @property
+    def reward_version(self) -> str:
+        """Its reward's version: llm_gym's reading of the verifier's reward (1) and a digest
+        of its ``tests``, which change whenever what they check does.
+
+        >>> TerminalTask("t", "Do it.", {}, {"test.sh": b"exit 0"}).reward_version
+        '1+tests 9b6222ed2461'
+        """
+        digest = hashlib.sha256()
+        for name in sorted(self.tests):
+            digest.update(name.encode() + b"\0" + self.tests[name] + b"\0")
+        return f"{reward_version('1')}+tests {digest.hexdigest()[:12]}"
 
     def write(self, folder: str | Path) -> Path:
         """This task as a Harbor task folder in ``folder`` (created); the folder."""

@@ -15,7 +15,7 @@ from typing import Any
 
 from llm_gym.rewards.code import CODE_FORMATS, extract_code, grade
 from llm_gym.rubrics import Part, Rubric, TaskScore, in_thread
-from llm_gym.tasks.task import Task
+from llm_gym.tasks.task import Task, reward_version
 from llm_gym.tools.interpreter import PythonInterpreter
 
 __all__ = ["HUMANEVAL_PROMPTS", "humaneval_task", "load_humaneval"]
@@ -148,4 +148,5 @@ def humaneval_task(
         # Each grade is a sandboxed process: sub-envs at once (a vector env's score_batch runs
         # the async grading part concurrently; a step that scores alone runs on a thread).
         concurrent_reward=True,
+        reward_version=reward_version("1"),
     )

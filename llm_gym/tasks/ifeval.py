@@ -29,7 +29,7 @@ from llm_gym.rewards.ifeval import (
 )
 from llm_gym.rubrics import Part, Rubric, TaskScore
 from llm_gym.sources.procedural import ProceduralSource
-from llm_gym.tasks.task import Task
+from llm_gym.tasks.task import Task, reward_version
 
 __all__ = [
     "IFEVAL_EASY",
@@ -431,4 +431,5 @@ def ifeval_task(
         reward=Rubric([Part("followed", functools.partial(_score, reward))]),
         answer_format=None,
         required_fields=("constraints",),
+        reward_version=reward_version("1"),
     )

@@ -13,7 +13,7 @@ from llm_gym.rewards.answers import system_prompt
 from llm_gym.rewards.math import MATHReward, boxed_answer
 from llm_gym.rubrics import TaskScore, answer_rubric
 from llm_gym.sources.datasets import load_split, task_data
-from llm_gym.tasks.task import Task
+from llm_gym.tasks.task import Task, reward_version
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -117,4 +117,5 @@ def math_task(
         answer_format=answer_format,
         field_map={"problem": "query"},
         required_fields=("solution",),
+        reward_version=reward_version("1", "math-verify"),
     )

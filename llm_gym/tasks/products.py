@@ -13,7 +13,7 @@ from llm_gym.checks import check_bool
 from llm_gym.rewards.answers import score_answer, system_prompt
 from llm_gym.rubrics import TaskScore, answer_rubric
 from llm_gym.sources.procedural import ProceduralSource
-from llm_gym.tasks.task import Task
+from llm_gym.tasks.task import Task, reward_version
 
 __all__ = ["PRODUCTS_CODE_REQUEST", "products_problem", "products_task"]
 
@@ -107,4 +107,5 @@ def products_task(
         prompt=prompt,
         reward=answer_rubric(functools.partial(_score, answer_format), answer_format),
         answer_format=answer_format,
+        reward_version=reward_version("1"),
     )

@@ -14,7 +14,7 @@ from llm_gym.checks import check_reward
 from llm_gym.rewards.answers import score_answer, system_prompt
 from llm_gym.rubrics import TaskScore, answer_rubric
 from llm_gym.sources.procedural import ProceduralSource
-from llm_gym.tasks.task import Task
+from llm_gym.tasks.task import Task, reward_version
 
 __all__ = ["ReasoningGymGenerator", "reasoning_gym_task"]
 
@@ -217,4 +217,5 @@ def reasoning_gym_task(
             numeric=False,  # as _score reads the answer
         ),
         answer_format=answer_format,
+        reward_version=reward_version("1", "reasoning-gym"),
     )

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from llm_gym.rubrics.score import TaskReward
 
-__all__ = ["FieldMap", "Task"]
+__all__ = ["FieldMap", "Task", "reward_version"]
 
 
 # Renames from a record's columns to the env's fields, or a function of the record.
@@ -41,6 +42,9 @@ class Task:
       env is made.
     - ``concurrent_reward``: the reward is thread-safe and slow enough (code run in a
       sandbox) that a vector env scores its sub-envs at once, on threads.
+    - ``reward_version``: the version of ``reward``'s scoring, changed whenever a response
+      would score differently; each ended episode's info carries it (``llm-gym rescore``
+      tells stored episodes scored by another version). None: unversioned.
     """
 
     source: Any
@@ -50,14 +54,35 @@ class Task:
     field_map: FieldMap | None = None
     required_fields: tuple[str, ...] = ()
     concurrent_reward: bool = False
+    reward_version: str | None = None
 
     def keys(self) -> tuple[str, ...]:
         """The ``DatasetChatEnv`` arguments a task unpacks into: ``DatasetChatEnv.from_dataloader(
         loader, **task)`` serves the task's prompt, fields and reward over other data."""
         return (
             "system_prompt", "reward", "answer_format", "field_map", "required_fields",
-            "concurrent_reward",
+            "concurrent_reward", "reward_version",
         )  # fmt: skip
 
     def __getitem__(self, key: str) -> Any:
         return self.prompt if key == "system_prompt" else getattr(self, key)
+
+
+def reward_version(own: str, *libraries: str) -> str:
+    """A task's ``reward_version``: its ``own`` version, and the installed version of each
+    library that scores for it (a library's update may change a score without a line of
+    ours changing).
+
+    >>> reward_version("1")
+    '1'
+    >>> reward_version("2", "numpy").startswith("2+numpy ")
+    True
+    """
+    return "+".join([own, *(f"{name} {_installed(name)}" for name in libraries)])
+
+
+def _installed(name: str) -> str:
+    try:
+        return version(name)
+    except PackageNotFoundError:  # an optional extra: the task says so when it scores
+        return "not installed"

@@ -168,7 +168,9 @@ def test_episode_is_single_turn_by_default_and_check_env_passes():
     check_env(env, skip_render_check=True)
     env.reset(seed=0)
     _, reward, terminated, truncated, info = env.step("answer")
-    assert (reward, terminated, truncated, info) == (0.0, True, False, {})
+    # The ended step names its item; no reward version (the env's reward is unversioned).
+    assert (reward, terminated, truncated) == (0.0, True, False)
+    assert info == {"item": env.unwrapped.item} and info["item"]["query"].startswith("q")
     multi = DatasetChatEnv(ROWS, max_turns=2)
     multi.reset(seed=0)
     assert multi.step("a")[2:4] == (False, False)

@@ -49,10 +49,14 @@ def test_a_task_unpacks_into_the_env_arguments_and_the_env_gives_it_back():
         "field_map",
         "required_fields",
         "concurrent_reward",
+        "reward_version",
     }
     env = DatasetChatEnv([{"question": "1+1?", "answer": "#### 2"}], **task)
     env.reset(seed=0)
-    assert env.step(r"so \boxed{2}")[1] == 1.0
+    _, reward, _, _, info = env.step(r"so \boxed{2}")
+    assert reward == 1.0 and info["reward_version"] == task.reward_version == "1"
+    assert info["item"] == {"query": "1+1?", "answer": "#### 2"}  # what rescore reads
+    assert env.task.reward_version == "1"
     assert env.task.answer_format == "boxed" and env.task.prompt == task.prompt
     assert env.task.concurrent_reward is False  # GSM8K's reward is cheap: scored in turn
     assert ANSWER_FORMATS["boxed"].instruction in task.prompt
