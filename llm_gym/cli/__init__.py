@@ -30,6 +30,7 @@ from llm_gym.cli._check_tasks import add_check_tasks, check_tasks
 from llm_gym.cli._check_template import add_check_template, check_template
 from llm_gym.cli._envs import envs_table
 from llm_gym.cli._launch import LAUNCHED, launch, processes
+from llm_gym.cli._rescore import add_rescore, rescore
 from llm_gym.cli._servers import add_gateway, add_serve, gateway, serve
 from llm_gym.options import number
 from llm_gym.run.config import ProfileConfig, RolloutConfig
@@ -52,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_rollout(commands)
     _add_train(commands)
     _add_profile(commands)
+    add_rescore(commands)
     add_serve(commands)
     add_gateway(commands)
     commands.add_parser(
@@ -219,6 +221,8 @@ def _main(argv: Sequence[str] | None) -> int:
         return check_template(args)
     if args.command == "check-tasks":
         return check_tasks(args)
+    if args.command == "rescore":
+        return rescore(args)
     if args.command == "serve":
         return serve(args)
     if args.command == "gateway":

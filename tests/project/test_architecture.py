@@ -63,9 +63,11 @@ def test_reward_value_scores_each_step_with_its_sample():
     obs, info = env.reset(seed=0)
     assert obs["history"][-1]["content"] == "2+2?" and info == {"a": "4"}
     obs, reward, terminated, truncated, info = env.step(" 4 ")
-    assert (reward, terminated, truncated, info) == (1.0, True, False, {"expected": "4"})
+    assert (reward, terminated, truncated, info["expected"]) == (1.0, True, False, "4")
+    assert info["item"] == {"query": "2+2?", "a": "4"}  # the ended step names its item
     env.reset()
-    assert env.step("5")[1:] == (0.0, True, False, {"expected": "6"})
+    _, reward, terminated, truncated, info = env.step("5")
+    assert (reward, terminated, truncated, info["expected"]) == (0.0, True, False, "6")
 
 
 def test_answered_decides_the_end_of_a_multi_turn_episode():
@@ -78,7 +80,8 @@ def test_answered_decides_the_end_of_a_multi_turn_episode():
     )
     env.reset(seed=0)
     assert env.step("let me think")[1:] == (0.0, False, False, {"n": 12})
-    assert env.step("4")[1:] == (1.0, True, False, {"n": 1})
+    _, reward, terminated, truncated, info = env.step("4")
+    assert (reward, terminated, truncated, info["n"]) == (1.0, True, False, 1)
     env.reset()
     # A plain (reward, info) pair counts as an answer.
     plain = DatasetChatEnv(ROWS, field_map={"q": "query"}, reward=exact_match, max_turns=3)
