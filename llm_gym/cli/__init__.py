@@ -112,14 +112,20 @@ def _nothing_kept(out: str) -> str:
 
 
 def _prepare_profile(config: ProfileConfig) -> Any:
+    from llm_gym.run.learning import Comparison
     from llm_gym.run.profile import Profile
 
-    return Profile(config)
+    return Profile(config) if config.compare is None else Comparison(config.compare, config.out)
 
 
 def _profile(profile: Any) -> int:
+    from llm_gym.run.learning import Comparison
     from llm_gym.run.profile import CARD_FILE, CARD_TABLE_FILE, card_table
 
+    if isinstance(profile, Comparison):
+        print(profile.run())
+        print(f"wrote {profile.out}/comparison.md, comparison.png")
+        return 0
     card = profile.run()
     print(card_table(card))
     print(f"wrote {profile.out}/{CARD_FILE}, {CARD_TABLE_FILE}")

@@ -193,6 +193,14 @@ def dataset_env_ids() -> list[str]:
 def check_flags(args: argparse.Namespace, given: set[str]) -> None:
     """A ``ValueError`` naming the flag for a combination the run would fail on or ignore;
     ``given``: the options the command line gives (``given_options``)."""
+    if "compare" in given:  # a comparison plays nothing: a flag of a card would be ignored
+        named = flags(args.config_class) | {"threads": "--threads"}
+        kept = {"compare", "out", "overwrite", "progress"}
+        ignored = sorted(named.get(n, n) for n in given - kept)
+        if ignored:
+            raise ValueError(
+                f"--compare plays nothing, it reads the run's folder: drop {', '.join(ignored)}"
+            )
     forced_cpu_bf16()  # the environment's say on --dtype auto, checked before torch loads
     for dest, flag in DATASET_FLAGS.items():
         if dest in given and not _takes(args.env, dest):

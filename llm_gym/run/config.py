@@ -367,6 +367,13 @@ class ProfileConfig(RunConfig):
         help="sub-envs stepped together: the samples of max(1, NUM_ENVS // K) questions a "
         "batch (default: %(default)s)",
     )  # fmt: skip
+    compare: str | None = option(
+        None, metavar="RUN_DIR",
+        help="play nothing: hold the training run in RUN_DIR against the learning card of its "
+        "task (its sampled success per iteration against the card's seeds' band; "
+        "llm_gym.run.learning), print the table and write comparison.md and comparison.png "
+        "to --out (default: %(default)s)",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -22,6 +22,7 @@ from llm_gym.run.files import write_file
 __all__ = [
     "Group",
     "episode_groups",
+    "plot_comparison",
     "plot_rollout",
     "plot_training",
     "running_mean",
@@ -214,6 +215,21 @@ def plot_training(
         axes[panel + 1].set_ylabel("level", fontsize=9)
         axes[panel + 1].yaxis.get_major_locator().set_params(integer=True)
     axes[-1].set_xlabel("iteration")
+    _save(fig, path)
+
+
+def plot_comparison(rows: Sequence[dict[str, Any]], metric: str, path: Path, title: str) -> None:
+    """A run's ``metric`` per iteration (``rows`` of ``llm_gym.run.learning.compare_run``)
+    over a learning card's mean and band."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    x = [row["iteration"] for row in rows]
+    ax.fill_between(x, [r["low"] for r in rows], [r["high"] for r in rows], alpha=0.25,
+                    color="tab:blue", label="the card's band")  # fmt: skip
+    ax.plot(x, [r["mean"] for r in rows], color="tab:blue", label="the card's mean")
+    ax.plot(x, [r["run"] for r in rows], color="tab:orange", marker="o", label="this run")
+    ax.set(xlabel="iteration", ylabel=metric, title=title)
+    ax.legend()
     _save(fig, path)
 
 

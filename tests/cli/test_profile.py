@@ -3,6 +3,8 @@ for the same seed, pass@K never under pass@1, each question the same in its gree
 sampled plays; bad input one line each."""
 
 import json
+import math
+from pathlib import Path
 
 import pytest
 
@@ -102,3 +104,32 @@ def test_bad_input_is_one_line(tmp_path, capsys, args, message):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
     assert not (tmp_path / "card" / "card.json").exists()
+
+
+def docs_card_row(title, level):
+    # The row of `level` in the docs' card under the heading that starts with `title`.
+    page = (Path(__file__).parents[2] / "docs" / "envs" / "cards.md").read_text()
+    section = page.split(f"### {title}", 1)[1].split("\n### ", 1)[0]
+    row = next(line for line in section.splitlines() if line.startswith(f"| {level} |"))
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    return {
+        name: tuple(float(x) for x in cell.replace("(", "").replace(")", "").split())
+        for name, cell in zip(("greedy", "pass@1", "pass@4"), cells[2:5], strict=True)
+    }
+
+
+@pytest.mark.slow  # the default model: 8 questions, each greedy once and sampled 4 times
+def test_a_sample_of_the_docs_card_agrees_within_its_se(tmp_path):
+    # chain_sum's level 0 in docs/envs/cards.md (16 questions), made again on its first 8, on
+    # whatever CPU runs the suite (its dtype may differ from the card's): each rate must lie
+    # within two standard errors of the difference (the card's and this sample's).
+    card = docs_card_row("reasoning-gym's chain_sum", 0)
+    config = ProfileConfig(
+        model="default", env_args={"task": "chain_sum"}, levels=[0], answer_format="last_number",
+        max_new_tokens=48, episodes=8, samples=4, seed=0, out=str(tmp_path), progress=False,
+    )  # fmt: skip
+    row = Profile(config).run()["levels"]["0"]
+    assert row["questions"] == 8 and row["pass@4"] >= row["pass@1"]
+    for name, (value, se) in card.items():
+        band = 2 * math.sqrt(se**2 + row[f"{name}_se"] ** 2)
+        assert abs(row[name] - value) <= band, (name, row[name], value, band)
