@@ -75,13 +75,17 @@ def rescore_lines(
     and new ``reward_task``, ``success`` and ``reward_version``, the new score's ``info``)
     and the report over them; ``env`` (None: no record has an item) scores the responses."""
     prefix = str(config.env_args.get("assistant_prefix", ""))
-    lines, skipped = [], 0
+    lines, skipped, failed = [], 0, []
     version_now = None if env is None else env.reward_version
     for index, record in enumerate(records):
         if env is None or not _has_item(record):
             skipped += 1
             continue
-        score = env.score(prefix + str(record.get("response") or ""), record["item"])
+        try:  # a record edited by hand may lack a field the reward reads: that record only
+            score = env.score(prefix + str(record.get("response") or ""), record["item"])
+        except (KeyError, TypeError, ValueError) as error:
+            failed.append(f"line {index}: {type(error).__name__}: {error}")
+            continue
         old = record.get("reward_task")
         old = record.get("reward") if old is None else old
         lines.append({
@@ -105,6 +109,8 @@ def rescore_lines(
         "episodes": len(records),
         "rescored": rescored,
         "not_rescored": skipped,
+        "failed": len(failed),
+        "first_failure": failed[0] if failed else None,
         "reward_version_now": version_now,
         "changed": len(changed),
         "mean_change": float(changes.mean()) if rescored else 0.0,
@@ -144,6 +150,11 @@ def report_text(report: Mapping[str, Any]) -> str:
         if differ
         else "  reward versions: the same"
     )
+    if report.get("failed"):
+        lines.append(
+            f"  failed: {report['failed']} episodes whose item the reward could not read "
+            f"({report['first_failure']})"
+        )
     if report["not_rescored"]:
         lines.append(
             f"  not rescored: {report['not_rescored']} episodes whose records hold no item "

@@ -63,7 +63,7 @@ def test_the_shipped_cards_are_four_seeds_of_their_recipe():
 
 def test_profile_compare_holds_a_real_run_against_its_card(tiny_dir, tmp_path, capsys):
     run = tmp_path / "run"
-    assert main(train_args(tiny_dir, run, "--save-every", "0")) == 0
+    assert main(train_args(tiny_dir, run)) == 0
     capsys.readouterr()
     out = tmp_path / "compared"
     assert main(["profile", "--compare", str(run), "--out", str(out)]) == 0

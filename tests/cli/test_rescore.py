@@ -88,6 +88,14 @@ def test_records_without_an_item_are_counted_not_scored(tmp_path, capsys):
     assert main(["rescore", run]) == 0
     said = capsys.readouterr().out
     assert said.startswith("rescored 0 of 2 episodes") and "not rescored: 2 episodes" in said
+    # An item without the field the reward reads fails that record only, named.
+    right = {**old, "response": "<answer>7</answer>", "item": {"query": "q", "answer": "#### 7"}}
+    broken = {**old, "item": {"query": "q"}}
+    run = write_run(tmp_path / "edited", {"env": "LLMChat-GSM8K-v0"}, [right, broken])
+    assert main(["rescore", run]) == 0
+    said = capsys.readouterr().out
+    assert said.startswith("rescored 1 of 2 episodes") and ": 1 changed" in said
+    assert "failed: 1 episodes whose item the reward could not read (line 1: KeyError" in said
 
 
 @pytest.mark.parametrize(
