@@ -5,6 +5,7 @@ its folder is read, not made again.
 
     python scripts/learning_cards.py chain_sum --seeds 0 1 2 3 --threads 1
     python scripts/learning_cards.py guess --seeds 0 1 2 3 --threads 1
+    python scripts/learning_cards.py chain_sum --write-docs   # the card's table into the docs
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+PAGE = ROOT / "docs" / "envs" / "cards.md"
+BEGIN, END = "<!-- learning card begin -->", "<!-- learning card end -->"
 
 # name -> (the command of one seed's run, with {seed} and {threads}; its run folder).
 RUNS = {
@@ -43,7 +46,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("name", choices=sorted(RUNS))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--write-docs", action="store_true",
+                        help="put the shipped cards' tables into docs/envs/cards.md")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.write_docs:
+        return write_docs()
     from llm_gym.run.learning import learning_card
 
     template, folder = RUNS[args.name]
@@ -59,13 +66,43 @@ def main(argv: Sequence[str] | None = None) -> int:
             env = os.environ | {"HF_HUB_OFFLINE": "1"}
             subprocess.run(cli, cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL)
         runs.append(run)
-    command = template.replace(" --threads {threads}", "").replace("--threads {threads} ", "")
-    card = learning_card(runs, command.replace("{seed}", "SEED"))
+    # The command as run: the thread count too (it changes a bfloat16 sum's order).
+    card = learning_card(runs, template.format(seed="SEED", threads=args.threads))
     out = ROOT / "llm_gym" / "run" / "learning_cards" / f"{args.name}.json"
     out.write_text(json.dumps(card, indent=1) + "\n")
     mean = card["mean"]
     print(f"wrote {out.relative_to(ROOT)}: {len(mean)} iterations, {card['metric']} "
           f"{mean[0]:.3f} -> {mean[-1]:.3f} (mean of seeds {card['seeds']})")  # fmt: skip
+    return 0
+
+
+def table(name: str, card: dict) -> str:
+    """Card ``name`` in Markdown: what made it, then a row an iteration."""
+    seeds = ", ".join(map(str, card["seeds"]))
+    before = ", ".join(f"{v:.3f}" for v in card["greedy_before"])
+    after = ", ".join(f"{v:.3f}" for v in card["greedy_after"])
+    lines = [
+        f"### {name}", "",
+        f"`{card['command'].replace('SEED', 'S')}` for seeds {seeds}, sampling in "
+        f"{card['dtype']}, llm_gym {card['llm_gym']}; greedy success on the held-out questions "
+        f"before, by seed: {before}; after: {after}.", "",
+        f"| iteration | sampled {card['metric']}, mean (SE) | by seed |", "|---|---|---|",
+    ]  # fmt: skip
+    for i, (mean, se) in enumerate(zip(card["mean"], card["se"], strict=True)):
+        by_seed = ", ".join(f"{curve[i]:.3f}" for curve in card["curves"])
+        lines.append(f"| {i} | {mean:.3f} ({se:.3f}) | {by_seed} |")
+    return "\n".join(lines)
+
+
+def write_docs() -> int:
+    from llm_gym.run.learning import LEARNING_CARDS, load_learning_card
+
+    text = "\n\n".join(table(name, load_learning_card(name)) for name in LEARNING_CARDS)
+    page = PAGE.read_text()
+    head, rest = page.split(BEGIN)
+    _, tail = rest.split(END)
+    PAGE.write_text(f"{head}{BEGIN}\n\n{text}\n\n{END}{tail}")
+    print(text)
     return 0
 
 
