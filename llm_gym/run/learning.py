@@ -187,9 +187,10 @@ def _curve(run: Path, metric: str) -> list[float]:
             row = json.loads(line)
         except ValueError:
             break  # cut short by a stop
-        if row.get(metric) is None:
-            raise ValueError(f"{path}: iteration {row.get('iteration')} has no {metric!r}")
-        values.append(float(row[metric]))
+        value = row.get(metric) if isinstance(row, dict) else None
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise ValueError(f"{path}: line {len(values) + 1} has no number {metric!r}")
+        values.append(float(value))
     if not values:
         raise ValueError(f"{path} holds no iteration")
     return values

@@ -93,8 +93,11 @@ def test_compare_refuses_flags_it_would_ignore(tmp_path, capsys, args, message):
 
 def test_a_run_without_a_card_or_a_folder_is_one_line(tmp_path, capsys):
     gsm8k = fake_run(tmp_path / "g", 0, [0.5], env="LLMChat-GSM8K-v0", env_args={})
+    broken = fake_run(tmp_path / "b", 0, [0.5])
+    (broken / "metrics.jsonl").write_text('{"success": "high"}\n')
     for run, message in ((gsm8k, "no learning card for LLMChat-GSM8K-v0"),
-                         (tmp_path / "none", "holds no run_config.json")):  # fmt: skip
+                         (tmp_path / "none", "holds no run_config.json"),
+                         (broken, "metrics.jsonl: line 1 has no number 'success'")):  # fmt: skip
         assert main(["profile", "--compare", str(run), "--out", str(tmp_path / "o")]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and message in err[0], err
