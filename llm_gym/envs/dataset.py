@@ -353,12 +353,16 @@ class DatasetChatEnv(ChatEnv):
         outcome = super().advance(conversation, read, records, item, score)
         if not (outcome.terminated or outcome.truncated):
             return outcome
+        return outcome._replace(info={**outcome.info, **self._ended_info(item)})
+
+    def _ended_info(self, item: Mapping[str, Any] | None) -> dict[str, Any]:
+        # What the step that ends an episode adds to its info (this class's Rewards section).
         ended: dict[str, Any] = {}
         if self.reward_version is not None:  # unversioned: no key
             ended["reward_version"] = self.reward_version
         if self.rescorable:
             ended["item"] = dict((self._item if item is None else item) or {})
-        return outcome._replace(info={**outcome.info, **ended})
+        return ended
 
     def score(self, response: str, item: Mapping[str, Any]) -> TaskScore:
         """``response`` (the whole assistant text, ``assistant_prefix`` included) scored

@@ -189,6 +189,7 @@ class SessionChatEnv(DatasetChatEnv):
         added = [] if cut else self._messages(answer.messages)
         if terminated or truncated or cut:
             info.update(self.end_info(item, cut))
+            info.update(self._ended_info(item))  # the reward's version
             info["reward"] = float(sum(conversation.rewards) + reward)
         return self._conclude(conversation, read, added, reward, terminated, truncated or cut, info)
 

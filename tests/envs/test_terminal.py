@@ -3,6 +3,7 @@ workspace and nothing of another's, Harbor's task folders (each oracle scores 1,
 0, a hanging verifier killed), what cannot run here refused at load, hostile commands as their
 own episode's tool errors, and nothing left running or on disk after an episode."""
 
+import dataclasses
 import json
 import os
 import time
@@ -149,6 +150,11 @@ def test_a_wrong_answer_scores_zero_and_reward_json_parts_are_kept():
     env.reset(options={"item": {"task": "count-words"}})
     _, reward, _, _, info = env.step("The total is 13.")  # said, not written
     assert reward == 0.0 and info["verifier_rewards"] == {"reward": 0.0}
+    # Its reward's version names the digest of its tests; its play is no item to rescore.
+    words = env.unwrapped.tasks["count-words"]
+    assert info["reward_version"] == words.reward_version and "item" not in info
+    changed = dataclasses.replace(words, tests={"test.sh": words.tests["test.sh"] + b"\n"})
+    assert changed.reward_version != words.reward_version
     env.close()
 
 

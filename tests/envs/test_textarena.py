@@ -44,6 +44,8 @@ def test_a_game_is_played_to_its_end_by_textarenas_rules():
     assert guesses == [10, 15, 12] and (reward, terminated, truncated) == (1.0, True, False)
     assert info["outcome"] == "win" and info["success"] and not info["invalid_move"]
     assert "Congratulations" in info["reason"]
+    # The game's version pays; its play is no item a reward could score again.
+    assert info["reward_version"].startswith("1+textarena ") and "item" not in info
     roles = [m["role"] for m in obs["history"]]
     assert roles == ["user", "assistant", "user", "assistant", "user", "assistant"]
     assert obs["history"][2]["content"] == "[GAME] The target number is higher."
