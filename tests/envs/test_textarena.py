@@ -167,7 +167,7 @@ def test_max_turns_truncates_an_unfinished_game():
     assert (reward, terminated, truncated) == (0.0, False, True)
     assert info == {"outcome": "unfinished", "success": False, "reason": "max_turns",
                     "invalid_move": False, "task": GUESS, "game_seed": 1576890651,
-                    "reward": 0.0}  # fmt: skip
+                    "reward": 0.0, "reward_version": env.unwrapped.reward_version}  # fmt: skip
 
 
 def test_tokens_mode_keeps_the_prefix_and_masks_only_the_policys_tokens(smollm2_tokenizer):
