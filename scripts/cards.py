@@ -46,7 +46,7 @@ CARDS = {
     "humaneval": ("HumanEval", ["--env", "LLMChat-HumanEval-v0", "--max-new-tokens", "256"]),
     "guess": ("TextArena's GuessTheNumber", ["--env", "LLMChat-TextArena-v0", "--env-arg",
                                              "game=GuessTheNumber-v0", "--max-new-tokens", "12"]),
-    "terminal": ("the terminal world", ["--env", "LLMChat-Terminal-v0", "--levels",
+    "terminal": ("The terminal world", ["--env", "LLMChat-Terminal-v0", "--levels",
                                         "0,1,2,3,4", "--max-new-tokens", "64"]),
 }  # fmt: skip
 # Fewer questions where an episode is many sandboxed turns (a level's 16 took ~17 min here).
