@@ -10,6 +10,7 @@ import pytest
 from llm_gym.cli import main
 from llm_gym.tasks import gsm8k_task, reasoning_gym_task
 from tests.gsm8k_fixture import FIXTURE
+from tests.train_fixture import keep_torch_threads, train_args  # noqa: F401  (--threads 1)
 
 RUNS = {
     "chain_sum": (["--env-arg", "task=chain_sum", "--env-arg", "level=0", "--answer-format",
@@ -118,3 +119,15 @@ def test_bad_input_is_one_line(tmp_path, capsys, make, message):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
     assert not list(tmp_path.rglob("rescored.jsonl"))
+
+
+def test_a_training_runs_logged_episodes_rescore_to_their_own_scores(tiny_dir, tmp_path, capsys):
+    run = tmp_path / "train"
+    assert main(train_args(tiny_dir, run, "--log-episodes")) == 0
+    logged = [json.loads(x) for x in (run / "episodes.jsonl").read_text().splitlines()]
+    assert len(logged) == 8 and {r["iteration"] for r in logged} == {0, 1}
+    capsys.readouterr()
+    assert main(["rescore", str(run)]) == 0  # its config: run_config.json
+    said = capsys.readouterr().out
+    assert said.startswith("rescored 8 of 8 episodes with LLMChat-ReasoningGym-v0's reward")
+    assert ": 0 changed" in said and "reward versions: the same" in said
