@@ -99,7 +99,8 @@ def find_learning_card(config: Mapping[str, Any]) -> tuple[str, dict]:
 
 def compare_run(run_dir: str | Path, card: Mapping[str, Any]) -> dict:
     """A training run against ``card``: per iteration the run's value of the card's metric,
-    the card's mean and band (mean ± 2 SE, at least the seeds' range), and where the run lies
+    the card's mean and band (mean ± 2 SE, at least the seeds' range; a success rate's within
+    [0, 1]), and where the run lies
     (``"below"``, ``"within"``, ``"above"``); the options in which the run's recipe differs
     from the card's; its greedy success before and after beside the card's."""
     run = Path(run_dir)
@@ -110,6 +111,8 @@ def compare_run(run_dir: str | Path, card: Mapping[str, Any]) -> dict:
         seeds = [c[i] for c in card["curves"]]
         low = min(card["mean"][i] - 2 * card["se"][i], min(seeds))
         high = max(card["mean"][i] + 2 * card["se"][i], max(seeds))
+        if card["metric"] == "success":  # a share: the band stays within [0, 1]
+            low, high = max(low, 0.0), min(high, 1.0)
         where = "below" if value < low else "above" if value > high else "within"
         rows.append({"iteration": i, "run": value, "mean": card["mean"][i], "low": low,
                      "high": high, "where": where})  # fmt: skip

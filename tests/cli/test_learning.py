@@ -44,7 +44,8 @@ def test_a_card_is_the_seeds_curves_mean_and_se(tmp_path):
     run = fake_run(tmp_path / "mine", 9, [0.1, 0.9, -0.1])
     rows = compare_run(run, card)["rows"]
     assert [r["where"] for r in rows] == ["within", "above", "below"]
-    assert rows[0]["low"] == pytest.approx(min(0.0, 0.25 - 2 * 0.25 / math.sqrt(3)))
+    assert rows[0]["low"] == 0.0 and rows[1]["high"] == 0.5  # a share's band: within [0, 1]
+    assert rows[2]["low"] == pytest.approx(0.75 - 2 * 0.25 / math.sqrt(3))
     # Runs of different recipes make no card.
     other = fake_run(tmp_path / "lr", 5, [0, 0, 0], learning_rate=1.0)
     with pytest.raises(ValueError, match=r"differs in \['learning_rate'\]"):
