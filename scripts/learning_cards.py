@@ -84,7 +84,7 @@ def table(name: str, card: dict) -> str:
     lines = [
         f"### {name}", "",
         f"`{card['command'].replace('SEED', 'S')}` for seeds {seeds}, sampling in "
-        f"{card['dtype']}, llm_gym {card['llm_gym']}; greedy success on the held-out questions "
+        f"{card['dtype']}, llm_gym {card['llm_gym']}; greedy success on the held-out episodes "
         f"before, by seed: {before}; after: {after}.", "",
         f"| iteration | sampled {card['metric']}, mean (SE) | by seed |", "|---|---|---|",
     ]  # fmt: skip

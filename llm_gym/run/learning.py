@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 # The shipped cards, by name: package data beside this module.
-LEARNING_CARDS = ("chain_sum",)  # GuessTheNumber's: scripts/learning_cards.py guess
+LEARNING_CARDS = ("chain_sum", "guess")
 # The options a run must share with a card for their curves to be comparable.
 CARD_OPTIONS = (
     "env", "env_args", "model", "iterations", "groups", "group_size", "max_new_tokens",
