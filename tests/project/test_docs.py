@@ -91,10 +91,7 @@ def test_readme_is_a_first_read():
         "--eval-episodes 128 --save-every 20 --save-dtype bfloat16 --out runs/demo --overwrite"
         in first_screen
     )
-    assert (
-        "bash scripts/setup.sh && bash scripts/setup_vllm.sh && .venv/bin/python -m pytest -q"
-        in first_screen
-    )
+    assert "bash scripts/setup.sh --vllm && .venv/bin/python -m pytest -q" in first_screen
     assert len(python_blocks(README)) == 4  # the Quick look and the agent
 
 
